@@ -1,0 +1,99 @@
+"""Typed errors of the replication layer.
+
+Every error says what went wrong and what the caller should do next, because
+these messages reach operators through the CLI and clients through gRPC
+status codes (see ``GRPC_CODE``); a bare ``RuntimeError`` helps nobody at 3 a.m.
+"""
+
+from __future__ import annotations
+
+
+class ReplogError(Exception):
+    """Base of every replication-layer error."""
+
+    #: name of the ``grpc.StatusCode`` member this error maps to (kept as a
+    #: string so that ``replog`` never imports grpc).
+    grpc_code: str = "INTERNAL"
+
+
+class CorruptLog(ReplogError):
+    """A log segment holds a bad frame before its tail: the replica must recover from the leader."""
+
+    grpc_code = "DATA_LOSS"
+
+    def __init__(self, path: str, offset: int, reason: str) -> None:
+        self.path = path
+        self.offset = offset
+        self.reason = reason
+        super().__init__(
+            f"corrupt replog segment {path} at byte {offset}: {reason}; "
+            "the replica must be rebuilt from the leader (delete its replog directory and restart it)"
+        )
+
+
+class OffsetOutOfRange(ReplogError):
+    """A read asked for offsets the log no longer (or does not yet) hold."""
+
+    grpc_code = "OUT_OF_RANGE"
+
+    def __init__(self, offset: int, start: int, end: int) -> None:
+        self.offset = offset
+        self.start = start
+        self.end = end
+        super().__init__(
+            f"offset {offset} is outside the log [{start}, {end}); "
+            "read from the start offset or fetch a checkpoint (far-horizon catchup)"
+        )
+
+
+class NotLeader(ReplogError):
+    """This replica does not lead the group (any more); retry against the leader."""
+
+    grpc_code = "FAILED_PRECONDITION"
+
+    def __init__(self, group: str, leader: str | None = None, epoch: int | None = None,
+                 retry_at: str | None = None) -> None:
+        self.group = group
+        self.leader = leader
+        self.epoch = epoch
+        self.retry_at = retry_at if retry_at is not None else leader
+        where = f"; retry at {self.retry_at}" if self.retry_at else "; refresh metadata and retry"
+        super().__init__(f"this replica is not the leader of task group {group} (epoch {epoch}){where}")
+
+
+class StalledGroup(ReplogError):
+    """The ISR is smaller than min-ISR, so nothing can be applied; appends fail instead of waiting forever."""
+
+    grpc_code = "UNAVAILABLE"
+
+    def __init__(self, group: str, isr: list[str] | tuple[str, ...], min_isr: int) -> None:
+        self.group = group
+        self.isr = list(isr)
+        self.min_isr = min_isr
+        super().__init__(
+            f"task group {group} is stalled: ISR {self.isr} has {len(self.isr)} member(s) but min-ISR is "
+            f"{min_isr}; bring followers back (check `conductor status`) or lower replication.min.isr"
+        )
+
+
+class Backpressure(ReplogError):
+    """Too much is in flight; the append waited its bound and gave up rather than buffer without limit."""
+
+    grpc_code = "RESOURCE_EXHAUSTED"
+
+    def __init__(self, group: str, what: str) -> None:
+        self.group = group
+        self.what = what
+        super().__init__(f"task group {group} is overloaded ({what}); retry later or slow the producer")
+
+
+class FencedEpoch(ReplogError):
+    """A message carried an epoch older than ours: it comes from a deposed leader and is dropped."""
+
+    grpc_code = "FAILED_PRECONDITION"
+
+    def __init__(self, group: str, got: int, current: int) -> None:
+        self.group = group
+        self.got = got
+        self.current = current
+        super().__init__(f"task group {group}: message from epoch {got} is older than epoch {current}; dropped")
