@@ -1,0 +1,53 @@
+"""Session fixtures for real infrastructure: a ZooKeeper server and a Spark session.
+
+They never skip: a broken environment fails with the `make` step that fixes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from conductor.runtime_env import EnvironmentBroken
+from conductor.zkserver import ZooKeeperServer
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+@pytest.fixture(scope="session")
+def zk_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeperServer]:
+    """A real ZooKeeper on a free loopback port, stopped by its pid even when tests fail."""
+    server = ZooKeeperServer(tmp_path_factory.mktemp("zookeeper"))
+    try:
+        server.start()
+    except EnvironmentBroken as e:
+        pytest.fail(f"ZooKeeper fixture could not start: {e}\nRun `make setup` to install it.", pytrace=False)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def zk_hosts(zk_server: ZooKeeperServer) -> str:
+    return zk_server.hosts
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
+    """A local[2] Spark session with Delta Lake from the cached jars (UI off)."""
+    from conductor.spark_env import spark_session
+
+    warehouse: Path = tmp_path_factory.mktemp("spark-warehouse")
+    try:
+        session = spark_session("millrace-tests", warehouse=warehouse)
+    except EnvironmentBroken as e:
+        pytest.fail(f"Spark fixture could not start: {e}", pytrace=False)
+    try:
+        yield session
+    finally:
+        session.stop()
