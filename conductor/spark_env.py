@@ -21,6 +21,7 @@ def spark_session(app_name: str = "millrace", warehouse: Path | None = None, cor
     """A local[cores] Spark session with Delta configured, UI off, quiet logs, and our venv for workers."""
     require_java17()
     jars = ",".join(str(j) for j in delta_jars())
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # bind only to loopback
     os.environ.setdefault("PYSPARK_PYTHON", venv_python())
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", venv_python())
     from pyspark.sql import SparkSession
@@ -38,6 +39,9 @@ def spark_session(app_name: str = "millrace", warehouse: Path | None = None, cor
         .config("spark.default.parallelism", str(max(2, cores)))
         .config("spark.driver.memory", "1g")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.ui.showConsoleProgress", "false")
+        # Delta's default of 50 snapshot partitions is tuned for clusters; on 2 local cores it is pure overhead.
+        .config("spark.databricks.delta.snapshotPartitions", str(max(2, cores)))
     )
     if warehouse is not None:
         builder = builder.config("spark.sql.warehouse.dir", str(warehouse))

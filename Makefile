@@ -1,0 +1,80 @@
+# One-command setup for a fresh machine: `make test` and `make demo` install what they need, idempotently.
+SHELL := /bin/bash
+.DEFAULT_GOAL := test
+PY_VERSION ?= 3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+BUILD := build
+JARS := $(BUILD)/jars
+STAMP := $(BUILD)/stamps
+PROTOS := $(wildcard proto/*.proto)
+PROTO_OUT := $(PROTOS:.proto=_pb2.py)
+export PYSPARK_PYTHON := $(abspath $(PY))
+export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
+
+.PHONY: setup apt venv jars proto lint typecheck test test-all demo doctor bench clean
+
+setup: apt venv jars proto
+
+# Debian packages: Java 17 for Spark, ZooKeeper's server jars, nats-server for the JetStream benchmark.
+apt: $(STAMP)/apt
+$(STAMP)/apt:
+	@mkdir -p $(STAMP)
+	@need=""; \
+	command -v java >/dev/null || need="$$need openjdk-17-jre-headless"; \
+	command -v mvn >/dev/null || need="$$need maven"; \
+	dpkg -s zookeeper >/dev/null 2>&1 || need="$$need zookeeper"; \
+	command -v nats-server >/dev/null || need="$$need nats-server"; \
+	if [ -n "$$need" ]; then \
+	  echo "installing Debian packages:$$need"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$need >/dev/null; \
+	fi
+	@java -version 2>&1 | grep -qE 'version "(1[7-9]|2[0-9])' || { echo "Java 17+ is required (found: $$(java -version 2>&1 | head -1))"; exit 1; }
+	@touch $@
+
+venv: $(STAMP)/venv
+$(STAMP)/venv: pyproject.toml
+	@mkdir -p $(STAMP)
+	@command -v python$(PY_VERSION) >/dev/null || { echo "python$(PY_VERSION) is required"; exit 1; }
+	@[ -x $(PY) ] || python$(PY_VERSION) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $@
+
+# Delta Lake's JVM jars from Maven Central, once; Spark then starts offline from build/jars.
+jars: $(STAMP)/jars
+$(STAMP)/jars: tools/delta-jars.pom.xml tools/select_jars.sh $(STAMP)/venv $(STAMP)/apt
+	@mkdir -p $(STAMP) $(BUILD)/maven-all
+	mvn -q -B -f tools/delta-jars.pom.xml dependency:copy-dependencies -DincludeScope=runtime \
+	    -DoutputDirectory=$(abspath $(BUILD))/maven-all -Dmaven.repo.local=$(abspath $(BUILD))/m2
+	@rm -rf $(JARS)
+	tools/select_jars.sh $(BUILD)/maven-all $$($(PY) -c 'import pyspark, os; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))') $(JARS)
+	@touch $@
+
+proto: $(PROTO_OUT)
+proto/%_pb2.py: proto/%.proto $(STAMP)/venv
+	$(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. $<
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy replog pstate topology conductor
+
+test: lint
+	$(PY) -m pytest -q
+
+test-all: lint
+	$(PY) -m pytest -q -m ''
+
+doctor: setup
+	$(VENV)/bin/conductor doctor
+
+demo: setup
+	$(VENV)/bin/conductor doctor
+
+bench: setup
+	$(PY) -m bench.replog_append --quick
+	$(PY) -m bench.pstate --quick
+
+clean:
+	rm -rf $(BUILD) $(VENV) proto/*_pb2*.py proto/*_pb2.pyi
