@@ -1,0 +1,17 @@
+"""Millrace's public module API: declare depots, PStates and topologies in Python."""
+
+from topology.module import Module, ModuleDefinition, ModuleDefinitionError, load_module
+from topology.partitioners import Partitioner, custom, global_, hash_by, random, task_for_key
+
+__all__ = [
+    "Module",
+    "ModuleDefinition",
+    "ModuleDefinitionError",
+    "Partitioner",
+    "custom",
+    "global_",
+    "hash_by",
+    "load_module",
+    "random",
+    "task_for_key",
+]

@@ -1,0 +1,152 @@
+"""The public module API: a module declares depots, PStates and topologies in `define`.
+
+Module code is imported by reference (`pkg.mod:Class`) on every worker and on
+the client, never pickled, so what a module declares must be reproducible from
+its code alone: `define` is called once per process and must be deterministic.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from topology.partitioners import Partitioner
+from topology.partitioners import random as random_partitioner
+
+_NAME = r"[A-Za-z_][A-Za-z0-9_\-]*"
+DEPOT_NAME = re.compile(rf"^\*{_NAME}$")
+PSTATE_NAME = re.compile(rf"^\$\${_NAME}$")
+
+
+class ModuleDefinitionError(ValueError):
+    """A module's `define` declared something invalid; the message names it and the fix."""
+
+
+@dataclass(frozen=True)
+class DepotDecl:
+    name: str
+    partitioner: Partitioner
+
+
+@dataclass(frozen=True)
+class PStateDecl:
+    name: str
+    schema: Any
+
+
+@dataclass(frozen=True)
+class TopologyDecl:
+    name: str
+    kind: str  # "stream" | "microbatch"
+    depots: tuple[str, ...]
+    fn: Callable[..., Any]
+
+
+@dataclass
+class ModuleDefinition:
+    """What `define` declared, in declaration order (column families follow this order)."""
+
+    name: str
+    depots: dict[str, DepotDecl] = field(default_factory=dict)
+    pstates: dict[str, PStateDecl] = field(default_factory=dict)
+    topologies: dict[str, TopologyDecl] = field(default_factory=dict)
+
+    def _check_free(self, name: str) -> None:
+        if name in self.depots or name in self.pstates or name in self.topologies:
+            raise ModuleDefinitionError(f"module {self.name}: {name!r} is declared twice; names must be unique")
+
+    def depot(self, name: str, partitioner: Partitioner = random_partitioner) -> DepotDecl:
+        """Declare a depot `*name`: a partitioned, replicated append-only log."""
+        if not DEPOT_NAME.match(name):
+            raise ModuleDefinitionError(
+                f"module {self.name}: depot name {name!r} must start with '*' (e.g. '*sentences')"
+            )
+        if not isinstance(partitioner, Partitioner):
+            raise ModuleDefinitionError(
+                f"module {self.name}: depot {name} needs a Partitioner (random, global_, hash_by(fn) or "
+                f"custom(name, fn)), got {type(partitioner).__name__}"
+            )
+        self._check_free(name)
+        decl = DepotDecl(name, partitioner)
+        self.depots[name] = decl
+        return decl
+
+    def pstate(self, name: str, schema: Any) -> PStateDecl:
+        """Declare a PState `$$name` with a schema from `pstate` (Map, Set, List, Record...)."""
+        if not PSTATE_NAME.match(name):
+            raise ModuleDefinitionError(
+                f"module {self.name}: PState name {name!r} must start with '$$' (e.g. '$$counts')"
+            )
+        self._check_free(name)
+        decl = PStateDecl(name, schema)
+        self.pstates[name] = decl
+        return decl
+
+    def _topology(self, kind: str, depots: tuple[DepotDecl | str, ...]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        names = tuple(d.name if isinstance(d, DepotDecl) else d for d in depots)
+        for n in names:
+            if n not in self.depots:
+                raise ModuleDefinitionError(
+                    f"module {self.name}: {kind} topology subscribes to unknown depot {n!r}; "
+                    f"declared depots: {sorted(self.depots)}"
+                )
+
+        def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+            self._check_free(fn.__name__)
+            self.topologies[fn.__name__] = TopologyDecl(fn.__name__, kind, names, fn)
+            return fn
+
+        return register
+
+    def stream(self, *depots: DepotDecl | str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Decorate `fn(ctx, record)` to run per record on the task leaders of `depots`."""
+        return self._topology("stream", depots)
+
+    def microbatch(self, *depots: DepotDecl | str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Decorate `fn(batch_df, ctx)` to run on Spark over `depots` with exactly-once commits."""
+        return self._topology("microbatch", depots)
+
+    def depot_names(self) -> list[str]:
+        return list(self.depots)
+
+    def pstate_names(self) -> list[str]:
+        return list(self.pstates)
+
+
+class Module:
+    """Subclass and implement `define(self, m)`; the class name is the default module name."""
+
+    name: str | None = None
+
+    def define(self, m: ModuleDefinition) -> None:
+        raise ModuleDefinitionError(f"{type(self).__name__} must implement define(self, m)")
+
+    @classmethod
+    def module_name(cls) -> str:
+        return cls.name or cls.__name__
+
+    @classmethod
+    def build(cls) -> ModuleDefinition:
+        md = ModuleDefinition(cls.module_name())
+        cls().define(md)
+        if not md.depots and not md.pstates:
+            raise ModuleDefinitionError(f"module {md.name} declares no depot and no PState")
+        return md
+
+
+def load_module(ref: str) -> type[Module]:
+    """Import `pkg.mod:Class`, the only way workers, the client and Spark obtain module code."""
+    mod_name, sep, cls_name = ref.partition(":")
+    if not sep or not mod_name or not cls_name:
+        raise ModuleDefinitionError(f"module reference {ref!r} must look like 'package.module:ClassName'")
+    try:
+        mod = importlib.import_module(mod_name)
+    except ImportError as e:
+        raise ModuleDefinitionError(f"cannot import {mod_name!r} for module {ref!r}: {e}") from e
+    cls = getattr(mod, cls_name, None)
+    if not (isinstance(cls, type) and issubclass(cls, Module)):
+        raise ModuleDefinitionError(f"{ref!r} does not name a Module subclass in {mod_name}")
+    return cls

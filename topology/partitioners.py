@@ -1,0 +1,64 @@
+"""Depot partitioners: which task a record lands on.
+
+A partitioner runs on the client (to route an append to the leader of the
+owning task group) and again nowhere else: the task travels with the record.
+So every partitioner must be deterministic across processes for a given key;
+Python's built-in `hash` is salted per process and cannot be used.
+"""
+
+from __future__ import annotations
+
+import random as _random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import crc32c
+import msgpack
+
+
+def stable_hash(key: Any) -> int:
+    """A process-independent hash of a plain value (str, int, bytes, tuples...)."""
+    try:
+        data = msgpack.packb(key, use_bin_type=True)
+    except TypeError as e:
+        raise TypeError(f"cannot hash {type(key).__name__} for partitioning: use str, int, float, bytes, "
+                        f"bool, None or tuples of those ({e})") from None
+    return int(crc32c.crc32c(data))
+
+
+def task_for_key(key: Any, tasks: int) -> int:
+    """The task that owns `key` among `tasks` tasks (also how PState keys are routed)."""
+    return stable_hash(key) % tasks
+
+
+@dataclass(frozen=True)
+class Partitioner:
+    """Chooses the task of a record; `name` is what `conductor status` and errors show."""
+
+    name: str
+    choose: Callable[[Any, int], int]
+
+    def __call__(self, record: Any, tasks: int) -> int:
+        task = self.choose(record, tasks)
+        if not isinstance(task, int) or not 0 <= task < tasks:
+            raise ValueError(f"partitioner {self.name} returned task {task!r}; it must be an int in [0, {tasks})")
+        return task
+
+
+#: Any task, chosen uniformly: spreads load when no key needs colocating.
+random = Partitioner("random", lambda _record, tasks: _random.randrange(tasks))
+
+#: Task 0 always: one global order for small, ordered streams.
+global_ = Partitioner("global", lambda _record, _tasks: 0)
+
+
+def hash_by(key_fn: Callable[[Any], Any]) -> Partitioner:
+    """Records with the same `key_fn(record)` land on the same task, in append order."""
+    name = getattr(key_fn, "__name__", "key")
+    return Partitioner(f"hash_by({name})", lambda record, tasks: task_for_key(key_fn(record), tasks))
+
+
+def custom(name: str, fn: Callable[[Any, int], int]) -> Partitioner:
+    """A user partitioner `fn(record, tasks) -> task`; it must be deterministic for retries to be safe."""
+    return Partitioner(name, fn)
