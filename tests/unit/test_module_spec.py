@@ -1,0 +1,92 @@
+"""ModuleSpec validation, options and JSON."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conductor.module_spec import (
+    DEPOT_APPEND_TIMEOUT_MS,
+    MAX_NEAR_SYNC_MESSAGE_LAG,
+    MAX_TIME_LAG_MS,
+    MIN_ISR,
+    InvalidOption,
+    InvalidSpec,
+    ModuleSpec,
+    NotEnoughNodes,
+    UnknownOption,
+)
+
+
+def spec(**kw: object) -> ModuleSpec:
+    args: dict[str, object] = dict(name="WordCount", module_ref="examples.word_count:WordCount", tasks=8,
+                                   threads=2, workers=3, replication_factor=3)
+    args.update(kw)
+    return ModuleSpec(**args)  # type: ignore[arg-type]
+
+
+def test_defaults_follow_replication_factor() -> None:
+    assert spec().effective_options() == {MIN_ISR: 2, MAX_TIME_LAG_MS: 10_000, DEPOT_APPEND_TIMEOUT_MS: 10_000,
+                                          MAX_NEAR_SYNC_MESSAGE_LAG: 20_000}
+    assert spec(replication_factor=1, workers=1).option(MIN_ISR) == 1
+
+
+def test_json_round_trip_is_canonical() -> None:
+    s = spec(options={MIN_ISR: "3", MAX_TIME_LAG_MS: "500"})
+    assert ModuleSpec.from_json(s.to_json()) == s
+    assert s.to_json() == spec(options={MAX_TIME_LAG_MS: "500", MIN_ISR: "3"}).to_json()
+    assert b'"replicationFactor":3' in s.to_json() and b'"moduleRef"' in s.to_json()
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"name": "Word/Count"}, "name="),
+        ({"name": ""}, "name="),
+        ({"module_ref": "examples.word_count"}, "package.module:ClassName"),
+        ({"tasks": 1}, "tasks >= threads"),
+        ({"threads": 0}, "at least 1"),
+        ({"workers": 2}, "needs at least that many workers"),
+        ({"tasks": True}, "whole number"),
+    ],
+)
+def test_bad_specs_say_what_to_fix(kw: dict[str, object], match: str) -> None:
+    with pytest.raises(InvalidSpec, match=match):
+        spec(**kw)
+
+
+def test_options_are_validated() -> None:
+    with pytest.raises(UnknownOption, match=r"known options: replication\.depot\.append\.timeout\.millis"):
+        spec(options={"replication.min.isrr": "2"})
+    with pytest.raises(InvalidOption, match="cannot exceed the replication factor 3"):
+        spec().with_option(MIN_ISR, "4")
+    with pytest.raises(InvalidOption, match="whole number"):
+        spec().with_option(MAX_TIME_LAG_MS, "ten")
+    with pytest.raises(InvalidOption, match="greater than 0"):
+        spec().with_option(MAX_NEAR_SYNC_MESSAGE_LAG, "0")
+    assert spec().with_option(MIN_ISR, "1").option(MIN_ISR) == 1
+
+
+def test_from_json_rejects_garbage() -> None:
+    with pytest.raises(InvalidSpec, match="not valid JSON"):
+        ModuleSpec.from_json(b"{nope")
+    with pytest.raises(InvalidSpec, match="missing field"):
+        ModuleSpec.from_json(b'{"name": "X"}')
+
+
+def test_check_placeable() -> None:
+    with pytest.raises(NotEnoughNodes, match="replication factor 3 needs 3 distinct live node"):
+        spec().check_placeable(["n1", "n2"])
+    with pytest.raises(NotEnoughNodes, match="workers=4"):
+        spec(workers=4).check_placeable(["n1", "n2", "n3"])
+    spec().check_placeable(["n1", "n2", "n3"])
+
+
+@given(tasks=st.integers(1, 64), data=st.data())
+def test_tasks_partition_into_groups(tasks: int, data: st.DataObject) -> None:
+    threads = data.draw(st.integers(1, tasks))
+    s = spec(tasks=tasks, threads=threads)
+    seen = sorted(t for g in range(threads) for t in s.tasks_of(g))
+    assert seen == list(range(tasks))
+    assert all(s.group_of(t) == t % threads for t in range(tasks))
