@@ -97,3 +97,50 @@ class FencedEpoch(ReplogError):
         self.got = got
         self.current = current
         super().__init__(f"task group {group}: message from epoch {got} is older than epoch {current}; dropped")
+
+
+class InvalidFrame(ReplogError):
+    """Raw batch frames failed validation (bad length, CRC or layout) before touching the log.
+
+    Raised by the follower append path for frames that arrived over the network: the
+    bytes were damaged in transit or produced by a buggy peer, and nothing was written.
+    """
+
+    grpc_code = "DATA_LOSS"
+
+    def __init__(self, position: int, reason: str) -> None:
+        self.position = position
+        self.reason = reason
+        super().__init__(
+            f"invalid replog frame at byte {position} of the received data: {reason}; "
+            "nothing was appended, fetch the frames again from the leader"
+        )
+
+
+class UnexpectedOffset(ReplogError):
+    """Frames handed to a follower's log do not start exactly at its end offset (a gap or an overlap)."""
+
+    grpc_code = "FAILED_PRECONDITION"
+
+    def __init__(self, expected: int, got: int) -> None:
+        self.expected = expected
+        self.got = got
+        what = "a gap" if got > expected else "an overlap"
+        super().__init__(
+            f"frames start at offset {got} but the log ends at offset {expected} ({what}); "
+            f"fetch from offset {expected}, or truncate to the divergence point first"
+        )
+
+
+class CorruptEpochFile(ReplogError):
+    """The leader-epoch checkpoint file is damaged (bad checksum or syntax)."""
+
+    grpc_code = "DATA_LOSS"
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(
+            f"corrupt leader-epoch checkpoint {path}: {reason}; "
+            "the replica must be rebuilt from the leader (delete its data directory and restart it)"
+        )
