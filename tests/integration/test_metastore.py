@@ -1,0 +1,216 @@
+"""The metastore against a real ZooKeeper: CRUD, CAS races, ephemerals, watches, connection hooks."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from kazoo.client import KazooClient
+
+from conductor.metastore import (
+    GroupNotFound,
+    Metastore,
+    ModuleExists,
+    ModuleNotFound,
+    NodeAlreadyRegistered,
+    VersionConflict,
+    group_path,
+)
+from conductor.module_spec import MIN_ISR, InvalidOption, ModuleSpec, UnknownOption
+from conductor.placement import GroupState, switch_leader
+from conductor.zkserver import ZooKeeperServer
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@pytest.fixture
+def ms(zk_hosts: str) -> Iterator[Metastore]:
+    m = Metastore(zk_hosts, session_timeout=2.0).start()
+    try:
+        yield m
+    finally:
+        m.close()
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex[:8]}"
+
+
+def make_spec(name: str, threads: int = 2) -> ModuleSpec:
+    return ModuleSpec(name=name, module_ref="examples.word_count:WordCount", tasks=4, threads=threads,
+                      workers=3, replication_factor=3)
+
+
+REPS = ("n1", "n2", "n3")
+
+
+def initial_groups(threads: int = 2) -> dict[int, GroupState]:
+    return {g: GroupState.initial(REPS[g:] + REPS[:g]) for g in range(threads)}
+
+
+def test_module_crud_and_options(ms: Metastore) -> None:
+    name = unique("Crud")
+    spec = make_spec(name)
+    ms.create_module(spec, initial_groups())
+    assert name in ms.list_modules()
+    got, version = ms.get_module(name)
+    assert got == spec and version == 0
+    assert ms.get_group(name, 1) == (GroupState.initial(("n2", "n3", "n1")), 0)
+    assert sorted(ms.list_groups(name)) == [0, 1]
+    with pytest.raises(ModuleExists):
+        ms.create_module(make_spec(name, threads=1), initial_groups(1))
+    assert ms.get_module(name)[0] == spec  # the refused create changed nothing
+
+    updated = ms.set_option(name, MIN_ISR, "3")
+    assert updated.option(MIN_ISR) == 3 and ms.get_module(name) == (updated, 1)
+    with pytest.raises(InvalidOption):
+        ms.set_option(name, MIN_ISR, "4")
+    with pytest.raises(UnknownOption):
+        ms.set_option(name, "replication.bogus", "1")
+
+    ms.request_resign(name, 0, "n2", epoch=0)
+    ms.delete_module(name)
+    assert name not in ms.list_modules()
+    with pytest.raises(ModuleNotFound):
+        ms.get_module(name)
+    with pytest.raises(GroupNotFound):
+        ms.get_group(name, 0)
+    with pytest.raises(ModuleNotFound):
+        ms.delete_module(name)
+
+
+def test_create_module_rejects_mismatched_groups(ms: Metastore) -> None:
+    name = unique("Bad")
+    with pytest.raises(ValueError, match="2 task groups"):
+        ms.create_module(make_spec(name), initial_groups(1))
+    assert name not in ms.list_modules()
+
+
+def test_cas_conflict_between_sessions(zk_hosts: str, ms: Metastore) -> None:
+    name = unique("Cas")
+    ms.create_module(make_spec(name), initial_groups())
+    other = Metastore(zk_hosts, session_timeout=2.0).start()
+    try:
+        state, version = ms.get_group(name, 0)
+        stale_state, stale_version = other.get_group(name, 0)
+        new_version = ms.cas_group(name, 0, switch_leader(state, "n2"), version)
+        assert new_version == version + 1
+        with pytest.raises(VersionConflict) as err:
+            other.cas_group(name, 0, switch_leader(stale_state, "n3"), stale_version)
+        assert err.value.current == switch_leader(state, "n2")
+        assert err.value.current_version == new_version
+        # The loser retries from the state the conflict handed it.
+        assert other.cas_group(name, 0, switch_leader(err.value.current, "n3"), err.value.current_version) == 2
+        assert ms.get_group(name, 0)[0].leader == "n3" and ms.get_group(name, 0)[0].epoch == 2
+    finally:
+        other.close()
+        ms.delete_module(name)
+
+
+def test_ephemeral_node_disappears_when_session_closes(zk_hosts: str, ms: Metastore) -> None:
+    node = unique("node")
+    seen: list[list[str]] = []
+    handle = ms.watch_nodes(seen.append)
+    worker = Metastore(zk_hosts, session_timeout=2.0).start()
+    try:
+        info = worker.register_node(node, "127.0.0.1:7001")
+        assert node in ms.live_nodes()
+        got = ms.get_node(node)
+        assert got is not None and got.address == "127.0.0.1:7001" and got.pid == info.pid
+        wait_for(lambda: any(node in s for s in seen), what="watch to report the node")
+        with pytest.raises(NodeAlreadyRegistered, match="already registered by ZooKeeper session"):
+            ms.register_node(node, "127.0.0.1:7002")
+        worker.register_node(node, "127.0.0.1:7001")  # re-registering in the same session is fine
+    finally:
+        worker.close()
+    assert node not in ms.live_nodes()
+    assert ms.get_node(node) is None
+    wait_for(lambda: node not in seen[-1], what="watch to report the node gone")
+    handle.cancel()
+
+
+def test_watch_group_reports_changes(ms: Metastore) -> None:
+    name = unique("Watch")
+    ms.create_module(make_spec(name), initial_groups())
+    events: list[tuple[GroupState | None, int]] = []
+    callback_threads: set[str] = set()
+
+    def on_change(state: GroupState | None, version: int) -> None:
+        callback_threads.add(threading.current_thread().name)
+        events.append((state, version))
+
+    ms.watch_group(name, 0, on_change)
+    wait_for(lambda: len(events) == 1, what="initial group event")
+    state, version = ms.get_group(name, 0)
+    ms.cas_group(name, 0, switch_leader(state, "n3"), version)
+    wait_for(lambda: len(events) == 2, what="group change event")
+    assert events[1] == (switch_leader(state, "n3"), 1)
+    ms.delete_module(name)
+    wait_for(lambda: events[-1] == (None, -1), what="group deletion event")
+    assert all(t.startswith("metastore-callbacks") for t in callback_threads)  # never kazoo's thread
+
+
+def test_resign_hand_off_is_one_transaction(ms: Metastore) -> None:
+    name = unique("Resign")
+    ms.create_module(make_spec(name), initial_groups())
+    state, version = ms.get_group(name, 0)
+    ms.request_resign(name, 0, "n2", epoch=state.epoch)
+    request = ms.get_resign(name, 0)
+    assert request is not None and request["to"] == "n2" and request["epoch"] == 0
+    with pytest.raises(VersionConflict):
+        ms.complete_resign(name, 0, switch_leader(state, "n2"), version + 5)
+    assert ms.get_resign(name, 0) is not None  # the failed transaction deleted nothing
+    assert ms.complete_resign(name, 0, switch_leader(state, "n2"), version) == version + 1
+    assert ms.get_resign(name, 0) is None and ms.get_group(name, 0)[0].leader == "n2"
+    ms.delete_module(name)
+
+
+def test_connection_hooks_pause_step_down_and_reregister(tmp_path: Path) -> None:
+    server = ZooKeeperServer(tmp_path)
+    server.start()
+    calls: list[tuple[str, str]] = []
+
+    def hook(name: str) -> Callable[[], None]:
+        return lambda: calls.append((name, threading.current_thread().name))
+
+    ms = Metastore(server.hosts, session_timeout=4.0, pause_writes=hook("pause"), step_down=hook("step_down"),
+                   resume=hook("resume"))
+    try:
+        ms.start()
+        ms.register_node("w1", "127.0.0.1:7001")
+        server.stop()
+        wait_for(lambda: ("pause" in [c[0] for c in calls]), what="pause_writes on SUSPENDED")
+        server.start()
+        wait_for(lambda: [c[0] for c in calls][-1:] == ["resume"], timeout=15, what="resume on CONNECTED")
+        assert "step_down" not in [c[0] for c in calls]  # a brief outage keeps the session
+        assert ms.live_nodes() == ["w1"]
+
+        # Expire the session from outside (same session id, then close it): kazoo reports LOST.
+        session_id = ms.session_id
+        twin = KazooClient(hosts=server.hosts, client_id=ms.zk.client_id)
+        twin.start(timeout=10)
+        twin.stop()
+        twin.close()
+        wait_for(lambda: "step_down" in [c[0] for c in calls], timeout=15, what="step_down on LOST")
+        wait_for(lambda: ms.session_id != session_id and ms.live_nodes() == ["w1"], timeout=15,
+                 what="node re-registered in the new session")
+        assert ms.zk.get("/millrace/nodes/w1")[1].ephemeralOwner == ms.session_id
+        assert all(t.startswith("metastore-callbacks") for _, t in calls)
+    finally:
+        ms.close()
+        server.stop()
+
+
+def test_group_path_layout() -> None:
+    assert group_path("WordCount", 3) == "/millrace/modules/WordCount/groups/3"
