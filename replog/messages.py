@@ -1,0 +1,312 @@
+"""Events into and actions out of the replication state machine (:mod:`replog.replica`).
+
+The state machine performs no I/O. A driver (the worker process over gRPC,
+disk and ZooKeeper, or the simulator in ``tests/sim``) feeds it **events** with
+``replica.handle(event, now_ms)`` and performs the **actions** it returns, in
+order. This module is the whole vocabulary between the two.
+
+Offsets: a log holds entries ``[0, end)``; names ending in ``end`` are
+exclusive, while ``held`` / ``apply_offset`` / ``applied`` / ``up_to`` are the
+*last* offset concerned (inclusive, ``-1`` = none), matching ``_meta.applied``.
+
+Driver contract (what the state machine relies on):
+
+* :class:`AppendLocal` writes the entries, then makes them durable (batch
+  fsyncs freely) and reports :class:`LocalFlushed` with the end of the durable
+  prefix. A LocalFlushed must never report entries written before a later
+  :class:`Truncate` (e.g. tag flushes with a generation).
+* :class:`Truncate` is durable before the next action runs; entries below the
+  cut that were not yet durable are still flushed and reported as usual.
+* :class:`PersistEpochs` replaces the epoch checkpoint durably (fsync) before
+  the next action runs.
+* :class:`Apply` applies entries ``(applied, up_to]`` atomically with
+  ``_meta.applied``.
+* :class:`SendEntries` reads ``[start, end)`` (bytes and per-entry epochs) from
+  the local log and delivers a :class:`Replicate` event at ``dst``; :class:`Send`
+  delivers its message as an event at ``msg.dst``. Either may be lost,
+  duplicated or reordered; the protocol tolerates all three.
+* :class:`ChangeIsr` is a compare-and-set on the group znode; its outcome comes
+  back as :class:`IsrChanged` or :class:`IsrChangeFailed`. Every znode change
+  is also delivered to every replica as :class:`MetastoreChanged`.
+* Leader election and the epoch bump are one CAS by the controller (which picks
+  only ISR members); the elected replica learns it via MetastoreChanged.
+* :class:`Reply` answers one client append.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from replog.errors import ReplogError
+
+
+class Ack(StrEnum):
+    """When a client append is answered."""
+
+    NONE = "none"  #: as soon as the leader accepted it (may be lost)
+    APPEND = "append"  #: once the leader holds it durably (lost only by a failover before it is applied)
+    APPLIED = "applied"  #: once it is applied: held by every ISR member, |ISR| >= min-ISR
+
+
+class Role(StrEnum):
+    LEADER = "leader"
+    FOLLOWER = "follower"
+    #: knows the epoch but follows nobody (no leader elected, or this replica's
+    #: session lost the leadership); accepts no writes and applies nothing new.
+    UNATTACHED = "unattached"
+
+
+@dataclass(frozen=True, slots=True)
+class GroupState:
+    """The task group's znode ``{leader, epoch, isr, osr}`` with its version.
+
+    ``leader_session`` binds the leadership to the ZooKeeper session that was
+    elected: a replica that restarted (new session) must not resume leading an
+    epoch whose unflushed tail it may have lost.
+    """
+
+    leader: str | None
+    epoch: int
+    isr: tuple[str, ...]
+    osr: tuple[str, ...]
+    version: int
+    leader_session: int = 0
+
+    @property
+    def replicas(self) -> tuple[str, ...]:
+        return self.isr + self.osr
+
+
+# ----------------------------------------------------------------------------------------------- events
+
+
+@dataclass(frozen=True, slots=True)
+class ClientAppend:
+    """A client asks the leader to append ``count`` entries (``data`` is opaque to the state machine)."""
+
+    request_id: int
+    count: int
+    nbytes: int
+    ack: Ack
+    data: object = None
+
+    def __post_init__(self) -> None:
+        if self.count < 1 or self.nbytes < 0:
+            raise ValueError(f"an append needs count >= 1 and nbytes >= 0, got {self.count}, {self.nbytes}")
+
+
+@dataclass(frozen=True, slots=True)
+class LocalFlushed:
+    """Entries ``[0, end)`` of the local log are durable."""
+
+    end: int
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """Time passed; timeouts (ISR lag, append deadlines, resends, heartbeats) are evaluated."""
+
+
+@dataclass(frozen=True, slots=True)
+class MetastoreChanged:
+    """The group znode changed (watch) or was read (start-up)."""
+
+    state: GroupState
+
+
+@dataclass(frozen=True, slots=True)
+class IsrChanged:
+    """A :class:`ChangeIsr` compare-and-set succeeded; ``state`` is what was written."""
+
+    state: GroupState
+
+
+@dataclass(frozen=True, slots=True)
+class IsrChangeFailed:
+    """A :class:`ChangeIsr` failed: ``reason`` is ``"conflict"`` (version moved on) or ``"session_expired"``."""
+
+    reason: str
+    current: GroupState | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionExpired:
+    """This replica's metastore session expired: a leader stops writing and applying at once."""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionStarted:
+    """The driver opened a new metastore session (the controller may elect this replica with it)."""
+
+    session: int
+
+
+# ------------------------------------------------------------------------- messages between replicas
+# Received messages are events; sent ones travel inside actions.
+
+
+@dataclass(frozen=True, slots=True)
+class Replicate:
+    """Leader -> follower: entries ``[start, start + len(entry_epochs))`` plus the apply offset.
+
+    Built by the driver from a :class:`SendEntries` action; an empty one is a
+    heartbeat that carries the epoch and apply offset.
+    """
+
+    src: str
+    dst: str
+    epoch: int
+    start: int
+    entry_epochs: tuple[int, ...]
+    apply_offset: int
+    data: object = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicateAck:
+    """Follower -> leader: ``held`` is the highest durable offset, ``log_end`` the end of its log.
+
+    ``reset`` asks the leader to resume sending at ``log_end`` (after the
+    follower reconciled, or when a frame left a gap).
+    """
+
+    src: str
+    dst: str
+    epoch: int
+    held: int
+    log_end: int
+    reset: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class EpochRequest:
+    """Follower -> leader: where does ``requested_epoch`` end in your log (KIP-101/279)?"""
+
+    src: str
+    dst: str
+    epoch: int
+    requested_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class EpochResponse:
+    """Leader -> follower: ``(found_epoch, end_offset)`` = ``EpochCache.end_offset_for(requested_epoch)``."""
+
+    src: str
+    dst: str
+    epoch: int
+    requested_epoch: int
+    found_epoch: int
+    end_offset: int
+
+
+Message = Replicate | ReplicateAck | EpochRequest | EpochResponse
+Event = (
+    ClientAppend | LocalFlushed | Tick | MetastoreChanged | IsrChanged | IsrChangeFailed
+    | SessionExpired | SessionStarted | Replicate | ReplicateAck | EpochRequest | EpochResponse
+)
+
+# ----------------------------------------------------------------------------------------------- actions
+
+
+@dataclass(frozen=True, slots=True)
+class AppendLocal:
+    """Write entries at ``[first, first + len(epochs))`` with those epochs, then flush.
+
+    The entry bytes come from ``data``, which holds entries starting at offset
+    ``data_first`` (a client batch, or a received :class:`Replicate` whose head
+    the log already had).
+    """
+
+    first: int
+    epochs: tuple[int, ...]
+    data: object
+    data_first: int
+
+
+@dataclass(frozen=True, slots=True)
+class Truncate:
+    """Remove every entry at offset ``>= end`` (durably)."""
+
+    end: int
+
+
+@dataclass(frozen=True, slots=True)
+class PersistEpochs:
+    """Replace the durable epoch checkpoint with these ``(epoch, start)`` pairs."""
+
+    pairs: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Apply:
+    """Apply entries up to and including ``up_to`` (atomically with ``_meta.applied``)."""
+
+    up_to: int
+
+
+@dataclass(frozen=True, slots=True)
+class SendEntries:
+    """Read ``[start, end)`` from the local log and send it to ``dst`` as a :class:`Replicate`."""
+
+    dst: str
+    epoch: int
+    start: int
+    end: int
+    apply_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Send a protocol message to ``msg.dst``."""
+
+    msg: ReplicateAck | EpochRequest | EpochResponse
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeIsr:
+    """Compare-and-set the group znode from ``expected_version`` to ``new`` (ISR shrink or expand)."""
+
+    expected_version: int
+    new: GroupState
+
+
+@dataclass(frozen=True, slots=True)
+class StartFarHorizon:
+    """``follower`` is too far behind to replay entries: ship it a checkpoint in rounds.
+
+    Catchup ends when the follower acknowledges an offset within
+    ``replication.max.near.sync.message.lag`` of the log end; the leader then
+    resumes sending entries. It re-issues this action after
+    ``replication.far.horizon.retry.millis`` if that does not happen.
+    """
+
+    follower: str
+    epoch: int
+    apply_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """Answer client append ``request_id``: entries ``[first, first + count)`` or an error."""
+
+    request_id: int
+    first: int
+    count: int
+    error: ReplogError | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RoleChanged:
+    """This replica's role changed (drivers start or stop topologies; the simulator checks one leader per epoch)."""
+
+    role: Role
+    epoch: int
+    leader: str | None
+
+
+Action = (
+    AppendLocal | Truncate | PersistEpochs | Apply | SendEntries | Send | ChangeIsr
+    | StartFarHorizon | Reply | RoleChanged
+)
