@@ -231,7 +231,9 @@ def scan_frames(
         if expected is not None and base != expected:
             return ScanResult(frames, pos, f"base offset {base}, expected {expected}", False)
         if epoch < last_epoch:
-            return ScanResult(frames, pos, f"leader epoch {epoch} is lower than the preceding {last_epoch}", False)
+            return ScanResult(
+                frames, pos, f"leader epoch {epoch} is lower than the preceding {last_epoch}", False
+            )
         frames.append(FrameHeader(base, epoch, count, pos, frame_end))
         expected = base + count
         last_epoch = epoch

@@ -544,15 +544,10 @@ class Log:
         budget = max_bytes
         offset = start
         i = bisect.bisect_right(self._bases, offset) - 1
-        while offset < end and i < len(self._segments):
+        while offset < end:
             seg = self._segments[i]
-            if offset >= seg.end_offset and seg.size > 0:
-                i += 1
-                continue
             self._ensure_indexed(seg)
-            if seg.size == 0:
-                i += 1
-                continue
+            assert seg.base <= offset < seg.end_offset, (seg.path, offset)
             with self._reader(seg) as fd:
                 pos, first = self._find_frame(seg, fd, offset)
                 want = max(first.end - pos, min(budget, seg.size - pos))
