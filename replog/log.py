@@ -129,13 +129,13 @@ def _pread_exact(fd: int, n: int, pos: int) -> bytes:
     return b"".join(parts)
 
 
-def _write_all(fd: int, parts: list[bytes]) -> None:
+def _write_all(fd: int, parts: Sequence[bytes | memoryview]) -> None:
     """``writev`` every byte of ``parts`` (a short write continues where it stopped)."""
     written = os.writev(fd, parts)
     total = sum(map(len, parts))
     if written == total:
         return
-    rest = memoryview(b"".join(parts))[written:]
+    rest = memoryview(b"".join(parts))[written:]  # rare: only after a short write
     while rest:
         rest = rest[os.write(fd, rest) :]
 
@@ -459,14 +459,14 @@ class Log:
             return
         seg = self._segments[-1]
         pos = seg.size
-        self._write([bytes(view[run[0].start : run[-1].end])], pos)
+        self._write([view[run[0].start : run[-1].end]], pos)  # no copy: writev takes any buffer
         delta = pos - run[0].start
         for f in run:
             seg.add(
                 f.base_offset, f.epoch, f.entry_count, f.start + delta, f.end + delta, self._index_interval
             )
 
-    def _write(self, parts: list[bytes] | tuple[bytes, ...], pos: int) -> None:
+    def _write(self, parts: Sequence[bytes | memoryview], pos: int) -> None:
         """Write at the end of the active segment; on failure, cut back so no partial frame stays behind."""
         try:
             _write_all(self._fd, list(parts))
