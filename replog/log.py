@@ -424,7 +424,9 @@ class Log:
         byte is written; bad data raises :class:`InvalidFrame`.  The first frame must
         start exactly at ``end_offset``, else :class:`UnexpectedOffset` (truncate
         first, or trim a frame that straddles the end with
-        :func:`~replog.batch.trim_frames`).
+        :func:`~replog.batch.trim_frames`).  Frames are written in runs that fill
+        segments; should the disk fail half-way (``OSError``), a whole-frame prefix
+        may already be in the log: :attr:`end_offset` says how far it got.
         """
         self._check_open()
         if not raw:
