@@ -330,6 +330,10 @@ class Replica:
         )
         if trunc < self.log_end:
             self._truncate(trunc)
+        elif self.epochs.truncate_from_end(trunc):
+            # An epoch this replica led without writing anything starts at the log end;
+            # it has no entries, so it must go or the exchange would never agree.
+            self._persist_epochs()
         latest = self.epochs.latest_epoch()
         if m.found_epoch == UNDEFINED_EPOCH or latest is None or latest == m.found_epoch:
             self._finish_reconcile()

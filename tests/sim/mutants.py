@@ -1,0 +1,41 @@
+"""Deliberately broken replicas: the simulator must catch each of them.
+
+They live in test code (subclasses overriding one rule) so the product has no
+switch that could turn a rule off.
+"""
+
+from __future__ import annotations
+
+from replog.messages import EpochResponse
+from replog.replica import Replica
+
+
+class TruncateToHighWatermark(Replica):
+    """Pre-KIP-101 Kafka: a follower cuts its log at the high watermark instead of asking by epoch."""
+
+    def _truncation_point(self, found_epoch: int, leader_end: int) -> int:
+        return min(self.apply_offset + 1, self.log_end)
+
+
+class ApplyWithoutAllIsrAcks(Replica):
+    """The leader applies once *some* follower holds an entry (a majority rule in an ISR protocol)."""
+
+    def _apply_candidate(self) -> int | None:
+        ls = self._ls
+        assert ls is not None
+        helds = [ls.peers[r].held for r in self._effective_isr()
+                 if r != self.node_id and ls.peers[r].reconciled]
+        return min(self.flushed_end - 1, max(helds, default=self.flushed_end - 1))
+
+
+class SingleRoundEpochExchange(Replica):
+    """KIP-101 without KIP-279: the follower truncates once and trusts the rest of its log."""
+
+    def _on_epoch_response(self, m: EpochResponse) -> None:
+        if (m.epoch != self.epoch or m.src != self.leader or self.reconciled
+                or m.requested_epoch != self._requested_epoch):
+            return
+        trunc = self._truncation_point(m.found_epoch, m.end_offset)
+        if trunc < self.log_end:
+            self._truncate(trunc)
+        self._finish_reconcile()

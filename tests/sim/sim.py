@@ -1,0 +1,734 @@
+"""A deterministic simulator for the replication state machine (:mod:`replog.replica`).
+
+Everything nondeterministic comes from one seeded PRNG and one virtual clock:
+message delays (hence reordering), drops, duplicates, partitions, crashes that
+lose every unflushed entry, restarts that recover from the durable disk only,
+slow flushes, a versioned metastore with compare-and-set and session expiry,
+and a controller that elects leaders from the ISR only.
+
+The simulator is the driver of :mod:`replog.messages`: it performs every
+action the replicas return. After every delivered event it checks the safety
+invariants (see :class:`Sim`), raising :class:`InvariantViolation`; after
+healing, :meth:`Sim.check_liveness` checks that everything acknowledged got
+applied everywhere.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from replog.config import ReplicationConfig
+from replog.messages import (
+    Ack,
+    Action,
+    AppendLocal,
+    Apply,
+    ChangeIsr,
+    ClientAppend,
+    Event,
+    GroupState,
+    IsrChanged,
+    IsrChangeFailed,
+    LocalFlushed,
+    MetastoreChanged,
+    PersistEpochs,
+    Replicate,
+    Reply,
+    Role,
+    RoleChanged,
+    Send,
+    SendEntries,
+    SessionExpired,
+    SessionStarted,
+    StartFarHorizon,
+    Tick,
+    Truncate,
+)
+from replog.replica import Replica
+
+Entry = tuple[int, str]  # (epoch, payload)
+
+
+def sim_config(nodes: int, **overrides: Any) -> ReplicationConfig:
+    """Timeouts scaled to the simulator's millisecond network, so a run of ~2 s sees many of them."""
+    opts: dict[str, Any] = dict(
+        replication_factor=nodes, max_time_lag_ms=150, append_timeout_ms=400,
+        request_timeout_ms=40, heartbeat_interval_ms=30, max_near_sync_message_lag=40,
+        far_horizon_retry_ms=300, max_unapplied_entries=400, max_inflight_entries=60,
+        max_batch_entries=16)
+    opts.update(overrides)
+    return ReplicationConfig(**opts)
+
+
+class InvariantViolation(AssertionError):
+    """A safety or liveness property failed; the message says which and where."""
+
+
+@dataclass
+class Faults:
+    """Fault mix of one run. Probabilities are per message; rates are per virtual second."""
+
+    drop: float = 0.0
+    duplicate: float = 0.0
+    delay_min_ms: int = 1
+    delay_jitter_ms: int = 2
+    partition_rate: float = 0.0
+    crash_rate: float = 0.0
+    session_expiry_rate: float = 0.0
+    slow_disk: float = 0.0  #: probability a node gets a slow disk for the run
+    slow_flush_ms: int = 80
+
+    @classmethod
+    def random(cls, rng: random.Random) -> Faults:
+        """A random mix: each fault type on or off, with varied intensity."""
+        f = cls()
+        if rng.random() < 0.6:
+            f.drop = rng.choice([0.01, 0.05, 0.15])
+        if rng.random() < 0.4:
+            f.duplicate = rng.choice([0.02, 0.1])
+        f.delay_jitter_ms = rng.choice([1, 3, 10, 30])
+        if rng.random() < 0.5:
+            f.partition_rate = rng.choice([1.0, 3.0])
+        if rng.random() < 0.6:
+            f.crash_rate = rng.choice([1.0, 3.0])
+        if rng.random() < 0.3:
+            f.session_expiry_rate = rng.choice([1.0, 2.0])
+        if rng.random() < 0.4:
+            f.slow_disk = 0.5
+            f.slow_flush_ms = rng.choice([30, 150])
+        return f
+
+    def describe(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in vars(self).items())
+
+
+@dataclass
+class Disk:
+    """The sim's disk: entries plus how many of them are durable, and the durable epoch file / applied offset."""
+
+    entries: list[Entry] = field(default_factory=list)
+    durable_end: int = 0
+    epoch_pairs: tuple[tuple[int, int], ...] = ()
+    applied: int = -1
+    gen: int = 0  #: bumped by every truncation, so flushes started before it report nothing
+
+
+@dataclass
+class Node:
+    id: str
+    disk: Disk
+    replica: Replica
+    alive: bool = True
+    incarnation: int = 0
+    session: int = 0
+    session_live: bool = True
+    flush_ms: int = 2
+    last_notify_ms: int = 0
+    max_applied: int = -1
+    max_epoch: int = 0
+
+
+@dataclass
+class ClientRequest:
+    request_id: int
+    payloads: tuple[str, ...]
+    ack: Ack
+    node: str
+    sent_ms: int
+    outcome: str = "pending"  #: pending | ok | error type name
+    first: int = -1
+    epoch: int = -1  #: epoch of the leader that acknowledged
+
+
+class Sim:
+    """One simulated task group.
+
+    Safety invariants checked as actions are performed (``C`` = the committed
+    prefix, i.e. every entry any replica applied, in offset order):
+
+    * applying: the applied entries equal ``C`` (nothing applied is ever changed),
+      and only durable entries are applied;
+    * every member of the metastore ISR holds ``C`` durably and identically: checked
+      when ``C`` grows, when a member writes or truncates below ``len(C)``, and when
+      a replica joins the ISR (so ISR members never diverge at or below the apply offset);
+    * a replica that becomes leader holds ``C``; at most one replica leads an epoch;
+    * apply offsets and epochs never go backwards on a replica (a restart resets to
+      the durable values, which are >= what was durably applied);
+    * an ``applied`` acknowledgement names entries of ``C`` with the client's payloads
+      and is only given while the leader's ISR and the metastore's ISR have >= min-ISR members;
+      an ``append`` acknowledgement names entries the leader holds durably.
+    """
+
+    def __init__(self, seed: int, *, nodes: int = 3, config: ReplicationConfig | None = None,
+                 faults: Faults | None = None, replica_cls: type[Replica] = Replica,
+                 metastore_ms: tuple[int, int] = (1, 5), session_timeout_ms: int = 60,
+                 trace: bool = False) -> None:
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.config = config or sim_config(nodes)
+        self.faults = faults or Faults()
+        self.replica_cls = replica_cls
+        self.metastore_ms = metastore_ms
+        self.session_timeout_ms = session_timeout_ms
+        self.now = 0
+        self._q: list[tuple[int, int, Callable[..., None], tuple[Any, ...]]] = []
+        self._seq = 0
+        ids = [chr(ord("a") + i) for i in range(nodes)]
+        self.ids = ids
+        self._sessions = 0
+        self.nodes: dict[str, Node] = {}
+        for nid in ids:
+            self._sessions += 1
+            n = Node(nid, Disk(), self._new_replica(nid, Disk(), self._sessions), session=self._sessions)
+            self.nodes[nid] = n
+        self.znode = GroupState(None, 0, tuple(ids), (), 0, 0)
+        self.cut: set[tuple[str, str]] = set()
+        self.committed: list[Entry] = []
+        self.leaders: dict[int, str] = {}
+        self.requests: dict[int, ClientRequest] = {}
+        self._next_request = 0
+        self._next_payload = 0
+        self.sent: list[tuple[int, str, object]] = []  #: (time, dst, message) when trace is on
+        self.trace = trace
+        self.log: list[str] = []
+        self.steps = 0
+        self.electing = False
+        #: scenarios switch this off and call :meth:`elect` themselves
+        self.auto_elect = True
+        self.pinned_client: str | None = None
+
+    # ------------------------------------------------------------------------------- scheduling
+
+    def at(self, t: int, fn: Callable[..., None], *args: Any) -> None:
+        self._seq += 1
+        heapq.heappush(self._q, (max(t, self.now), self._seq, fn, args))
+
+    def run_until(self, t: int) -> None:
+        q = self._q
+        while q and q[0][0] <= t:
+            when, _, fn, args = heapq.heappop(q)
+            self.now = when
+            fn(*args)
+        self.now = max(self.now, t)
+
+    def run_for(self, ms: int) -> None:
+        self.run_until(self.now + ms)
+
+    def note(self, text: str) -> None:
+        if self.trace:
+            self.log.append(f"{self.now:6d} {text}")
+
+    # ------------------------------------------------------------------------------- start
+
+    def start(self, tick_ms: int = 10) -> None:
+        self.tick_ms = tick_ms
+        for nid in self.ids:
+            self._notify(nid, self.znode)
+            self.at(self.now + self.rng.randrange(tick_ms), self._tick, nid, 0)
+        self._elect_later(0)
+
+    def _new_replica(self, nid: str, disk: Disk, session: int) -> Replica:
+        return self.replica_cls(nid, "g", self.config, session=session, log_end=disk.durable_end,
+                                epoch_pairs=disk.epoch_pairs, applied=disk.applied)
+
+    def _tick(self, nid: str, inc: int) -> None:
+        n = self.nodes[nid]
+        if not n.alive or n.incarnation != inc:
+            return
+        self._deliver(nid, inc, Tick())
+        self.at(self.now + self.tick_ms, self._tick, nid, inc)
+
+    # ------------------------------------------------------------------------------- delivery
+
+    def _deliver(self, nid: str, inc: int, event: Event) -> None:
+        n = self.nodes[nid]
+        if not n.alive or n.incarnation != inc:
+            return
+        self.steps += 1
+        actions = n.replica.handle(event, self.now)
+        for a in actions:
+            self._perform(n, a)
+        r = n.replica
+        if r.applied < n.max_applied:
+            self.fail(f"apply offset of {nid} went back from {n.max_applied} to {r.applied}")
+        if r.epoch < n.max_epoch:
+            self.fail(f"epoch of {nid} went back from {n.max_epoch} to {r.epoch}")
+        n.max_applied = r.applied
+        n.max_epoch = r.epoch
+        if r.log_end != len(n.disk.entries):
+            self.fail(f"{nid} thinks its log ends at {r.log_end}, the disk has {len(n.disk.entries)}")
+
+    def _perform(self, n: Node, a: Action) -> None:
+        disk = n.disk
+        if isinstance(a, SendEntries):
+            if a.end > len(disk.entries):
+                self.fail(f"{n.id} sends [{a.start},{a.end}) beyond its log {len(disk.entries)}")
+            chunk = disk.entries[a.start:a.end]
+            msg = Replicate(n.id, a.dst, a.epoch, a.start, tuple(e for e, _ in chunk), a.apply_offset,
+                            tuple(p for _, p in chunk))
+            self._send(n.id, a.dst, msg)
+        elif isinstance(a, Send):
+            self._send(n.id, a.msg.dst, a.msg)
+        elif isinstance(a, AppendLocal):
+            self._append(n, a)
+        elif isinstance(a, Apply):
+            self._apply(n, a.up_to)
+        elif isinstance(a, Reply):
+            self._reply(n, a)
+        elif isinstance(a, Truncate):
+            self._truncate(n, a.end)
+        elif isinstance(a, PersistEpochs):
+            disk.epoch_pairs = a.pairs
+        elif isinstance(a, ChangeIsr):
+            lo, hi = self.metastore_ms
+            self.at(self.now + self.rng.randint(lo, hi), self._cas, n.id, n.incarnation, a)
+        elif isinstance(a, RoleChanged):
+            self.note(f"{n.id} -> {a.role} epoch {a.epoch}")
+            if a.role is Role.LEADER:
+                prev = self.leaders.get(a.epoch)
+                if prev is not None and prev != n.id:
+                    self.fail(f"two leaders in epoch {a.epoch}: {prev} and {n.id}")
+                self.leaders[a.epoch] = n.id
+                self._check_holds_committed(n, "became leader")
+        elif isinstance(a, StartFarHorizon):
+            self.at(self.now + self.rng.randint(10, 40), self._far_horizon, n.id, n.incarnation, a)
+        else:  # pragma: no cover
+            self.fail(f"unknown action {a!r}")
+
+    def _send(self, src: str, dst: str, msg: object) -> None:
+        if self.trace:
+            self.sent.append((self.now, dst, msg))
+        if (src, dst) in self.cut:
+            return
+        f = self.faults
+        copies = 1
+        if f.drop and self.rng.random() < f.drop:
+            copies = 0
+        elif f.duplicate and self.rng.random() < f.duplicate:
+            copies = 2
+        for _ in range(copies):
+            delay = f.delay_min_ms + self.rng.randrange(f.delay_jitter_ms + 1)
+            self.at(self.now + delay, self._arrive, src, dst, msg)
+
+    def _arrive(self, src: str, dst: str, msg: Event) -> None:
+        if (src, dst) in self.cut:
+            return
+        n = self.nodes[dst]
+        self._deliver(dst, n.incarnation, msg)
+
+    def inject(self, dst: str, msg: Event, delay_ms: int = 0) -> None:
+        """Deliver ``msg`` to ``dst`` later, bypassing the network (stale-message scenarios)."""
+        self.at(self.now + delay_ms, lambda: self._deliver(dst, self.nodes[dst].incarnation, msg))
+
+    # ------------------------------------------------------------------------------- disk
+
+    def _append(self, n: Node, a: AppendLocal) -> None:
+        disk = n.disk
+        if a.first != len(disk.entries):
+            self.fail(f"{n.id} appends at {a.first} but its log ends at {len(disk.entries)}")
+        data = a.data
+        assert isinstance(data, tuple)
+        in_isr = n.id in self.znode.isr
+        for i, e in enumerate(a.epochs):
+            o = a.first + i
+            entry = (e, data[o - a.data_first])
+            if in_isr and o < len(self.committed) and entry != self.committed[o]:
+                self.fail(f"ISR member {n.id} writes {entry} at committed offset {o} = {self.committed[o]}")
+            disk.entries.append(entry)
+        self._flush_later(n)
+
+    def _flush_later(self, n: Node) -> None:
+        self.at(self.now + n.flush_ms + self.rng.randrange(2), self._flushed, n.id, n.incarnation,
+                n.disk.gen, len(n.disk.entries))
+
+    def _flushed(self, nid: str, inc: int, gen: int, end: int) -> None:
+        n = self.nodes[nid]
+        if not n.alive or n.incarnation != inc or gen != n.disk.gen:
+            return
+        if end > n.disk.durable_end:
+            n.disk.durable_end = end
+            self._deliver(nid, inc, LocalFlushed(end))
+
+    def _truncate(self, n: Node, end: int) -> None:
+        disk = n.disk
+        if n.id in self.znode.isr and end < len(self.committed) and end < len(disk.entries):
+            self.fail(f"ISR member {n.id} truncates to {end}, below the committed end {len(self.committed)}")
+        if end <= disk.applied:
+            self.fail(f"{n.id} truncates to {end}, below its applied offset {disk.applied}")
+        del disk.entries[end:]
+        disk.durable_end = min(disk.durable_end, end)
+        disk.gen += 1
+        self._flush_later(n)
+
+    def _apply(self, n: Node, up_to: int) -> None:
+        disk = n.disk
+        if up_to >= disk.durable_end:
+            self.fail(f"{n.id} applies {up_to} but only [0,{disk.durable_end}) is durable")
+        for o in range(disk.applied + 1, up_to + 1):
+            entry = disk.entries[o]
+            if o < len(self.committed):
+                if self.committed[o] != entry:
+                    self.fail(f"{n.id} applies {entry} at {o}, but {self.committed[o]} was applied there")
+            else:
+                assert o == len(self.committed)
+                self.committed.append(entry)
+                self._check_isr_holds(o)
+        disk.applied = up_to
+
+    def _check_isr_holds(self, o: int) -> None:
+        want = self.committed[o]
+        for m in self.znode.isr:
+            d = self.nodes[m].disk
+            if d.durable_end <= o or d.entries[o] != want:
+                got = d.entries[o] if o < len(d.entries) else None
+                self.fail(f"offset {o} = {want} applied while ISR member {m} holds {got} "
+                          f"(durable end {d.durable_end}); ISR {self.znode.isr}")
+
+    def _check_holds_committed(self, n: Node, why: str) -> None:
+        c = len(self.committed)
+        d = n.disk
+        if d.durable_end < c or d.entries[:c] != self.committed:
+            bad = next((o for o in range(c) if o >= d.durable_end or d.entries[o] != self.committed[o]), c)
+            self.fail(f"{n.id} {why} but lacks applied entry {bad} = {self.committed[bad]} "
+                      f"(holds {d.entries[bad] if bad < len(d.entries) else None}, durable end {d.durable_end})")
+
+    # ------------------------------------------------------------------------------- clients
+
+    def append(self, count: int = 1, ack: Ack = Ack.APPLIED, to: str | None = None) -> ClientRequest:
+        """A client appends ``count`` new payloads to ``to`` (default: the leader the metastore names)."""
+        target = to or self.pinned_client or self.znode.leader
+        self._next_request += 1
+        payloads = []
+        for _ in range(count):
+            self._next_payload += 1
+            payloads.append(f"p{self._next_payload}")
+        req = ClientRequest(self._next_request, tuple(payloads), ack, target or "-", self.now)
+        self.requests[req.request_id] = req
+        if target is not None:
+            ev = ClientAppend(req.request_id, count, 10 * count, ack, tuple(payloads))
+            self.at(self.now + 1 + self.rng.randrange(3), self._client_arrive, target, ev)
+        return req
+
+    def _client_arrive(self, target: str, ev: ClientAppend) -> None:
+        n = self.nodes[target]
+        self._deliver(target, n.incarnation, ev)
+
+    def _reply(self, n: Node, a: Reply) -> None:
+        req = self.requests[a.request_id]
+        if a.error is not None:
+            req.outcome = type(a.error).__name__
+            return
+        req.outcome = "ok"
+        req.first = a.first
+        req.epoch = n.replica.epoch
+        if a.count != len(req.payloads):
+            self.fail(f"reply for {a.count} entries to a request of {len(req.payloads)}")
+        if req.ack is Ack.APPLIED:
+            min_isr = self.config.effective_min_isr
+            if len(n.replica.isr) < min_isr or len(self.znode.isr) < min_isr:
+                self.fail(f"{n.id} acknowledged applied with ISR {n.replica.isr} / znode {self.znode.isr} "
+                          f"below min-ISR {min_isr}")
+            for i, p in enumerate(req.payloads):
+                o = a.first + i
+                if o >= len(self.committed) or self.committed[o][1] != p:
+                    self.fail(f"{n.id} acknowledged {p} at {o} as applied, committed has "
+                              f"{self.committed[o] if o < len(self.committed) else None}")
+        elif req.ack is Ack.APPEND:
+            d = n.disk
+            for i, p in enumerate(req.payloads):
+                o = a.first + i
+                if o >= d.durable_end or d.entries[o][1] != p:
+                    self.fail(f"{n.id} acknowledged {p} at {o} as appended but does not hold it durably")
+
+    # ------------------------------------------------------------------------------- metastore & controller
+
+    def _notify(self, nid: str, st: GroupState) -> None:
+        """Watch notification, in order per node (as ZooKeeper delivers them)."""
+        n = self.nodes[nid]
+        lo, hi = self.metastore_ms
+        t = max(self.now + self.rng.randint(lo, hi), n.last_notify_ms)
+        n.last_notify_ms = t
+        self.at(t, lambda: self._deliver(nid, n.incarnation, MetastoreChanged(st)))
+
+    def _write_znode(self, st: GroupState) -> None:
+        old = self.znode
+        self.znode = st
+        self.note(f"znode v{st.version} leader={st.leader} epoch={st.epoch} isr={st.isr} osr={st.osr}")
+        for m in st.isr:
+            if m not in old.isr:
+                self._check_holds_committed(self.nodes[m], "joined the ISR")
+        if len(st.isr) < self.config.effective_min_isr:
+            self.fail(f"ISR {st.isr} shrank below min-ISR {self.config.effective_min_isr}")
+        for nid in self.ids:
+            if self.nodes[nid].alive:
+                self._notify(nid, st)
+
+    def _cas(self, nid: str, inc: int, a: ChangeIsr) -> None:
+        n = self.nodes[nid]
+        lo, hi = self.metastore_ms
+        back = self.now + self.rng.randint(lo, hi)
+        if not n.alive or n.incarnation != inc:
+            return
+        if not n.session_live or a.new.leader_session != n.session:
+            self.at(back, self._deliver, nid, inc, IsrChangeFailed("session_expired"))
+        elif self.znode.version != a.expected_version:
+            self.at(back, self._deliver, nid, inc, IsrChangeFailed("conflict", self.znode))
+        else:
+            if a.new.version != a.expected_version + 1 or a.new.epoch != self.znode.epoch:
+                self.fail(f"bad CAS from {nid}: {a}")
+            self._write_znode(a.new)
+            self.at(back, self._deliver, nid, inc, IsrChanged(a.new))
+
+    def elect(self, nid: str) -> None:
+        """Scenario control: the controller elects ``nid`` now (it must be a live ISR member)."""
+        n = self.nodes[nid]
+        if nid not in self.znode.isr or not n.alive or not n.session_live:
+            self.fail(f"cannot elect {nid}: not a live ISR member of {self.znode}")
+        z = self.znode
+        self._write_znode(GroupState(nid, z.epoch + 1, z.isr, z.osr, z.version + 1, n.session))
+
+    def _elect_later(self, delay: int) -> None:
+        if not self.auto_elect:
+            return
+        if not self.electing:
+            self.electing = True
+            self.at(self.now + delay, self._elect)
+
+    def _elect(self, only: str | None = None) -> None:
+        """The controller: elect a live ISR member (never anyone else) and bump the epoch, in one CAS."""
+        self.electing = False
+        z = self.znode
+        if z.leader is not None:
+            ln = self.nodes[z.leader]
+            if ln.alive and ln.session_live and ln.session == z.leader_session:
+                return  # the leader's elected session is alive
+        cands = [m for m in z.isr if self.nodes[m].alive and self.nodes[m].session_live]
+        if only is not None:
+            cands = [m for m in cands if m == only]
+        if not cands:
+            self._elect_later(20)
+            return
+        c = self.rng.choice(cands)
+        self._write_znode(GroupState(c, z.epoch + 1, z.isr, z.osr, z.version + 1, self.nodes[c].session))
+
+    def expire_session(self, nid: str, notify_after_ms: int = 5) -> None:
+        """The metastore expires ``nid``'s session; the replica hears of it ``notify_after_ms`` later."""
+        n = self.nodes[nid]
+        if not n.alive or not n.session_live:
+            return
+        n.session_live = False
+        self.note(f"session of {nid} expired")
+        if self.znode.leader == nid:
+            self._elect_later(self.rng.randint(1, 10))
+        inc = n.incarnation
+
+        def notify() -> None:
+            if n.alive and n.incarnation == inc:
+                self._deliver(nid, inc, SessionExpired())
+                self._sessions += 1
+                n.session = self._sessions
+                n.session_live = True
+                self._deliver(nid, inc, SessionStarted(n.session))
+                self._notify(nid, self.znode)
+        self.at(self.now + notify_after_ms, notify)
+
+    # ------------------------------------------------------------------------------- crashes
+
+    def crash(self, nid: str) -> None:
+        n = self.nodes[nid]
+        if not n.alive:
+            return
+        self.note(f"crash {nid}")
+        n.alive = False
+        n.incarnation += 1
+        d = n.disk
+        del d.entries[d.durable_end:]
+        if n.session_live:
+            n.session_live = False
+            if self.znode.leader == nid:
+                self._elect_later(self.session_timeout_ms)
+
+    def restart(self, nid: str) -> None:
+        n = self.nodes[nid]
+        if n.alive:
+            return
+        self.note(f"restart {nid}")
+        n.alive = True
+        self._sessions += 1
+        n.session = self._sessions
+        n.session_live = True
+        n.replica = self._new_replica(nid, n.disk, n.session)
+        if n.replica.applied < n.disk.applied:
+            self.fail(f"{nid} recovered applied {n.replica.applied} < durable {n.disk.applied}")
+        n.max_applied = n.replica.applied
+        n.max_epoch = n.replica.epoch
+        self.at(self.now + self.rng.randrange(self.tick_ms), self._tick, nid, n.incarnation)
+        self._notify(nid, self.znode)
+
+    def _far_horizon(self, leader: str, inc: int, a: StartFarHorizon) -> None:
+        """Model a checkpoint copy: the follower receives the leader's applied prefix in bulk."""
+        ln, fn = self.nodes[leader], self.nodes[a.follower]
+        if not ln.alive or ln.incarnation != inc or not fn.alive:
+            return
+        start = len(fn.disk.entries)
+        end = min(ln.replica.apply_offset + 1, len(ln.disk.entries))
+        if end <= start:
+            return
+        chunk = ln.disk.entries[start:end]
+        msg = Replicate(leader, a.follower, a.epoch, start, tuple(e for e, _ in chunk), a.apply_offset,
+                        tuple(p for _, p in chunk))
+        self._deliver(a.follower, fn.incarnation, msg)
+
+    # ------------------------------------------------------------------------------- partitions
+
+    def isolate(self, nid: str) -> None:
+        for o in self.ids:
+            if o != nid:
+                self.cut.add((nid, o))
+                self.cut.add((o, nid))
+
+    def cut_link(self, src: str, dst: str) -> None:
+        self.cut.add((src, dst))
+
+    def heal(self) -> None:
+        self.cut.clear()
+
+    # ------------------------------------------------------------------------------- helpers
+
+    def leader(self) -> str | None:
+        return self.znode.leader
+
+    def fail(self, what: str) -> None:
+        raise InvariantViolation(f"t={self.now}ms: {what}")
+
+    def check_liveness(self) -> None:
+        """After healing and quiescence: one leader, everyone applied the leader's whole log, acks kept."""
+        z = self.znode
+        if z.leader is None or not self.nodes[z.leader].replica.is_leader:
+            self.fail(f"no working leader after healing (znode {z})")
+        lead = self.nodes[z.leader]
+        end = len(lead.disk.entries)
+        if len(self.committed) != end:
+            self.fail(f"leader {z.leader} log has {end} entries but only {len(self.committed)} are applied; "
+                      f"ISR {z.isr}, applied " + ", ".join(f"{m}={self.nodes[m].disk.applied}" for m in self.ids))
+        for m in self.ids:
+            d = self.nodes[m].disk
+            if d.applied != end - 1 or d.entries != self.committed:
+                self.fail(f"{m} applied {d.applied} of {end} entries after healing "
+                          f"(log {len(d.entries)}, durable {d.durable_end})")
+        final_epoch = z.epoch
+        for req in self.requests.values():
+            if req.outcome != "ok":
+                continue
+            must = req.ack is Ack.APPLIED or (req.ack is Ack.APPEND and req.epoch == final_epoch)
+            if not must:
+                continue
+            for i, p in enumerate(req.payloads):
+                o = req.first + i
+                if o >= end or self.committed[o][1] != p:
+                    self.fail(f"acknowledged ({req.ack}) {p} at {o} was lost")
+
+
+# ------------------------------------------------------------------------------------------------ random runs
+
+
+@dataclass(frozen=True)
+class RunResult:
+    seed: int
+    steps: int
+    appended: int
+    applied: int
+    error: str | None
+
+
+def replay_command(seed: int) -> str:
+    return f"SIM_SEED={seed} .venv/bin/python -m pytest tests/sim/test_sim.py::test_replay"
+
+
+def run_seed(seed: int, replica_cls: type[Replica] = Replica, fault_ms: int = 800,
+             quiet_ms: int = 1500, trace: bool = False) -> RunResult:
+    """One randomized run: faults and client load for ``fault_ms``, then heal and check liveness."""
+    rng = random.Random(seed ^ 0x5EED)
+    nodes = rng.choice([2, 3, 3, 3, 4])
+    faults = Faults.random(rng)
+    config = sim_config(nodes, min_isr=rng.choice([None, None, nodes]),
+                        max_unapplied_entries=rng.choice([400, 400, 40]))
+    sim = Sim(seed, nodes=nodes, config=config, faults=faults, replica_cls=replica_cls, trace=trace,
+              metastore_ms=rng.choice([(1, 5), (1, 40)]))
+    slow = {nid for nid in sim.ids if rng.random() < faults.slow_disk}
+    for nid in slow:
+        sim.nodes[nid].flush_ms = faults.slow_flush_ms
+    try:
+        sim.start()
+        _schedule_faults(sim, rng, fault_ms)
+        _schedule_clients(sim, rng, fault_ms)
+        sim.run_until(fault_ms)
+        # heal: no more faults, everyone back, fast disks
+        sim.faults = replace(sim.faults, drop=0.0, duplicate=0.0)
+        sim.heal()
+        for nid in sim.ids:
+            sim.nodes[nid].flush_ms = 2
+            sim.restart(nid)
+        sim.run_until(fault_ms + quiet_ms)
+        sim.check_liveness()
+        err = None
+    except AssertionError as e:
+        if isinstance(e, InvariantViolation):
+            kind = "invariant"
+        else:
+            frame = traceback.extract_tb(e.__traceback__)[-1]
+            kind = f"state-machine assertion ({frame.filename.rsplit('/', 1)[-1]}:{frame.lineno} {frame.line})"
+        err = (f"seed {seed} ({nodes} nodes; {faults.describe()}): {kind} failed: {e}\n"
+               f"replay: {replay_command(seed)}")
+        if trace:
+            err += "\n" + "\n".join(sim.log[-60:])
+    return RunResult(seed, sim.steps, sim._next_payload, len(sim.committed), err)
+
+
+def _schedule_faults(sim: Sim, rng: random.Random, until_ms: int) -> None:
+    f = sim.faults
+
+    def poisson(rate: float, action: Callable[[], None]) -> None:
+        if rate <= 0:
+            return
+        t = 0.0
+        while True:
+            t += rng.expovariate(rate / 1000.0)
+            if t >= until_ms:
+                return
+            sim.at(int(t), action)
+
+    def partition() -> None:
+        if rng.random() < 0.5:
+            sim.isolate(rng.choice(sim.ids))
+        else:
+            a, b = rng.sample(sim.ids, 2)
+            sim.cut_link(a, b)
+        sim.at(sim.now + rng.choice([rng.randint(30, 300), rng.randint(300, 700)]), sim.heal)
+
+    def crash() -> None:
+        nid = sim.znode.leader if (sim.znode.leader and rng.random() < 0.5) else rng.choice(sim.ids)
+        sim.crash(nid)
+        sim.at(sim.now + rng.randint(5, 250), sim.restart, nid)
+
+    def expire() -> None:
+        if sim.znode.leader:
+            sim.expire_session(sim.znode.leader, notify_after_ms=rng.choice([1, 20, 200]))
+
+    poisson(f.partition_rate, partition)
+    poisson(f.crash_rate, crash)
+    poisson(f.session_expiry_rate, expire)
+
+
+def _schedule_clients(sim: Sim, rng: random.Random, until_ms: int) -> None:
+    t = 5
+    acks = (Ack.NONE, Ack.APPEND, Ack.APPLIED, Ack.APPLIED)
+    gap = rng.choice([3, 6, 12])
+    while t < until_ms:
+        sim.at(t, lambda c=rng.randint(1, 3), a=rng.choice(acks): sim.append(c, a))  # type: ignore[misc]
+        t += 1 + rng.randrange(gap)
