@@ -1,0 +1,267 @@
+"""The conductor against a real ZooKeeper: placement, failover from the ISR, HA takeover, outages.
+
+Each test runs in its own chroot of the session ZooKeeper (or its own server
+when it must stop it), so conductors and nodes of different tests never meet.
+Worker nodes are real ZooKeeper sessions registering ephemeral znodes; a node
+is "lost" by closing its session, exactly what ZooKeeper does when a worker dies.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from kazoo.client import KazooClient
+
+from conductor.controller import Conductor
+from conductor.metastore import Metastore, ModuleExists
+from conductor.module_spec import ModuleSpec, NotEnoughNodes
+from conductor.placement import GroupState
+from conductor.zkserver import ZooKeeperServer
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@pytest.fixture
+def hosts(zk_hosts: str) -> str:
+    """A fresh chroot: the whole /millrace tree of this test lives under it."""
+    chroot = f"/t-{uuid.uuid4().hex[:10]}"
+    zk = KazooClient(hosts=zk_hosts)
+    zk.start(timeout=10)
+    try:
+        zk.ensure_path(chroot)
+    finally:
+        zk.stop()
+        zk.close()
+    return zk_hosts + chroot
+
+
+class Nodes:
+    """Worker nodes as live ZooKeeper sessions; ``kill`` closes one (its ephemeral znode vanishes)."""
+
+    def __init__(self, hosts: str, session_timeout: float = 2.0) -> None:
+        self.hosts = hosts
+        self.session_timeout = session_timeout
+        self.sessions: dict[str, Metastore] = {}
+
+    def add(self, *node_ids: str) -> None:
+        for node_id in node_ids:
+            ms = Metastore(self.hosts, session_timeout=self.session_timeout).start()
+            ms.register_node(node_id, f"127.0.0.1:{7000 + len(self.sessions)}")
+            self.sessions[node_id] = ms
+
+    def kill(self, node_id: str) -> None:
+        self.sessions.pop(node_id).close()
+
+    def close(self) -> None:
+        for ms in self.sessions.values():
+            ms.close()
+
+
+@pytest.fixture
+def nodes(hosts: str) -> Iterator[Nodes]:
+    n = Nodes(hosts)
+    try:
+        yield n
+    finally:
+        n.close()
+
+
+@pytest.fixture
+def conductor(hosts: str) -> Iterator[Conductor]:
+    c = Conductor(hosts, "c1", session_timeout=2.0, reconcile_interval=0.5).start()
+    try:
+        assert c.wait_active(10), "a lone conductor must become active"
+        yield c
+    finally:
+        c.stop()
+
+
+def spec(name: str, threads: int = 3, rf: int = 3, workers: int = 3) -> ModuleSpec:
+    return ModuleSpec(name=name, module_ref="examples.word_count:WordCount", tasks=threads * 2, threads=threads,
+                      workers=workers, replication_factor=rf)
+
+
+def groups_of(ms: Metastore, module: str) -> dict[int, GroupState]:
+    return {g: s for g, (s, _) in ms.list_groups(module).items()}
+
+
+def test_deploy_places_groups_visibly_in_zookeeper(conductor: Conductor, nodes: Nodes) -> None:
+    nodes.add("n1", "n2", "n3")
+    with pytest.raises(NotEnoughNodes, match="replication factor 4 needs 4 distinct live node"):
+        conductor.deploy(ModuleSpec(name="Big", module_ref="a.b:C", tasks=4, threads=2, workers=4,
+                                    replication_factor=4))
+    assert conductor.ms.list_modules() == []  # refused before anything was written
+    created = conductor.deploy(spec("WordCount", threads=6))
+    stored = groups_of(conductor.ms, "WordCount")
+    assert stored == created and sorted(stored) == list(range(6))
+    leaders: Counter[str] = Counter()
+    for state in stored.values():
+        assert len(set(state.replicas)) == 3 and set(state.replicas) == {"n1", "n2", "n3"}
+        assert state.leader == state.replicas[0] and state.epoch == 0 and state.isr == state.replicas
+        leaders[state.leader] += 1  # type: ignore[index]
+    assert leaders == {"n1": 2, "n2": 2, "n3": 2}
+    assert conductor.ms.get_module("WordCount")[0] == spec("WordCount", threads=6)
+    with pytest.raises(ModuleExists):
+        conductor.deploy(spec("WordCount", threads=6))
+    conductor.destroy("WordCount")
+    assert conductor.ms.list_modules() == []
+
+
+def test_node_loss_elects_from_isr_and_bumps_epoch(conductor: Conductor, nodes: Nodes,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="millrace.conductor")
+    nodes.add("n1", "n2", "n3")
+    before = conductor.deploy(spec("WordCount", threads=3))
+    led_by_n2 = {g for g, s in before.items() if s.leader == "n2"}
+    assert led_by_n2
+    nodes.kill("n2")
+    wait_for(lambda: all(groups_of(conductor.ms, "WordCount")[g].leader not in (None, "n2") for g in led_by_n2),
+             what="new leaders for n2's groups")
+    after = groups_of(conductor.ms, "WordCount")
+    for g, old in before.items():
+        new = after[g]
+        if g in led_by_n2:
+            expected = next(x for x in old.replicas if x != "n2")  # first live ISR member in replica order
+            assert new.leader == expected and new.epoch == old.epoch + 1
+            assert "n2" not in new.isr and new.osr == ("n2",)
+            assert (f"node n2 lost: group WordCount/{g} leader n2 -> {expected}, epoch 0 -> 1, "
+                    f"ISR [{','.join(new.isr)}]") in caplog.text
+        else:
+            assert new == old  # a dead follower is the leader's business, not the conductor's
+    status = {row["group"]: row for row in conductor.status("WordCount")}
+    assert all(row["leaderless_reason"] is None for row in status.values())
+
+
+def test_osr_member_never_elected_and_isr_member_leads_on_return(conductor: Conductor, nodes: Nodes,
+                                                                 hosts: str) -> None:
+    nodes.add("n1", "n2", "n3")
+    conductor.deploy(spec("Orders", threads=1))
+    ms = conductor.ms
+    state, version = ms.get_group("Orders", 0)
+    assert state.leader == "n1"
+    # n2 and n3 fell behind: the leader moved them to the OSR.
+    shrunk = GroupState(leader="n1", epoch=state.epoch, isr=("n1",), osr=("n2", "n3"), replicas=state.replicas)
+    ms.cas_group("Orders", 0, shrunk, version)
+    nodes.kill("n1")
+    wait_for(lambda: ms.get_group("Orders", 0)[0].epoch == 1, what="the conductor to react to n1's loss")
+    down = ms.get_group("Orders", 0)[0]
+    assert down.leader is None and down.isr == ("n1",) and down.osr == ("n2", "n3")
+    reason = conductor.status("Orders")[0]["leaderless_reason"]
+    assert "never elected" in reason and "['n2', 'n3']" in reason
+    time.sleep(1.5)  # several reconciles later it is still leaderless: the live OSR is never elected
+    assert ms.get_group("Orders", 0)[0] == down
+    nodes.add("n1")  # n1's worker restarts with its data
+    wait_for(lambda: ms.get_group("Orders", 0)[0].leader == "n1", what="n1 to lead again")
+    assert ms.get_group("Orders", 0)[0].epoch == 2
+
+
+def test_standby_takes_over_after_active_crashes(hosts: str, nodes: Nodes, tmp_path: Path) -> None:
+    nodes.add("n1", "n2", "n3")
+    log_path = tmp_path / "c1.log"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with open(log_path, "wb") as logf:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "conductor.controller", "--zk", hosts, "--name", "c1", "--session-timeout",
+             "2", "--reconcile-interval", "0.5"],
+            cwd=REPO, env=env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+    standby: Conductor | None = None
+    try:
+        wait_for(lambda: "conductor c1 is now active" in log_path.read_text(), timeout=20,
+                 what="c1 to become active")
+        standby = Conductor(hosts, "c2", session_timeout=2.0, reconcile_interval=0.5).start()
+        assert standby.ms.conductor_contenders()[0] == "c1"
+        assert not standby.wait_active(1.0)
+        before = standby.deploy(spec("WordCount", threads=3))
+
+        # c1 handles a loss while active.
+        nodes.kill("n3")
+        g3 = next(g for g, s in before.items() if s.leader == "n3")
+        wait_for(lambda: standby.ms.get_group("WordCount", g3)[0].leader not in (None, "n3"),
+                 what="c1 to fail over n3's group")
+        assert f"node n3 lost: group WordCount/{g3} leader n3 ->" in log_path.read_text()
+
+        os.kill(proc.pid, signal.SIGKILL)  # a crash: no clean session close, ZooKeeper must expire it
+        proc.wait(timeout=10)
+        assert standby.wait_active(15), "c2 must take over once c1's session expires"
+        assert standby.ms.conductor_contenders()[0] == "c2"
+
+        nodes.kill("n1")
+        g1 = next(g for g, s in before.items() if s.leader == "n1")
+        wait_for(lambda: standby.ms.get_group("WordCount", g1)[0].epoch == 1, what="c2 to handle n1's loss")
+        s1 = standby.ms.get_group("WordCount", g1)[0]
+        # n2 is the only live ISR member; n3 (a dead follower here) is left for the leader to shrink out.
+        assert s1.leader == "n2" and s1.isr == ("n2", "n3") and s1.osr == ("n1",)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        if standby is not None:
+            standby.stop()
+
+
+def test_clean_stop_hands_over_immediately(hosts: str, nodes: Nodes) -> None:
+    nodes.add("n1", "n2")
+    c1 = Conductor(hosts, "c1", session_timeout=10.0, reconcile_interval=0.5).start()
+    c2 = Conductor(hosts, "c2", session_timeout=10.0, reconcile_interval=0.5)
+    try:
+        assert c1.wait_active(10)
+        c2.start()
+        c2.deploy(spec("Small", threads=2, rf=2, workers=2))
+        c1.stop()
+        t0 = time.monotonic()
+        assert c2.wait_active(5)
+        assert time.monotonic() - t0 < 5  # no session timeout to wait for: the election znode is deleted
+        nodes.kill("n2")
+        wait_for(lambda: all(s.leader == "n1" for s in groups_of(c2.ms, "Small").values()),
+                 what="c2 to fail over n2's groups")
+    finally:
+        c1.stop()
+        c2.stop()
+
+
+def test_conductor_stays_active_through_brief_zookeeper_outage(tmp_path: Path) -> None:
+    server = ZooKeeperServer(tmp_path)
+    server.start()
+    nodes = Nodes(server.hosts, session_timeout=8.0)
+    c1 = Conductor(server.hosts, "c1", session_timeout=8.0, reconcile_interval=0.5)
+    try:
+        c1.start()
+        assert c1.wait_active(10)
+        nodes.add("n1", "n2", "n3")
+        before = c1.deploy(spec("WordCount", threads=3))
+        server.stop()
+        time.sleep(1.0)
+        server.start()
+        wait_for(lambda: c1.ms.connected, timeout=15, what="the conductor to reconnect")
+        # Closing a node's session only deletes its znode at once when the close reaches ZooKeeper;
+        # a node closed while still disconnected would linger until its session expires (a crash).
+        wait_for(lambda: all(m.connected for m in nodes.sessions.values()), timeout=15,
+                 what="the nodes to reconnect")
+        assert c1.is_active  # SUSPENDED is not LOST: the session and election znode survived
+        nodes.kill("n2")
+        g2 = next(g for g, s in before.items() if s.leader == "n2")
+        wait_for(lambda: c1.ms.get_group("WordCount", g2)[0].leader not in (None, "n2"), timeout=15,
+                 what="failover after the outage")
+    finally:
+        c1.stop()
+        nodes.close()
+        server.stop()
