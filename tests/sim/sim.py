@@ -216,6 +216,29 @@ class Sim:
             fn(*args)
         self.now = max(self.now, t)
 
+    def run_until_true(self, pred: Callable[[], bool], max_ms: int = 2_000) -> None:
+        """Run event by event until ``pred()`` holds; fail if it does not within ``max_ms``."""
+        limit = self.now + max_ms
+        q = self._q
+        while not pred():
+            if not q or q[0][0] > limit:
+                self.fail(f"condition not reached within {max_ms} ms")
+            when, _, fn, args = heapq.heappop(q)
+            self.now = when
+            fn(*args)
+
+    def heal_and_settle(self, ms: int = 1_500) -> None:
+        """Stop every fault, restart every replica, run ``ms`` and check liveness."""
+        self.faults = replace(self.faults, drop=0.0, duplicate=0.0)
+        self.heal()
+        for nid in self.ids:
+            self.nodes[nid].flush_ms = 2
+            self.restart(nid)
+        self.auto_elect = True
+        self._elect_later(0)
+        self.run_for(ms)
+        self.check_liveness()
+
     def run_for(self, ms: int) -> None:
         self.run_until(self.now + ms)
 
@@ -465,7 +488,7 @@ class Sim:
         if len(st.isr) < self.config.effective_min_isr:
             self.fail(f"ISR {st.isr} shrank below min-ISR {self.config.effective_min_isr}")
         for nid in self.ids:
-            if self.nodes[nid].alive:
+            if self.nodes[nid].alive and self.nodes[nid].session_live:  # watches die with the session
                 self._notify(nid, st)
 
     def _cas(self, nid: str, inc: int, a: ChangeIsr) -> None:

@@ -1,0 +1,313 @@
+"""Named regression scenarios: scripted schedules of the simulator, each deterministic.
+
+Every scenario runs with all safety invariants checked after every step (see
+``tests/sim/sim.py``), then asserts its own expected outcome and, after
+healing, liveness. Several also run a mutant replica that breaks the rule the
+scenario is about, and expect the simulator to catch it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from replog.messages import Ack, EpochRequest, EpochResponse, Replicate, ReplicateAck
+from replog.replica import Replica
+from tests.sim.mutants import SingleRoundEpochExchange, TruncateToHighWatermark
+from tests.sim.sim import InvariantViolation, Sim, sim_config
+
+
+def scripted(nodes: int, replica_cls: type[Replica] = Replica, **config: int) -> Sim:
+    sim = Sim(7, nodes=nodes, config=sim_config(nodes, **config), replica_cls=replica_cls, trace=True)
+    sim.auto_elect = False
+    sim.start()
+    return sim
+
+
+def durable(sim: Sim, nid: str) -> list[tuple[int, str]]:
+    d = sim.nodes[nid].disk
+    return d.entries[:d.durable_end]
+
+
+# ------------------------------------------------------------------------------------------------ KIP-101
+
+
+def kip101_fast_failover(replica_cls: type[Replica]) -> Sim:
+    """KIP-101 scenario 1: a follower holds an applied entry but not the news that it was applied
+    (its high watermark is stale). It restarts; the leader fails right after. Truncating to the
+    high watermark on restart would lose the entry; truncating by epoch keeps it."""
+    sim = scripted(2, replica_cls, min_isr=1)
+    sim.elect("a")
+    sim.run_for(20)
+    sim.append(1, Ack.APPLIED)
+    sim.run_for(30)
+    b = sim.nodes["b"]
+    m2 = sim.append(1, Ack.APPLIED)
+    sim.run_until_true(lambda: b.disk.durable_end == 2)
+    sim.cut_link("a", "b")  # b will not hear the new apply offset
+    sim.run_until_true(lambda: m2.outcome == "ok")
+    assert b.replica.apply_offset == 0 and b.disk.durable_end == 2  # holds m2, believes HW is 0
+    sim.crash("b")
+    sim.heal()
+    sim.restart("b")
+    sim.run_until_true(lambda: b.replica.reconciled)
+    sim.crash("a")  # fast failover: before b learns anything more
+    sim.elect("b")
+    sim.run_until_true(lambda: b.replica.is_leader)
+    assert durable(sim, "b")[1] == (1, m2.payloads[0])
+    return sim
+
+
+def test_kip101_fast_failover_after_high_watermark_truncation() -> None:
+    sim = kip101_fast_failover(Replica)
+    after = sim.append(1, Ack.APPLIED)  # b shrinks the ISR to itself (min-ISR 1) and carries on
+    sim.run_until_true(lambda: after.outcome == "ok")
+    sim.heal_and_settle()
+
+
+def test_kip101_fast_failover_catches_high_watermark_truncation() -> None:
+    with pytest.raises(InvariantViolation, match="truncates to 1, below the committed end 2"):
+        kip101_fast_failover(TruncateToHighWatermark)
+
+
+def test_kip101_divergence_after_both_replicas_crash() -> None:
+    """KIP-101 scenario 2: both replicas crash; the one that missed m2 comes back first and is
+    elected, writing m3 at m2's offset. The other returns with m2 and must replace it by m3
+    (its epoch 1 ends at offset 1 in the new leader's log), not keep a divergent log."""
+    sim = scripted(2, min_isr=1)
+    sim.elect("a")
+    sim.run_for(20)
+    m1 = sim.append(1, Ack.APPLIED)
+    sim.run_until_true(lambda: m1.outcome == "ok")
+    sim.cut_link("a", "b")
+    m2 = sim.append(1, Ack.APPEND)
+    sim.run_until_true(lambda: m2.outcome == "ok")
+    sim.crash("a")
+    sim.crash("b")
+    sim.heal()
+    sim.restart("b")
+    sim.elect("b")
+    sim.run_for(20)
+    m3 = sim.append(1, Ack.NONE, to="b")
+    sim.run_until_true(lambda: sim.nodes["b"].disk.durable_end == 2)
+    sim.restart("a")
+    sim.run_until_true(lambda: sim.nodes["a"].replica.reconciled and sim.nodes["a"].disk.durable_end == 2)
+    assert durable(sim, "a") == [(1, m1.payloads[0]), (2, m3.payloads[0])]
+    assert durable(sim, "a") == durable(sim, "b")
+    sim.heal_and_settle()
+
+
+# ------------------------------------------------------------------------------------------------ KIP-279
+
+
+def kip279_rapid_leader_changes(replica_cls: type[Replica]) -> Sim:
+    """Leadership alternates a, b, a, b through crashes, each leader writing in its own epoch, so
+    the last follower's log differs from the leader's in two epochs. One round of the epoch
+    exchange only removes the newest difference; KIP-279 iterates until the logs agree."""
+    sim = scripted(2, replica_cls, min_isr=1, max_time_lag_ms=10_000)
+    a, b = sim.nodes["a"], sim.nodes["b"]
+    sim.elect("a")
+    sim.run_for(20)
+    x0 = sim.append(1, Ack.APPLIED)
+    sim.run_until_true(lambda: x0.outcome == "ok")
+    sim.crash("b")
+    sim.append(1, Ack.NONE, to="a")  # x1 at offset 1, epoch 1
+    sim.run_until_true(lambda: a.disk.durable_end == 2)
+    sim.crash("a")
+    sim.restart("b")
+    sim.elect("b")  # epoch 2
+    sim.run_until_true(lambda: b.replica.is_leader)
+    y1 = sim.append(1, Ack.NONE, to="b")  # offset 1, epoch 2
+    sim.run_until_true(lambda: b.disk.durable_end == 2)
+    sim.crash("b")
+    sim.restart("a")
+    sim.elect("a")  # epoch 3
+    sim.run_until_true(lambda: a.replica.is_leader)
+    sim.append(1, Ack.NONE, to="a")  # z2 at offset 2, epoch 3
+    sim.run_until_true(lambda: a.disk.durable_end == 3)
+    sim.crash("a")
+    sim.restart("b")
+    sim.elect("b")  # epoch 4
+    sim.run_until_true(lambda: b.replica.is_leader)
+    w2 = sim.append(1, Ack.NONE, to="b")  # offset 2, epoch 4
+    sim.run_until_true(lambda: b.disk.durable_end == 3)
+    asked_before = len([m for _, _, m in sim.sent if isinstance(m, EpochRequest) and m.src == "a"])
+    sim.restart("a")
+    sim.run_until_true(lambda: a.replica.reconciled)
+    asked = [m.requested_epoch for _, _, m in sim.sent if isinstance(m, EpochRequest) and m.src == "a"]
+    sim.run_until_true(lambda: a.disk.durable_end == 3 and a.replica.applied == 2)
+    assert durable(sim, "a") == [(1, x0.payloads[0]), (2, y1.payloads[0]), (4, w2.payloads[0])]
+    assert asked[asked_before:] == [3, 1]  # two rounds: epoch 3, then epoch 1
+    return sim
+
+
+def test_kip279_rapid_leader_changes() -> None:
+    kip279_rapid_leader_changes(Replica).heal_and_settle()
+
+
+def test_kip279_catches_single_round_exchange() -> None:
+    with pytest.raises(InvariantViolation, match="ISR member a holds"):
+        kip279_rapid_leader_changes(SingleRoundEpochExchange)
+
+
+def test_deposed_leader_with_empty_epoch_reconciles() -> None:
+    """Found by seed 430: a replica elected and deposed before writing anything keeps
+    ``(epoch, log end)`` in its cache. That epoch has no entries; the exchange must drop it
+    or it never agrees with the new leader and the replica never follows again."""
+    sim = scripted(3)
+    b = sim.nodes["b"]
+    sim.elect("a")
+    sim.run_for(20)
+    r = sim.append(2, Ack.APPLIED)
+    sim.run_until_true(lambda: r.outcome == "ok")
+    sim.expire_session("a", notify_after_ms=1)
+    sim.elect("b")
+    sim.run_until_true(lambda: b.replica.is_leader)
+    assert b.replica.epochs.to_pairs()[-1] == (2, 2)  # empty epoch at the log end
+    sim.expire_session("b", notify_after_ms=1)
+    sim.run_for(5)
+    sim.elect("c")
+    sim.run_until_true(lambda: b.replica.reconciled and b.replica.leader == "c", max_ms=500)
+    assert b.replica.epochs.to_pairs() == [(1, 0)]
+    sim.heal_and_settle()
+
+
+# ------------------------------------------------------------------------------------------------ ISR
+
+
+def test_isr_shrink_racing_a_commit() -> None:
+    """A lagging ISR member is removed by a slow CAS while an append waits to be applied: the
+    leader must not apply it by the shrunk ISR before the metastore has the shrunk ISR (the
+    checker fails on any entry applied while a znode-ISR member lacks it)."""
+    sim = scripted(3, min_isr=2)
+    sim.metastore_ms = (80, 80)
+    sim.elect("a")
+    sim.run_for(200)
+    r0 = sim.append(1, Ack.APPLIED)
+    sim.run_until_true(lambda: r0.outcome == "ok")
+    sim.isolate("c")
+    r1 = sim.append(1, Ack.APPLIED)
+    sim.run_until_true(lambda: r1.outcome != "pending")
+    assert r1.outcome == "ok"
+    assert "c" not in sim.znode.isr and "c" in sim.znode.osr
+    # c comes back, catches up and rejoins (again a CAS first).
+    sim.heal()
+    sim.run_until_true(lambda: "c" in sim.znode.isr, max_ms=1_000)
+    sim.heal_and_settle()
+
+
+def test_isr_shrink_cas_lost_to_an_election() -> None:
+    """The shrink CAS races the controller deposing the leader: the CAS fails (session expired),
+    so the waiting append is never applied by the shrunk ISR and fails with NotLeader; the new
+    leader still counts the lagging member until it removes it itself."""
+    sim = scripted(3, min_isr=2)
+    sim.metastore_ms = (40, 40)
+    sim.elect("a")
+    sim.run_for(200)
+    sim.isolate("c")
+    r1 = sim.append(1, Ack.APPLIED)
+    sim.run_until_true(lambda: sim.nodes["a"].replica._ls is not None
+                       and sim.nodes["a"].replica._ls.pending_change is not None, max_ms=1_000)
+    sim.expire_session("a", notify_after_ms=60)
+    sim.elect("b")
+    sim.run_until_true(lambda: r1.outcome != "pending")
+    assert r1.outcome == "NotLeader"
+    assert "c" in sim.znode.isr or sim.znode.leader == "b"
+    sim.heal_and_settle()
+
+
+def test_zombie_leader_after_session_expiry() -> None:
+    """The leader's session expires but it hears of it late: meanwhile it still takes appends.
+    None may be acknowledged as applied (the new leader's ISR drops its messages), and once it
+    hears, it fails the waiting clients and truncates its zombie entries as a follower."""
+    sim = scripted(3)
+    a = sim.nodes["a"]
+    sim.elect("a")
+    sim.run_for(20)
+    r0 = sim.append(2, Ack.APPLIED)
+    sim.run_until_true(lambda: r0.outcome == "ok")
+    sim.expire_session("a", notify_after_ms=300)
+    sim.cut_link("b", "a")  # a frame of epoch 2 would tell a at once; keep it a zombie
+    sim.elect("b")
+    sim.run_for(20)
+    zombie = [sim.append(1, ack, to="a") for ack in (Ack.APPLIED, Ack.APPEND, Ack.APPLIED)]
+    fresh = sim.append(1, Ack.APPLIED, to="b")
+    sim.run_for(250)
+    assert a.replica.is_leader  # still a zombie: has not heard
+    assert fresh.outcome == "ok"
+    assert zombie[0].outcome == zombie[2].outcome == "pending"
+    assert zombie[1].outcome == "ok"  # ack=append: durable on the zombie only, may be lost
+    sim.run_until_true(lambda: not a.replica.is_leader)
+    assert zombie[0].outcome == zombie[2].outcome == "NotLeader"
+    sim.heal()
+    sim.run_until_true(lambda: a.replica.reconciled and a.disk.durable_end == 3, max_ms=500)
+    assert durable(sim, "a") == durable(sim, "b")
+    assert all(p not in {x for _, x in durable(sim, "a")} for z in zombie for p in z.payloads)
+    sim.heal_and_settle()
+
+
+def test_delayed_messages_from_an_old_epoch_are_dropped() -> None:
+    """Frames, acks and epoch answers of epoch 1 arrive after epoch 2 started: all are dropped."""
+    sim = scripted(3)
+    c = sim.nodes["c"]
+    sim.elect("a")
+    sim.run_for(20)
+    r0 = sim.append(1, Ack.APPLIED)
+    sim.run_until_true(lambda: r0.outcome == "ok")
+    sim.cut_link("a", "b")
+    sim.cut_link("a", "c")
+    old = sim.append(1, Ack.NONE)
+    sim.run_until_true(lambda: any(isinstance(m, Replicate) and m.dst == "c" and m.entry_epochs
+                                   and m.start == 1 for _, _, m in sim.sent))
+    stale = next(m for _, _, m in sim.sent
+                 if isinstance(m, Replicate) and m.dst == "c" and m.entry_epochs and m.start == 1)
+    assert stale.data == old.payloads
+    sim.crash("a")
+    sim.heal()
+    sim.elect("b")
+    new = sim.append(1, Ack.APPLIED, to="b")
+    sim.run_until_true(lambda: new.outcome == "ok" and c.replica.applied == 1)
+    before = list(c.disk.entries)
+    sim.inject("c", stale)
+    sim.inject("b", ReplicateAck("c", "b", 1, 5, 6))
+    sim.inject("c", EpochResponse("b", "c", 1, 1, 1, 0))
+    sim.run_for(50)
+    assert c.disk.entries[:2] == before[:2] == [(1, r0.payloads[0]), (2, new.payloads[0])]
+    sim.heal_and_settle()
+
+
+def test_last_isr_member_loses_its_unflushed_tail() -> None:
+    """ISR = {a} (b lagged out). a's disk is slow; b, catching up as OSR, holds entries a has not
+    flushed. a crashes and loses them, comes back as the only electable replica, and writes new
+    entries at those offsets: b must drop what a lost (it was never applied), nothing applied
+    may be lost, and acknowledged-appended entries survive."""
+    sim = scripted(2, min_isr=1)
+    a, b = sim.nodes["a"], sim.nodes["b"]
+    sim.elect("a")
+    sim.run_for(20)
+    r0 = sim.append(1, Ack.APPLIED)
+    sim.run_until_true(lambda: r0.outcome == "ok")
+    sim.isolate("b")
+    r1 = sim.append(1, Ack.APPLIED)
+    sim.run_until_true(lambda: r1.outcome == "ok", max_ms=1_000)
+    assert sim.znode.isr == ("a",)
+    appended = sim.append(1, Ack.APPEND)
+    sim.run_until_true(lambda: appended.outcome == "ok")
+    sim.metastore_ms = (400, 400)  # b may not rejoin before the crash
+    a.flush_ms = 500
+    sim.heal()
+    lost = [sim.append(1, Ack.NONE) for _ in range(3)]
+    sim.run_until_true(lambda: b.disk.durable_end == 6)
+    assert a.disk.durable_end == 3
+    sim.crash("a")
+    sim.metastore_ms = (1, 5)
+    a.flush_ms = 2
+    sim.restart("a")
+    sim.elect("a")
+    sim.run_until_true(lambda: a.replica.is_leader)
+    after = sim.append(1, Ack.APPLIED, to="a")
+    sim.run_until_true(lambda: after.outcome == "ok" and b.replica.applied == 3, max_ms=1_000)
+    assert durable(sim, "b") == durable(sim, "a")
+    assert [p for _, p in durable(sim, "a")] == [*r0.payloads, *r1.payloads, *appended.payloads,
+                                                  *after.payloads]
+    assert all(req.outcome == "ok" for req in lost)  # ack=none promised nothing
+    sim.heal_and_settle()
