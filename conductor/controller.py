@@ -301,7 +301,8 @@ class Conductor:
             state, version = states[(module, g)]
             if direct:
                 try:
-                    self.ms.cas_group(module, g, switch_leader(state, to), version)
+                    # complete_resign also clears a pending request for this group (or is a plain CAS).
+                    self.ms.complete_resign(module, g, switch_leader(state, to), version)
                 except (VersionConflict, GroupNotFound) as e:
                     log.info("balance: skipped %s/%d (%s)", module, g, e)
                     continue

@@ -117,7 +117,8 @@ def test_deploy_places_groups_visibly_in_zookeeper(conductor: Conductor, nodes: 
     for state in stored.values():
         assert len(set(state.replicas)) == 3 and set(state.replicas) == {"n1", "n2", "n3"}
         assert state.leader == state.replicas[0] and state.epoch == 0 and state.isr == state.replicas
-        leaders[state.leader] += 1  # type: ignore[index]
+        assert state.leader is not None
+        leaders[state.leader] += 1
     assert leaders == {"n1": 2, "n2": 2, "n3": 2}
     assert conductor.ms.get_module("WordCount")[0] == spec("WordCount", threads=6)
     with pytest.raises(ModuleExists):
@@ -265,3 +266,55 @@ def test_conductor_stays_active_through_brief_zookeeper_outage(tmp_path: Path) -
         c1.stop()
         nodes.close()
         server.stop()
+
+
+def test_session_loss_demotes_and_reruns_election(hosts: str, nodes: Nodes) -> None:
+    nodes.add("n1", "n2")
+    c1 = Conductor(hosts, "c1", session_timeout=2.0, reconcile_interval=0.5).start()
+    c2 = Conductor(hosts, "c2", session_timeout=2.0, reconcile_interval=0.5)
+    try:
+        assert c1.wait_active(10)
+        c2.start()
+        c2.deploy(spec("Small", threads=2, rf=2, workers=2))
+        # Expire c1's session from outside (same session id, then close it): what a long partition does.
+        twin = KazooClient(hosts=hosts, client_id=c1.ms.zk.client_id)
+        twin.start(timeout=10)
+        twin.stop()
+        twin.close()
+        assert c2.wait_active(10), "c2 must take over when c1's session is lost"
+        wait_for(lambda: not c1.is_active, what="c1 to stand down")
+        wait_for(lambda: c2.ms.conductor_contenders() == ["c2", "c1"], what="c1 to campaign again")
+        nodes.kill("n2")
+        wait_for(lambda: all(s.leader == "n1" for s in groups_of(c2.ms, "Small").values()),
+                 what="failover by the new active conductor")
+        assert not c1.is_active
+    finally:
+        c1.stop()
+        c2.stop()
+
+
+def test_balance_moves_minimal_leaders_to_a_returned_node(conductor: Conductor, nodes: Nodes) -> None:
+    nodes.add("n1", "n2", "n3")
+    conductor.deploy(spec("WordCount", threads=3))
+    nodes.kill("n3")
+    ms = conductor.ms
+    wait_for(lambda: all(s.leader != "n3" for s in groups_of(ms, "WordCount").values()), what="failover")
+    nodes.add("n3")
+    # n3 caught up: its leaders add it back to their ISR (a CAS, as the replication layer does).
+    for g, (state, version) in ms.list_groups("WordCount").items():
+        if "n3" in state.osr:
+            ms.cas_group("WordCount", g, GroupState(leader=state.leader, epoch=state.epoch,
+                                                    isr=(*state.isr, "n3"), osr=(), replicas=state.replicas),
+                         version)
+    assert sorted(Counter(s.leader for s in groups_of(ms, "WordCount").values()).values()) == [1, 2]
+    requested = conductor.balance()
+    assert len(requested) == 1 and next(iter(requested.values())) == "n3"
+    (module, g), _ = next(iter(requested.items()))
+    request = ms.get_resign(module, g)
+    assert request is not None and request["to"] == "n3"
+    moved = conductor.balance(direct=True)
+    assert moved == requested
+    assert ms.get_resign(module, g) is None  # the direct switch also served the pending request
+    leaders = Counter(s.leader for s in groups_of(ms, "WordCount").values())
+    assert leaders == {"n1": 1, "n2": 1, "n3": 1}
+    assert conductor.balance() == {}

@@ -136,7 +136,8 @@ def _brute_force(groups: dict[int, GroupState], live: set[str], banned: set[str]
     options = []
     for g in keys:
         s = groups[g]
-        opts = sorted({x for x in s.isr if x in live} | {s.leader})  # type: ignore[arg-type]
+        assert s.leader is not None
+        opts = sorted({x for x in s.isr if x in live} | {s.leader})
         options.append(opts)
     best: tuple[int, int, int, int] | None = None
     for combo in itertools.product(*options):
@@ -159,7 +160,7 @@ def _score(groups: dict[int, GroupState], moves: dict[int, str], live: set[str],
     c: Counter[str] = Counter()
     for g, s in groups.items():
         if s.leader in live:
-            c[moves.get(g, s.leader)] += 1  # type: ignore[arg-type]
+            c[moves.get(g, s.leader)] += 1
     counts = [c[x] for x in counted] or [0]
     return (sum(c[x] for x in banned), sum(v * v for v in counts), max(counts) - min(counts), len(moves))
 
