@@ -117,16 +117,22 @@ class MetastoreChanged:
 
 @dataclass(frozen=True, slots=True)
 class IsrChanged:
-    """A :class:`ChangeIsr` compare-and-set succeeded; ``state`` is what was written."""
+    """A :class:`ChangeIsr` compare-and-set succeeded; ``state`` is what was written (its ``new``)."""
 
     state: GroupState
 
 
 @dataclass(frozen=True, slots=True)
 class IsrChangeFailed:
-    """A :class:`ChangeIsr` failed: ``reason`` is ``"conflict"`` (version moved on) or ``"session_expired"``."""
+    """A :class:`ChangeIsr` failed: ``reason`` is ``"conflict"`` (version moved on) or ``"session_expired"``.
+
+    ``proposed`` is the ``new`` state of the failed action: results can arrive
+    after the replica moved on (even to a new leadership of its own), and only
+    the answer to the CAS in flight may change anything.
+    """
 
     reason: str
+    proposed: GroupState
     current: GroupState | None = None
 
 

@@ -625,8 +625,8 @@ class Replica:
 
     def _on_isr_changed(self, st: GroupState) -> None:
         ls = self._ls
-        if ls is None or st.epoch != self.epoch or ls.pending_change is None:
-            return
+        if ls is None or st != ls.pending_change:
+            return  # the answer to an older CAS (perhaps of an earlier leadership)
         ls.pending_change = None
         if st.version > ls.version:
             self._adopt_znode(st)
@@ -635,8 +635,8 @@ class Replica:
 
     def _on_isr_change_failed(self, ev: IsrChangeFailed) -> None:
         ls = self._ls
-        if ls is None:
-            return
+        if ls is None or ev.proposed != ls.pending_change:
+            return  # the answer to an older CAS (perhaps of an earlier leadership)
         ls.pending_change = None
         if ev.reason == "session_expired":
             self._on_session_expired()

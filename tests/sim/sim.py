@@ -498,9 +498,9 @@ class Sim:
         if not n.alive or n.incarnation != inc:
             return
         if not n.session_live or a.new.leader_session != n.session:
-            self.at(back, self._deliver, nid, inc, IsrChangeFailed("session_expired"))
+            self.at(back, self._deliver, nid, inc, IsrChangeFailed("session_expired", a.new))
         elif self.znode.version != a.expected_version:
-            self.at(back, self._deliver, nid, inc, IsrChangeFailed("conflict", self.znode))
+            self.at(back, self._deliver, nid, inc, IsrChangeFailed("conflict", a.new, self.znode))
         else:
             if a.new.version != a.expected_version + 1 or a.new.epoch != self.znode.epoch:
                 self.fail(f"bad CAS from {nid}: {a}")

@@ -60,3 +60,11 @@ def test_regression_seed_empty_epoch_of_deposed_leader(seed: int) -> None:
     test_scenarios.py::test_deposed_leader_with_empty_epoch_reconciles)."""
     result = run_seed(seed)
     assert result.error is None, result.error
+
+
+def test_regression_seed_late_cas_answer_fences_new_leadership() -> None:
+    """Seed 4164 with 2 s of faults: a late session-expired answer to a CAS of the replica's previous
+    leadership fenced its new one, leaving the group without a working leader after healing
+    (unit test: test_replica_leader.py::test_late_cas_answer_of_an_earlier_leadership_is_ignored)."""
+    result = run_seed(4164, fault_ms=2000)
+    assert result.error is None, result.error

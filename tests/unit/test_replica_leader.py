@@ -1,0 +1,243 @@
+"""The leader side of the replication state machine, event by event (no simulator, no mocks)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from replog.config import ReplicationConfig
+from replog.errors import Backpressure, NotLeader, StalledGroup
+from replog.messages import (
+    Ack,
+    Action,
+    AppendLocal,
+    Apply,
+    ChangeIsr,
+    ClientAppend,
+    EpochRequest,
+    EpochResponse,
+    GroupState,
+    IsrChanged,
+    IsrChangeFailed,
+    LocalFlushed,
+    MetastoreChanged,
+    PersistEpochs,
+    ReplicateAck,
+    Reply,
+    Role,
+    RoleChanged,
+    Send,
+    SendEntries,
+    SessionExpired,
+    SessionStarted,
+    StartFarHorizon,
+    Tick,
+)
+from replog.replica import Replica
+
+ISR3 = GroupState("a", 1, ("a", "b", "c"), (), 1, 1)
+
+
+def make_leader(state: GroupState = ISR3, **cfg: Any) -> tuple[Replica, list[Action]]:
+    opts: dict[str, Any] = {"replication_factor": len(state.replicas), "max_time_lag_ms": 100,
+                            "append_timeout_ms": 500, "heartbeat_interval_ms": 50}
+    opts.update(cfg)
+    r = Replica("a", "g", ReplicationConfig(**opts), session=1)
+    return r, r.handle(MetastoreChanged(state), 0)
+
+
+def of(actions: list[Action], kind: type) -> list[Any]:
+    return [a for a in actions if isinstance(a, kind)]
+
+
+def ack(r: Replica, src: str, held: int, now: int = 1, reset: bool = False) -> list[Action]:
+    return r.handle(ReplicateAck(src, "a", r.epoch, held, held + 1, reset), now)
+
+
+def test_becoming_leader_records_the_epoch_at_the_log_end_and_announces_it() -> None:
+    r = Replica("a", "g", ReplicationConfig(), session=1, log_end=5, epoch_pairs=[(0, 0)], applied=2)
+    out = r.handle(MetastoreChanged(GroupState("a", 4, ("a", "b"), (), 3, 1)), 0)
+    assert r.is_leader and r.epochs.to_pairs() == [(0, 0), (4, 5)]
+    assert PersistEpochs(((0, 0), (4, 5))) in out
+    assert RoleChanged(Role.LEADER, 4, "a") in out
+    assert {a.dst for a in of(out, SendEntries)} == {"b"}  # heartbeat: tells b about epoch 4
+
+
+def test_leader_elected_outside_the_isr_is_a_bug() -> None:
+    r = Replica("a", "g", ReplicationConfig(), session=1)
+    with pytest.raises(AssertionError, match="outside ISR"):
+        r.handle(MetastoreChanged(GroupState("a", 1, ("b", "c"), ("a",), 1, 1)), 0)
+
+
+def test_leadership_of_another_session_is_not_taken() -> None:
+    r = Replica("a", "g", ReplicationConfig(), session=2)
+    r.handle(MetastoreChanged(GroupState("a", 1, ("a", "b", "c"), (), 1, 1)), 0)
+    assert r.role is Role.UNATTACHED
+
+
+def test_ack_levels() -> None:
+    r, _ = make_leader()
+    out = r.handle(ClientAppend(1, 2, 20, Ack.NONE), 1)
+    assert of(out, AppendLocal) == [AppendLocal(0, (1, 1), None, 0)]
+    assert of(out, Reply) == [Reply(1, 0, 2)]  # none: at once
+    r.handle(ClientAppend(2, 1, 10, Ack.APPEND), 1)
+    r.handle(ClientAppend(3, 1, 10, Ack.APPLIED), 1)
+    out = r.handle(LocalFlushed(3), 2)
+    assert of(out, Reply) == [Reply(2, 2, 1)]  # append: once durable on the leader
+    assert not of(out, Apply)
+    out = ack(r, "b", 3)
+    assert not of(out, Apply)  # c has not confirmed
+    out = ack(r, "c", 2)
+    assert of(out, Apply) == [Apply(2)]
+    assert not of(out, Reply)  # request 3 is offset 3
+    out = ack(r, "c", 3)
+    assert not of(out, Apply)  # the leader itself does not hold offset 3 yet
+    out = r.handle(LocalFlushed(4), 3)
+    assert of(out, Apply) == [Apply(3)] and of(out, Reply) == [Reply(3, 3, 1)]
+
+
+def test_apply_never_passes_the_leaders_own_durable_end() -> None:
+    r, _ = make_leader()
+    r.handle(ClientAppend(1, 3, 30, Ack.APPLIED), 1)
+    r.handle(LocalFlushed(1), 1)
+    ack(r, "b", 2)
+    out = ack(r, "c", 2)
+    assert of(out, Apply) == [Apply(0)]
+
+
+def test_entries_are_sent_to_followers_with_the_apply_offset() -> None:
+    r, _ = make_leader()
+    ack(r, "b", -1, reset=True)
+    out = r.handle(ClientAppend(1, 3, 30, Ack.APPLIED), 1)
+    assert SendEntries("b", 1, 0, 3, -1) in out
+
+
+def test_lagging_member_is_removed_by_cas_before_anything_relies_on_it() -> None:
+    r, _ = make_leader()
+    r.handle(ClientAppend(1, 1, 10, Ack.APPLIED), 0)
+    r.handle(LocalFlushed(1), 1)
+    ack(r, "b", 0, now=2)
+    out = r.handle(Tick(), 101)
+    (change,) = of(out, ChangeIsr)
+    assert change.expected_version == 1 and change.new.isr == ("a", "b") and change.new.osr == ("c",)
+    assert not of(out, Apply)
+    out = r.handle(Tick(), 150)  # still waiting for the metastore: no apply, no second CAS
+    assert not of(out, Apply) and not of(out, ChangeIsr)
+    out = r.handle(IsrChanged(change.new), 160)
+    assert of(out, Apply) == [Apply(0)] and of(out, Reply) == [Reply(1, 0, 1)]
+    assert r.isr == ("a", "b")
+
+
+def test_failed_isr_cas_applies_nothing_and_expiry_fences() -> None:
+    r, _ = make_leader()
+    r.handle(ClientAppend(1, 1, 10, Ack.APPLIED), 0)
+    r.handle(LocalFlushed(1), 1)
+    ack(r, "b", 0, now=2)
+    (change,) = of(r.handle(Tick(), 101), ChangeIsr)
+    out = r.handle(IsrChangeFailed("session_expired", change.new), 110)
+    assert not of(out, Apply)
+    (reply,) = of(out, Reply)
+    assert isinstance(reply.error, NotLeader)
+    assert r.role is Role.UNATTACHED
+    out = r.handle(ClientAppend(2, 1, 10, Ack.NONE), 111)
+    assert isinstance(of(out, Reply)[0].error, NotLeader) and not of(out, AppendLocal)
+
+
+def test_conflicting_cas_from_a_new_epoch_deposes_the_leader() -> None:
+    r, _ = make_leader()
+    r.handle(ClientAppend(1, 1, 10, Ack.APPLIED), 0)
+    r.handle(LocalFlushed(1), 1)
+    ack(r, "b", 0, now=2)
+    (change,) = of(r.handle(Tick(), 101), ChangeIsr)
+    newer = GroupState("b", 2, ("a", "b", "c"), (), 2, 7)
+    out = r.handle(IsrChangeFailed("conflict", change.new, newer), 110)
+    assert r.role is Role.FOLLOWER and r.leader == "b" and r.epoch == 2
+    assert Send(EpochRequest("a", "b", 2, 1)) in out
+
+
+def test_late_cas_answer_of_an_earlier_leadership_is_ignored() -> None:
+    """Found by seed 4164 (2 s of faults): a session-expired answer to the CAS of epoch 5 arrived
+    after the replica led epoch 6 under a new session, and fenced the new leadership."""
+    r, _ = make_leader()
+    r.handle(ClientAppend(1, 1, 10, Ack.APPLIED), 0)
+    r.handle(LocalFlushed(1), 1)
+    ack(r, "b", 0, now=2)
+    (old,) = of(r.handle(Tick(), 101), ChangeIsr)
+    r.handle(SessionExpired(), 102)
+    r.handle(SessionStarted(2), 103)
+    r.handle(MetastoreChanged(GroupState("a", 2, ("a", "b", "c"), (), 2, 2)), 104)
+    assert r.is_leader
+    assert r.handle(IsrChangeFailed("session_expired", old.new), 105) == []
+    assert r.handle(IsrChanged(old.new), 105) == []
+    assert r.is_leader and r.epoch == 2
+
+
+def test_group_stalls_instead_of_shrinking_below_min_isr() -> None:
+    r, _ = make_leader(min_isr=3)
+    r.handle(ClientAppend(1, 1, 10, Ack.APPLIED), 0)
+    r.handle(LocalFlushed(1), 1)
+    ack(r, "b", 0, now=2)
+    out = r.handle(Tick(), 200)
+    assert not of(out, ChangeIsr) and r.stalled
+    out = r.handle(Tick(), 500)
+    (reply,) = of(out, Reply)
+    assert isinstance(reply.error, StalledGroup)
+    assert reply.error.isr == ["a", "b"] and reply.error.min_isr == 3
+
+
+def test_backpressure_bounds_the_unapplied_lead() -> None:
+    r, _ = make_leader(max_unapplied_entries=5)
+    r.handle(ClientAppend(1, 4, 40, Ack.NONE), 0)
+    out = r.handle(ClientAppend(2, 2, 20, Ack.NONE), 0)
+    (reply,) = of(out, Reply)
+    assert isinstance(reply.error, Backpressure) and "replication.max.unapplied.entries=5" in str(reply.error)
+    assert not of(out, AppendLocal)
+
+
+def test_inflight_entries_per_follower_are_bounded() -> None:
+    r, _ = make_leader(max_inflight_entries=4, max_batch_entries=3)
+    ack(r, "b", -1, reset=True)
+    out = r.handle(ClientAppend(1, 10, 100, Ack.NONE), 1)
+    sends = [(s.start, s.end) for s in of(out, SendEntries) if s.dst == "b" and s.end > s.start]
+    assert sends == [(0, 3), (3, 4)]
+    out = r.handle(ReplicateAck("b", "a", 1, -1, 2), 2)
+    assert [(s.start, s.end) for s in of(out, SendEntries) if s.end > s.start] == [(4, 6)]
+
+
+def test_caught_up_osr_member_rejoins_by_cas() -> None:
+    r, _ = make_leader(GroupState("a", 1, ("a", "b"), ("c",), 1, 1))
+    r.handle(ClientAppend(1, 2, 20, Ack.NONE), 0)
+    out = ack(r, "c", 0, reset=True)
+    assert not of(out, ChangeIsr)
+    out = ack(r, "c", 1)
+    (change,) = of(out, ChangeIsr)
+    assert change.new.isr == ("a", "b", "c") and change.new.osr == ()
+
+
+def test_far_behind_osr_member_gets_far_horizon_catchup() -> None:
+    r, _ = make_leader(GroupState("a", 1, ("a", "b"), ("c",), 1, 1), max_near_sync_message_lag=5)
+    r.handle(ClientAppend(1, 20, 200, Ack.NONE), 0)
+    out = r.handle(ReplicateAck("c", "a", 1, -1, 0, True), 1)
+    assert of(out, StartFarHorizon) == [StartFarHorizon("c", 1, -1)]
+    assert not [s for s in of(out, SendEntries) if s.dst == "c" and s.end > s.start]
+    out = r.handle(ReplicateAck("c", "a", 1, 16, 17), 2)  # the checkpoint arrived
+    assert [(s.start, s.end) for s in of(out, SendEntries) if s.dst == "c"] == [(17, 20)]
+
+
+def test_epoch_request_is_answered_from_the_cache() -> None:
+    r = Replica("a", "g", ReplicationConfig(), session=1, log_end=8, epoch_pairs=[(1, 0), (3, 5)])
+    r.handle(MetastoreChanged(GroupState("a", 4, ("a", "b"), (), 5, 1)), 0)
+    out = r.handle(EpochRequest("b", "a", 4, 2), 1)
+    assert out == [Send(EpochResponse("a", "b", 4, 2, 1, 5))]
+    assert r.handle(EpochRequest("b", "a", 3, 2), 1) == []  # wrong epoch: ignored
+
+
+def test_session_expiry_stops_writes_and_applies() -> None:
+    r, _ = make_leader()
+    r.handle(ClientAppend(1, 1, 10, Ack.APPLIED), 0)
+    r.handle(LocalFlushed(1), 1)
+    out = r.handle(SessionExpired(), 2)
+    assert isinstance(of(out, Reply)[0].error, NotLeader)
+    assert ack(r, "b", 0) == [] and ack(r, "c", 0) == []
+    assert r.applied == -1
