@@ -31,6 +31,38 @@ Driver contract (what the state machine relies on):
 * Leader election and the epoch bump are one CAS by the controller (which picks
   only ISR members); the elected replica learns it via MetastoreChanged.
 * :class:`Reply` answers one client append.
+
+Vocabulary at a glance (driver: what to do / where an event comes from):
+
+==========================  =================================================================
+event                        source
+==========================  =================================================================
+ClientAppend                 a client's append RPC (validate it; ``data`` is the batch)
+LocalFlushed                 the log's fsync completion
+Tick                         a timer, every ~10-50 ms (the machine has no clock of its own)
+MetastoreChanged             the group znode watch, and once at start-up
+IsrChanged / IsrChangeFailed the outcome of a ChangeIsr CAS
+SessionExpired / Started     the ZooKeeper session listener
+Replicate                    a frame from the leader, built from its SendEntries
+ReplicateAck, Epoch*         a peer's Send
+==========================  =================================================================
+
+==========================  =================================================================
+action                       driver does
+==========================  =================================================================
+AppendLocal                  write entries, fsync (batched), then LocalFlushed
+Truncate / PersistEpochs     cut the log / rewrite the epoch checkpoint, durably
+Apply                        apply entries to PStates atomically with ``_meta.applied``
+SendEntries / Send           gRPC stream to the follower / the peer
+ChangeIsr                    CAS on ``/millrace/modules/<m>/groups/<g>``
+StartFarHorizon              checkpoint + file copy in rounds to the follower
+Reply                        answer the client (error -> gRPC status via ``grpc_code``)
+RoleChanged                  start/stop stream topologies, refresh client routing
+==========================  =================================================================
+
+A restarted replica is rebuilt with ``Replica(node, group, config, session=...,
+log_end=<recovered end>, epoch_pairs=<checkpoint>, applied=<_meta.applied>)``
+and then fed ``MetastoreChanged(<current znode>)``.
 """
 
 from __future__ import annotations
