@@ -189,7 +189,8 @@ class Conductor:
 
     def reconcile(self) -> None:
         """Bring every group in line with the live nodes (elect, fence, recover leaderless groups)."""
-        live = set(self.ms.live_nodes())
+        sessions = self.ms.live_sessions()
+        live = set(sessions)
         previous = self._known_live
         if previous is not None:
             for node in sorted(previous - live):
@@ -205,9 +206,10 @@ class Conductor:
             for g, (state, version) in groups.items():
                 if self._stopping.is_set() or self._term_over.is_set():
                     return
-                self._settle_group(module, g, state, version, live)
+                self._settle_group(module, g, state, version, sessions)
 
-    def _settle_group(self, module: str, g: int, state: GroupState, version: int, live: set[str]) -> None:
+    def _settle_group(self, module: str, g: int, state: GroupState, version: int,
+                      live: dict[str, int]) -> None:
         """Apply ``next_leadership`` with a CAS, re-deciding from fresh state on every conflict."""
         for _ in range(_MAX_CAS_ATTEMPTS):
             new = next_leadership(state, live)
@@ -228,9 +230,12 @@ class Conductor:
                     module, g, _MAX_CAS_ATTEMPTS)
 
     @staticmethod
-    def _log_transition(module: str, g: int, old: GroupState, new: GroupState, live: set[str]) -> None:
+    def _log_transition(module: str, g: int, old: GroupState, new: GroupState, live: dict[str, int]) -> None:
         epochs = f"epoch {old.epoch} -> {new.epoch}"
-        if old.leader is None:
+        if old.leader is not None and old.leader in live and old.leader_session != live[old.leader]:
+            log.warning("node %s restarted (new session): group %s/%d leader %s -> %s, %s, ISR %s",
+                        old.leader, module, g, old.leader, new.leader, epochs, _fmt(new.isr))
+        elif old.leader is None:
             log.info("node %s returned: group %s/%d leader none -> %s, %s, ISR %s",
                      new.leader, module, g, new.leader, epochs, _fmt(new.isr))
         elif new.leader is None:
@@ -248,7 +253,8 @@ class Conductor:
         The ``spec.workers`` least-loaded live nodes (by replicas of already
         deployed modules) are used, so successive deployments spread out.
         """
-        live = self.ms.live_nodes()
+        sessions = self.ms.live_sessions()
+        live = sorted(sessions)
         spec.check_placeable(live)
         load: Counter[str] = Counter()
         for module in self.ms.list_modules():
@@ -259,7 +265,8 @@ class Conductor:
                 continue
         nodes = sorted(live, key=lambda n: (load[n], n))[: spec.workers]
         placement = place(spec.threads, nodes, spec.replication_factor)
-        groups = {g: GroupState.initial(replicas) for g, replicas in placement.items()}
+        groups = {g: GroupState.initial(replicas, leader_session=sessions[replicas[0]])
+                  for g, replicas in placement.items()}
         self.ms.create_module(spec, groups)
         log.info("deployed module %s (%s): %d tasks in %d task groups, RF %d, on %s", spec.name, spec.module_ref,
                  spec.tasks, spec.threads, spec.replication_factor, _fmt(nodes))
@@ -272,7 +279,7 @@ class Conductor:
 
     def status(self, module: str) -> list[dict[str, Any]]:
         """Per-group leadership for ``conductor status``, with the reason when a group has no leader."""
-        live = set(self.ms.live_nodes())
+        live = self.ms.live_sessions()
         rows = []
         for g, (state, version) in self.ms.list_groups(module).items():
             rows.append({"group": g, **state.to_dict(), "version": version,
@@ -288,7 +295,7 @@ class Conductor:
         ``direct=True`` switches at once with a CAS (safe, the target is in the
         ISR, but writes in flight on the old leader fail and are retried).
         """
-        live = set(self.ms.live_nodes())
+        live = self.ms.live_sessions()
         states: dict[tuple[str, int], tuple[GroupState, int]] = {}
         for module in modules if modules is not None else self.ms.list_modules():
             try:
@@ -302,7 +309,7 @@ class Conductor:
             if direct:
                 try:
                     # complete_resign also clears a pending request for this group (or is a plain CAS).
-                    self.ms.complete_resign(module, g, switch_leader(state, to), version)
+                    self.ms.complete_resign(module, g, switch_leader(state, to, live[to]), version)
                 except (VersionConflict, GroupNotFound) as e:
                     log.info("balance: skipped %s/%d (%s)", module, g, e)
                     continue

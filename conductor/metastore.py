@@ -300,6 +300,10 @@ class Metastore:
         cid = self.zk.client_id
         return int(cid[0]) if cid else None
 
+    def submit(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the callback thread, after every callback already queued (keeps event order)."""
+        self._dispatcher.submit(fn)
+
     def add_state_listener(self, fn: Callable[[str], None]) -> None:
         """Call ``fn("SUSPENDED"|"LOST"|"CONNECTED")`` on the dispatcher thread on every state change."""
         self._state_listeners.append(fn)
@@ -377,6 +381,20 @@ class Metastore:
     def live_nodes(self) -> list[str]:
         """Node ids with a live session, sorted."""
         return sorted(self._call(self.zk.get_children, NODES_PATH))
+
+    def live_sessions(self) -> dict[str, int]:
+        """Live node id -> the ZooKeeper session id that owns its znode.
+
+        Leadership is bound to a session (``GroupState.leader_session``): a node
+        that restarted under the same id has a new session and must not keep
+        leading as if nothing happened.
+        """
+        out: dict[str, int] = {}
+        for node_id in self.live_nodes():
+            stat = self._call(self.zk.exists, f"{NODES_PATH}/{node_id}")
+            if stat is not None:
+                out[node_id] = int(stat.ephemeralOwner)
+        return out
 
     def get_node(self, node_id: str) -> NodeInfo | None:
         try:

@@ -12,7 +12,15 @@ Safety rules encoded here (DESIGN.md section 4):
 * every change of leadership, including to "no leader", bumps the epoch so a
   deposed leader's messages are fenced;
 * if no ISR member is live the group stays leaderless, keeping its ISR, until
-  an ISR member returns.
+  an ISR member returns;
+* leadership is bound to the ZooKeeper session of the elected node
+  (``leader_session``): a node that restarted under the same id but a new
+  session may have lost its unflushed tail, so it does not silently keep
+  leading; the conductor treats it like a lost leader.
+
+"Live" is given either as node ids or as a mapping node id -> session id (the
+``ephemeralOwner`` of ``/millrace/nodes/<id>``); only the mapping lets the
+session check happen.
 """
 
 from __future__ import annotations
@@ -36,7 +44,9 @@ class GroupState:
 
     ``replicas`` is the placement in preference order (the first is the
     preferred leader); ``isr`` and ``osr`` partition it. ``leader`` is None
-    while no in-sync replica is live.
+    while no in-sync replica is live. ``leader_session`` is the ZooKeeper
+    session id the leader was elected under (0: unknown or no leader); a
+    replica only leads while it owns that session.
     """
 
     leader: str | None
@@ -44,6 +54,7 @@ class GroupState:
     isr: tuple[str, ...]
     osr: tuple[str, ...]
     replicas: tuple[str, ...]
+    leader_session: int = 0
 
     def __post_init__(self) -> None:
         # Accept lists from callers but store tuples so states are hashable and immutable.
@@ -70,10 +81,13 @@ class GroupState:
                 f"ISR {list(self.isr)} and OSR {list(self.osr)} must partition the replicas {list(self.replicas)}")
         if self.leader is not None and self.leader not in self.isr:
             raise InvalidGroupState(f"leader {self.leader} is not in the ISR {list(self.isr)}")
+        if isinstance(self.leader_session, bool) or not isinstance(self.leader_session, int) \
+                or self.leader_session < 0:
+            raise InvalidGroupState(f"leader_session must be a session id >= 0, got {self.leader_session!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return {"leader": self.leader, "epoch": self.epoch, "isr": list(self.isr), "osr": list(self.osr),
-                "replicas": list(self.replicas)}
+                "replicas": list(self.replicas), "leader_session": self.leader_session}
 
     def to_json(self) -> bytes:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()
@@ -83,14 +97,15 @@ class GroupState:
         try:
             doc = json.loads(raw)
             return cls(leader=doc["leader"], epoch=doc["epoch"], isr=tuple(doc["isr"]), osr=tuple(doc["osr"]),
-                       replicas=tuple(doc["replicas"]))
+                       replicas=tuple(doc["replicas"]), leader_session=int(doc.get("leader_session", 0)))
         except (ValueError, KeyError, TypeError) as e:
             raise InvalidGroupState(f"malformed group state {raw!r}: {e}") from None
 
     @classmethod
-    def initial(cls, replicas: Sequence[str]) -> GroupState:
+    def initial(cls, replicas: Sequence[str], leader_session: int = 0) -> GroupState:
         """A freshly placed group: every replica in sync (they are all empty), first one leads, epoch 0."""
-        return cls(leader=replicas[0], epoch=0, isr=tuple(replicas), osr=(), replicas=tuple(replicas))
+        return cls(leader=replicas[0], epoch=0, isr=tuple(replicas), osr=(), replicas=tuple(replicas),
+                   leader_session=leader_session)
 
 
 # ---- placement ------------------------------------------------------------------------------
@@ -130,13 +145,30 @@ def place(groups: int | Iterable[int], nodes: Sequence[str], rf: int) -> dict[in
 # ---- leader election --------------------------------------------------------------------------
 
 
-def elect_leader(state: GroupState, live_nodes: Iterable[str]) -> str | None:
+def _sessions(live_nodes: Iterable[str] | Mapping[str, int]) -> dict[str, int]:
+    """Normalise "live" to node -> session id (0 = unknown, which disables the session check)."""
+    if isinstance(live_nodes, Mapping):
+        return {str(k): int(v) for k, v in live_nodes.items()}
+    return dict.fromkeys(live_nodes, 0)
+
+
+def leader_alive(state: GroupState, live_nodes: Iterable[str] | Mapping[str, int]) -> bool:
+    """True if the leader is live under the session it was elected in (when both sessions are known)."""
+    live = _sessions(live_nodes)
+    if state.leader is None or state.leader not in live:
+        return False
+    now = live[state.leader]
+    return state.leader_session == 0 or now == 0 or now == state.leader_session
+
+
+def elect_leader(state: GroupState, live_nodes: Iterable[str] | Mapping[str, int],
+                 exclude: Iterable[str] = ()) -> str | None:
     """The new leader: the first replica (in preference order) that is in the ISR and live.
 
     Never an OSR member: it may lack entries that were already applied, so
     electing it would lose acknowledged writes. None if no ISR member is live.
     """
-    live = set(live_nodes)
+    live = set(_sessions(live_nodes)) - set(exclude)
     isr = set(state.isr)
     for node in state.replicas:
         if node in isr and node in live:
@@ -144,11 +176,14 @@ def elect_leader(state: GroupState, live_nodes: Iterable[str]) -> str | None:
     return None
 
 
-def next_leadership(state: GroupState, live_nodes: Iterable[str]) -> GroupState | None:
+def next_leadership(state: GroupState, live_nodes: Iterable[str] | Mapping[str, int]) -> GroupState | None:
     """The state after reacting to the live set, or None if nothing must change.
 
-    * leader dead, an ISR member live: that member leads; the dead leader moves
-      to the OSR (it must catch up before rejoining); epoch + 1.
+    * leader lost (dead, or restarted under a new session), another ISR member
+      live: that member leads; the old leader moves to the OSR (it must catch
+      up before rejoining); epoch + 1.
+    * leader restarted and no other ISR member is live: it is elected again
+      under its new session (it is in the ISR, so this is a clean election), epoch + 1.
     * leader dead, no ISR member live: leaderless, ISR kept as it is (only those
       replicas hold every applied entry), epoch + 1 to fence the old leader.
     * leaderless and an ISR member is live again: it leads, epoch + 1.
@@ -156,31 +191,38 @@ def next_leadership(state: GroupState, live_nodes: Iterable[str]) -> GroupState 
     Dead followers are left alone: the leader moves them to the OSR itself,
     because only it knows whether the ISR may shrink without going below min-ISR.
     """
-    live = set(live_nodes)
-    if state.leader is not None and state.leader in live:
+    live = _sessions(live_nodes)
+    if leader_alive(state, live):
         return None
-    new_leader = elect_leader(state, live)
     if state.leader is None:
+        new_leader = elect_leader(state, live)
         if new_leader is None:
             return None
-        return replace(state, leader=new_leader, epoch=state.epoch + 1)
-    if new_leader is None:
-        return replace(state, leader=None, epoch=state.epoch + 1)
-    dead = state.leader
-    return replace(
-        state,
-        leader=new_leader,
-        epoch=state.epoch + 1,
-        isr=tuple(x for x in state.isr if x != dead),
-        osr=tuple(x for x in state.replicas if x == dead or x in state.osr),
-    )
+        return replace(state, leader=new_leader, epoch=state.epoch + 1, leader_session=live[new_leader])
+    old = state.leader
+    new_leader = elect_leader(state, live, exclude=[old])
+    if new_leader is not None:
+        return replace(
+            state,
+            leader=new_leader,
+            epoch=state.epoch + 1,
+            isr=tuple(x for x in state.isr if x != old),
+            osr=tuple(x for x in state.replicas if x == old or x in state.osr),
+            leader_session=live[new_leader],
+        )
+    if old in live:  # restarted, and the only live in-sync replica
+        return replace(state, epoch=state.epoch + 1, leader_session=live[old])
+    return replace(state, leader=None, epoch=state.epoch + 1, leader_session=0)
 
 
-def leaderless_reason(state: GroupState, live_nodes: Iterable[str]) -> str | None:
+def leaderless_reason(state: GroupState, live_nodes: Iterable[str] | Mapping[str, int]) -> str | None:
     """Why a group has no (live) leader, in words for `conductor status`; None if it is led."""
-    live = set(live_nodes)
-    if state.leader is not None and state.leader in live:
+    live = _sessions(live_nodes)
+    if leader_alive(state, live):
         return None
+    if state.leader is not None and state.leader in live:
+        return (f"leader {state.leader} restarted under a new ZooKeeper session; the conductor re-elects "
+                "a leader shortly")
     live_osr = [x for x in state.osr if x in live]
     why = f"no in-sync replica is live (ISR {list(state.isr)} all down)"
     if live_osr:
@@ -188,17 +230,17 @@ def leaderless_reason(state: GroupState, live_nodes: Iterable[str]) -> str | Non
     return why + "; the group waits for an ISR member to return"
 
 
-def switch_leader(state: GroupState, to: str) -> GroupState:
-    """Hand leadership to an in-sync replica (balancing or a resign), bumping the epoch."""
+def switch_leader(state: GroupState, to: str, session: int = 0) -> GroupState:
+    """Hand leadership to an in-sync replica (balancing or a resign) under ``session``, bumping the epoch."""
     if to not in state.isr:
         raise InvalidGroupState(f"cannot hand leadership to {to}: not in the ISR {list(state.isr)}")
-    return replace(state, leader=to, epoch=state.epoch + 1)
+    return replace(state, leader=to, epoch=state.epoch + 1, leader_session=session)
 
 
 # ---- leader balancing ----------------------------------------------------------------------------
 
 
-def balance_leaders(groups: Mapping[K, GroupState], live_nodes: Iterable[str],
+def balance_leaders(groups: Mapping[K, GroupState], live_nodes: Iterable[str] | Mapping[str, int],
                     disallowed: Iterable[str] = ()) -> dict[K, str]:
     """The minimal set of leader switches ``{group: new_leader}`` that balances leadership.
 
@@ -215,13 +257,14 @@ def balance_leaders(groups: Mapping[K, GroupState], live_nodes: Iterable[str],
     Solved exactly as a min-cost flow with convex node costs, so it is optimal,
     not a greedy approximation (the tests check it against brute force).
     """
-    live = set(live_nodes)
+    sessions = _sessions(live_nodes)
+    live = set(sessions)
     banned = set(disallowed)
     counted = live - banned
     base: Counter[str] = Counter()
     choices: dict[K, dict[str, int]] = {}
     for g, st in groups.items():
-        if st.leader is None or st.leader not in live:
+        if st.leader is None or not leader_alive(st, sessions):
             continue
         options = {x for x in st.isr if x in live and x not in banned}
         if st.leader not in banned:

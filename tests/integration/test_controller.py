@@ -318,3 +318,35 @@ def test_balance_moves_minimal_leaders_to_a_returned_node(conductor: Conductor, 
     leaders = Counter(s.leader for s in groups_of(ms, "WordCount").values())
     assert leaders == {"n1": 1, "n2": 1, "n3": 1}
     assert conductor.balance() == {}
+
+
+def test_leadership_bound_to_session_and_restart_seen_by_next_conductor(hosts: str, nodes: Nodes,
+                                                                       caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="millrace.conductor")
+    nodes.add("n1", "n2", "n3")
+    c1 = Conductor(hosts, "c1", session_timeout=2.0, reconcile_interval=0.5).start()
+    try:
+        assert c1.wait_active(10)
+        before = c1.deploy(spec("WordCount", threads=3))
+        for state in before.values():
+            assert state.leader is not None
+            assert state.leader_session == nodes.sessions[state.leader].session_id != 0
+    finally:
+        c1.stop()
+    # While no conductor runs, n1 restarts: same node id, new session.
+    nodes.kill("n1")
+    nodes.add("n1")
+    c2 = Conductor(hosts, "c2", session_timeout=2.0, reconcile_interval=0.5).start()
+    try:
+        assert c2.wait_active(10)
+        g1 = next(g for g, s in before.items() if s.leader == "n1")
+        wait_for(lambda: c2.ms.get_group("WordCount", g1)[0].epoch == 1, what="c2 to re-elect n1's group")
+        after = c2.ms.get_group("WordCount", g1)[0]
+        assert after.leader != "n1" and after.leader is not None and after.osr == ("n1",)
+        assert after.leader_session == nodes.sessions[after.leader].session_id
+        assert f"node n1 restarted (new session): group WordCount/{g1} leader n1 -> {after.leader}" in caplog.text
+        for g, s in before.items():  # the other groups were fine and stay untouched
+            if g != g1:
+                assert c2.ms.get_group("WordCount", g)[0] == s
+    finally:
+        c2.stop()

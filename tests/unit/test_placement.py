@@ -27,10 +27,13 @@ NODES = [f"n{i}" for i in range(1, 7)]
 
 
 def test_group_state_json_round_trip_and_invariants() -> None:
-    st_ = GroupState(leader="n1", epoch=3, isr=("n1", "n2"), osr=("n3",), replicas=("n1", "n2", "n3"))
+    st_ = GroupState(leader="n1", epoch=3, isr=("n1", "n2"), osr=("n3",), replicas=("n1", "n2", "n3"),
+                     leader_session=0x1234)
     assert GroupState.from_json(st_.to_json()) == st_
     assert st_.to_dict() == {"leader": "n1", "epoch": 3, "isr": ["n1", "n2"], "osr": ["n3"],
-                             "replicas": ["n1", "n2", "n3"]}
+                             "replicas": ["n1", "n2", "n3"], "leader_session": 0x1234}
+    legacy = b'{"leader":"n1","epoch":3,"isr":["n1","n2"],"osr":["n3"],"replicas":["n1","n2","n3"]}'
+    assert GroupState.from_json(legacy).leader_session == 0
     with pytest.raises(InvalidGroupState, match="not in the ISR"):
         GroupState(leader="n3", epoch=0, isr=("n1",), osr=("n3",), replicas=("n1", "n3"))
     with pytest.raises(InvalidGroupState, match="partition"):
@@ -115,9 +118,32 @@ def test_next_leadership_safety(data: st.DataObject) -> None:
         assert after.leader in s.isr and after.leader in live
 
 
+def test_leadership_is_bound_to_the_elected_session() -> None:
+    s = GroupState(leader="n1", epoch=2, isr=("n1", "n2"), osr=("n3",), replicas=("n1", "n2", "n3"),
+                   leader_session=11)
+    assert next_leadership(s, {"n1": 11, "n2": 22, "n3": 33}) is None  # same session: still leading
+    # n1 restarted (session 99) before anyone noticed it died: it may have lost its unflushed tail.
+    moved = next_leadership(s, {"n1": 99, "n2": 22, "n3": 33})
+    assert moved == GroupState(leader="n2", epoch=3, isr=("n2",), osr=("n1", "n3"), replicas=s.replicas,
+                               leader_session=22)
+    assert "restarted under a new ZooKeeper session" in (leaderless_reason(s, {"n1": 99}) or "")
+    # No other in-sync replica is live: the restarted node is elected again, cleanly, under its new session.
+    again = next_leadership(s, {"n1": 99, "n3": 33})
+    assert again == GroupState(leader="n1", epoch=3, isr=("n1", "n2"), osr=("n3",), replicas=s.replicas,
+                               leader_session=99)
+    # Leaderless groups get the session of the member that comes back.
+    down = next_leadership(s, {"n3": 33})
+    assert down is not None and down.leader is None and down.leader_session == 0
+    back = next_leadership(down, {"n2": 44, "n3": 33})
+    assert back is not None and (back.leader, back.leader_session, back.epoch) == ("n2", 44, 4)
+    # Balancing ignores a group whose leader is not live under its session (election's job first).
+    assert balance_leaders({0: s}, {"n1": 99, "n2": 22}) == {}
+
+
 def test_switch_leader_requires_isr() -> None:
     s = GroupState(leader="n1", epoch=0, isr=("n1", "n2"), osr=("n3",), replicas=("n1", "n2", "n3"))
     assert switch_leader(s, "n2").leader == "n2" and switch_leader(s, "n2").epoch == 1
+    assert switch_leader(s, "n2", session=7).leader_session == 7
     with pytest.raises(InvalidGroupState):
         switch_leader(s, "n3")
 
