@@ -1,0 +1,225 @@
+"""The replog entry payload for PState and depot changes: a ``ChangeSet``.
+
+Why resolved writes and not declarative ops: a replog entry must hold the
+resulting writes, never code (DESIGN §6) — ``update(fn)`` runs only on the
+leader — and followers must reach byte-identical state by applying blindly,
+without reading.  So the leader resolves every transform, depot append and
+trim into key-level ``put``/``delete``/``delete_range`` operations against its
+current state (plus the writes of entries it has appended but not yet
+applied, see :class:`Overlay`), and the follower just feeds them into one
+RocksDB WriteBatch.  Replaying the same entry on the same state is a no-op
+because ``apply`` ignores offsets at or below ``_meta.applied``.
+
+Wire format (msgpack, compact and batch-friendly — one array per run of
+operations on one column family, not one map per write)::
+
+    [1, topology | nil, batch_id | nil, [cf_name, ...], [[op, cf_index, [a, b, a, b, ...]], ...]]
+
+``op`` is ``0`` put (pairs key, value), ``1`` delete (keys) or ``2``
+delete_range (pairs begin, end).  Keys and values are raw bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import msgpack
+
+from pstate.errors import CorruptStore
+
+OP_PUT = 0
+OP_DELETE = 1
+OP_DELETE_RANGE = 2
+FORMAT_VERSION = 1
+
+
+@dataclass
+class ChangeSet:
+    """Decoded replog payload: runs of writes per column family, optionally tagged (topology, batch_id)."""
+
+    cfs: list[str] = field(default_factory=list)
+    runs: list[tuple[int, int, list[bytes]]] = field(default_factory=list)
+    topology: str | None = None
+    batch_id: int | None = None
+
+    def encode(self) -> bytes:
+        """msgpack bytes for the replog entry."""
+        out: bytes = msgpack.packb(
+            [FORMAT_VERSION, self.topology, self.batch_id, self.cfs, [list(r) for r in self.runs]],
+            use_bin_type=True,
+        )
+        return out
+
+    @staticmethod
+    def decode(payload: bytes) -> ChangeSet:
+        """Parse a payload, refusing anything malformed with :class:`CorruptStore` (never a half-apply)."""
+        try:
+            obj = msgpack.unpackb(payload, raw=False, use_list=True)
+            version, topology, batch_id, cfs, runs = obj
+        except Exception as exc:
+            raise CorruptStore("replog payload", f"not a ChangeSet ({exc})") from exc
+        if version != FORMAT_VERSION:
+            raise CorruptStore("replog payload", f"unknown ChangeSet version {version!r}")
+        if not isinstance(cfs, list) or not isinstance(runs, list):
+            raise CorruptStore("replog payload", "bad ChangeSet header")
+        for r in runs:
+            if (not isinstance(r, list) or len(r) != 3 or r[0] not in (0, 1, 2)
+                    or type(r[1]) is not int or not 0 <= r[1] < len(cfs) or not isinstance(r[2], list)
+                    or (r[0] != OP_DELETE and len(r[2]) % 2)):
+                raise CorruptStore("replog payload", f"bad ChangeSet run {str(r)[:80]}")
+        return ChangeSet(cfs, [(r[0], r[1], r[2]) for r in runs], topology, batch_id)
+
+    def __len__(self) -> int:
+        n = 0
+        for op, _, items in self.runs:
+            n += len(items) if op == OP_DELETE else len(items) // 2
+        return n
+
+
+class Writes:
+    """An ordered list of key writes being built, with an :class:`Overlay` so later reads see them."""
+
+    def __init__(self) -> None:
+        self.cfs: list[str] = []
+        self._cf_index: dict[str, int] = {}
+        self.runs: list[tuple[int, int, list[bytes]]] = []
+        self.overlay = Overlay()
+
+    def _run(self, op: int, cf: str) -> list[bytes]:
+        ci = self._cf_index.get(cf)
+        if ci is None:
+            ci = self._cf_index[cf] = len(self.cfs)
+            self.cfs.append(cf)
+        runs = self.runs
+        if runs and runs[-1][0] == op and runs[-1][1] == ci:
+            return runs[-1][2]
+        items: list[bytes] = []
+        runs.append((op, ci, items))
+        return items
+
+    def put(self, cf: str, key: bytes, value: bytes) -> None:
+        items = self._run(OP_PUT, cf)
+        items.append(key)
+        items.append(value)
+        self.overlay.put(cf, key, value)
+
+    def delete(self, cf: str, key: bytes) -> None:
+        self._run(OP_DELETE, cf).append(key)
+        self.overlay.put(cf, key, None)
+
+    def delete_range(self, cf: str, begin: bytes, end: bytes) -> None:
+        items = self._run(OP_DELETE_RANGE, cf)
+        items.append(begin)
+        items.append(end)
+        self.overlay.delete_range(cf, begin, end)
+
+    def extend(self, other: Writes) -> None:
+        """Append ``other``'s writes after ours (used to commit one transform atomically)."""
+        for op, ci, items in other.runs:
+            cf = other.cfs[ci]
+            if op == OP_PUT:
+                for j in range(0, len(items), 2):
+                    self.put(cf, items[j], items[j + 1])
+            elif op == OP_DELETE:
+                for k in items:
+                    self.delete(cf, k)
+            else:
+                for j in range(0, len(items), 2):
+                    self.delete_range(cf, items[j], items[j + 1])
+
+    def __len__(self) -> int:
+        return sum(len(items) if op == OP_DELETE else len(items) // 2 for op, _, items in self.runs)
+
+
+class Overlay:
+    """Pending writes layered over a reader: point writes plus range tombstones, per column family.
+
+    A later put wins over an earlier tombstone because ``delete_range`` drops
+    the point writes it covers and ``get`` consults point writes first — the
+    same order RocksDB applies a WriteBatch in.
+    """
+
+    def __init__(self) -> None:
+        self.points: dict[str, dict[bytes, bytes | None]] = {}
+        self.ranges: dict[str, list[tuple[bytes, bytes]]] = {}
+
+    def put(self, cf: str, key: bytes, value: bytes | None) -> None:
+        d = self.points.get(cf)
+        if d is None:
+            d = self.points[cf] = {}
+        d[key] = value
+
+    def delete_range(self, cf: str, begin: bytes, end: bytes) -> None:
+        d = self.points.get(cf)
+        if d:
+            for k in [k for k in d if begin <= k < end]:
+                del d[k]
+        self.ranges.setdefault(cf, []).append((begin, end))
+
+    def merge(self, other: Overlay) -> None:
+        """Layer ``other`` (later writes) on top of this overlay."""
+        for cf, rs in other.ranges.items():
+            for b, e in rs:
+                self.delete_range(cf, b, e)
+        for cf, d in other.points.items():
+            for k, v in d.items():
+                self.put(cf, k, v)
+
+    def lookup(self, cf: str, key: bytes) -> tuple[bool, bytes | None]:
+        """(known, value): known is False when the overlay says nothing about ``key``."""
+        d = self.points.get(cf)
+        if d is not None and key in d:
+            return True, d[key]
+        rs = self.ranges.get(cf)
+        if rs:
+            for b, e in rs:
+                if b <= key < e:
+                    return True, None
+        return False, None
+
+    def is_empty(self) -> bool:
+        return not self.points and not self.ranges
+
+    def scan(self, cf: str, base: Iterator[tuple[bytes, bytes]], lo: bytes, hi: bytes | None,
+             reverse: bool) -> Iterator[tuple[bytes, bytes]]:
+        """Merge ``base`` (sorted items of the layer below, within [lo, hi)) with this overlay."""
+        d = self.points.get(cf) or {}
+        rs = self.ranges.get(cf) or []
+        if not d and not rs:
+            yield from base
+            return
+        mine = sorted(k for k in d if k >= lo and (hi is None or k < hi))
+        if reverse:
+            mine.reverse()
+
+        def hidden(k: bytes) -> bool:
+            return k in d or any(b <= k < e for b, e in rs)
+
+        j = 0
+        for k, v in base:
+            while j < len(mine) and ((mine[j] > k) if reverse else (mine[j] < k)):
+                mv = d[mine[j]]
+                if mv is not None:
+                    yield mine[j], mv
+                j += 1
+            if hidden(k):
+                continue
+            yield k, v
+        while j < len(mine):
+            mv = d[mine[j]]
+            if mv is not None:
+                yield mine[j], mv
+            j += 1
+
+
+def encode_writes(w: Writes, topology: str | None, batch_id: int | None) -> bytes:
+    """Encode a :class:`Writes` as a ChangeSet payload."""
+    return ChangeSet(w.cfs, w.runs, topology, batch_id).encode()
+
+
+def decode_any(payload: bytes | ChangeSet) -> ChangeSet:
+    return payload if isinstance(payload, ChangeSet) else ChangeSet.decode(payload)
+
+
+__all__ = ["ChangeSet", "Overlay", "Writes", "decode_any", "encode_writes"]

@@ -1,0 +1,170 @@
+"""Checkpoints for far-horizon catchup: an immutable file set plus a checksummed manifest.
+
+``TaskGroupStore.checkpoint(dir, leader_epoch)`` asks RocksDB for a checkpoint
+(hard links to the immutable SST files, after an atomic flush of every column
+family — with the WAL off that flush is what puts the memtables into the
+checkpoint) and writes ``manifest.json``: every file's name, size and CRC32C,
+the applied offset the files hold and the leader epoch.  The follower fetches
+the files it lacks (in rounds; names are stable across checkpoints because SST
+files are immutable), then :func:`install` verifies every checksum and swaps
+the store in atomically, and replays the replog from ``applied_offset + 1``.
+
+Atomic swap: ``dest`` is a symlink to a versioned directory; ``install`` fills
+a fresh directory, fsyncs every file and the directory, and replaces the
+symlink with ``rename(2)``, which is atomic, so a crash leaves either the old
+store or the new one, never a mix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+
+import crc32c
+
+from pstate.errors import CorruptStore, StorageError
+
+MANIFEST_NAME = "manifest.json"
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class ManifestFile:
+    name: str
+    size: int
+    crc32c: int
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What a checkpoint holds; JSON so operators can read it."""
+
+    applied_offset: int
+    leader_epoch: int
+    files: tuple[ManifestFile, ...]
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "format": 1,
+            "applied_offset": self.applied_offset,
+            "leader_epoch": self.leader_epoch,
+            "files": [{"name": f.name, "size": f.size, "crc32c": f.crc32c} for f in self.files],
+        }, indent=1, sort_keys=True)
+
+    @staticmethod
+    def from_json(text: str) -> Manifest:
+        try:
+            d = json.loads(text)
+            files = tuple(ManifestFile(str(f["name"]), int(f["size"]), int(f["crc32c"])) for f in d["files"])
+            return Manifest(int(d["applied_offset"]), int(d["leader_epoch"]), files)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CorruptStore(MANIFEST_NAME, f"unreadable manifest ({exc})") from exc
+
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+def file_crc(path: str) -> tuple[int, int]:
+    """(size, CRC32C) of a file, streamed."""
+    crc = 0
+    size = 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            crc = crc32c.crc32c(chunk, crc)
+            size += len(chunk)
+    return size, crc
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def take_checkpoint(directory: str, applied_offset: int, leader_epoch: int) -> Manifest:
+    """Describe a RocksDB checkpoint directory and write its manifest (called by the store)."""
+    files = []
+    for name in sorted(os.listdir(directory)):
+        if name == MANIFEST_NAME:
+            continue
+        full = os.path.join(directory, name)
+        if not os.path.isfile(full):
+            raise StorageError("checkpoint", f"unexpected non-file {full} in checkpoint")
+        size, crc = file_crc(full)
+        files.append(ManifestFile(name, size, crc))
+    m = Manifest(applied_offset, leader_epoch, tuple(files))
+    mpath = os.path.join(directory, MANIFEST_NAME)
+    with open(mpath, "w") as fh:
+        fh.write(m.to_json())
+        fh.flush()
+        os.fsync(fh.fileno())
+    _fsync_dir(directory)
+    return m
+
+
+def read_manifest(directory: str) -> Manifest:
+    with open(os.path.join(directory, MANIFEST_NAME)) as fh:
+        return Manifest.from_json(fh.read())
+
+
+def install(src_dir: str | os.PathLike[str], manifest: Manifest, dest: str | os.PathLike[str]) -> str:
+    """Verify a checkpoint's files against ``manifest`` and atomically make ``dest`` point at a copy.
+
+    Any file whose size or CRC32C differs (or that is missing) is refused with
+    :class:`CorruptStore` naming it, and ``dest`` is left untouched.  The store
+    at ``dest`` must be closed.  Returns the versioned directory now behind
+    ``dest``.
+    """
+    src = os.fspath(src_dir)
+    dest = os.path.abspath(os.fspath(dest))
+    parent = os.path.dirname(dest)
+    os.makedirs(parent, exist_ok=True)
+    target = os.path.join(parent, f".{os.path.basename(dest)}.{uuid.uuid4().hex[:12]}")
+    os.mkdir(target)
+    try:
+        for f in manifest.files:
+            if os.sep in f.name or f.name in ("", ".", ".."):
+                raise CorruptStore(f.name, "file name in manifest is not a plain name")
+            s_path = os.path.join(src, f.name)
+            d_path = os.path.join(target, f.name)
+            crc = 0
+            size = 0
+            try:
+                with open(s_path, "rb") as fin, open(d_path, "wb") as fout:
+                    while chunk := fin.read(_CHUNK):
+                        crc = crc32c.crc32c(chunk, crc)
+                        size += len(chunk)
+                        fout.write(chunk)
+                    fout.flush()
+                    os.fsync(fout.fileno())
+            except FileNotFoundError as exc:
+                raise CorruptStore(s_path, "file listed in the manifest is missing") from exc
+            if size != f.size or crc != f.crc32c:
+                raise CorruptStore(s_path, f"size/CRC32C {size}/{crc:#010x} != manifest {f.size}/{f.crc32c:#010x}")
+        with open(os.path.join(target, MANIFEST_NAME), "w") as fh:
+            fh.write(manifest.to_json())
+            fh.flush()
+            os.fsync(fh.fileno())
+        _fsync_dir(target)
+        old: str | None = None
+        if os.path.islink(dest):
+            old = os.path.join(parent, os.readlink(dest))
+        elif os.path.exists(dest):
+            # first install over a plain directory: move it aside (one non-atomic step, once)
+            old = f"{target}.old"
+            os.rename(dest, old)
+        link_tmp = f"{target}.link"
+        os.symlink(os.path.basename(target), link_tmp)
+        os.replace(link_tmp, dest)
+        _fsync_dir(parent)
+    except BaseException:
+        shutil.rmtree(target, ignore_errors=True)
+        raise
+    if old is not None and os.path.realpath(old) != os.path.realpath(target):
+        shutil.rmtree(old, ignore_errors=True)
+    return target

@@ -1,0 +1,541 @@
+"""The task-group store: one RocksDB per replica, atomic apply of replog entries.
+
+Column families: one per PState (``pstate:$$name``), one per depot
+(``depot:*name``) and ``_meta`` (applied offset, depot partition bounds,
+microbatch commits, topology progress).
+
+Durability model.  The replog is the write-ahead log, so RocksDB's own WAL is
+OFF (``WriteOptions.disable_wal``): writing it twice would halve throughput
+for nothing.  Without a WAL, whatever sits in memtables is lost on a crash,
+and column families flush independently — a ``_meta`` flush could persist
+``applied = n`` while a PState's data for entries ``<= n`` was still in a
+memtable, or the other way round, and the replica would silently diverge.
+``Options.set_atomic_flush(True)`` makes RocksDB flush every column family
+together as one MANIFEST commit, and every entry is one WriteBatch holding its
+data and ``_meta.applied`` — so after any crash the files on disk hold the
+state at exactly some applied offset ``m``, and replaying the replog from
+``m + 1`` restores the rest.  (rocksdict only exposes single-CF manual
+flushes, which under atomic_flush flush that CF alone; :meth:`flush` therefore
+goes through the checkpoint path, whose ``GetLiveFiles`` flushes all CFs
+atomically.)
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import rocksdict
+
+from pstate.changes import OP_DELETE, OP_DELETE_RANGE, OP_PUT, ChangeSet, Overlay, Writes, decode_any
+from pstate.engine import Engine, LayeredReader, Reader, decode_value, encode_value, pack, unpack
+from pstate.errors import (
+    CorruptStore,
+    DepotNotFound,
+    InvalidPath,
+    PStateError,
+    PStateNotFound,
+    SchemaMismatch,
+    StoreClosed,
+    rocks_errors,
+)
+from pstate.keys import encode_key
+from pstate.path import KEY, P, Path, Transform, as_transform
+from pstate.schema import Map, Set, check_top_level
+
+META = "_meta"
+_APPLIED = b"applied"
+_BATCH = b"b:"
+_PROGRESS = b"t:"
+_DEPOT_META = b"d:"
+_U32 = 1 << 32
+_U64 = 1 << 64
+
+
+def pstate_cf(name: str) -> str:
+    return "pstate:" + name
+
+
+def depot_cf(name: str) -> str:
+    return "depot:" + name
+
+
+@dataclass(frozen=True)
+class PartitionInfo:
+    """Offsets held by one depot partition: records ``start <= offset < end``."""
+
+    start: int
+    end: int
+
+
+class DbReader:
+    """Reads committed (applied) state straight from RocksDB."""
+
+    def __init__(self, cfs: dict[str, rocksdict.Rdict], path: str) -> None:
+        self._cfs = cfs
+        self._path = path
+
+    def get(self, cf: str, key: bytes) -> bytes | None:
+        r: bytes | None = self._cfs[cf].get(key)
+        return r
+
+    def scan(self, cf: str, lo: bytes, hi: bytes | None, reverse: bool = False) -> Iterator[tuple[bytes, bytes]]:
+        ro = rocksdict.ReadOptions()
+        if hi is not None:
+            ro.set_iterate_upper_bound(hi)
+        db: Any = self._cfs[cf]  # raw mode: keys and values are bytes (the stubs cannot say so)
+        if reverse:
+            for k, v in db.items(backwards=True, read_opt=ro):
+                if k < lo:
+                    return
+                yield k, v
+        else:
+            yield from db.items(from_key=lo, read_opt=ro)
+
+
+def _check_partition(partition: int) -> bytes:
+    if type(partition) is not int or not 0 <= partition < _U32:
+        raise SchemaMismatch("partition", "int in [0, 2**32)", repr(partition))
+    return partition.to_bytes(4, "big")
+
+
+def _check_offset(offset: int, what: str) -> int:
+    if type(offset) is not int or not 0 <= offset < _U64:
+        raise SchemaMismatch(what, "int in [0, 2**64)", repr(offset))
+    return offset
+
+
+class TaskGroupStore:
+    """RocksDB state of one replica of a task group: PStates, depots and ``_meta``.
+
+    ``pstates`` maps names (``"$$counts"``) to schemas; ``depots`` lists depot
+    names (``"*sentences"``).  Opening creates missing column families, so a
+    module update that adds a PState just works.  ``write_buffer_size`` is
+    the memtable size per column family (small values make crash tests flush
+    often).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], pstates: Mapping[str, Any], depots: Iterable[str] = (),
+                 *, write_buffer_size: int | None = None) -> None:
+        self.path = os.fspath(path)
+        self.schemas: dict[str, Map | Set] = {n: check_top_level(n, s) for n, s in pstates.items()}
+        self.depots: tuple[str, ...] = tuple(depots)
+        self._lock = threading.RLock()
+        self._closed = False
+        opts = self._options(write_buffer_size)
+        names = [META] + [pstate_cf(n) for n in self.schemas] + [depot_cf(d) for d in self.depots]
+        with rocks_errors("open", self.path):
+            existing = rocksdict.Rdict.list_cf(self.path, rocksdict.Options(raw_mode=True)) \
+                if os.path.exists(os.path.join(self.path, "CURRENT")) else []
+            cf_opts = {n: self._options(write_buffer_size) for n in set(names) | set(existing) if n != "default"}
+            self._db = rocksdict.Rdict(self.path, opts, column_families=cf_opts)
+            self._wo = rocksdict.WriteOptions()
+            setattr(self._wo, "disable_wal", True)  # noqa: B010 — stub says method, it is a property
+            self._db.set_write_options(self._wo)
+            self._cfs = {n: self._db.get_column_family(n) for n in names}
+            self._handles = {n: self._db.get_column_family_handle(n) for n in names}
+        self._reader = DbReader(self._cfs, self.path)
+        self._pending = Overlay()
+        self._staged_upto = -1
+        raw = self._cfs[META].get(_APPLIED)
+        self._applied = -1 if raw is None else int.from_bytes(raw, "big")
+
+    @staticmethod
+    def _options(write_buffer_size: int | None) -> rocksdict.Options:
+        o = rocksdict.Options(raw_mode=True)
+        o.create_if_missing(True)
+        o.create_missing_column_families(True)
+        o.set_atomic_flush(True)
+        if write_buffer_size is not None:
+            o.set_write_buffer_size(write_buffer_size)
+        return o
+
+    # -- lifecycle -----------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosed(self.path)
+
+    def close(self) -> None:
+        """Flush (atomically, all CFs) and release RocksDB so the directory can be reopened or swapped."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            with rocks_errors("close", self.path):
+                self._handles.clear()
+                for cf in self._cfs.values():
+                    del cf
+                self._cfs.clear()
+                self._db.close()
+                del self._db
+
+    def __enter__(self) -> TaskGroupStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def flush(self) -> None:
+        """Persist memtables of ALL column families in one atomic flush (see the module docstring)."""
+        with self._lock:
+            self._check_open()
+            tmp = f"{self.path}.flush-{uuid.uuid4().hex}"
+            try:
+                with rocks_errors("flush", self.path):
+                    rocksdict.Checkpoint(self._db).create_checkpoint(tmp)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+
+    # -- apply ---------------------------------------------------------------
+    @property
+    def applied_offset(self) -> int:
+        """Highest replog offset applied (-1 before the first)."""
+        return self._applied
+
+    def apply(self, offset: int, payload: bytes | ChangeSet) -> bool:
+        """Apply replog entry ``offset`` atomically; False if it was a no-op.
+
+        One WriteBatch holds the entry's writes and ``_meta.applied = offset``
+        (and the microbatch commit marker), so a crash leaves either all of it
+        or none.  Offsets at or below the applied offset are ignored (replay is
+        idempotent); a ChangeSet tagged ``(topology, batch_id)`` whose batch is
+        already committed only advances the offset.
+        """
+        _check_offset(offset, "offset")
+        with self._lock:
+            self._check_open()
+            if offset <= self._applied:
+                return False
+            cs = decode_any(payload)
+            wb = rocksdict.WriteBatch(raw_mode=True)
+            meta = self._handles[META]
+            skip = False
+            if cs.topology is not None:
+                if type(cs.batch_id) is not int:
+                    raise CorruptStore("replog payload", f"batch id {cs.batch_id!r} is not an int")
+                last = self.last_batch(cs.topology)
+                skip = last is not None and cs.batch_id <= last
+            if not skip:
+                handles = []
+                for name in cs.cfs:
+                    h = self._handles.get(name)
+                    if h is None:
+                        raise CorruptStore("replog payload", f"unknown column family {name!r}; "
+                                           "the module definition differs from the leader's")
+                    handles.append(h)
+                put = wb.put
+                for op, ci, items in cs.runs:
+                    h = handles[ci]
+                    if op == OP_PUT:
+                        it = iter(items)
+                        for k in it:
+                            put(k, next(it), h)
+                    elif op == OP_DELETE:
+                        for k in items:
+                            wb.delete(k, h)
+                    elif op == OP_DELETE_RANGE:
+                        for j in range(0, len(items), 2):
+                            wb.delete_range(items[j], items[j + 1], h)
+                if cs.topology is not None:
+                    put(_BATCH + cs.topology.encode(), pack(cs.batch_id), meta)
+            wb.put(_APPLIED, offset.to_bytes(8, "big"), meta)
+            with rocks_errors("write", self.path):
+                self._db.write(wb, self._wo)
+            self._applied = offset
+            if offset >= self._staged_upto:
+                self._pending = Overlay()
+            return not skip
+
+    def stage(self, offset: int, builder: ChangeSetBuilder) -> bytes:
+        """Leader: record an entry appended to the replog but not yet applied; return its payload.
+
+        Later builders read through staged writes, so two in-flight entries that
+        ``update`` the same key compose instead of losing an update.  Applying
+        up to the highest staged offset clears the overlay.
+        """
+        with self._lock:
+            self._pending.merge(builder.writes.overlay)
+            self._staged_upto = max(self._staged_upto, offset)
+            return builder.encode()
+
+    def drop_staged(self) -> None:
+        """Forget staged entries (leadership lost, or the replog was truncated)."""
+        with self._lock:
+            self._pending = Overlay()
+            self._staged_upto = -1
+
+    def leader_reader(self) -> Reader:
+        return self._reader if self._pending.is_empty() else LayeredReader(self._pending, self._reader)
+
+    # -- leader side -----------------------------------------------------------
+    def changes(self, topology: str | None = None, batch_id: int | None = None) -> ChangeSetBuilder:
+        """Start a ChangeSet (one replog entry); tag it ``(topology, batch_id)`` for exactly-once microbatches."""
+        self._check_open()
+        return ChangeSetBuilder(self, topology, batch_id)
+
+    # -- queries -------------------------------------------------------------
+    def pstate(self, name: str) -> PStateView:
+        """Read-only view of a PState's applied state."""
+        self._check_open()
+        return PStateView(self, name, self._reader)
+
+    def select(self, name: str, path: Path = P) -> list[Any]:
+        return self.pstate(name).select(path)
+
+    def select_one(self, name: str, path: Path | Any = P) -> Any:
+        return self.pstate(name).select_one(path)
+
+    def depot(self, name: str) -> DepotView:
+        self._check_open()
+        if name not in self.depots:
+            raise DepotNotFound(name, self.depots)
+        return DepotView(self, name, self._reader)
+
+    def last_batch(self, topology: str) -> int | None:
+        """Last microbatch id committed by ``topology`` here (None if none)."""
+        raw = self._reader.get(META, _BATCH + topology.encode())
+        return None if raw is None else int(unpack(raw))
+
+    def progress(self, topology: str) -> Any:
+        """Topology progress recorded with :meth:`ChangeSetBuilder.set_progress` (None if none)."""
+        raw = self._reader.get(META, _PROGRESS + topology.encode())
+        return None if raw is None else unpack(raw)
+
+    def engine(self, name: str, reader: Reader, writes: Writes | None) -> Engine:
+        s = self.schemas.get(name)
+        if s is None:
+            raise PStateNotFound(name, tuple(self.schemas))
+        return Engine(pstate_cf(name), name, s, reader, writes)
+
+    # -- checkpoints ---------------------------------------------------------
+    def checkpoint(self, directory: str | os.PathLike[str], leader_epoch: int) -> Any:
+        """Immutable file set of the current applied state for far-horizon catchup; see :mod:`pstate.checkpoint`."""
+        from pstate.checkpoint import take_checkpoint
+
+        with self._lock:
+            self._check_open()
+            with rocks_errors("checkpoint", self.path):
+                rocksdict.Checkpoint(self._db).create_checkpoint(os.fspath(directory))
+            return take_checkpoint(os.fspath(directory), self._applied, leader_epoch)
+
+
+class PStateView:
+    """Queries on one PState: ``select(path) -> list``, ``select_one(path)``."""
+
+    def __init__(self, store: TaskGroupStore, name: str, reader: Reader) -> None:
+        self._engine = store.engine(name, reader, None)
+        self._store = store
+        s = self._engine.root.schema
+        self._fast = isinstance(s, Map) and not s.value.storage
+        self._vs = s.value if isinstance(s, Map) else None
+
+    def select(self, path: Path = P) -> list[Any]:
+        """Every value the path reaches, in order."""
+        if not isinstance(path, Path):
+            raise InvalidPath(self._engine.name, f"select() takes a path (P...), got {type(path).__name__}")
+        with rocks_errors("read", self._store.path):
+            return self._engine.select(path.navs)
+
+    def select_one(self, path: Path | Any = P) -> Any:
+        """The single value the path reaches (None if none); a bare key means ``P.key(key)``."""
+        if not isinstance(path, Path):
+            if self._fast and self._vs is not None:  # hot path: point lookup of a top-level key
+                try:
+                    ek = encode_key(path)
+                except SchemaMismatch:
+                    return None
+                with rocks_errors("read", self._store.path):
+                    raw = self._engine.get(b"\x02" + ek)
+                return None if raw is None else decode_value(self._vs, raw)
+            path = P.key(path)
+        navs = path.navs
+        if self._fast and len(navs) == 1 and navs[0][0] == KEY:
+            return self.select_one(navs[0][1])
+        out = self.select(path)
+        if len(out) > 1:
+            raise InvalidPath(self._engine.name, f"select_one() reached {len(out)} values; use select()")
+        return out[0] if out else None
+
+
+class DepotView:
+    """Reads of one depot's per-partition logs (key = partition u32 + offset u64, big-endian)."""
+
+    def __init__(self, store: TaskGroupStore, name: str, reader: Reader) -> None:
+        self._store = store
+        self.name = name
+        self._reader = reader
+        self._cf = depot_cf(name)
+
+    def partition_info(self, partition: int) -> PartitionInfo:
+        return _partition_info(self._reader, self.name, partition)
+
+    def read(self, partition: int, start: int, end: int | None = None,
+             max_bytes: int = 1 << 20) -> list[tuple[int, Any]]:
+        """Records ``start <= offset < end`` as (offset, record), stopping once ``max_bytes`` are read.
+
+        At least one record is returned if any is in range, so a record larger
+        than ``max_bytes`` never stalls a reader.
+        """
+        p = _check_partition(partition)
+        _check_offset(start, "start")
+        hi = p + (_check_offset(end, "end").to_bytes(8, "big") if end is not None else b"\xff" * 8)
+        out: list[tuple[int, Any]] = []
+        total = 0
+        with rocks_errors("read", self._store.path):
+            for k, v in self._reader.scan(self._cf, p + start.to_bytes(8, "big"), hi):
+                out.append((int.from_bytes(k[4:], "big"), unpack(v)))
+                total += len(v)
+                if total >= max_bytes:
+                    break
+        return out
+
+
+def _depot_meta_key(name: str, p: bytes) -> bytes:
+    return _DEPOT_META + name.encode() + b"\x00" + p
+
+
+def _partition_info(reader: Reader, name: str, partition: int) -> PartitionInfo:
+    raw = reader.get(META, _depot_meta_key(name, _check_partition(partition)))
+    if raw is None:
+        return PartitionInfo(0, 0)
+    return PartitionInfo(int.from_bytes(raw[:8], "big"), int.from_bytes(raw[8:], "big"))
+
+
+class ChangeSetBuilder:
+    """Leader side: turn transforms, depot appends and trims into one ChangeSet (one replog entry).
+
+    Reads see the applied state, staged in-flight entries and this builder's
+    own earlier writes.  Each call is atomic: if it raises (``SchemaMismatch``,
+    ``InvalidPath``, an exception from an ``update`` function) none of its
+    writes are kept.
+    """
+
+    def __init__(self, store: TaskGroupStore, topology: str | None, batch_id: int | None) -> None:
+        if (topology is None) != (batch_id is None):
+            raise SchemaMismatch("changes()", "topology and batch_id together", f"{topology!r}, {batch_id!r}")
+        if batch_id is not None and type(batch_id) is not int:
+            raise SchemaMismatch("batch_id", "int", repr(batch_id))
+        self._store = store
+        self.topology = topology
+        self.batch_id = batch_id
+        self.writes = Writes()
+        self._reader = LayeredReader(self.writes.overlay, store.leader_reader())
+        self._engines: dict[str, Engine] = {}
+
+    def transform(self, pstate: str, t: Transform | Path) -> None:
+        """Resolve a path transform against current state into key writes."""
+        t = as_transform(t)
+        txn = Writes()
+        eng = self._store.engine(pstate, self._reader, txn)
+        with rocks_errors("read", self._store.path):
+            eng.transform(t.path.navs, t.term, t.arg)
+        self.writes.extend(txn)
+
+    def set(self, pstate: str, key: Any, value: Any) -> None:
+        """Shorthand for ``transform(pstate, P.key(key).set(value))`` with no read (the batch hot path)."""
+        eng = self._engines.get(pstate)
+        if eng is None:
+            eng = self._engines[pstate] = self._store.engine(pstate, self._reader, self.writes)
+        s = eng.root.schema
+        if isinstance(s, Map) and not s.value.storage and value is not None:
+            s.key.validate(key, f"{pstate}[{key!r}] (key)")
+            s.value.validate(value, f"{pstate}[{key!r}]")
+            self.writes.put(eng.cf, b"\x02" + encode_key(key), encode_value(s.value, value))
+        else:
+            self.transform(pstate, P.key(key).set(value))
+
+    def set_many(self, pstate: str, items: Iterable[tuple[Any, Any]]) -> None:
+        """Many top-level ``set``s; validated all first, so a mismatch writes none of them."""
+        items = list(items)
+        s = self._store.schemas.get(pstate)
+        if s is None:
+            raise PStateNotFound(pstate, tuple(self._store.schemas))
+        if not isinstance(s, Map) or s.value.storage:
+            for k, v in items:
+                self.set(pstate, k, v)
+            return
+        ks, vs = s.key, s.value
+        for k, v in items:
+            ks.validate(k, f"{pstate}[{k!r}] (key)")
+            vs.validate(v, f"{pstate}[{k!r}]")
+            if v is None:
+                raise SchemaMismatch(f"{pstate}[{k!r}]", vs.describe(), "None (use remove())")
+        cf = pstate_cf(pstate)
+        put = self.writes.put
+        if vs.plain:
+            from pstate.engine import _packb
+
+            for k, v in items:
+                put(cf, b"\x02" + encode_key(k), _packb(v))
+        else:
+            for k, v in items:
+                put(cf, b"\x02" + encode_key(k), encode_value(vs, v))
+
+    def depot_append(self, depot: str, partition: int, records: Iterable[Any]) -> list[int]:
+        """Append records to a depot partition; return their offsets (assigned here, on the leader)."""
+        if depot not in self._store.depots:
+            raise DepotNotFound(depot, self._store.depots)
+        p = _check_partition(partition)
+        info = _partition_info(self._reader, depot, partition)
+        end = info.end
+        cf = depot_cf(depot)
+        encoded = []
+        for r in records:
+            try:
+                encoded.append(pack(r))
+            except (TypeError, ValueError, OverflowError) as exc:
+                raise SchemaMismatch(f"{depot}[{partition}]", "a msgpack-able record", type(r).__name__) from exc
+        offsets = []
+        for raw in encoded:
+            self.writes.put(cf, p + end.to_bytes(8, "big"), raw)
+            offsets.append(end)
+            end += 1
+        self.writes.put(META, _depot_meta_key(depot, p), info.start.to_bytes(8, "big") + end.to_bytes(8, "big"))
+        return offsets
+
+    def depot_trim(self, depot: str, partition: int, before: int) -> None:
+        """Delete records below ``before`` (clamped to the partition's range)."""
+        if depot not in self._store.depots:
+            raise DepotNotFound(depot, self._store.depots)
+        p = _check_partition(partition)
+        _check_offset(before, "before")
+        info = _partition_info(self._reader, depot, partition)
+        new_start = min(max(before, info.start), info.end)
+        if new_start == info.start:
+            return
+        self.writes.delete_range(depot_cf(depot), p + info.start.to_bytes(8, "big"), p + new_start.to_bytes(8, "big"))
+        self.writes.put(META, _depot_meta_key(depot, p), new_start.to_bytes(8, "big") + info.end.to_bytes(8, "big"))
+
+    def set_progress(self, topology: str, value: Any) -> None:
+        """Record a topology's progress (e.g. depot offsets consumed) with this entry."""
+        self.writes.put(META, _PROGRESS + topology.encode(), pack(value))
+
+    def select(self, pstate: str, path: Path = P) -> list[Any]:
+        """Read through this builder's pending writes (what a transform would see)."""
+        return self._store.engine(pstate, self._reader, None).select(path.navs)
+
+    def encode(self) -> bytes:
+        """The replog entry payload."""
+        return ChangeSet(self.writes.cfs, self.writes.runs, self.topology, self.batch_id).encode()
+
+    def changeset(self) -> ChangeSet:
+        return ChangeSet(self.writes.cfs, self.writes.runs, self.topology, self.batch_id)
+
+    def __len__(self) -> int:
+        return len(self.writes)
+
+
+__all__ = [
+    "META",
+    "ChangeSetBuilder",
+    "DepotView",
+    "PStateError",
+    "PStateView",
+    "PartitionInfo",
+    "TaskGroupStore",
+]
