@@ -673,7 +673,7 @@ def replay_command(seed: int) -> str:
     return f"SIM_SEED={seed} .venv/bin/python -m pytest tests/sim/test_sim.py::test_replay"
 
 
-def run_seed(seed: int, replica_cls: type[Replica] = Replica, fault_ms: int = 800,
+def run_seed(seed: int, replica_cls: type[Replica] = Replica, fault_ms: int = 1200,
              quiet_ms: int = 1500, trace: bool = False) -> RunResult:
     """One randomized run: faults and client load for ``fault_ms``, then heal and check liveness."""
     rng = random.Random(seed ^ 0x5EED)

@@ -58,7 +58,7 @@ def test_regression_seed_empty_epoch_of_deposed_leader(seed: int) -> None:
     """These seeds failed when a replica that led an epoch without writing kept that empty epoch
     in its cache: its epoch exchange never agreed (see also the scripted scenario in
     test_scenarios.py::test_deposed_leader_with_empty_epoch_reconciles)."""
-    result = run_seed(seed)
+    result = run_seed(seed, fault_ms=800)  # the run length they failed with
     assert result.error is None, result.error
 
 
