@@ -103,8 +103,12 @@ class GroupState:
 
     @classmethod
     def initial(cls, replicas: Sequence[str], leader_session: int = 0) -> GroupState:
-        """A freshly placed group: every replica in sync (they are all empty), first one leads, epoch 0."""
-        return cls(leader=replicas[0], epoch=0, isr=tuple(replicas), osr=(), replicas=tuple(replicas),
+        """A freshly placed group: every replica in sync (they are all empty), first one leads, epoch 1.
+
+        Replicas start at epoch 0 with an empty epoch cache; leadership is always a move to a
+        *higher* epoch, so the first leader's epoch is 1 (a replica ignores a znode at its own epoch).
+        """
+        return cls(leader=replicas[0], epoch=1, isr=tuple(replicas), osr=(), replicas=tuple(replicas),
                    leader_session=leader_session)
 
 

@@ -116,7 +116,7 @@ def test_deploy_places_groups_visibly_in_zookeeper(conductor: Conductor, nodes: 
     leaders: Counter[str] = Counter()
     for state in stored.values():
         assert len(set(state.replicas)) == 3 and set(state.replicas) == {"n1", "n2", "n3"}
-        assert state.leader == state.replicas[0] and state.epoch == 0 and state.isr == state.replicas
+        assert state.leader == state.replicas[0] and state.epoch == 1 and state.isr == state.replicas
         assert state.leader is not None
         leaders[state.leader] += 1
     assert leaders == {"n1": 2, "n2": 2, "n3": 2}
@@ -144,7 +144,7 @@ def test_node_loss_elects_from_isr_and_bumps_epoch(conductor: Conductor, nodes: 
             expected = next(x for x in old.replicas if x != "n2")  # first live ISR member in replica order
             assert new.leader == expected and new.epoch == old.epoch + 1
             assert "n2" not in new.isr and new.osr == ("n2",)
-            assert (f"node n2 lost: group WordCount/{g} leader n2 -> {expected}, epoch 0 -> 1, "
+            assert (f"node n2 lost: group WordCount/{g} leader n2 -> {expected}, epoch 1 -> 2, "
                     f"ISR [{','.join(new.isr)}]") in caplog.text
         else:
             assert new == old  # a dead follower is the leader's business, not the conductor's

@@ -1,0 +1,195 @@
+"""A local cluster of real processes: ZooKeeper, conductor(s) and worker nodes.
+
+`conductor dev` and the integration tests use the same class, so what the
+tests prove is what a developer runs. Every process is a child started in its
+own session with its own log file, and is stopped by its own pid.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from conductor.zkserver import ZooKeeperServer
+
+PYTHON = sys.executable
+
+
+@dataclass
+class ChildProcess:
+    """One child process we own: how to start it again, where it logs, its pid."""
+
+    name: str
+    cmd: list[str]
+    log_path: Path
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> ChildProcess:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as logf:
+            self.proc = subprocess.Popen(self.cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True, env={**os.environ, **self.env})
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        """SIGKILL and reap: the crash case."""
+        if self.alive():
+            os.kill(self.pid, signal.SIGKILL)
+        if self.proc is not None:
+            self.proc.wait(timeout=10)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM (SIGCONT first, in case a test stopped it), then SIGKILL."""
+        if not self.alive():
+            return
+        assert self.proc is not None
+        try:
+            os.kill(self.pid, signal.SIGCONT)
+            os.kill(self.pid, signal.SIGTERM)
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        except ProcessLookupError:
+            pass
+
+    def tail(self, n: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+class DevCluster:
+    """ZooKeeper + `conductors` conductor processes + `nodes` worker nodes under one folder."""
+
+    def __init__(self, root: Path, nodes: int = 3, conductors: int = 1, session_timeout: float = 4.0,
+                 log_level: str = "WARNING") -> None:
+        self.root = Path(root)
+        self.session_timeout = session_timeout
+        self.log_level = log_level
+        self.zk = ZooKeeperServer(self.root / "zookeeper")
+        self.conductors: dict[str, ChildProcess] = {}
+        self.nodes: dict[str, ChildProcess] = {}
+        self._n_nodes = nodes
+        self._n_conductors = conductors
+
+    @property
+    def hosts(self) -> str:
+        return self.zk.hosts
+
+    def start(self, timeout_s: float = 60.0) -> DevCluster:
+        self.root.mkdir(parents=True, exist_ok=True)
+        try:
+            self.zk.start()
+            for i in range(1, self._n_conductors + 1):
+                self.start_conductor(f"c{i}")
+            for i in range(1, self._n_nodes + 1):
+                self.start_node(f"n{i}")
+            self.wait_nodes(list(self.nodes), timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        self.write_state()
+        return self
+
+    def start_conductor(self, name: str) -> ChildProcess:
+        p = ChildProcess(name, [PYTHON, "-m", "conductor.controller", "--zk", self.hosts, "--name", name,
+                                "--session-timeout", str(self.session_timeout), "--reconcile-interval", "1",
+                                "--log-level", "INFO"],
+                         self.root / "logs" / f"conductor-{name}.log")
+        self.conductors[name] = p.start()
+        return p
+
+    def node_dir(self, node_id: str) -> Path:
+        return self.root / "nodes" / node_id
+
+    def start_node(self, node_id: str) -> ChildProcess:
+        d = self.node_dir(node_id)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "node.address").unlink(missing_ok=True)
+        p = ChildProcess(node_id, [PYTHON, "-m", "conductor.node", "--zk", self.hosts, "--node-id", node_id,
+                                   "--data-dir", str(d), "--session-timeout", str(self.session_timeout),
+                                   "--log-level", self.log_level],
+                         self.root / "logs" / f"node-{node_id}.log")
+        self.nodes[node_id] = p.start()
+        return p
+
+    def wait_nodes(self, node_ids: list[str], timeout_s: float = 60.0) -> None:
+        """Until every node wrote its address file (it serves gRPC and is registered in ZooKeeper)."""
+        deadline = time.monotonic() + timeout_s
+        for nid in node_ids:
+            while not (self.node_dir(nid) / "node.address").exists():
+                p = self.nodes[nid]
+                if not p.alive():
+                    raise RuntimeError(f"node {nid} exited during start-up; log {p.log_path}:\n{p.tail()}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"node {nid} did not start within {timeout_s}s; log {p.log_path}:\n{p.tail()}")
+                time.sleep(0.05)
+
+    def write_state(self) -> None:
+        state: dict[str, Any] = {
+            "zk": self.hosts, "zk_pid": self.zk.pid, "root": str(self.root),
+            "conductors": {n: p.pid for n, p in self.conductors.items()},
+            "nodes": {n: p.pid for n, p in self.nodes.items()},
+        }
+        (self.root / "cluster.json").write_text(json.dumps(state, indent=2))
+
+    def stop(self) -> None:
+        for p in [*self.nodes.values(), *self.conductors.values()]:
+            p.stop()
+        self.zk.stop()
+
+    def __enter__(self) -> DevCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def stop_from_state(root: Path) -> list[str]:
+    """`conductor dev --stop`: stop what a previous `conductor dev` started, by the pids it recorded."""
+    state = json.loads((root / "cluster.json").read_text())
+    stopped = []
+    pids = [*state["nodes"].items(), *state["conductors"].items(), ("zookeeper", state["zk_pid"])]
+    for name, pid in pids:
+        try:
+            os.kill(pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGTERM)
+            stopped.append(f"{name} (pid {pid})")
+        except ProcessLookupError:
+            continue
+    deadline = time.monotonic() + 15
+    for _name, pid in pids:
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        else:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    (root / "cluster.json").unlink(missing_ok=True)
+    return stopped

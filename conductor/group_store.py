@@ -1,0 +1,120 @@
+"""The node's view of a replica's RocksDB store, and the wire form of queries.
+
+`pstate.TaskGroupStore` knows nothing of the network; this module adapts it to
+what the replica host and the gRPC services need: applying replog entries,
+building client-append change sets on the leader, and answering queries whose
+paths arrive as msgpack. Only data navigators travel: `filter` and `view` hold
+functions, and a node never runs code it received over the network.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path as FsPath
+from typing import Any
+
+import msgpack
+
+from pstate import P, TaskGroupStore
+from pstate.errors import InvalidPath
+from pstate.path import FILTER, VIEW, Path
+from pstate.store import ChangeSetBuilder
+from topology.module import ModuleDefinition
+
+_WIRE_FORBIDDEN = {FILTER: "filter", VIEW: "view"}
+
+
+def encode_query(key: Any, path: Sequence[Any] | Path | None = None) -> bytes:
+    """Client side: `key` (or a whole `P...` path) plus further navigators, as msgpack."""
+    if isinstance(key, Path):
+        navs = key.navs
+    else:
+        navs = P.key(key).navs
+    if isinstance(path, Path):
+        navs = navs + path.navs
+    elif path:
+        for p in path:
+            if not isinstance(p, Path):
+                raise InvalidPath("query", f"navigators after the key must be P... paths, got {p!r}")
+            navs = navs + p.navs
+    for kind, _a, _b in navs:
+        if kind in _WIRE_FORBIDDEN:
+            raise InvalidPath("query", f"{_WIRE_FORBIDDEN[kind]}() holds a function and cannot be sent to a node; "
+                              "select without it and filter the results in your app")
+    raw: bytes = msgpack.packb([list(n) for n in navs], use_bin_type=True)
+    return raw
+
+
+def decode_query(raw: bytes) -> Path:
+    try:
+        navs = msgpack.unpackb(raw, raw=False, strict_map_key=False, use_list=False)
+    except (ValueError, msgpack.ExtraData) as e:
+        raise InvalidPath("query", f"undecodable path: {e}") from e
+    out = []
+    for n in navs:
+        if not isinstance(n, tuple) or len(n) != 3 or not isinstance(n[0], int) or n[0] in _WIRE_FORBIDDEN:
+            raise InvalidPath("query", f"bad navigator {n!r}")
+        out.append((n[0], n[1], n[2]))
+    return Path(tuple(out))
+
+
+class GroupStore:
+    """One replica's store, shaped for the replica host (task thread) and the query services (event loop)."""
+
+    def __init__(self, store: TaskGroupStore) -> None:
+        self.store = store
+
+    @classmethod
+    def open(cls, path: FsPath, definition: ModuleDefinition) -> GroupStore:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pstates = {name: decl.schema for name, decl in definition.pstates.items()}
+        return cls(TaskGroupStore(path, pstates, definition.depot_names()))
+
+    # ---------------------------------------------------------------- replica host (task thread)
+
+    @property
+    def applied_offset(self) -> int:
+        return self.store.applied_offset
+
+    def apply_entries(self, entries: list[tuple[int, int, bytes]]) -> list[Any]:
+        for offset, _type, payload in entries:
+            self.store.apply(offset, payload)
+        return [None] * len(entries)
+
+    def build_client_append(self, appends: Iterable[tuple[str, int, Sequence[bytes]]]) -> tuple[ChangeSetBuilder, list[int]]:
+        """Leader: one change set appending every record; returns it and each partition's first offset."""
+        b = self.store.changes()
+        firsts = []
+        for depot, task, records in appends:
+            values = [msgpack.unpackb(r, raw=False, strict_map_key=False) for r in records]
+            offsets = b.depot_append(depot, task, values)
+            firsts.append(offsets[0] if offsets else 0)
+        return b, firsts
+
+    def stage(self, offset: int, builder: ChangeSetBuilder) -> bytes:
+        return self.store.stage(offset, builder)
+
+    def drop_staged(self) -> None:
+        self.store.drop_staged()
+
+    def close(self) -> None:
+        self.store.close()
+
+    # ---------------------------------------------------------------- queries (any thread)
+
+    def select(self, pstate: str, task: int, raw_path: bytes, one: bool) -> tuple[bytes, int]:
+        path = decode_query(raw_path)
+        view = self.store.pstate(pstate)
+        value: Any = view.select_one(path) if one else view.select(path)
+        return msgpack.packb(value, use_bin_type=True), self.store.applied_offset
+
+    def depot_read(self, depot: str, task: int, start: int, end: int | None, max_bytes: int) -> tuple[list[bytes], int, int]:
+        rows = self.store.depot(depot).read(task, start, end, max_bytes)
+        records = [msgpack.packb(v, use_bin_type=True) for _o, v in rows]
+        first = rows[0][0] if rows else start
+        nxt = rows[-1][0] + 1 if rows else start
+        return records, first, nxt
+
+    def depot_info(self, depot: str, task: int) -> tuple[int, int]:
+        info = self.store.depot(depot).partition_info(task)
+        return info.start, info.end

@@ -1,0 +1,484 @@
+"""A Millrace worker node: hosts task-group replicas and serves the client and replication RPCs.
+
+Threads: the asyncio event loop runs gRPC (client API and replication
+streams); every replica has its own task thread (:mod:`conductor.replica_host`);
+kazoo runs its own threads and hands callbacks to the metastore dispatcher,
+which forwards them to the task threads as events. Nothing but a task thread
+touches a replica's replog or store.
+
+Run as ``python -m conductor.node --zk HOST:PORT --node-id n1 --data-dir DIR``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import logging
+import os
+import shutil
+import signal
+import threading
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from conductor import placement
+from conductor.group_store import GroupStore
+from conductor.metastore import MODULES_PATH, Metastore, MetastoreError, VersionConflict
+from conductor.module_spec import ModuleSpec
+from conductor.replica_host import PendingAppend, ReplicaHost
+from conductor.transport import GRPC_OPTIONS, PeerTransport, from_proto
+from conductor.wire_errors import error_json, status_of
+from proto import admin_pb2, admin_pb2_grpc
+from proto import millrace_pb2 as pb
+from proto import millrace_pb2_grpc as pbg
+from pstate.errors import PStateError
+from replog.config import ReplicationConfig
+from replog.errors import NotLeader, ReplogError
+from replog.messages import (
+    Ack,
+    GroupState,
+    IsrChanged,
+    IsrChangeFailed,
+    MetastoreChanged,
+    SessionExpired,
+    SessionStarted,
+)
+from topology.module import ModuleDefinition, load_module
+
+log = logging.getLogger("millrace.node")
+VERSION = "0.1.0"
+
+_ACKS = {pb.ACK_NONE: Ack.NONE, pb.ACK_APPEND: Ack.APPEND, pb.ACK_APPLIED: Ack.APPLIED}
+
+
+def replog_state(st: placement.GroupState, version: int) -> GroupState:
+    """The metastore's znode as the state machine sees it."""
+    return GroupState(st.leader, st.epoch, tuple(st.isr), tuple(st.osr), version, st.leader_session)
+
+
+def metastore_state(st: GroupState, replicas: tuple[str, ...]) -> placement.GroupState:
+    return placement.GroupState(leader=st.leader, epoch=st.epoch, isr=st.isr, osr=st.osr, replicas=replicas,
+                                leader_session=st.leader_session)
+
+
+def replication_config(spec: ModuleSpec) -> ReplicationConfig:
+    return ReplicationConfig(
+        replication_factor=spec.replication_factor,
+        min_isr=spec.option("replication.min.isr"),
+        max_time_lag_ms=spec.option("replication.max.time.lag.millis"),
+        append_timeout_ms=spec.option("replication.depot.append.timeout.millis"),
+        max_near_sync_message_lag=spec.option("replication.max.near.sync.message.lag"),
+    )
+
+
+class ModuleRuntime:
+    """What a node knows of one deployed module: its spec, its code's declarations, its local replicas."""
+
+    def __init__(self, spec: ModuleSpec, definition: ModuleDefinition) -> None:
+        self.spec = spec
+        self.definition = definition
+        self.hosts: dict[int, ReplicaHost] = {}
+        self.stores: dict[int, GroupStore] = {}
+        self.replicas: dict[int, tuple[str, ...]] = {}
+
+
+class Node:
+    def __init__(self, zk_hosts: str, node_id: str, data_dir: Path, port: int = 0,
+                 session_timeout: float = 6.0) -> None:
+        self.node_id = node_id
+        self.data_dir = Path(data_dir)
+        self.port = port
+        self.zk_hosts = zk_hosts
+        self.session_timeout = session_timeout
+        self.modules: dict[str, ModuleRuntime] = {}
+        self._lock = threading.Lock()  # guards self.modules against metastore callbacks
+        self._addresses: dict[str, str] = {}
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.metastore: Metastore | None = None
+        self.transport: PeerTransport | None = None
+        self.server: grpc.aio.Server | None = None
+
+    # ------------------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.server = grpc.aio.server(options=GRPC_OPTIONS)
+        admin_pb2_grpc.add_AdminServicer_to_server(_AdminService(self), self.server)
+        pbg.add_ClientServicer_to_server(_ClientService(self), self.server)
+        pbg.add_ReplicationServicer_to_server(_ReplicationService(self), self.server)
+        self.port = self.server.add_insecure_port(f"127.0.0.1:{self.port}")
+        await self.server.start()
+        self.transport = PeerTransport(self.node_id, self.loop, self._resolve,
+                                       self._forget_address)
+        self.metastore = Metastore(self.zk_hosts, session_timeout=self.session_timeout,
+                                   step_down=self._on_session_lost)
+        await asyncio.to_thread(self.metastore.start)
+        self.metastore.add_state_listener(self._on_zk_state)
+        await asyncio.to_thread(self.metastore.register_node, self.node_id, self.address)
+        self.metastore.zk.ChildrenWatch(MODULES_PATH, self._on_modules)
+        log.warning("node %s serving on %s (data %s, ZooKeeper %s, session 0x%x)", self.node_id, self.address,
+                    self.data_dir, self.zk_hosts, self.session or 0)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def session(self) -> int | None:
+        return self.metastore.session_id if self.metastore else None
+
+    async def stop(self) -> None:
+        if self.metastore is not None:
+            await asyncio.to_thread(self.metastore.close)
+        with self._lock:
+            runtimes = list(self.modules.values())
+            self.modules.clear()
+        for rt in runtimes:
+            for host in rt.hosts.values():
+                await asyncio.to_thread(host.stop)
+        if self.transport is not None:
+            await self.transport.close()
+        if self.server is not None:
+            await self.server.stop(grace=0.5)
+
+    # ------------------------------------------------------------------------------ metastore
+
+    def _resolve(self, node_id: str) -> str | None:
+        addr = self._addresses.get(node_id)
+        if addr is None and self.metastore is not None:
+            try:
+                info = self.metastore.get_node(node_id)
+            except MetastoreError:
+                return None
+            if info is not None:
+                addr = self._addresses[node_id] = info.address
+        return addr
+
+    def _forget_address(self, node_id: str) -> None:
+        """A stream to `node_id` broke: look its address up again (it may have restarted elsewhere)."""
+        self._addresses.pop(node_id, None)
+
+    def _on_modules(self, names: list[str]) -> bool:
+        """ChildrenWatch on /millrace/modules: open replicas of new modules, close destroyed ones."""
+        assert self.metastore is not None
+        self.metastore.submit(lambda: self._sync_modules(set(names)))
+        return True
+
+    def _sync_modules(self, names: set[str]) -> None:
+        with self._lock:
+            gone = [m for m in self.modules if m not in names]
+        for m in gone:
+            self._close_module(m, delete_data=True)
+        for m in sorted(names):
+            with self._lock:
+                known = m in self.modules
+            if not known:
+                try:
+                    self._open_module(m)
+                except Exception:
+                    log.exception("node %s could not open module %s; it stays unavailable here", self.node_id, m)
+
+    def _open_module(self, module: str) -> None:
+        assert self.metastore is not None
+        try:
+            spec, _ = self.metastore.get_module(module)
+            groups = self.metastore.list_groups(module)
+        except MetastoreError as e:
+            log.info("module %s not readable yet (%s); waiting for its groups", module, e)
+            return
+        if len(groups) < spec.threads:
+            # create_module is one transaction, so this means we raced its deletion
+            return
+        definition = load_module(spec.module_ref).build()
+        rt = ModuleRuntime(spec, definition)
+        config = replication_config(spec)
+        for g, (st, _version) in sorted(groups.items()):
+            rt.replicas[g] = tuple(st.replicas)
+            if self.node_id not in st.replicas:
+                continue
+            gdir = self.data_dir / module / str(g)
+            store = GroupStore.open(gdir / "state", definition)
+            rt.stores[g] = store
+            host = ReplicaHost(self.node_id, module, g, gdir, config, self.session or 0, store,
+                               self._send, self._change_isr)
+            rt.hosts[g] = host
+        with self._lock:
+            self.modules[module] = rt
+        for g, host in rt.hosts.items():
+            host.start()
+            self.metastore.watch_group(module, g, functools.partial(self._on_group, host))
+        log.warning("node %s hosts %d replica(s) of module %s: groups %s", self.node_id, len(rt.hosts), module,
+                    sorted(rt.hosts))
+
+    def _on_group(self, host: ReplicaHost, st: placement.GroupState | None, version: int) -> None:
+        if st is not None:
+            host.post(MetastoreChanged(replog_state(st, version)))
+
+    def _close_module(self, module: str, delete_data: bool) -> None:
+        with self._lock:
+            rt = self.modules.pop(module, None)
+        if rt is None:
+            return
+        for host in rt.hosts.values():
+            host.stop()
+        if delete_data:
+            shutil.rmtree(self.data_dir / module, ignore_errors=True)
+        log.warning("node %s closed module %s%s", self.node_id, module, " and deleted its data" if delete_data else "")
+
+    def _change_isr(self, host: ReplicaHost, expected_version: int, new: GroupState) -> None:
+        """ChangeIsr action: a CAS on the group znode, run off the task thread; the outcome comes back as an event."""
+        assert self.metastore is not None
+        ms = self.metastore
+
+        def run() -> None:
+            rt = self.modules.get(host.module)
+            replicas = rt.replicas[host.group] if rt else new.replicas
+            try:
+                version = ms.cas_group(host.module, host.group, metastore_state(new, replicas), expected_version)
+                assert version == new.version, (version, new.version)  # a CAS bumps the version by one
+                host.post(IsrChanged(new))
+                log.warning("%s: ISR changed to %s (OSR %s)", host.name, list(new.isr), list(new.osr))
+            except VersionConflict as e:
+                cur = replog_state(e.current, e.current_version) if e.current is not None else None
+                host.post(IsrChangeFailed("conflict", new, cur))
+            except MetastoreError as e:
+                log.warning("%s: ISR change failed: %s", host.name, e)
+                host.post(IsrChangeFailed("session_expired" if not ms.connected else "conflict", new, None))
+
+        ms.submit(run)
+
+    def _on_session_lost(self) -> None:
+        for host in self._all_hosts():
+            host.post(SessionExpired())
+
+    def _on_zk_state(self, state: str) -> None:
+        if state == "CONNECTED" and self.metastore is not None:
+            session = self.session or 0
+            for host in self._all_hosts():
+                if host.replica.session != session:
+                    host.post(SessionStarted(session))
+
+    def _all_hosts(self) -> list[ReplicaHost]:
+        with self._lock:
+            return [h for rt in self.modules.values() for h in rt.hosts.values()]
+
+    # ------------------------------------------------------------------------------ transport
+
+    def _send(self, dst: str, module: str, group: int, msg: Any) -> None:
+        assert self.transport is not None
+        self.transport.send(dst, module, group, msg)
+
+    def deliver(self, frame: pb.PeerFrame) -> None:
+        if frame.dst != self.node_id:
+            log.warning("dropped a replication frame for %s (this is %s)", frame.dst, self.node_id)
+            return
+        for m in frame.messages:
+            host = self.host(m.module, m.group)
+            if host is not None:
+                host.post(from_proto(frame.src, self.node_id, m))
+
+    def host(self, module: str, group: int) -> ReplicaHost | None:
+        rt = self.modules.get(module)
+        return rt.hosts.get(group) if rt else None
+
+    def leader_host(self, module: str, group: int) -> ReplicaHost:
+        """The local replica if it leads `group`; NotLeader (with where to go) otherwise."""
+        host = self.host(module, group)
+        if host is None:
+            raise NotLeader(f"{module}/{group}", None, None)
+        r = host.replica
+        if not r.is_leader:
+            retry = self._resolve(r.leader) if r.leader else None
+            raise NotLeader(host.name, r.leader, r.epoch, retry_at=retry)
+        return host
+
+
+# ------------------------------------------------------------------------------------ services
+
+
+async def _abort(context: grpc.aio.ServicerContext, exc: Exception) -> None:
+    code, details, meta = status_of(exc)
+    context.set_trailing_metadata(meta)
+    await context.abort(code, details)
+
+
+class _AdminService(admin_pb2_grpc.AdminServicer):
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    async def Ping(self, request: admin_pb2.PingRequest, context: Any) -> admin_pb2.PingReply:
+        return admin_pb2.PingReply(payload=request.payload, node_id=self.node.node_id, version=VERSION)
+
+
+class _ReplicationService(pbg.ReplicationServicer):
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    async def Deliver(self, request_iterator: AsyncIterator[pb.PeerFrame], context: Any) -> pb.DeliverSummary:
+        n = 0
+        async for frame in request_iterator:
+            self.node.deliver(frame)
+            n += 1
+        return pb.DeliverSummary(frames=n)
+
+
+class _ClientService(pbg.ClientServicer):
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    async def _append(self, request: pb.AppendRequest) -> pb.AppendReply:
+        node = self.node
+        host = node.leader_host(request.module, request.group)
+        rt = node.modules[request.module]
+        appends = []
+        nbytes = 0
+        for d in request.appends:
+            if rt.spec.group_of(d.task) != request.group:
+                raise ValueError(f"task {d.task} of depot {d.depot} belongs to group {rt.spec.group_of(d.task)}, "
+                                 f"not {request.group}; refresh the module metadata")
+            records = list(d.records)
+            nbytes += sum(map(len, records))
+            appends.append((d.depot, d.task, records))
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[pb.AppendReply] = loop.create_future()
+
+        def done(first: int, result: Any, error: Exception | None) -> None:
+            loop.call_soon_threadsafe(_resolve, fut, first, result, error, host.replica.epoch)
+
+        host.post(PendingAppend(appends, nbytes, _ACKS.get(request.ack, Ack.APPEND), done))
+        return await fut
+
+    async def Append(self, request: pb.AppendRequest, context: Any) -> pb.AppendReply:
+        try:
+            return await self._append(request)
+        except (ReplogError, PStateError, ValueError) as e:
+            await _abort(context, e)
+            raise AssertionError("unreachable") from e
+
+    async def AppendStream(self, request_iterator: AsyncIterator[pb.AppendRequest], context: Any) -> AsyncIterator[pb.AppendReply]:
+        # Pipelined: start every request at once, answer in request order (clients match by order).
+        pending: asyncio.Queue[tuple[int, asyncio.Future[pb.AppendReply]] | None] = asyncio.Queue()
+
+        async def reader() -> None:
+            async for req in request_iterator:
+                await pending.put((req.seq, asyncio.ensure_future(self._append(req))))
+            await pending.put(None)
+
+        rtask = asyncio.ensure_future(reader())
+        try:
+            while True:
+                item = await pending.get()
+                if item is None:
+                    break
+                seq, task = item
+                try:
+                    reply = await task
+                    reply.seq = seq
+                    yield reply
+                except (ReplogError, PStateError, ValueError) as e:
+                    yield pb.AppendReply(seq=seq, error=error_json(e))
+        finally:
+            rtask.cancel()
+
+    def _leader_store(self, module: str, task: int) -> tuple[ReplicaHost, GroupStore]:
+        """The store of the local leader of the group owning `task` (reads see applied state only)."""
+        rt = self.node.modules.get(module)
+        if rt is None:
+            raise NotLeader(f"{module}/?", None, None)
+        if not 0 <= task < rt.spec.tasks:
+            raise ValueError(f"task {task} is outside [0, {rt.spec.tasks}) for module {module}")
+        group = rt.spec.group_of(task)
+        return self.node.leader_host(module, group), rt.stores[group]
+
+    async def Select(self, request: pb.SelectRequest, context: Any) -> pb.SelectReply:
+        try:
+            _host, store = self._leader_store(request.module, request.task)
+            values, applied = store.select(request.pstate, request.task, request.path, request.one)
+            return pb.SelectReply(values=values, applied_offset=max(applied, 0))
+        except (ReplogError, PStateError, ValueError) as e:
+            await _abort(context, e)
+            raise AssertionError("unreachable") from e
+
+    async def DepotRead(self, request: pb.DepotReadRequest, context: Any) -> pb.DepotReadReply:
+        try:
+            host, store = self._leader_store(request.module, request.task)
+            records, start, nxt = store.depot_read(request.depot, request.task, request.start,
+                                                   request.end or None, request.max_bytes or 1 << 20)
+            return pb.DepotReadReply(records=records, start=start, next=nxt, epoch=host.replica.epoch)
+        except (ReplogError, PStateError, ValueError) as e:
+            await _abort(context, e)
+            raise AssertionError("unreachable") from e
+
+    async def PartitionInfo(self, request: pb.PartitionInfoRequest, context: Any) -> pb.PartitionInfoReply:
+        try:
+            host, store = self._leader_store(request.module, request.task)
+            start, end = store.depot_info(request.depot, request.task)
+            return pb.PartitionInfoReply(start=start, end=end, epoch=host.replica.epoch)
+        except (ReplogError, PStateError, ValueError) as e:
+            await _abort(context, e)
+            raise AssertionError("unreachable") from e
+
+    async def GroupStatus(self, request: pb.GroupStatusRequest, context: Any) -> pb.GroupStatusReply:
+        host = self.node.host(request.module, request.group)
+        if host is None:
+            return pb.GroupStatusReply(role="none")
+        s = host.status()
+        return pb.GroupStatusReply(
+            role=s["role"], epoch=s["epoch"], log_start=s["log_start"], log_end=s["log_end"],
+            apply_offset=max(s["apply_offset"], 0) if s["apply_offset"] >= 0 else 0,
+            applied_offset=max(s["applied"], 0), follower_offsets={k: max(v, 0) for k, v in s["followers"].items()},
+        )
+
+
+def _resolve(fut: asyncio.Future[pb.AppendReply], first: int, result: Any, error: Exception | None,
+             epoch: int) -> None:
+    if fut.done():
+        return
+    if error is not None:
+        fut.set_exception(error)
+    else:
+        firsts = result if isinstance(result, list) else []
+        fut.set_result(pb.AppendReply(replog_offset=first, first_offsets=firsts, epoch=epoch))
+
+
+# ------------------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m conductor.node", description="Run a Millrace worker node.")
+    p.add_argument("--zk", required=True, help="ZooKeeper connect string, e.g. 127.0.0.1:2181")
+    p.add_argument("--node-id", required=True)
+    p.add_argument("--data-dir", required=True, type=Path)
+    p.add_argument("--port", type=int, default=0, help="gRPC port on 127.0.0.1 (0 = any free port)")
+    p.add_argument("--session-timeout", type=float, default=6.0, help="ZooKeeper session timeout, seconds")
+    p.add_argument("--log-level", default=os.environ.get("MILLRACE_LOG_LEVEL", "WARNING"))
+    args = p.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format=f"%(asctime)s {args.node_id} %(levelname)s %(name)s: %(message)s")
+
+    async def run() -> None:
+        node = Node(args.zk, args.node_id, args.data_dir, args.port, args.session_timeout)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await node.start()
+        # Written last: tests and `conductor dev` wait for this file to know the node is serving.
+        (args.data_dir / "node.address").write_text(node.address)
+        await stop.wait()
+        log.warning("node %s stopping", args.node_id)
+        t0 = time.monotonic()
+        await node.stop()
+        log.warning("node %s stopped in %.1fs", args.node_id, time.monotonic() - t0)
+
+    asyncio.run(run())
+
+
+if __name__ == "__main__":
+    main()
