@@ -163,7 +163,7 @@ def test_osr_member_never_elected_and_isr_member_leads_on_return(conductor: Cond
     shrunk = GroupState(leader="n1", epoch=state.epoch, isr=("n1",), osr=("n2", "n3"), replicas=state.replicas)
     ms.cas_group("Orders", 0, shrunk, version)
     nodes.kill("n1")
-    wait_for(lambda: ms.get_group("Orders", 0)[0].epoch == 1, what="the conductor to react to n1's loss")
+    wait_for(lambda: ms.get_group("Orders", 0)[0].epoch == state.epoch + 1, what="the conductor to react to n1's loss")
     down = ms.get_group("Orders", 0)[0]
     assert down.leader is None and down.isr == ("n1",) and down.osr == ("n2", "n3")
     reason = conductor.status("Orders")[0]["leaderless_reason"]
@@ -172,7 +172,7 @@ def test_osr_member_never_elected_and_isr_member_leads_on_return(conductor: Cond
     assert ms.get_group("Orders", 0)[0] == down
     nodes.add("n1")  # n1's worker restarts with its data
     wait_for(lambda: ms.get_group("Orders", 0)[0].leader == "n1", what="n1 to lead again")
-    assert ms.get_group("Orders", 0)[0].epoch == 2
+    assert ms.get_group("Orders", 0)[0].epoch == state.epoch + 2
 
 
 def test_standby_takes_over_after_active_crashes(hosts: str, nodes: Nodes, tmp_path: Path) -> None:
@@ -207,7 +207,8 @@ def test_standby_takes_over_after_active_crashes(hosts: str, nodes: Nodes, tmp_p
 
         nodes.kill("n1")
         g1 = next(g for g, s in before.items() if s.leader == "n1")
-        wait_for(lambda: standby.ms.get_group("WordCount", g1)[0].epoch == 1, what="c2 to handle n1's loss")
+        wait_for(lambda: standby.ms.get_group("WordCount", g1)[0].epoch == before[g1].epoch + 1,
+                 what="c2 to handle n1's loss")
         s1 = standby.ms.get_group("WordCount", g1)[0]
         # n2 is the only live ISR member; n3 (a dead follower here) is left for the leader to shrink out.
         assert s1.leader == "n2" and s1.isr == ("n2", "n3") and s1.osr == ("n1",)
@@ -340,7 +341,8 @@ def test_leadership_bound_to_session_and_restart_seen_by_next_conductor(hosts: s
     try:
         assert c2.wait_active(10)
         g1 = next(g for g, s in before.items() if s.leader == "n1")
-        wait_for(lambda: c2.ms.get_group("WordCount", g1)[0].epoch == 1, what="c2 to re-elect n1's group")
+        wait_for(lambda: c2.ms.get_group("WordCount", g1)[0].epoch == before[g1].epoch + 1,
+                 what="c2 to re-elect n1's group")
         after = c2.ms.get_group("WordCount", g1)[0]
         assert after.leader != "n1" and after.leader is not None and after.osr == ("n1",)
         assert after.leader_session == nodes.sessions[after.leader].session_id
