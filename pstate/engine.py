@@ -57,14 +57,29 @@ from pstate.path import (
 )
 from pstate.schema import Map, Record, Schema, Set
 
-_packb = msgpack.Packer(use_bin_type=True).pack
+_BIGINT = 1  # msgpack ext type: ints beyond 64 bits, as signed big-endian bytes
+
+
+def _default(o: Any) -> Any:
+    if type(o) is int:
+        return msgpack.ExtType(_BIGINT, o.to_bytes((o.bit_length() + 8) // 8, "big", signed=True))
+    raise TypeError(f"cannot store a {type(o).__name__} value")
+
+
+def _ext_hook(code: int, data: bytes) -> Any:
+    if code == _BIGINT:
+        return int.from_bytes(data, "big", signed=True)
+    return msgpack.ExtType(code, data)
+
+
+_packb = msgpack.Packer(use_bin_type=True, default=_default).pack
 _EMPTY = b""
 _ELEM = b"\x02"
 _SUB = b"\x03"
 
 
 def unpack(raw: bytes) -> Any:
-    return msgpack.unpackb(raw, raw=False, strict_map_key=False)
+    return msgpack.unpackb(raw, raw=False, strict_map_key=False, ext_hook=_ext_hook)
 
 
 def pack(v: Any) -> bytes:

@@ -123,10 +123,15 @@ def rocks_errors(operation: str, path: str = "") -> Iterator[None]:
     except PStateError:
         raise
     except Exception as exc:  # rocksdict raises bare Exception subclasses
-        name = type(exc).__name__
-        text = str(exc)
-        if name == "DbClosedError" or ("closed" in text.lower() and "db" in text.lower()):
-            raise StoreClosed(path or "?") from exc
-        if "Corruption" in text or "checksum" in text.lower():
-            raise CorruptStore(path or operation, text) from exc
-        raise StorageError(operation, f"{name}: {text}") from exc
+        raise translate(exc, operation, path) from exc
+
+
+def translate(exc: Exception, operation: str, path: str = "") -> PStateError:
+    """Map one rocksdict exception to our hierarchy (used by :func:`rocks_errors` and hot-path readers)."""
+    name = type(exc).__name__
+    text = str(exc)
+    if name == "DbClosedError" or ("closed" in text.lower() and "db" in text.lower()):
+        return StoreClosed(path or "?")
+    if "Corruption" in text or "checksum" in text.lower():
+        return CorruptStore(path or operation, text)
+    return StorageError(operation, f"{name}: {text}")

@@ -237,16 +237,16 @@ def sub_collection(schema: Schema, value: Any, nav: Nav, where: str) -> Any:
         elif kind == FIRST:
             keys = keys[:a]
         else:
-            keys = keys[len(keys) - a:]
+            keys = keys[max(0, len(keys) - a):]
         return {k: value[k] for k in keys}
     if isinstance(schema, Set):
         elems = sorted(value)
         if kind == RANGE:
             check_bounds(schema, a, b, where)
             return {e for e in elems if in_range(e, a, b)}
-        return set(elems[:a]) if kind == FIRST else set(elems[len(elems) - a:])
+        return set(elems[:a]) if kind == FIRST else set(elems[max(0, len(elems) - a):])
     if isinstance(schema, ListSchema) and kind != RANGE:
-        return value[:a] if kind == FIRST else value[len(value) - a:]
+        return value[:a] if kind == FIRST else value[max(0, len(value) - a):]
     raise InvalidPath(where, f"{_NAV_NAMES[kind]}() needs a sorted map or set, not {_desc(schema)}")
 
 
@@ -485,7 +485,7 @@ def check_pair(schema: Map, k: Any, v: Any, pair: tuple[Any, Any], r: Any, where
 def merge_sub(schema: Map | Set | ListSchema, value: Any, sub: Any, r: Any, kind: int, n: int) -> Any:
     """Put a transformed sub-collection back in place of ``sub``."""
     if isinstance(schema, ListSchema):
-        rest = value[n:] if kind == FIRST else value[:len(value) - n]
+        rest = value[n:] if kind == FIRST else value[:max(0, len(value) - n)]
         if r is REMOVED:
             return rest
         return [*r, *rest] if kind == FIRST else [*rest, *r]

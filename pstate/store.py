@@ -43,6 +43,7 @@ from pstate.errors import (
     SchemaMismatch,
     StoreClosed,
     rocks_errors,
+    translate,
 )
 from pstate.keys import encode_key
 from pstate.path import KEY, P, Path, Transform, as_transform
@@ -81,7 +82,10 @@ class DbReader:
         self._path = path
 
     def get(self, cf: str, key: bytes) -> bytes | None:
-        r: bytes | None = self._cfs[cf].get(key)
+        try:
+            r: bytes | None = self._cfs[cf].get(key)
+        except Exception as exc:
+            raise translate(exc, "get", self._path) from exc
         return r
 
     def scan(self, cf: str, lo: bytes, hi: bytes | None, reverse: bool = False) -> Iterator[tuple[bytes, bytes]]:
@@ -89,13 +93,18 @@ class DbReader:
         if hi is not None:
             ro.set_iterate_upper_bound(hi)
         db: Any = self._cfs[cf]  # raw mode: keys and values are bytes (the stubs cannot say so)
-        if reverse:
-            for k, v in db.items(backwards=True, read_opt=ro):
-                if k < lo:
-                    return
-                yield k, v
-        else:
-            yield from db.items(from_key=lo, read_opt=ro)
+        try:
+            if reverse:
+                for k, v in db.items(backwards=True, read_opt=ro):
+                    if k < lo:
+                        return
+                    yield k, v
+            else:
+                yield from db.items(from_key=lo, read_opt=ro)
+        except PStateError:
+            raise
+        except Exception as exc:
+            raise translate(exc, "scan", self._path) from exc
 
 
 def _check_partition(partition: int) -> bytes:
@@ -338,8 +347,7 @@ class PStateView:
         """Every value the path reaches, in order."""
         if not isinstance(path, Path):
             raise InvalidPath(self._engine.name, f"select() takes a path (P...), got {type(path).__name__}")
-        with rocks_errors("read", self._store.path):
-            return self._engine.select(path.navs)
+        return self._engine.select(path.navs)
 
     def select_one(self, path: Path | Any = P) -> Any:
         """The single value the path reaches (None if none); a bare key means ``P.key(key)``."""
@@ -349,8 +357,7 @@ class PStateView:
                     ek = encode_key(path)
                 except SchemaMismatch:
                     return None
-                with rocks_errors("read", self._store.path):
-                    raw = self._engine.get(b"\x02" + ek)
+                raw = self._engine.get(b"\x02" + ek)
                 return None if raw is None else decode_value(self._vs, raw)
             path = P.key(path)
         navs = path.navs
@@ -386,12 +393,11 @@ class DepotView:
         hi = p + (_check_offset(end, "end").to_bytes(8, "big") if end is not None else b"\xff" * 8)
         out: list[tuple[int, Any]] = []
         total = 0
-        with rocks_errors("read", self._store.path):
-            for k, v in self._reader.scan(self._cf, p + start.to_bytes(8, "big"), hi):
-                out.append((int.from_bytes(k[4:], "big"), unpack(v)))
-                total += len(v)
-                if total >= max_bytes:
-                    break
+        for k, v in self._reader.scan(self._cf, p + start.to_bytes(8, "big"), hi):
+            out.append((int.from_bytes(k[4:], "big"), unpack(v)))
+            total += len(v)
+            if total >= max_bytes:
+                break
         return out
 
 
@@ -432,8 +438,7 @@ class ChangeSetBuilder:
         t = as_transform(t)
         txn = Writes()
         eng = self._store.engine(pstate, self._reader, txn)
-        with rocks_errors("read", self._store.path):
-            eng.transform(t.path.navs, t.term, t.arg)
+        eng.transform(t.path.navs, t.term, t.arg)
         self.writes.extend(txn)
 
     def set(self, pstate: str, key: Any, value: Any) -> None:
