@@ -1,0 +1,206 @@
+"""TaskGroupStore: atomic idempotent apply, microbatch commits, staging, depots, errors, checkpoints."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path as FsPath
+
+import msgpack
+import pytest
+
+from pstate import (
+    ChangeSet,
+    CorruptStore,
+    DepotNotFound,
+    Map,
+    P,
+    PStateNotFound,
+    SchemaMismatch,
+    StoreClosed,
+    TaskGroupStore,
+    install,
+    read_manifest,
+)
+from pstate.errors import PStateError
+from pstate.store import pstate_cf
+
+SCHEMAS = {"$$counts": Map(str, int)}
+
+
+@pytest.fixture
+def store(tmp_path: FsPath) -> TaskGroupStore:
+    s = TaskGroupStore(tmp_path / "state", SCHEMAS, depots=["*log"])
+    yield s  # type: ignore[misc]
+    s.close()
+
+
+def test_apply_is_idempotent_and_persists(tmp_path: FsPath) -> None:
+    s = TaskGroupStore(tmp_path / "s", SCHEMAS)
+    cs = s.changes()
+    cs.set("$$counts", "a", 1)
+    payload = cs.encode()
+    assert s.applied_offset == -1
+    assert s.apply(5, payload) is True
+    assert s.apply(5, payload) is False
+    assert s.apply(3, payload) is False
+    cs = s.changes()
+    cs.transform("$$counts", P.key("a").update(lambda n: n + 10))
+    assert s.apply(6, cs.encode())
+    s.close()
+    with pytest.raises(StoreClosed):
+        s.select_one("$$counts", "a")
+    s = TaskGroupStore(tmp_path / "s", SCHEMAS)
+    assert s.applied_offset == 6
+    assert s.select_one("$$counts", "a") == 11
+    s.close()
+
+
+def test_microbatch_commit_skips_replays(store: TaskGroupStore) -> None:
+    cs = store.changes("wc", 7)
+    cs.transform("$$counts", P.key("x").null_to_val(0).update(lambda n: n + 1))
+    payload = cs.encode()
+    assert store.apply(0, payload)
+    assert store.last_batch("wc") == 7
+    assert store.last_batch("other") is None
+    # the same batch re-sent as a new entry (driver crash + replay): offset advances, data does not change
+    assert store.apply(1, payload) is False
+    assert store.applied_offset == 1
+    assert store.select_one("$$counts", "x") == 1
+    older = store.changes("wc", 6)
+    older.set("$$counts", "x", 100)
+    assert store.apply(2, older.encode()) is False
+    assert store.select_one("$$counts", "x") == 1
+    with pytest.raises(SchemaMismatch):
+        store.changes("wc", None)
+
+
+def test_progress_and_builder_reads_its_own_writes(store: TaskGroupStore) -> None:
+    cs = store.changes()
+    cs.set_progress("wc", {"*log": [3, 4]})
+    cs.set_many("$$counts", [("a", 1), ("b", 2)])
+    cs.transform("$$counts", P.key("a").update(lambda n: n * 10))
+    assert cs.select("$$counts", P.all()) == [("a", 10), ("b", 2)]
+    store.apply(0, cs.encode())
+    assert store.progress("wc") == {"*log": [3, 4]}
+    assert store.select("$$counts", P.map_vals()) == [10, 2]
+
+
+def test_staged_entries_compose_on_the_leader(store: TaskGroupStore) -> None:
+    inc = P.key("k").null_to_val(0).update(lambda n: n + 1)
+    payloads = []
+    for off in range(3):  # three entries in flight before any is applied
+        cs = store.changes()
+        cs.transform("$$counts", inc)
+        payloads.append(store.stage(off, cs))
+    assert store.select_one("$$counts", "k") is None  # queries see applied state only
+    for off, p in enumerate(payloads):
+        store.apply(off, p)
+    assert store.select_one("$$counts", "k") == 3
+    cs = store.changes()
+    cs.transform("$$counts", inc)
+    store.stage(3, cs)
+    store.drop_staged()
+    cs = store.changes()
+    cs.transform("$$counts", inc)
+    store.apply(3, cs.encode())
+    assert store.select_one("$$counts", "k") == 4
+
+
+def test_changeset_encoding_is_compact_and_validated() -> None:
+    cs = ChangeSet(["pstate:$$counts"], [(0, 0, [b"k1", b"v1", b"k2", b"v2"]), (1, 0, [b"k3"])], "t", 1)
+    assert ChangeSet.decode(cs.encode()) == cs
+    assert len(cs) == 3
+    with pytest.raises(CorruptStore):
+        ChangeSet.decode(b"\x93garbage")
+    with pytest.raises(CorruptStore):
+        ChangeSet.decode(msgpack.packb([1, None, None, ["x"], [[0, 5, [b"k", b"v"]]]]))
+    with pytest.raises(CorruptStore):
+        ChangeSet.decode(msgpack.packb([99, None, None, [], []]))
+
+
+def test_corrupt_or_foreign_payload_writes_nothing(store: TaskGroupStore) -> None:
+    with pytest.raises(CorruptStore):
+        store.apply(0, b"not msgpack at all \xc1")
+    foreign = ChangeSet([pstate_cf("$$nope")], [(0, 0, [b"k", b"v"])]).encode()
+    with pytest.raises(CorruptStore):
+        store.apply(0, foreign)
+    assert store.applied_offset == -1
+
+
+def test_typed_errors(store: TaskGroupStore) -> None:
+    with pytest.raises(PStateNotFound) as ei:
+        store.select("$$missing")
+    assert ei.value.grpc_code == "NOT_FOUND"
+    with pytest.raises(DepotNotFound):
+        store.depot("*missing")
+    cs = store.changes()
+    with pytest.raises(DepotNotFound):
+        cs.depot_append("*missing", 0, [1])
+    with pytest.raises(SchemaMismatch) as e2:
+        cs.depot_append("*log", -1, [1])
+    assert e2.value.grpc_code == "INVALID_ARGUMENT"
+    with pytest.raises(SchemaMismatch):
+        cs.depot_append("*log", 0, [object()])
+    assert len(cs) == 0
+    assert issubclass(StoreClosed, PStateError)
+
+
+def test_depot_append_read_trim(store: TaskGroupStore) -> None:
+    cs = store.changes()
+    assert cs.depot_append("*log", 0, ["a", "b", "c"]) == [0, 1, 2]
+    assert cs.depot_append("*log", 1, [{"x": 1}]) == [0]
+    assert cs.depot_append("*log", 0, ["d"]) == [3]
+    store.apply(0, cs.encode())
+    d = store.depot("*log")
+    assert d.partition_info(0).end == 4 and d.partition_info(0).start == 0
+    assert d.partition_info(7).end == 0
+    assert d.read(0, 1) == [(1, "b"), (2, "c"), (3, "d")]
+    assert d.read(0, 1, 3) == [(1, "b"), (2, "c")]
+    assert d.read(0, 0, max_bytes=1) == [(0, "a")]  # at least one record
+    assert d.read(1, 0) == [(0, {"x": 1})]
+    cs = store.changes()
+    cs.depot_trim("*log", 0, 2)
+    cs.depot_trim("*log", 1, 99)  # clamped to the end
+    store.apply(1, cs.encode())
+    assert (d.partition_info(0).start, d.partition_info(0).end) == (2, 4)
+    assert d.read(0, 0) == [(2, "c"), (3, "d")]
+    assert d.partition_info(1).start == 1 and d.read(1, 0) == []
+    cs = store.changes()
+    assert cs.depot_append("*log", 1, ["y"]) == [1]
+
+
+def test_checkpoint_install_and_corruption(tmp_path: FsPath, store: TaskGroupStore) -> None:
+    cs = store.changes()
+    cs.set_many("$$counts", [(f"k{i}", i) for i in range(500)])
+    store.apply(0, cs.encode())
+    m = store.checkpoint(tmp_path / "cp", leader_epoch=4)
+    assert m.applied_offset == 0 and m.leader_epoch == 4
+    assert read_manifest(str(tmp_path / "cp")) == m
+    assert any(f.name.endswith(".sst") for f in m.files)
+    dest = tmp_path / "replica" / "state"
+    install(tmp_path / "cp", m, dest)
+    r = TaskGroupStore(dest, SCHEMAS, depots=["*log"])
+    assert r.applied_offset == 0 and r.select_one("$$counts", "k7") == 7
+    r.close()
+    # a second install swaps atomically over the first
+    cs = store.changes()
+    cs.set("$$counts", "k7", 70)
+    store.apply(1, cs.encode())
+    m2 = store.checkpoint(tmp_path / "cp2", leader_epoch=5)
+    install(tmp_path / "cp2", m2, dest)
+    r = TaskGroupStore(dest, SCHEMAS, depots=["*log"])
+    assert r.applied_offset == 1 and r.select_one("$$counts", "k7") == 70
+    r.close()
+    # corrupt one file: refused, naming it, and dest untouched
+    sst = next(f.name for f in m2.files if f.name.endswith(".sst"))
+    victim = tmp_path / "cp2" / sst
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    os.unlink(victim)  # break the hard link so the live store keeps its file
+    victim.write_bytes(bytes(data))
+    with pytest.raises(CorruptStore) as ei:
+        install(tmp_path / "cp2", m2, dest)
+    assert sst in str(ei.value)
+    r = TaskGroupStore(dest, SCHEMAS, depots=["*log"])
+    assert r.select_one("$$counts", "k7") == 70
+    r.close()
