@@ -84,35 +84,69 @@ class Writes:
         self.cfs: list[str] = []
         self._cf_index: dict[str, int] = {}
         self.runs: list[tuple[int, int, list[bytes]]] = []
-        self.overlay = Overlay()
+        self._last: tuple[int, str] | None = None
+        self._overlay = Overlay()
+        # the overlay is brought up to date lazily (blind puts in bulk never pay for it)
+        self._synced_run = 0
+        self._synced_item = 0
 
     def _run(self, op: int, cf: str) -> list[bytes]:
+        if self._last == (op, cf):
+            return self.runs[-1][2]
         ci = self._cf_index.get(cf)
         if ci is None:
             ci = self._cf_index[cf] = len(self.cfs)
             self.cfs.append(cf)
-        runs = self.runs
-        if runs and runs[-1][0] == op and runs[-1][1] == ci:
-            return runs[-1][2]
         items: list[bytes] = []
-        runs.append((op, ci, items))
+        self.runs.append((op, ci, items))
+        self._last = (op, cf)
         return items
 
+    @property
+    def overlay(self) -> Overlay:
+        """Every write so far, indexed for reads."""
+        ov = self._overlay
+        runs = self.runs
+        r, j = self._synced_run, self._synced_item
+        while r < len(runs):
+            op, ci, items = runs[r]
+            cf = self.cfs[ci]
+            if op == OP_PUT:
+                for x in range(j, len(items), 2):
+                    ov.put(cf, items[x], items[x + 1])
+            elif op == OP_DELETE:
+                for x in range(j, len(items)):
+                    ov.put(cf, items[x], None)
+            else:
+                for x in range(j, len(items), 2):
+                    ov.delete_range(cf, items[x], items[x + 1])
+            if r == len(runs) - 1:
+                j = len(items)
+                break
+            r += 1
+            j = 0
+        self._synced_run, self._synced_item = r, j
+        return ov
+
+    def lookup(self, cf: str, key: bytes) -> tuple[bool, bytes | None]:
+        return self.overlay.lookup(cf, key)
+
+    def scan(self, cf: str, base: Iterator[tuple[bytes, bytes]], lo: bytes, hi: bytes | None,
+             reverse: bool) -> Iterator[tuple[bytes, bytes]]:
+        return self.overlay.scan(cf, base, lo, hi, reverse)
+
     def put(self, cf: str, key: bytes, value: bytes) -> None:
-        items = self._run(OP_PUT, cf)
+        items = self.runs[-1][2] if self._last == (OP_PUT, cf) else self._run(OP_PUT, cf)
         items.append(key)
         items.append(value)
-        self.overlay.put(cf, key, value)
 
     def delete(self, cf: str, key: bytes) -> None:
         self._run(OP_DELETE, cf).append(key)
-        self.overlay.put(cf, key, None)
 
     def delete_range(self, cf: str, begin: bytes, end: bytes) -> None:
         items = self._run(OP_DELETE_RANGE, cf)
         items.append(begin)
         items.append(end)
-        self.overlay.delete_range(cf, begin, end)
 
     def extend(self, other: Writes) -> None:
         """Append ``other``'s writes after ours (used to commit one transform atomically)."""

@@ -82,6 +82,13 @@ def unpack(raw: bytes) -> Any:
     return msgpack.unpackb(raw, raw=False, strict_map_key=False, ext_hook=_ext_hook)
 
 
+def unpack_many(raws: list[bytes]) -> list[Any]:
+    """Decode many values in one C loop: concatenated msgpack values are a valid msgpack stream."""
+    u = msgpack.Unpacker(raw=False, strict_map_key=False, ext_hook=_ext_hook, max_buffer_size=0)
+    u.feed(b"".join(raws))
+    return list(u)
+
+
 def pack(v: Any) -> bytes:
     r: bytes = _packb(v)
     return r
@@ -99,7 +106,7 @@ class Reader(Protocol):
 class LayeredReader:
     """``overlay`` on top of ``below``: what a leader sees while entries are in flight."""
 
-    def __init__(self, overlay: Overlay, below: Reader) -> None:
+    def __init__(self, overlay: Overlay | Writes, below: Reader) -> None:
         self.overlay = overlay
         self.below = below
 
@@ -195,6 +202,14 @@ class Engine:
         p = len(sub) + 1
         out: list[tuple[Any, bytes, bytes]] = []
         it = self.reader.scan(self.cf, lo, hi, reverse)
+        if not reverse and limit < 0:  # hot path: a plain bounded scan
+            append = out.append
+            for k, v in it:
+                if k[p] == 0x05 and k.find(b"\x00", p) == len(k) - 2:
+                    append((k[p + 1:-2].decode("utf-8", "surrogatepass"), k, v))
+                else:
+                    append((decode_key_at(k, p)[0], k, v))
+            return out
         for k, v in it:
             if reverse and k < lo:
                 break
@@ -330,7 +345,20 @@ class Engine:
             if kind in (ALL, MAP_VALS):
                 if kind == MAP_VALS and isinstance(s, Set):
                     raise InvalidPath(self.where(navs, j), f"map_vals() needs a map, not {s.describe()}")
-                for k, vkey, raw in self.elems(slot, bound, self.where(navs, i)):
+                items = self.elems(slot, bound, self.where(navs, i))
+                if j + 1 == len(navs) and isinstance(s, Map) and not s.value.storage:
+                    vs = s.value  # hot path: ALL/MAP_VALS is the last navigator over plain values
+                    if vs.plain:
+                        vals = unpack_many([raw for _, _, raw in items])
+                        if kind == ALL:
+                            out.extend(zip([k for k, _, _ in items], vals, strict=True))
+                        else:
+                            out.extend(vals)
+                        return
+                if j + 1 == len(navs) and isinstance(s, Set):
+                    out.extend([k for k, _, _ in items])
+                    return
+                for k, vkey, raw in items:
                     if isinstance(s, Set):
                         select_value(s.elem, k, navs, j + 1, out)
                         continue

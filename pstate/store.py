@@ -28,12 +28,12 @@ import threading
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import rocksdict
 
 from pstate.changes import OP_DELETE, OP_DELETE_RANGE, OP_PUT, ChangeSet, Overlay, Writes, decode_any
-from pstate.engine import Engine, LayeredReader, Reader, decode_value, encode_value, pack, unpack
+from pstate.engine import Engine, LayeredReader, Reader, _packb, decode_value, encode_value, pack, unpack
 from pstate.errors import (
     CorruptStore,
     DepotNotFound,
@@ -47,7 +47,7 @@ from pstate.errors import (
 )
 from pstate.keys import encode_key
 from pstate.path import KEY, P, Path, Transform, as_transform
-from pstate.schema import Map, Set, check_top_level
+from pstate.schema import Map, Scalar, Set, check_top_level
 
 META = "_meta"
 _APPLIED = b"applied"
@@ -89,22 +89,32 @@ class DbReader:
         return r
 
     def scan(self, cf: str, lo: bytes, hi: bytes | None, reverse: bool = False) -> Iterator[tuple[bytes, bytes]]:
+        # The generators below keep ``ro`` alive while rocksdict's iterator runs: rocksdict does
+        # not, and an iterator outliving its ReadOptions reads past a freed upper bound (found by
+        # the crash test as scans returning keys beyond their range).
         ro = rocksdict.ReadOptions()
         if hi is not None:
             ro.set_iterate_upper_bound(hi)
         db: Any = self._cfs[cf]  # raw mode: keys and values are bytes (the stubs cannot say so)
         try:
             if reverse:
-                for k, v in db.items(backwards=True, read_opt=ro):
-                    if k < lo:
-                        return
-                    yield k, v
-            else:
-                yield from db.items(from_key=lo, read_opt=ro)
-        except PStateError:
-            raise
+                return self._reverse(db.items(backwards=True, read_opt=ro), lo, ro)
+            return self._forward(db.items(from_key=lo, read_opt=ro), ro)
         except Exception as exc:
             raise translate(exc, "scan", self._path) from exc
+
+    @staticmethod
+    def _forward(items: Iterator[tuple[bytes, bytes]], ro: rocksdict.ReadOptions) -> Iterator[tuple[bytes, bytes]]:
+        yield from items
+        del ro
+
+    @staticmethod
+    def _reverse(items: Iterator[tuple[bytes, bytes]], lo: bytes,
+                 ro: rocksdict.ReadOptions) -> Iterator[tuple[bytes, bytes]]:
+        for k, v in items:
+            if k < lo:
+                return
+            yield k, v
 
 
 def _check_partition(partition: int) -> bytes:
@@ -342,6 +352,9 @@ class PStateView:
         s = self._engine.root.schema
         self._fast = isinstance(s, Map) and not s.value.storage
         self._vs = s.value if isinstance(s, Map) else None
+        # point reads of applied state go straight to the column family (no reader layers)
+        self._cfget = store._cfs[pstate_cf(name)].get if reader is store._reader else None
+        self._plain = self._vs is not None and self._vs.plain
 
     def select(self, path: Path = P) -> list[Any]:
         """Every value the path reaches, in order."""
@@ -351,6 +364,13 @@ class PStateView:
 
     def select_one(self, path: Path | Any = P) -> Any:
         """The single value the path reaches (None if none); a bare key means ``P.key(key)``."""
+        if type(path) is str and self._fast and self._cfget is not None and self._plain:
+            try:  # the hottest path: a str key of a top-level map of plain values
+                raw = self._cfget(b"\x02\x05" + path.encode("utf-8", "surrogatepass").replace(b"\x00", b"\x00\xff")
+                                  + b"\x00\x01")
+            except Exception as exc:
+                raise translate(exc, "get", self._store.path) from exc
+            return None if raw is None else unpack(raw)
         if not isinstance(path, Path):
             if self._fast and self._vs is not None:  # hot path: point lookup of a top-level key
                 try:
@@ -430,8 +450,17 @@ class ChangeSetBuilder:
         self.topology = topology
         self.batch_id = batch_id
         self.writes = Writes()
-        self._reader = LayeredReader(self.writes.overlay, store.leader_reader())
+        self._reader = LayeredReader(self.writes, store.leader_reader())
         self._engines: dict[str, Engine] = {}
+        self._fast: dict[str, tuple[str, type | None, type | None]] = {}
+
+    def _fast_info(self, pstate: str) -> tuple[str, type | None, type | None]:
+        s = self._store.schemas.get(pstate)
+        if s is None:
+            raise PStateNotFound(pstate, tuple(self._store.schemas))
+        if isinstance(s, Map) and isinstance(s.key, Scalar) and isinstance(s.value, Scalar):
+            return pstate_cf(pstate), s.key.pytype, s.value.pytype
+        return pstate_cf(pstate), None, None
 
     def transform(self, pstate: str, t: Transform | Path) -> None:
         """Resolve a path transform against current state into key writes."""
@@ -443,6 +472,18 @@ class ChangeSetBuilder:
 
     def set(self, pstate: str, key: Any, value: Any) -> None:
         """Shorthand for ``transform(pstate, P.key(key).set(value))`` with no read (the batch hot path)."""
+        fast = self._fast.get(pstate)
+        if fast is None:
+            fast = self._fast[pstate] = self._fast_info(pstate)
+        cf, kt, vt = fast
+        if type(key) is kt and type(value) is vt and (vt is not float or value == value):
+            # scalar key and value of exactly the schema's types: nothing left to validate
+            if kt is str:
+                ek = b"\x02\x05" + cast(str, key).encode("utf-8", "surrogatepass").replace(b"\x00", b"\x00\xff") + b"\x00\x01"
+            else:
+                ek = b"\x02" + encode_key(key)
+            self.writes.put(cf, ek, _packb(value))
+            return
         eng = self._engines.get(pstate)
         if eng is None:
             eng = self._engines[pstate] = self._store.engine(pstate, self._reader, self.writes)
@@ -473,8 +514,6 @@ class ChangeSetBuilder:
         cf = pstate_cf(pstate)
         put = self.writes.put
         if vs.plain:
-            from pstate.engine import _packb
-
             for k, v in items:
                 put(cf, b"\x02" + encode_key(k), _packb(v))
         else:

@@ -129,7 +129,8 @@ def test_sigkill_during_apply_leaves_state_at_exactly_applied_offset(tmp_path: F
             persisted.append(applied)
             got = snapshot(store)
             want = states[applied] if applied >= 0 else snapshot_empty()
-            assert got == want, f"state after kill {kills} does not match offset {applied}"
+            diff = [i for i in range(4) if got[i] != want[i]]
+            assert got == want, f"state after kill {kills} does not match offset {applied}: parts {diff} differ"
         finally:
             store.close()
         if applied == ENTRIES - 1:  # the child finished before the kill: start over to keep killing

@@ -204,3 +204,22 @@ def test_checkpoint_install_and_corruption(tmp_path: FsPath, store: TaskGroupSto
     r = TaskGroupStore(dest, SCHEMAS, depots=["*log"])
     assert r.select_one("$$counts", "k7") == 70
     r.close()
+
+
+def test_scans_keep_their_bounds_alive(tmp_path: FsPath) -> None:
+    """rocksdict iterators do not keep their ReadOptions alive; DbReader must (regression)."""
+    import gc
+
+    s = TaskGroupStore(tmp_path / "s", SCHEMAS)
+    cs = s.changes()
+    cs.set_many("$$counts", [(f"k{i:04d}", i) for i in range(2000)])
+    s.apply(0, cs.encode())
+    view = s.pstate("$$counts")
+    for _ in range(50):
+        fwd = s._reader.scan(pstate_cf("$$counts"), b"\x02", b"\x02\x05k0010")
+        rev = s._reader.scan(pstate_cf("$$counts"), b"\x02\x05k0005", b"\x02\x05k0010", reverse=True)
+        _junk = [bytes(48) for _ in range(100)]
+        gc.collect()
+        assert sum(1 for _ in fwd) == 10 and sum(1 for _ in rev) == 5
+        assert len(view.select(P.sorted_range("k0100", "k0110").all())) == 10
+    s.close()
