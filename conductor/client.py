@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 import threading
 import time
@@ -69,7 +70,7 @@ class _ModuleMeta:
 class Cluster:
     """A connection to one Millrace cluster (through its ZooKeeper)."""
 
-    def __init__(self, zk_hosts: str, *, timeout_s: float = 30.0, linger_ms: float = 0.0,
+    def __init__(self, zk_hosts: str, *, timeout_s: float = 45.0, linger_ms: float = 0.0,
                  max_batch_records: int = 10_000, max_inflight_per_group: int = 8) -> None:
         self.zk_hosts = zk_hosts
         self.timeout_s = timeout_s
@@ -83,6 +84,8 @@ class Cluster:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="millrace-client", daemon=True)
         self._channels: dict[str, grpc.aio.Channel] = {}
+        #: set (then replaced) when a group's leader changes, to abandon calls to the old leader
+        self._leader_moved: dict[tuple[str, int], asyncio.Event] = {}
         self._batchers: dict[tuple[str, int], _GroupBatcher] = {}
         self._closed = False
 
@@ -148,11 +151,31 @@ class Cluster:
         except MetastoreError as e:
             known = self._ms.list_modules()
             raise ClientError(f"module {module!r} is not deployed ({e}); deployed modules: {known}") from e
+        first = meta is None
         definition = meta.definition if meta is not None else load_module(spec.module_ref).build()
         meta = _ModuleMeta(spec, definition, groups)
         with self._meta_lock:
             self._meta[module] = meta
+        if first:
+            for g in groups:
+                self._ms.watch_group(module, g, functools.partial(self._on_group, module, g))
         return meta
+
+    def _on_group(self, module: str, group: int, st: GroupState | None, _version: int) -> None:
+        """Metastore watch: a leader change abandons in-flight calls to the old leader at once."""
+        with self._meta_lock:
+            meta = self._meta.get(module)
+            if meta is None or st is None:
+                return
+            old = meta.groups.get(group)
+            meta.groups[group] = st
+        if old is None or (old.leader, old.epoch) != (st.leader, st.epoch):
+            self._loop.call_soon_threadsafe(self._signal_moved, module, group)
+
+    def _signal_moved(self, module: str, group: int) -> None:
+        ev = self._leader_moved.pop((module, group), None)
+        if ev is not None:
+            ev.set()
 
     def _leader_address(self, module: str, group: int, refresh: bool = False) -> str:
         meta = self._module(module, refresh)
@@ -161,7 +184,8 @@ class Cluster:
             meta = self._module(module, True)
             st = meta.groups[group]
             if st.leader is None:
-                raise StalledGroup(f"{module}/{group}", list(st.isr), meta.spec.option("replication.min.isr"))
+                raise Unavailable("UNAVAILABLE", f"task group {module}/{group} has no leader: no in-sync replica "
+                                  f"of {list(st.isr)} is live; it resumes when one returns (see `conductor status`)")
         addr = None if refresh else self._addresses.get(st.leader)
         if addr is None:
             info = self._ms.get_node(st.leader)
@@ -190,12 +214,25 @@ class Cluster:
             try:
                 address = await asyncio.to_thread(self._leader_address, module, group, refresh)
                 stub = self._stub(address)
-                return await getattr(stub, method)(request, timeout=max(0.1, deadline - time.monotonic()))
+                moved = self._leader_moved.setdefault((module, group), asyncio.Event())
+                call = getattr(stub, method)(request, timeout=max(0.1, deadline - time.monotonic()))
+                rpc = asyncio.ensure_future(call)
+                watch = asyncio.ensure_future(moved.wait())
+                await asyncio.wait({rpc, watch}, return_when=asyncio.FIRST_COMPLETED)
+                watch.cancel()
+                if not rpc.done():
+                    # The leader moved while we waited: it can no longer apply this (it is fenced by
+                    # the new epoch), so ask the new leader. Delivery is at-least-once, like Kafka's.
+                    call.cancel()
+                    rpc.cancel()
+                    raise NotLeader(f"{module}/{group}", None, None)
+                return rpc.result()
             except grpc.RpcError as e:
                 err = error_from_rpc(e)
-            except (StalledGroup, Unavailable) as e:
+            except (Unavailable, NotLeader) as e:
                 err = e
-            if not isinstance(err, NotLeader | Unavailable | StalledGroup) or time.monotonic() + delay > deadline:
+            # StalledGroup is not retried: the leader already waited the append timeout for its ISR.
+            if not isinstance(err, NotLeader | Unavailable) or time.monotonic() + delay > deadline:
                 raise err
             log.debug("%s/%s: %s; refreshing metadata and retrying", module, group, err)
             refresh = True

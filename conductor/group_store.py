@@ -16,6 +16,7 @@ from typing import Any
 import msgpack
 
 from pstate import P, TaskGroupStore
+from pstate.changes import OP_DELETE, OP_DELETE_RANGE, OP_PUT, ChangeSet
 from pstate.errors import InvalidPath
 from pstate.path import FILTER, VIEW, Path
 from pstate.store import ChangeSetBuilder
@@ -93,6 +94,34 @@ class GroupStore:
 
     def stage(self, offset: int, builder: ChangeSetBuilder) -> bytes:
         return self.store.stage(offset, builder)
+
+    def stage_inherited(self, entries: list[tuple[int, int, bytes]]) -> None:
+        """A new leader's log tail `(applied, log end)` from earlier epochs: make it visible to builders.
+
+        Those entries will be applied once the ISR holds them; change sets built
+        meanwhile must read through them, or a depot append would reuse offsets
+        an inherited entry already assigned.
+        """
+        for offset, _type, payload in entries:
+            cs = ChangeSet.decode(payload)
+            if cs.topology is not None and cs.batch_id is not None:
+                last = self.store.last_batch(cs.topology)
+                if last is not None and cs.batch_id <= last:
+                    continue  # apply will skip this replayed microbatch; so must the overlay
+            b = self.store.changes()
+            w = b.writes
+            for op, ci, items in cs.runs:
+                cf = cs.cfs[ci]
+                if op == OP_PUT:
+                    for i in range(0, len(items), 2):
+                        w.put(cf, items[i], items[i + 1])
+                elif op == OP_DELETE:
+                    for k in items:
+                        w.delete(cf, k)
+                elif op == OP_DELETE_RANGE:
+                    for i in range(0, len(items), 2):
+                        w.delete_range(cf, items[i], items[i + 1])
+            self.store.stage(offset, b)
 
     def drop_staged(self) -> None:
         self.store.drop_staged()

@@ -104,8 +104,9 @@ KNOWN_OPTIONS: dict[str, OptionDef] = {
                   "replicas that must hold an entry before it is applied"),
         OptionDef(MAX_TIME_LAG_MS, _positive_int, lambda s: 10_000,
                   "an ISR member that has not confirmed an entry for this long moves to the OSR"),
-        OptionDef(DEPOT_APPEND_TIMEOUT_MS, _positive_int, lambda s: 10_000,
-                  "how long a depot append waits for its ack before failing"),
+        OptionDef(DEPOT_APPEND_TIMEOUT_MS, _positive_int, lambda s: 30_000,
+                  "how long a depot append waits for its ack before failing (above the max lag, so a "
+                  "follower loss delays appends instead of failing them)"),
         OptionDef(MAX_NEAR_SYNC_MESSAGE_LAG, _positive_int, lambda s: 20_000,
                   "followers further behind than this many entries use far-horizon catchup"),
     )

@@ -26,7 +26,7 @@ from pstate.errors import PStateError
 from replog.batch import scan_frames, trim_frames
 from replog.config import ReplicationConfig
 from replog.epoch_file import EpochFile
-from replog.errors import Backpressure, ReplogError
+from replog.errors import ReplogError
 from replog.log import Log
 from replog.messages import (
     Ack,
@@ -73,6 +73,8 @@ class EntryApplier(Protocol):
 
     def drop_staged(self) -> None: ...
 
+    def stage_inherited(self, entries: list[tuple[int, int, bytes]]) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -90,10 +92,6 @@ class PendingAppend:
     ack: Ack
     done: Callable[[int, Any, Exception | None], None]
     first_offsets: list[int] | None = None
-
-
-#: most client appends a new leader holds while it applies the tail it inherited
-MAX_HELD_APPENDS = 10_000
 
 
 @dataclass
@@ -148,9 +146,6 @@ class ReplicaHost:
         )
         self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._pending: dict[int, PendingAppend] = {}
-        #: appends held while a new leader applies the entries it inherited from earlier epochs
-        self._held: list[PendingAppend] = []
-        self._ready_at = 0
         self._next_request = 1
         self._stop = threading.Event()
         self._dirty = False
@@ -194,7 +189,6 @@ class ReplicaHost:
                     if item is None:
                         continue
                     self._handle_item(item)
-                self._release_held()
                 now = _now_ms()
                 if now >= next_tick:
                     self._feed(Tick())
@@ -217,16 +211,7 @@ class ReplicaHost:
         else:
             self._feed(item)
 
-    def _leader_catching_up(self) -> bool:
-        return self.replica.is_leader and self.store.applied_offset < self._ready_at - 1
-
     def _client_append(self, p: PendingAppend) -> None:
-        if self._leader_catching_up():
-            if len(self._held) >= MAX_HELD_APPENDS:
-                p.done(-1, None, Backpressure(self.name, "new leader still applying its inherited entries"))
-            else:
-                self._held.append(p)
-            return
         builder = None
         if self.replica.is_leader:
             try:
@@ -238,12 +223,6 @@ class ReplicaHost:
         self._next_request += 1
         self._pending[rid] = p
         self._feed(ClientAppend(rid, 1, p.nbytes, p.ack, data=[builder]))
-
-    def _release_held(self) -> None:
-        if self._held and not self._leader_catching_up():
-            held, self._held = self._held, []
-            for p in held:
-                self._client_append(p)
 
     def _on_raw_replicate(self, m: RawReplicate) -> None:
         epochs: tuple[int, ...] = ()
@@ -291,14 +270,14 @@ class ReplicaHost:
             self._change_isr(self, a.expected_version, a.new)
         elif isinstance(a, RoleChanged):
             log.warning("%s: now %s in epoch %d (leader %s)", self.name, a.role.value, a.epoch, a.leader)
-            # Staged entries belong to a leadership; a new one rebuilds from applied state once its
-            # inherited tail [applied + 1, log end) is applied (until then client appends wait).
+            # Staged entries belong to a leadership. A new leader stages the tail it inherited
+            # (appended in earlier epochs, not yet applied) so new change sets build on top of it.
             self.store.drop_staged()
-            self._ready_at = self.log.end_offset
-            if a.role is not Role.LEADER:
-                held, self._held = self._held, []
-                for p in held:
-                    self._client_append(p)
+            if a.role is Role.LEADER:
+                start = self.store.applied_offset + 1
+                if start < self.log.end_offset:
+                    tail = self.log.read_entries(start, self.log.end_offset)
+                    self.store.stage_inherited([(off, typ, payload) for off, _e, typ, payload in tail])
             if self._on_role is not None:
                 self._on_role(self, a)
         elif isinstance(a, StartFarHorizon):
@@ -359,13 +338,12 @@ class ReplicaHost:
 
     def _fail_all(self, why: str) -> None:
         err = ReplogError(f"{self.name}: {why}")
-        for p in [*self._pending.values(), *self._held]:
+        for p in self._pending.values():
             try:
                 p.done(-1, None, err)
             except Exception:
                 log.exception("%s: append callback failed", self.name)
         self._pending.clear()
-        self._held.clear()
 
     def _close_disk(self) -> None:
         try:

@@ -220,7 +220,8 @@ class Replica:
 
     @property
     def stalled(self) -> bool:
-        return self._ls is not None and self._ls.stalled
+        """Nothing can be applied: a laggard may not be removed, or the ISR is below min-ISR."""
+        return self._ls is not None and (self._ls.stalled or len(self._ls.isr) < self.config.effective_min_isr)
 
     @property
     def held(self) -> int:
@@ -662,7 +663,9 @@ class Replica:
     def _timeout_error(self) -> StalledGroup | Backpressure:
         ls = self._ls
         assert ls is not None
-        if ls.stalled:
+        if ls.stalled or len(ls.isr) < self.config.effective_min_isr:
+            # Stalled by a laggard we may not remove, or handed an ISR already below min-ISR
+            # (the controller drops a dead leader from the ISR): either way nothing can apply.
             healthy = [r for r in ls.isr
                        if r == self.node_id or self._lag_ms(r) <= self.config.max_time_lag_ms]
             return StalledGroup(self.group, healthy, self.config.effective_min_isr)

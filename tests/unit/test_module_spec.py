@@ -27,7 +27,7 @@ def spec(**kw: object) -> ModuleSpec:
 
 
 def test_defaults_follow_replication_factor() -> None:
-    assert spec().effective_options() == {MIN_ISR: 2, MAX_TIME_LAG_MS: 10_000, DEPOT_APPEND_TIMEOUT_MS: 10_000,
+    assert spec().effective_options() == {MIN_ISR: 2, MAX_TIME_LAG_MS: 10_000, DEPOT_APPEND_TIMEOUT_MS: 30_000,
                                           MAX_NEAR_SYNC_MESSAGE_LAG: 20_000}
     assert spec(replication_factor=1, workers=1).option(MIN_ISR) == 1
 

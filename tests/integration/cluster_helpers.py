@@ -1,0 +1,147 @@
+"""Helpers for tests that run a real cluster: deploy, find leaders, wait for convergence, compare replicas."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from conductor.controller import Conductor
+from conductor.devcluster import DevCluster
+from conductor.metastore import Metastore
+from conductor.module_spec import ModuleSpec
+from conductor.placement import GroupState
+from proto import millrace_pb2 as pb
+from proto import millrace_pb2_grpc as pbg
+from pstate import TaskGroupStore
+from replog.log import Log
+from topology import load_module
+
+MODULE_REF = "examples.clicks:Clicks"
+
+
+def wait_for(cond: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(interval_s)
+
+
+def deploy(dc: DevCluster, name: str = "Clicks", tasks: int = 4, threads: int = 2,
+           options: dict[str, str] | None = None) -> dict[int, GroupState]:
+    c = Conductor(dc.hosts, "test-deployer")
+    c.ms.start()
+    try:
+        spec = ModuleSpec(name=name, module_ref=MODULE_REF, tasks=tasks, threads=threads, workers=3,
+                          replication_factor=3, options=options or {})
+        groups = c.deploy(spec)
+    finally:
+        c.ms.close()
+    for g, st in groups.items():
+        assert st.leader is not None
+        wait_for(lambda g=g, st=st: group_status(dc, st.leader, name, g).role == "leader", 20,
+                 f"group {g} leader {st.leader} to serve")
+    return groups
+
+
+def group_status(dc: DevCluster, node_id: str, module: str, group: int) -> pb.GroupStatusReply:
+    address = (dc.node_dir(node_id) / "node.address").read_text()
+    with grpc.insecure_channel(address) as ch:
+        try:
+            return pbg.ClientStub(ch).GroupStatus(pb.GroupStatusRequest(module=module, group=group), timeout=2)
+        except grpc.RpcError:
+            return pb.GroupStatusReply(role="unreachable")
+
+
+def groups_of(dc: DevCluster, module: str) -> dict[int, GroupState]:
+    with Metastore(dc.hosts) as ms:
+        return {g: st for g, (st, _v) in ms.list_groups(module).items()}
+
+
+def converged(dc: DevCluster, module: str, require_full_isr: bool = True) -> bool:
+    """Every replica of every group applied its leader's whole log (and the ISR is full, if asked)."""
+    for g, st in groups_of(dc, module).items():
+        if st.leader is None or (require_full_isr and len(st.isr) != len(st.replicas)):
+            return False
+        lead = group_status(dc, st.leader, module, g)
+        if lead.role != "leader" or lead.applied_offset + 1 != lead.log_end:
+            return False
+        for r in st.replicas:
+            s = group_status(dc, r, module, g)
+            if s.log_end != lead.log_end or s.applied_offset != lead.applied_offset:
+                return False
+    return True
+
+
+def replica_state(root: Path, node_id: str, module: str, group: int) -> dict[str, Any]:
+    """Open one replica's replog and store (the node must be stopped) and read everything."""
+    definition = load_module(MODULE_REF).build()
+    gdir = root / "nodes" / node_id / module / str(group)
+    with Log.open(gdir / "replog") as log:
+        replog = log.read(log.start_offset, 1 << 30) if log.end_offset > log.start_offset else b""
+        end = log.end_offset
+    store = TaskGroupStore(gdir / "state", {n: d.schema for n, d in definition.pstates.items()},
+                           definition.depot_names())
+    try:
+        depots = {}
+        for d in definition.depot_names():
+            for task in range(8):
+                rows = store.depot(d).read(task, 0, None, 1 << 30)
+                if rows:
+                    depots[(d, task)] = rows
+        applied = store.applied_offset
+    finally:
+        store.close()
+    return {"replog": replog, "log_end": end, "applied": applied, "depots": depots}
+
+
+class Appender:
+    """Appends continuously from a thread (a window of async appends); records what was acknowledged."""
+
+    def __init__(self, depot: Any, ack: str = "applied", window: int = 64, prefix: str = "r") -> None:
+        self.depot = depot
+        self.ack = ack
+        self.window = window
+        self.prefix = prefix
+        self.acked: list[dict[str, Any]] = []
+        self.failed = 0
+        self.errors: list[Exception] = []
+        self._stop = threading.Event()
+        self._n = 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.last_ack = time.monotonic()
+
+    def _run(self) -> None:
+        inflight: list[tuple[dict[str, Any], Any]] = []
+        while not self._stop.is_set() or inflight:
+            while not self._stop.is_set() and len(inflight) < self.window:
+                rec = {"user": f"u{self._n % 13}", "id": f"{self.prefix}{self._n}"}
+                self._n += 1
+                inflight.append((rec, self.depot.append_async(rec, ack=self.ack)))
+            rec, fut = inflight.pop(0)
+            try:
+                fut.result(timeout=60)
+                self.acked.append(rec)
+                self.last_ack = time.monotonic()
+            except Exception as e:
+                self.failed += 1
+                self.errors.append(e)
+
+    def start(self) -> Appender:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.thread.join(timeout=90)
+
+    def count(self) -> int:
+        return len(self.acked)
