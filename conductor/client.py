@@ -59,6 +59,34 @@ def _ack(ack: str) -> int:
         raise ClientError(f"ack must be one of {sorted(ACKS)}, got {ack!r}") from None
 
 
+@dataclass(frozen=True)
+class PartitionStatus:
+    """A depot partition as its leader sees it: records in [start, end) are applied; `epoch` is the leader's."""
+
+    start: int
+    end: int
+    epoch: int
+
+
+@dataclass(frozen=True)
+class DepotBatch:
+    """Records [start, next) of one partition, read from the leader of `epoch` (KIP-320 style checks)."""
+
+    records: list[Any]
+    start: int
+    next: int
+    epoch: int
+
+
+@dataclass(frozen=True)
+class ModuleInfo:
+    name: str
+    tasks: int
+    groups: int
+    depots: list[str]
+    pstates: list[str]
+
+
 @dataclass
 class _ModuleMeta:
     spec: ModuleSpec
@@ -137,6 +165,11 @@ class Cluster:
 
     def modules(self) -> list[str]:
         return self._ms.list_modules()
+
+    def module_info(self, module: str) -> ModuleInfo:
+        meta = self._module(module)
+        return ModuleInfo(module, meta.spec.tasks, meta.spec.threads, meta.definition.depot_names(),
+                          meta.definition.pstate_names())
 
     # ------------------------------------------------------------------------------ metadata
 
@@ -359,22 +392,33 @@ class Depot:
         futs = [self.append_async(r, ack) for r in records]
         return [f.result(timeout=self.c.timeout_s + 5) for f in futs]
 
-    def read(self, task: int, start: int = 0, end: int | None = None, max_bytes: int = 1 << 20) -> list[Any]:
-        """Applied records of partition `task` in [start, end), at most about `max_bytes`."""
+    def _group(self, task: int) -> int:
         meta = self.c._module(self.module)
         if not 0 <= task < meta.spec.tasks:
             raise ClientError(f"task {task} is outside [0, {meta.spec.tasks}) for module {self.module}")
+        return meta.spec.group_of(task)
+
+    def read_batch(self, task: int, start: int = 0, end: int | None = None, max_bytes: int = 1 << 20) -> DepotBatch:
+        """Applied records of partition `task` from `start` (up to `end`, about `max_bytes`), with the epoch."""
         req = pb.DepotReadRequest(module=self.module, depot=self.name, task=task, start=start, end=end or 0,
                                   max_bytes=max_bytes)
-        reply = self.c._run(self.c._call(self.module, meta.spec.group_of(task), "DepotRead", req)).result()
-        return [msgpack.unpackb(r, raw=False) for r in reply.records]
+        reply = self.c._run(self.c._call(self.module, self._group(task), "DepotRead", req)).result()
+        records = [msgpack.unpackb(r, raw=False, strict_map_key=False) for r in reply.records]
+        return DepotBatch(records, reply.start, reply.next, reply.epoch)
+
+    def read(self, task: int, start: int = 0, end: int | None = None, max_bytes: int = 1 << 20) -> list[Any]:
+        """Applied records of partition `task` in [start, end), at most about `max_bytes`."""
+        return self.read_batch(task, start, end, max_bytes).records
+
+    def partition_status(self, task: int) -> PartitionStatus:
+        req = pb.PartitionInfoRequest(module=self.module, depot=self.name, task=task)
+        reply = self.c._run(self.c._call(self.module, self._group(task), "PartitionInfo", req)).result()
+        return PartitionStatus(reply.start, reply.end, reply.epoch)
 
     def partition_info(self, task: int) -> tuple[int, int]:
         """(start, end) offsets of partition `task`: records in [start, end) are applied and readable."""
-        meta = self.c._module(self.module)
-        req = pb.PartitionInfoRequest(module=self.module, depot=self.name, task=task)
-        reply = self.c._run(self.c._call(self.module, meta.spec.group_of(task), "PartitionInfo", req)).result()
-        return reply.start, reply.end
+        st = self.partition_status(task)
+        return st.start, st.end
 
 
 class PState:
@@ -403,6 +447,13 @@ class PState:
     def select(self, key: Any, *path: Any, task: int | None = None) -> list[Any]:
         """Every value `path` navigates to under `key`."""
         return list(self._query(key, path, False, task))
+
+    def scan(self, task: int, start: Any = None, end: Any = None) -> list[tuple[Any, Any]]:
+        """(key, value) pairs of a Map PState on `task` with start <= key < end (None = open), in key order."""
+        from pstate import P
+
+        pairs = self._query(P.sorted_range(start, end).all(), (), False, task)
+        return [(k, v) for k, v in pairs]
 
 
 __all__ = ["Backpressure", "ClientError", "Cluster", "Depot", "NotLeader", "PState", "StalledGroup"]
