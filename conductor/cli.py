@@ -1,18 +1,81 @@
-"""The `conductor` command line: the operator's way into a Millrace cluster."""
+"""The `conductor` command line: the operator's way into a Millrace cluster.
+
+Commands (every one that talks to a cluster takes ``--zk HOST:PORT``; without
+it the address comes from ``MILLRACE_ZK``, else from ``.millrace-dev/cluster.json``
+written by ``conductor dev`` in the current directory):
+
+    conductor dev [--dir .millrace-dev] [--nodes 3] [--stop]
+    conductor deploy --module pkg.mod:Class --tasks N --threads N --workers N --replicationFactor N [--option k=v]
+    conductor status [MODULE] [--watch] [--json]
+    conductor set-option MODULE KEY VALUE
+    conductor balance MODULE
+    conductor destroy MODULE [--yes]
+    conductor doctor
+
+Expected failures (a bad spec, a module that already exists, too few nodes,
+ZooKeeper unreachable) print one red line that says what to do and exit 1;
+a traceback means a bug. The data behind ``status`` comes from
+``conductor.status`` as plain dicts, so scripts can use ``--json`` instead of
+scraping tables.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
+import os
+import shutil
+import socket
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, NoReturn
 
 import typer
-from rich.console import Console
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.panel import Panel
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+from conductor import status as cluster_status
+from conductor.controller import Conductor
+from conductor.devcluster import DevCluster, stop_from_state
+from conductor.metastore import MetastoreError, MetastoreUnavailable, ModuleExists
+from conductor.module_spec import KNOWN_OPTIONS, ModuleSpec, SpecError, UnknownOption
+from conductor.runtime_env import EnvironmentBroken
+from topology.module import ModuleDefinitionError, load_module
 
 app = typer.Typer(
-    help="Millrace conductor: deploy modules, inspect task groups, check this machine.",
+    help="Millrace conductor: run a dev cluster, deploy modules, inspect task groups, check this machine.",
     no_args_is_help=True,
     add_completion=False,
 )
 console = Console()
+err_console = Console(stderr=True)
+
+#: Where `conductor dev` keeps its state, relative to the current directory; other commands look here for
+#: the ZooKeeper address when neither --zk nor MILLRACE_ZK is given.
+DEV_DIR = Path(".millrace-dev")
+#: What a DevCluster stores under its root besides logs and cluster.json; only these are ever deleted.
+_DEV_DATA_DIRS = ("zookeeper/data", "nodes")
+ZK_ENV = "MILLRACE_ZK"
+#: A CLI should fail fast on a wrong address rather than sit in kazoo's reconnect loop.
+CONNECT_TIMEOUT_S = 5.0
+
+ZK_OPTION_HELP = f"ZooKeeper HOST:PORT (default: ${ZK_ENV}, else the address in {DEV_DIR}/cluster.json)"
+
+
+class CliError(Exception):
+    """An expected operator error: printed as one red line, exit code 1, no traceback."""
+
+
+# Errors whose messages are written for operators (they say what to do); anything else is a bug and keeps
+# its traceback.
+EXPECTED_ERRORS = (CliError, SpecError, MetastoreError, ModuleDefinitionError, EnvironmentBroken)
 
 
 @app.callback()
@@ -21,6 +84,506 @@ def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="log debug 
         level=logging.DEBUG if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not verbose:
+        # kazoo logs every failed connection attempt; the CLI reports the outcome in one line instead.
+        logging.getLogger("kazoo").setLevel(logging.CRITICAL)
+
+
+# ---- shared plumbing ---------------------------------------------------------------------------------
+
+
+def _fail(message: str) -> NoReturn:
+    err_console.print(Text.assemble(("error: ", "bold red"), (message, "red")), soft_wrap=True)
+    raise typer.Exit(1)
+
+
+@contextlib.contextmanager
+def _operator_errors() -> Iterator[None]:
+    """Turn the errors written for operators into one red line and exit code 1."""
+    try:
+        yield
+    except EXPECTED_ERRORS as e:
+        _fail(str(e))
+
+
+def _resolve_zk(zk: str | None) -> tuple[str, str]:
+    """The ZooKeeper address and where it came from (named in the error if it turns out unreachable)."""
+    if zk:
+        return zk, f"${ZK_ENV}" if os.environ.get(ZK_ENV) == zk else "--zk"
+    state_file = DEV_DIR / "cluster.json"
+    if state_file.exists():
+        try:
+            return str(json.loads(state_file.read_text())["zk"]), f"{state_file} (written by `conductor dev`)"
+        except (ValueError, KeyError, OSError) as e:
+            raise CliError(f"cannot read the ZooKeeper address from {state_file} ({e}); pass --zk HOST:PORT") from None
+    raise CliError(f"no ZooKeeper address: pass --zk HOST:PORT, set {ZK_ENV}, "
+                   "or start a local cluster here with `conductor dev`")
+
+
+@contextlib.contextmanager
+def _connect(zk: str | None) -> Iterator[Conductor]:
+    """A connected, non-campaigning Conductor: deploy/destroy/balance are plain CAS-guarded metastore writes."""
+    hosts, source = _resolve_zk(zk)
+    conductor = Conductor(hosts, name=f"cli-{socket.gethostname()}-{os.getpid()}")
+    conductor.ms.connect_timeout = CONNECT_TIMEOUT_S
+    try:
+        conductor.ms.start()
+    except MetastoreUnavailable as e:
+        with contextlib.suppress(Exception):
+            conductor.ms.close()
+        raise CliError(f"{e} (address from {source})") from None
+    try:
+        yield conductor
+    finally:
+        conductor.ms.close()
+
+
+def _parse_options(raw: list[str] | None) -> dict[str, str]:
+    options: dict[str, str] = {}
+    for item in raw or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise CliError(f"--option expects KEY=VALUE, got {item!r}; known options: {', '.join(sorted(KNOWN_OPTIONS))}")
+        options[key.strip()] = value.strip()
+    return options
+
+
+def _nodes(names: list[str]) -> str:
+    return ",".join(names) if names else "-"
+
+
+# ---- conductor dev -------------------------------------------------------------------------------------
+
+
+def pid_running(pid: int | None) -> bool:
+    """True if ``pid`` is a live process; a zombie (exited, not yet reaped by its parent) counts as gone."""
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        # /proc/<pid>/stat is "pid (comm) STATE ..."; comm may contain spaces, so split after the last ')'.
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _dev_processes(state: dict[str, Any]) -> list[tuple[str, int, str | None]]:
+    """(name, pid, log path) of every process in a `conductor dev` state file."""
+    logs: dict[str, str] = state.get("logs", {})
+    procs = [("zookeeper", int(state["zk_pid"]), logs.get("zookeeper"))]
+    procs += [(f"conductor {n}", int(pid), logs.get(f"conductor {n}")) for n, pid in state["conductors"].items()]
+    procs += [(f"node {n}", int(pid), logs.get(f"node {n}")) for n, pid in state["nodes"].items()]
+    return procs
+
+
+def _short_path(path: str) -> str:
+    """A path relative to the current directory when it is under it: shorter to read and to paste."""
+    try:
+        return str(Path(path).relative_to(Path.cwd()))
+    except ValueError:
+        return path
+
+
+def _dev_panel(state: dict[str, Any], title: str, root: Path, style: str = "green") -> Panel:
+    table = Table(box=None, pad_edge=False, show_header=True, header_style="bold")
+    table.add_column("process", no_wrap=True)
+    table.add_column("pid", justify="right", no_wrap=True)
+    table.add_column("state", no_wrap=True)
+    table.add_column("log", overflow="fold")
+    for name, pid, log_path in _dev_processes(state):
+        running = pid_running(pid)
+        table.add_row(name, str(pid), "[green]running[/green]" if running else "[red]exited[/red]",
+                      _short_path(log_path) if log_path else "-")
+    zk = state["zk"]
+    stop = "conductor dev --stop" + ("" if root.resolve() == DEV_DIR.resolve() else f" --dir {root}")
+    nxt = Text.assemble(
+        ("next:\n", "bold"),
+        "  conductor deploy --module examples.clicks:Clicks --tasks 4 --threads 2 \\\n",
+        "      --workers 3 --replicationFactor 3\n",
+        "  conductor status Clicks --watch\n",
+        f"  {stop}\n",
+        (f"from another directory: export {ZK_ENV}={zk}", "dim"),
+    )
+    head = Text.assemble(("ZooKeeper ", "bold"), zk, ("   state ", "bold"), _short_path(str(root / "cluster.json")))
+    return Panel(Group(head, Text(""), table, Text(""), nxt), title=title, border_style=style, expand=False)
+
+
+def _record_logs(dc: DevCluster) -> dict[str, Any]:
+    """Add each process's log path to cluster.json, so a later `conductor dev` can show them again."""
+    path = dc.root / "cluster.json"
+    state: dict[str, Any] = json.loads(path.read_text())
+    logs = {"zookeeper": str(dc.zk.log_path)}
+    logs.update({f"conductor {n}": str(p.log_path) for n, p in dc.conductors.items()})
+    logs.update({f"node {n}": str(p.log_path) for n, p in dc.nodes.items()})
+    state["logs"] = logs
+    state["started"] = time.time()
+    path.write_text(json.dumps(state, indent=2))
+    return state
+
+
+@app.command()
+def dev(
+    directory: Path = typer.Option(DEV_DIR, "--dir", help="where the cluster keeps data, logs and cluster.json"),
+    nodes: int = typer.Option(3, "--nodes", min=1, help="number of worker nodes"),
+    stop: bool = typer.Option(False, "--stop", help="stop the cluster a previous `conductor dev` started"),
+) -> None:
+    """Start a local ZooKeeper, a conductor and N worker nodes in the background (or --stop them).
+
+    The processes outlive this command (each runs in its own session) so the
+    shell is free for `deploy` and `status`; they are stopped by the pids
+    recorded in DIR/cluster.json. Every start is a clean slate: the data of a
+    stopped dev cluster (DIR/zookeeper, DIR/nodes) is removed first, because
+    ZooKeeper would restore the old worker sessions and refuse the restarted
+    workers' registrations until those sessions expire. Logs are kept
+    (appended to).
+    """
+    root = directory.resolve()
+    state_file = root / "cluster.json"
+    with _operator_errors():
+        if stop:
+            if not state_file.exists():
+                console.print(f"[yellow]no dev cluster recorded in {root}[/yellow]; nothing to stop")
+                return
+            with console.status(f"stopping the dev cluster in {root}"):
+                stopped = stop_from_state(root)
+            if stopped:
+                console.print(f"[green]stopped[/green] {', '.join(stopped)}")
+            else:
+                console.print(f"its processes had already exited; removed {state_file}")
+            console.print(f"[dim]logs stay in {_short_path(str(root / 'logs'))}; the next `conductor dev` "
+                          "starts with empty data[/dim]")
+            return
+        if state_file.exists():
+            try:
+                state = json.loads(state_file.read_text())
+                procs = _dev_processes(state)
+            except (ValueError, KeyError, TypeError) as e:
+                raise CliError(f"{state_file} is unreadable ({e}); stop leftover processes by hand and delete it") \
+                    from None
+            running = [p for p in procs if pid_running(p[1])]
+            if running:
+                title = f"a dev cluster is already running ({len(running)}/{len(procs)} processes up)"
+                console.print(_dev_panel(state, title, root, style="yellow"))
+                if len(running) < len(procs):
+                    console.print("[yellow]some processes exited[/yellow]: check their logs, then "
+                                  "`conductor dev --stop` and `conductor dev` to restart")
+                return
+            console.print(f"[dim]the dev cluster recorded in {root} is no longer running; starting a new one[/dim]")
+            state_file.unlink()
+        for leftover in _DEV_DATA_DIRS:
+            if (root / leftover).is_dir():
+                shutil.rmtree(root / leftover)
+                console.print(f"[dim]removed the previous dev cluster's data in {_short_path(str(root / leftover))}"
+                              "[/dim]")
+        dc = DevCluster(root, nodes=nodes)
+        try:
+            with console.status(f"starting ZooKeeper, a conductor and {nodes} worker node(s) in {root}"):
+                dc.start()  # on failure it stops whatever it had started
+        except (RuntimeError, TimeoutError) as e:  # includes EnvironmentBroken; the message has the log tail
+            raise CliError(f"the dev cluster did not start: {e}\n(`conductor doctor` checks the installation)") \
+                from None
+        state = _record_logs(dc)
+        console.print(_dev_panel(state, "Millrace dev cluster running", root))
+
+
+# ---- conductor deploy ----------------------------------------------------------------------------------
+
+
+def _deploy_summary(st: dict[str, Any], seconds: float) -> RenderableType:
+    table = Table(title=f"{st['module']}: {st['serving']}/{len(st['groups'])} task groups serving",
+                  title_justify="left")
+    for col in ("group", "leader", "address", "epoch", "replicas"):
+        table.add_column(col)
+    for g in st["groups"]:
+        style = "" if g["serving"] else "red"
+        table.add_row(str(g["group"]), g["leader"] or "none",
+                      g["leader_address"] or "-", str(g["epoch"]), _nodes(g["replicas"]), style=style)
+    head = Text.assemble(
+        ("deployed ", "green"), (st["module"], "bold"),
+        f" ({st['module_ref']}): {st['tasks']} tasks in {st['group_count']} task groups "
+        f"(task t in group t % {st['group_count']}), replication factor {st['replication_factor']}, "
+        f"min ISR {st['min_isr']}, serving after {seconds:.1f}s")
+    return Group(head, table, Text(f"next: conductor status {st['module']}", style="dim"))
+
+
+def _wait_serving_with_spinner(conductor: Conductor, module: str, timeout: float) -> dict[str, Any]:
+    """Wait for every group's leader to serve, with a spinner on a terminal (plain output otherwise)."""
+    if not console.is_terminal:
+        return cluster_status.wait_serving(conductor.ms, module, timeout)
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                  console=console, transient=True) as progress:
+        task = progress.add_task(f"waiting for the leaders of {module}", total=None)
+
+        def show(st: dict[str, Any]) -> None:
+            progress.update(task, description=f"{module}: {st['serving']}/{len(st['groups'])} "
+                                              "task groups have a leader serving")
+
+        return cluster_status.wait_serving(conductor.ms, module, timeout, on_update=show)
+
+
+@app.command()
+def deploy(
+    module_ref: str = typer.Option(..., "--module", "-m", help="the Module class, as package.module:ClassName"),
+    tasks: int = typer.Option(..., "--tasks", help="partitions of every depot and PState"),
+    threads: int = typer.Option(..., "--threads", help="task groups (the unit of replication); task t is in group t % threads"),
+    workers: int = typer.Option(..., "--workers", help="distinct worker nodes to spread the replicas over"),
+    replication_factor: int = typer.Option(..., "--replicationFactor", "--replication-factor",
+                                           help="replicas of each task group, on distinct nodes"),
+    zk: str | None = typer.Option(None, "--zk", envvar=ZK_ENV, help=ZK_OPTION_HELP),
+    option: list[str] | None = typer.Option(None, "--option", "-o", help="a module option KEY=VALUE (repeatable)"),
+    timeout: float = typer.Option(60.0, "--timeout", help="seconds to wait for every group's leader to serve"),
+) -> None:
+    """Deploy a module and wait until every task group has a leader serving it."""
+    with _operator_errors():
+        # Everything that can be checked without the cluster is checked first: a refused command is
+        # cheaper than a half-deployed module.
+        options = _parse_options(option)
+        module_cls = load_module(module_ref)
+        module_cls.build()  # a broken define() fails here, not on every worker
+        spec = ModuleSpec(name=module_cls.module_name(), module_ref=module_ref, tasks=tasks, threads=threads,
+                          workers=workers, replication_factor=replication_factor, options=options)
+        with _connect(zk) as conductor:
+            started = time.monotonic()
+            try:
+                conductor.deploy(spec)
+            except ModuleExists:  # the metastore's message points at `conductor update`, which is not here yet
+                raise CliError(f"module {spec.name!r} is already deployed; `conductor status {spec.name}` shows it, "
+                               f"`conductor destroy {spec.name}` removes it") from None
+            try:
+                st = _wait_serving_with_spinner(conductor, spec.name, timeout)
+            except KeyboardInterrupt:
+                raise CliError(f"stopped waiting; {spec.name} is deployed, follow it with "
+                               f"`conductor status {spec.name} --watch`") from None
+        if st["serving"] < len(st["groups"]):
+            console.print(_module_view(st))
+            waiting = "; ".join(f"group {g['group']}: {g['problem']}" for g in st["groups"] if not g["serving"])
+            raise CliError(f"{spec.name} is deployed but not every group serves after {timeout:.0f}s ({waiting}); "
+                           "check the node logs, then `conductor status` (or `conductor destroy` to undo)")
+        console.print(_deploy_summary(st, time.monotonic() - started))
+
+
+# ---- conductor status ----------------------------------------------------------------------------------
+
+
+def _overview_view(ov: dict[str, Any]) -> RenderableType:
+    head = Text.assemble(("ZooKeeper ", "bold"), ov["zk"], f", {len(ov['nodes'])} live worker node(s)")
+    nodes = Table(box=None, header_style="bold", pad_edge=False)
+    for col in ("node", "address", "pid"):
+        nodes.add_column(col, no_wrap=True)
+    for n in ov["nodes"]:
+        nodes.add_row(n["node"], n["address"], str(n["pid"]))
+    if not ov["modules"]:
+        return Group(head, nodes, Text(""),
+                     Text("no modules deployed; `conductor deploy --help` shows how", style="dim"))
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for col, just in (("module", "left"), ("code", "left"), ("tasks", "right"), ("groups", "right"),
+                      ("RF", "right"), ("min ISR", "right"), ("workers", "right"), ("led", "right"),
+                      ("options", "left")):
+        table.add_column(col, justify=just, overflow="fold",  # type: ignore[arg-type]
+                         no_wrap=col in ("module", "code"))
+    for m in ov["modules"]:
+        led = f"{m['groups_led']}/{m['groups_total']}"
+        opts = "\n".join(f"{k}={v}" for k, v in m["options"].items()) or "-"
+        table.add_row(m["module"], m["module_ref"], str(m["tasks"]), str(m["group_count"]),
+                      str(m["replication_factor"]), str(m["min_isr"]), str(m["workers"]),
+                      led if m["groups_led"] == m["groups_total"] else f"[red]{led}[/red]", opts)
+    return Group(head, nodes, Text(""), table,
+                 Text("led: groups with a live leader; `conductor status MODULE` shows each task group", style="dim"))
+
+
+def _lag_cell(g: dict[str, Any]) -> Text:
+    cell = Text()
+    for i, f in enumerate(g["followers"]):
+        if i:
+            cell.append("  ")
+        # A follower's last reported offset says nothing once its node is gone: say it is down instead.
+        lag = "down" if not f["live"] else ("?" if f["lag"] is None else str(f["lag"]))
+        style = "red" if not f["live"] else ("yellow" if f["lag"] or not f["in_isr"] else "")
+        cell.append(f"{f['node']} {lag}", style=style)
+    return cell if g["followers"] else Text("-")
+
+
+def _module_view(st: dict[str, Any]) -> RenderableType:
+    opts = " ".join(f"{k}={v}" for k, v in st["options"].items())
+    head = Text.assemble(
+        (st["module"], "bold"), f"  {st['module_ref']}  {st['tasks']} tasks in {st['group_count']} task groups "
+        f"(task t in group t % {st['group_count']}), RF {st['replication_factor']} on {st['workers']} workers, "
+        f"min ISR {st['min_isr']}",
+        (f"  options {opts}" if opts else "", "dim"))
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for col, just in (("group", "right"), ("leader", "left"), ("epoch", "right"),
+                      ("ISR", "left"), ("OSR", "left"), ("log end", "right"), ("apply offset", "right"),
+                      ("follower lag", "left")):
+        table.add_column(col, justify=just, overflow="fold",  # type: ignore[arg-type]
+                         min_width=len("unreachable") if col == "log end" else None)
+    notes: list[Text] = []
+    for g in st["groups"]:
+        replica = g["replica"]
+        if replica and replica["reachable"]:
+            log_end, apply_offset = str(replica["log_end"]), str(replica["apply_offset"])
+        elif g["leaderless_reason"] is None:
+            log_end, apply_offset = "[yellow]unreachable[/yellow]", ""
+        else:
+            log_end, apply_offset = "-", "-"
+        leader = g["leader"] if g["leaderless_reason"] is None else "[bold red]none[/bold red]"
+        style = "red" if g["leaderless_reason"] else ("" if g["serving"] else "yellow")
+        table.add_row(str(g["group"]), leader, str(g["epoch"]), _nodes(g["isr"]),
+                      _nodes(g["osr"]), log_end, apply_offset, _lag_cell(g), style=style)
+        if g["problem"]:
+            notes.append(Text(f"group {g['group']}: {g['problem']}", style="red" if g["leaderless_reason"] else "yellow"))
+    total = len(st["groups"])
+    foot = Text(f"{st['serving']}/{total} task groups serving, live nodes {_nodes(st['live_nodes'])}, "
+                f"checked {time.strftime('%H:%M:%S', time.localtime(st['checked_at']))}",
+                style="green" if st["serving"] == total else "red")
+    return Group(head, table, *notes, foot)
+
+
+def _render_status(ms: Any, module: str | None) -> RenderableType:
+    try:
+        if module is None:
+            return _overview_view(cluster_status.cluster_overview(ms))
+        return _module_view(cluster_status.module_status(ms, module))
+    except MetastoreError as e:  # while watching, a ZooKeeper hiccup or a destroy is shown, not fatal
+        return Text(f"{e} (retrying every second; Ctrl-C to stop)", style="red")
+
+
+@app.command()
+def status(
+    module: str | None = typer.Argument(None, help="a module name; without it, list the modules"),
+    zk: str | None = typer.Option(None, "--zk", envvar=ZK_ENV, help=ZK_OPTION_HELP),
+    watch: bool = typer.Option(False, "--watch", "-w", help="refresh every second until Ctrl-C"),
+    as_json: bool = typer.Option(False, "--json", help="print the status as JSON (for scripts)"),
+) -> None:
+    """Show modules, or one module's task groups: leader, epoch, ISR/OSR, log end, apply offset, lag.
+
+    Leadership comes from ZooKeeper; offsets and follower lag come from each
+    leader's GroupStatus RPC (2 s timeout; a leader that does not answer is
+    shown as unreachable). Lag is how many entries a follower lacks.
+    """
+    with _operator_errors():
+        if watch and as_json:
+            raise CliError("--watch and --json do not combine; run --json in a loop instead")
+        with _connect(zk) as conductor:
+            ms = conductor.ms
+            if as_json:
+                data = (cluster_status.cluster_overview(ms) if module is None
+                        else cluster_status.module_status(ms, module))
+                typer.echo(json.dumps(data, indent=2, sort_keys=True))
+                return
+            if not watch:
+                console.print(_overview_view(cluster_status.cluster_overview(ms)) if module is None
+                              else _module_view(cluster_status.module_status(ms, module)))
+                return
+            try:
+                if not console.is_terminal:  # piped to a file or a pager: append a snapshot per second
+                    while True:
+                        console.print(_render_status(ms, module))
+                        console.print()
+                        time.sleep(1.0)
+                with Live(_render_status(ms, module), console=console, auto_refresh=False) as live:
+                    while True:
+                        time.sleep(1.0)
+                        live.update(_render_status(ms, module), refresh=True)
+            except KeyboardInterrupt:
+                pass  # Ctrl-C is how --watch ends: not an error
+
+
+# ---- conductor destroy / set-option / balance --------------------------------------------------------
+
+
+@app.command()
+def destroy(
+    module: str = typer.Argument(..., help="the module to remove"),
+    zk: str | None = typer.Option(None, "--zk", envvar=ZK_ENV, help=ZK_OPTION_HELP),
+    yes: bool = typer.Option(False, "--yes", "-y", help="do not ask for confirmation"),
+) -> None:
+    """Remove a module: its metadata, and on every worker its replicas and their data."""
+    with _operator_errors(), _connect(zk) as conductor:
+        spec, _ = conductor.ms.get_module(module)
+        replicas = sorted({n for st, _ in conductor.ms.list_groups(module).values() for n in st.replicas})
+        if not yes:
+            question = (f"Destroy module {module} ({spec.tasks} tasks in {spec.threads} task groups on "
+                        f"{_nodes(replicas)})? Workers delete its depots and PStates")
+            try:
+                confirmed = typer.confirm(question, default=False)
+            except typer.Abort:  # no answer (stdin closed): end the prompt line before saying so
+                console.print()
+                confirmed = False
+            if not confirmed:
+                raise CliError(f"not confirmed; {module} is untouched (pass --yes to skip the question)")
+        conductor.destroy(module)
+        console.print(f"[green]destroyed[/green] [bold]{module}[/bold]; workers {_nodes(replicas)} "
+                      "close its replicas and delete their data")
+
+
+@app.command("set-option")
+def set_option(
+    module: str = typer.Argument(..., help="the module"),
+    key: str = typer.Argument(..., help=f"one of: {', '.join(sorted(KNOWN_OPTIONS))}"),
+    value: str = typer.Argument(..., help="the new value"),
+    zk: str | None = typer.Option(None, "--zk", envvar=ZK_ENV, help=ZK_OPTION_HELP),
+) -> None:
+    """Change a module option (validated first; an unknown key lists the known ones).
+
+    The value is stored in the module's spec in ZooKeeper. Worker nodes read
+    options when they open a module, so today a running worker applies the new
+    value after it restarts; the output says so rather than implying a live change.
+    """
+    with _operator_errors():
+        if key not in KNOWN_OPTIONS:  # before connecting: a typo needs no cluster to be refused
+            raise UnknownOption(key)
+        with _connect(zk) as conductor:
+            spec, _ = conductor.ms.get_module(module)
+            old = f"{spec.option(key)}" + ("" if key in spec.options else " (default)")
+            updated = conductor.ms.set_option(module, key, value)
+        console.print(Text.assemble((module, "bold"), f" {key}: {old} -> ", (str(updated.option(key)), "bold green")))
+        console.print(Text(f"{KNOWN_OPTIONS[key].doc}. Stored in ZooKeeper; running workers read options when "
+                           "they open the module, so they apply it after a restart.", style="dim"))
+
+
+@app.command()
+def balance(
+    module: str = typer.Argument(..., help="the module whose leaders to even out"),
+    zk: str | None = typer.Option(None, "--zk", envvar=ZK_ENV, help=ZK_OPTION_HELP),
+) -> None:
+    """Even out a module's leaders over its live in-sync replicas, with as few switches as possible.
+
+    Switches are made directly (a CAS to an in-sync replica, epoch + 1):
+    appends in flight on an old leader fail with NotLeader and clients retry
+    on the new one. The coordinated hand-off, where the old leader resigns
+    only once the new one has caught up, comes later.
+    """
+    with _operator_errors(), _connect(zk) as conductor:
+        ms = conductor.ms
+        ms.get_module(module)  # ModuleNotFound here rather than a silent "nothing to do"
+        before = {g: st for g, (st, _) in ms.list_groups(module).items()}
+        moves = conductor.balance([module], direct=True)
+        after = {g: st for g, (st, _) in ms.list_groups(module).items()}
+        leaders = Counter(st.leader for st in after.values() if st.leader is not None)
+        per_node = ", ".join(f"{n} {leaders[n]}" for n in sorted({r for st in after.values() for r in st.replicas}))
+        if not moves:
+            console.print(f"[green]{module}: leadership is already balanced[/green] (leaders per node: {per_node})")
+            return
+        table = Table(title=f"{module}: leader switches (direct)", title_justify="left")
+        for col in ("group", "from", "to", "epoch", "result"):
+            table.add_column(col)
+        for (_m, g), to in sorted(moves.items()):
+            old, new = before.get(g), after.get(g)
+            made = new is not None and new.leader == to
+            table.add_row(str(g), (old.leader if old else None) or "none", to, str(new.epoch if new else "-"),
+                          "[green]switched[/green]" if made else "[yellow]skipped: the group changed meanwhile; "
+                                                                  "run balance again[/yellow]")
+        console.print(table)
+        console.print(f"leaders per node: {per_node}")
+
+
+# ---- conductor doctor ----------------------------------------------------------------------------------
 
 
 @app.command()

@@ -1,0 +1,198 @@
+"""Cluster status as plain data: what `conductor status` renders and what a metrics endpoint can export.
+
+Two sources are combined, and they answer different questions:
+
+* the metastore (ZooKeeper) says what the conductor *decided*: the leader,
+  epoch, ISR and OSR of every task group;
+* the leader's ``GroupStatus`` RPC says what the replica is *doing*: whether it
+  has taken the leadership yet, its log end, its apply offset and how far each
+  follower is behind.
+
+They can disagree for a moment (a leader elected in ZooKeeper that has not
+noticed yet, a leader that is stopped or partitioned), and that disagreement is
+exactly what an operator needs to see, so nothing here raises on an
+unreachable node: each group carries a ``problem`` string instead. Everything
+returned is plain dicts, lists, strings and ints so it can go to JSON,
+Prometheus or a table without translation.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import grpc
+
+from conductor.metastore import Metastore, ModuleNotFound
+from conductor.module_spec import MIN_ISR, ModuleSpec
+from conductor.placement import GroupState, leaderless_reason
+from conductor.transport import GRPC_OPTIONS
+from proto import millrace_pb2 as pb
+from proto import millrace_pb2_grpc as pbg
+
+#: How long one GroupStatus call may take before the leader is shown as unreachable. A stopped or
+#: partitioned node would otherwise hang the whole status view.
+RPC_TIMEOUT_S = 2.0
+
+# Many groups are queried in parallel so one unreachable node costs one timeout, not one per group.
+_MAX_PARALLEL_RPCS = 16
+
+
+def query_group_status(address: str, module: str, group: int,
+                       timeout_s: float = RPC_TIMEOUT_S) -> dict[str, Any]:
+    """Ask the replica at ``address`` for its view of ``module/group``; never raises on RPC failure.
+
+    Returns ``{"reachable": False, "error": ...}`` when the node does not
+    answer within ``timeout_s``, so one dead node cannot break a status view.
+    """
+    try:
+        with grpc.insecure_channel(address, options=GRPC_OPTIONS) as channel:
+            reply = pbg.ClientStub(channel).GroupStatus(
+                pb.GroupStatusRequest(module=module, group=group), timeout=timeout_s)
+    except grpc.RpcError as e:
+        code = e.code() if hasattr(e, "code") else None
+        details = e.details() if hasattr(e, "details") else str(e)
+        name = code.name if code is not None else "ERROR"
+        return {"reachable": False, "error": f"{name}: {details}"}
+    return {
+        "reachable": True, "error": None, "role": reply.role, "epoch": reply.epoch,
+        "log_start": reply.log_start, "log_end": reply.log_end, "apply_offset": reply.apply_offset,
+        "applied_offset": reply.applied_offset, "follower_offsets": dict(reply.follower_offsets),
+    }
+
+
+def follower_lag(log_end: int, follower_offset: int) -> int:
+    """Entries a follower still lacks.
+
+    ``log_end`` is exclusive (the next offset the leader will assign) while a
+    follower offset is the highest offset it holds (inclusive), so a caught-up
+    follower holds ``log_end - 1`` and has lag 0. The node reports "holds
+    nothing" as 0 (the field is unsigned), hence the floor at 0.
+    """
+    return max(0, log_end - 1 - follower_offset)
+
+
+def _spec_summary(spec: ModuleSpec) -> dict[str, Any]:
+    return {
+        "module": spec.name, "module_ref": spec.module_ref, "tasks": spec.tasks, "group_count": spec.threads,
+        "replication_factor": spec.replication_factor, "workers": spec.workers,
+        "min_isr": spec.option(MIN_ISR), "options": dict(sorted(spec.options.items())),
+        "effective_options": spec.effective_options(),
+    }
+
+
+def nodes_overview(ms: Metastore) -> list[dict[str, Any]]:
+    """Live worker nodes with their gRPC address and pid, sorted by id."""
+    out = []
+    for node_id in ms.live_nodes():
+        info = ms.get_node(node_id)
+        if info is not None:  # it may have left between the two reads
+            out.append({"node": node_id, "address": info.address, "pid": info.pid, "started": info.started})
+    return out
+
+
+def modules_overview(ms: Metastore) -> list[dict[str, Any]]:
+    """One row per deployed module: its spec and how many of its groups have a live leader.
+
+    Only the metastore is read (no RPCs), so this stays cheap with many modules.
+    """
+    live = ms.live_sessions()
+    rows = []
+    for name in ms.list_modules():
+        try:
+            spec, _ = ms.get_module(name)
+            groups = ms.list_groups(name)
+        except ModuleNotFound:
+            continue  # destroyed while we listed
+        led = sum(1 for state, _ in groups.values() if leaderless_reason(state, live) is None)
+        rows.append({**_spec_summary(spec), "groups_led": led, "groups_total": len(groups)})
+    return rows
+
+
+def cluster_overview(ms: Metastore) -> dict[str, Any]:
+    """The no-argument `conductor status`: ZooKeeper address, live nodes and modules."""
+    return {"zk": ms.hosts, "nodes": nodes_overview(ms), "modules": modules_overview(ms)}
+
+
+def _group_row(spec: ModuleSpec, g: int, state: GroupState, live: dict[str, int],
+               address: str | None, replica: dict[str, Any] | None) -> dict[str, Any]:
+    """Merge the metastore's decision for one group with what its leader reports."""
+    reason = leaderless_reason(state, live)
+    followers = []
+    if replica is not None and replica.get("reachable"):
+        offsets: dict[str, int] = replica["follower_offsets"]
+        for node in state.replicas:
+            if node == state.leader:
+                continue
+            offset = offsets.get(node)
+            followers.append({"node": node, "in_isr": node in state.isr, "live": node in live, "offset": offset,
+                              "lag": None if offset is None else follower_lag(replica["log_end"], offset)})
+    problem: str | None
+    if reason is not None:
+        problem = reason
+    elif replica is None or not replica.get("reachable"):
+        error = replica["error"] if replica else "its node has no registered address"
+        problem = f"leader {state.leader} at {address} is unreachable ({error})"
+    elif replica["role"] != "leader":
+        problem = (f"leader {state.leader} has not taken the group yet (it reports role {replica['role']!r} "
+                   f"at epoch {replica['epoch']}); if this lasts, check its log")
+    elif replica["epoch"] != state.epoch:
+        problem = (f"leader {state.leader} reports epoch {replica['epoch']} but the metastore says "
+                   f"{state.epoch}; it is catching up with the metastore")
+    else:
+        problem = None
+    return {
+        "group": g, "tasks": spec.tasks_of(g), "leader": state.leader, "leader_address": address,
+        "epoch": state.epoch, "isr": list(state.isr), "osr": list(state.osr), "replicas": list(state.replicas),
+        "leaderless_reason": reason, "replica": replica, "followers": followers,
+        "serving": problem is None, "problem": problem,
+    }
+
+
+def module_status(ms: Metastore, module: str, rpc_timeout_s: float = RPC_TIMEOUT_S) -> dict[str, Any]:
+    """Every task group of ``module``: leadership from the metastore, offsets and lag from its leader.
+
+    Raises ``ModuleNotFound`` if the module is not deployed; an unreachable
+    leader only marks its group (``serving: False`` and a ``problem``).
+    """
+    spec, _ = ms.get_module(module)
+    groups = ms.list_groups(module)
+    live = ms.live_sessions()
+    addresses: dict[str, str | None] = {}
+    for state, _ in groups.values():
+        if state.leader is not None and state.leader in live and state.leader not in addresses:
+            info = ms.get_node(state.leader)
+            addresses[state.leader] = info.address if info else None
+    to_query = {g: addresses.get(state.leader) for g, (state, _) in groups.items()
+                if state.leader is not None and leaderless_reason(state, live) is None}
+    replicas: dict[int, dict[str, Any] | None] = {}
+    if to_query:
+        with ThreadPoolExecutor(max_workers=min(_MAX_PARALLEL_RPCS, len(to_query))) as pool:
+            futures = {g: pool.submit(query_group_status, addr, module, g, rpc_timeout_s)
+                       for g, addr in to_query.items() if addr is not None}
+            replicas = {g: f.result() for g, f in futures.items()}
+    rows = [_group_row(spec, g, state, live, addresses.get(state.leader) if state.leader else None,
+                       replicas.get(g))
+            for g, (state, _) in sorted(groups.items())]
+    return {**_spec_summary(spec), "live_nodes": sorted(live), "groups": rows,
+            "serving": sum(1 for r in rows if r["serving"]), "checked_at": time.time()}
+
+
+def wait_serving(ms: Metastore, module: str, timeout_s: float, poll_s: float = 0.2,
+                 on_update: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Poll ``module_status`` until every group's leader serves, or ``timeout_s`` passes.
+
+    Returns the last status either way (check ``status["serving"]`` against
+    ``len(status["groups"])``): a deploy that does not come up is reported with
+    what each group is waiting for, not as an exception.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status = module_status(ms, module, rpc_timeout_s=min(RPC_TIMEOUT_S, max(0.2, timeout_s)))
+        if on_update is not None:
+            on_update(status)
+        if status["serving"] == len(status["groups"]) or time.monotonic() >= deadline:
+            return status
+        time.sleep(poll_s)
