@@ -21,6 +21,7 @@ from pstate.errors import InvalidPath
 from pstate.path import FILTER, VIEW, Path
 from pstate.store import ChangeSetBuilder
 from topology.module import ModuleDefinition
+from topology.stream import StreamRunner
 
 _WIRE_FORBIDDEN = {FILTER: "filter", VIEW: "view"}
 
@@ -82,15 +83,67 @@ class GroupStore:
             self.store.apply(offset, payload)
         return [None] * len(entries)
 
-    def build_client_append(self, appends: Iterable[tuple[str, int, Sequence[bytes]]]) -> tuple[ChangeSetBuilder, list[int]]:
-        """Leader: one change set appending every record; returns it and each partition's first offset."""
+    def build_client_append(self, appends: Iterable[tuple[str, int, Sequence[bytes]]],
+                            runner: StreamRunner | None = None) -> tuple[ChangeSetBuilder, list[int], dict[str, list[Any]]]:
+        """Leader: one change set appending every record plus the colocated topologies' effects.
+
+        Returns the builder, each partition's first depot offset, and the
+        topologies' ack values (per topology, in record order).
+        """
         b = self.store.changes()
         firsts = []
+        acks: dict[str, list[Any]] = {}
         for depot, task, records in appends:
             values = [msgpack.unpackb(r, raw=False, strict_map_key=False) for r in records]
             offsets = b.depot_append(depot, task, values)
             firsts.append(offsets[0] if offsets else 0)
-        return b, firsts
+            if runner is not None and runner.active:
+                for topo, vals in runner.run(b, depot, task, values, strict=True).items():
+                    acks.setdefault(topo, []).extend(vals)
+        return b, firsts, acks
+
+    def build_foreign(self, runner: StreamRunner, topology: str, depot: str, task: int, start: int,
+                      records: list[Any], next_offset: int) -> ChangeSetBuilder:
+        """A group's run of `topology` over another group's applied records, with its new read position."""
+        progress = dict(self.store.progress(topology) or {})
+        key = f"{depot}/{task}"
+        if progress.get(key, 0) != start:
+            raise ValueError(f"stale foreign batch for {topology} {key}: starts at {start}, "
+                             f"progress is {progress.get(key, 0)}")
+        b = self.store.changes()
+        runner.run(b, depot, task, records, strict=False, only=topology)
+        progress[key] = next_offset
+        b.set_progress(topology, progress)
+        return b
+
+    def foreign_position(self, topology: str, depot: str, task: int) -> int:
+        return int((self.store.progress(topology) or {}).get(f"{depot}/{task}", 0))
+
+    def build_batch_commit(self, topology: str, batch_id: int, changes: Sequence[Any]) -> ChangeSetBuilder | None:
+        """A microbatch's changes for this group as one change set tagged (topology, batch_id); None if done."""
+        last = self.store.last_batch(topology)
+        if last is not None and batch_id <= last:
+            return None
+        b = self.store.changes(topology, batch_id)
+        for c in changes:
+            key = msgpack.unpackb(c.key, raw=False, strict_map_key=False) if c.key else None
+            value = msgpack.unpackb(c.value, raw=False, strict_map_key=False) if c.value else None
+            if c.op == "set":
+                b.transform(c.target, P.key(key).set(value))
+            elif c.op == "add":
+                delta = value
+
+                def add(old: Any, delta: Any = delta) -> Any:
+                    return (old or 0) + delta
+
+                b.transform(c.target, P.key(key).update(add))
+            elif c.op == "remove":
+                b.transform(c.target, P.key(key).remove())
+            elif c.op == "append":
+                b.depot_append(c.target, c.task, [value])
+            else:
+                raise ValueError(f"unknown microbatch change op {c.op!r}; use set, add, remove or append")
+        return b
 
     def stage(self, offset: int, builder: ChangeSetBuilder) -> bytes:
         return self.store.stage(offset, builder)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import functools
 import logging
 import os
@@ -25,12 +26,13 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import msgpack
 
 from conductor import placement
 from conductor.group_store import GroupStore
 from conductor.metastore import MODULES_PATH, Metastore, MetastoreError, VersionConflict
 from conductor.module_spec import ModuleSpec
-from conductor.replica_host import PendingAppend, ReplicaHost
+from conductor.replica_host import PendingEntry, ReplicaHost
 from conductor.transport import GRPC_OPTIONS, PeerTransport, from_proto
 from conductor.wire_errors import error_json, status_of
 from proto import admin_pb2, admin_pb2_grpc
@@ -49,9 +51,13 @@ from replog.messages import (
     SessionStarted,
 )
 from topology.module import ModuleDefinition, load_module
+from topology.stream import StreamRunner, TopologyError
 
 log = logging.getLogger("millrace.node")
 VERSION = "0.1.0"
+
+#: bytes of another group's depot records one foreign topology batch reads
+FOREIGN_BATCH_BYTES = 1 << 20
 
 _ACKS = {pb.ACK_NONE: Ack.NONE, pb.ACK_APPEND: Ack.APPEND, pb.ACK_APPLIED: Ack.APPLIED}
 
@@ -84,6 +90,9 @@ class ModuleRuntime:
         self.definition = definition
         self.hosts: dict[int, ReplicaHost] = {}
         self.stores: dict[int, GroupStore] = {}
+        self.runners: dict[int, StreamRunner] = {}
+        #: current leader of every group (hosted here or not), from metastore watches
+        self.leaders: dict[int, str | None] = {}
         self.replicas: dict[int, tuple[str, ...]] = {}
 
 
@@ -98,6 +107,8 @@ class Node:
         self.modules: dict[str, ModuleRuntime] = {}
         self._lock = threading.Lock()  # guards self.modules against metastore callbacks
         self._addresses: dict[str, str] = {}
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._tasks: list[concurrent.futures.Future[None]] = []
         self.loop: asyncio.AbstractEventLoop | None = None
         self.metastore: Metastore | None = None
         self.transport: PeerTransport | None = None
@@ -134,6 +145,8 @@ class Node:
         return self.metastore.session_id if self.metastore else None
 
     async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
         if self.metastore is not None:
             await asyncio.to_thread(self.metastore.close)
         with self._lock:
@@ -144,6 +157,8 @@ class Node:
                 await asyncio.to_thread(host.stop)
         if self.transport is not None:
             await self.transport.close()
+        for ch in self._channels.values():
+            await ch.close(grace=None)
         if self.server is not None:
             await self.server.stop(grace=0.5)
 
@@ -200,8 +215,10 @@ class Node:
         config = replication_config(spec)
         for g, (st, _version) in sorted(groups.items()):
             rt.replicas[g] = tuple(st.replicas)
+            rt.leaders[g] = st.leader
             if self.node_id not in st.replicas:
                 continue
+            rt.runners[g] = StreamRunner(definition, spec.tasks, spec.threads, g)
             gdir = self.data_dir / module / str(g)
             store = GroupStore.open(gdir / "state", definition)
             rt.stores[g] = store
@@ -210,15 +227,76 @@ class Node:
             rt.hosts[g] = host
         with self._lock:
             self.modules[module] = rt
-        for g, host in rt.hosts.items():
+        for host in rt.hosts.values():
             host.start()
-            self.metastore.watch_group(module, g, functools.partial(self._on_group, host))
+        for g in groups:
+            self.metastore.watch_group(module, g, functools.partial(self._on_group, rt, g))
+        if any(r.active for r in rt.runners.values()) and self.loop is not None:
+            for g, host in rt.hosts.items():
+                self._tasks.append(asyncio.run_coroutine_threadsafe(self._consume_foreign(rt, g, host), self.loop))
         log.warning("node %s hosts %d replica(s) of module %s: groups %s", self.node_id, len(rt.hosts), module,
                     sorted(rt.hosts))
 
-    def _on_group(self, host: ReplicaHost, st: placement.GroupState | None, version: int) -> None:
-        if st is not None:
+    def _on_group(self, rt: ModuleRuntime, g: int, st: placement.GroupState | None, version: int) -> None:
+        if st is None:
+            return
+        rt.leaders[g] = st.leader
+        host = rt.hosts.get(g)
+        if host is not None:
             host.post(MetastoreChanged(replog_state(st, version)))
+
+    async def _consume_foreign(self, rt: ModuleRuntime, g: int, host: ReplicaHost) -> None:
+        """While this replica leads group `g`, run its stream topologies over other groups' partitions.
+
+        One batch is in flight at a time per group: the next read starts from the
+        position the previous batch's entry saved, so nothing is skipped or run twice.
+        """
+        runner = rt.runners[g]
+        store = rt.stores[g]
+        topologies = [t for t in rt.definition.topologies.values() if t.kind == "stream"]
+        while self.modules.get(rt.spec.name) is rt and host.thread.is_alive():
+            progressed = False
+            if host.replica.is_leader:
+                for topo in topologies:
+                    for depot in topo.depots:
+                        for task in runner.foreign_tasks():
+                            try:
+                                progressed |= await self._consume_one(rt, host, store, runner, topo.name, depot, task)
+                            except (grpc.RpcError, ReplogError, PStateError, ValueError) as e:
+                                log.debug("%s: foreign read %s %s/%d failed: %s", host.name, topo.name, depot, task, e)
+            if not progressed:
+                await asyncio.sleep(0.05)
+
+    async def _consume_one(self, rt: ModuleRuntime, host: ReplicaHost, store: GroupStore, runner: StreamRunner,
+                           topology: str, depot: str, task: int) -> bool:
+        start = store.foreign_position(topology, depot, task)
+        leader = rt.leaders.get(rt.spec.group_of(task))
+        address = self._resolve(leader) if leader else None
+        if address is None:
+            return False
+        stub = pbg.ClientStub(self._channel(address))
+        reply = await stub.DepotRead(pb.DepotReadRequest(module=rt.spec.name, depot=depot, task=task, start=start,
+                                                         max_bytes=FOREIGN_BATCH_BYTES), timeout=5)
+        if not reply.records:
+            return False
+        records = [msgpack.unpackb(r, raw=False, strict_map_key=False) for r in reply.records]
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+
+        def done(first: int, result: Any, error: Exception | None) -> None:
+            loop.call_soon_threadsafe(_settle, fut, result, error)
+
+        build = functools.partial(_foreign_entry, store, runner, topology, depot, task, reply.start, records,
+                                  reply.next)
+        host.post(PendingEntry(build, sum(len(r) for r in reply.records), Ack.APPLIED, done))
+        await fut
+        return True
+
+    def _channel(self, address: str) -> grpc.aio.Channel:
+        ch = self._channels.get(address)
+        if ch is None:
+            ch = self._channels[address] = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
+        return ch
 
     def _close_module(self, module: str, delete_data: bool) -> None:
         with self._lock:
@@ -322,9 +400,12 @@ class _ReplicationService(pbg.ReplicationServicer):
 
     async def Deliver(self, request_iterator: AsyncIterator[pb.PeerFrame], context: Any) -> pb.DeliverSummary:
         n = 0
-        async for frame in request_iterator:
-            self.node.deliver(frame)
-            n += 1
+        try:
+            async for frame in request_iterator:
+                self.node.deliver(frame)
+                n += 1
+        except asyncio.CancelledError:
+            pass  # the node is stopping: peers reconnect to whoever leads next
         return pb.DeliverSummary(frames=n)
 
 
@@ -351,13 +432,16 @@ class _ClientService(pbg.ClientServicer):
         def done(first: int, result: Any, error: Exception | None) -> None:
             loop.call_soon_threadsafe(_resolve, fut, first, result, error, host.replica.epoch)
 
-        host.post(PendingAppend(appends, nbytes, _ACKS.get(request.ack, Ack.APPEND), done))
+        store = rt.stores[request.group]
+        runner = rt.runners.get(request.group)
+        host.post(PendingEntry(functools.partial(_client_entry, store, appends, runner), nbytes,
+                               _ACKS.get(request.ack, Ack.APPEND), done))
         return await fut
 
     async def Append(self, request: pb.AppendRequest, context: Any) -> pb.AppendReply:
         try:
             return await self._append(request)
-        except (ReplogError, PStateError, ValueError) as e:
+        except (ReplogError, PStateError, TopologyError, ValueError) as e:
             await _abort(context, e)
             raise AssertionError("unreachable") from e
 
@@ -381,7 +465,7 @@ class _ClientService(pbg.ClientServicer):
                     reply = await task
                     reply.seq = seq
                     yield reply
-                except (ReplogError, PStateError, ValueError) as e:
+                except (ReplogError, PStateError, TopologyError, ValueError) as e:
                     yield pb.AppendReply(seq=seq, error=error_json(e))
         finally:
             rtask.cancel()
@@ -424,6 +508,40 @@ class _ClientService(pbg.ClientServicer):
             await _abort(context, e)
             raise AssertionError("unreachable") from e
 
+    async def CommitBatch(self, request: pb.CommitBatchRequest, context: Any) -> pb.CommitBatchReply:
+        """One task group's share of a Spark microbatch, applied once whatever the retries."""
+        try:
+            node = self.node
+            host = node.leader_host(request.module, request.group)
+            rt = node.modules[request.module]
+            for c in request.changes:
+                if rt.spec.group_of(c.task) != request.group:
+                    raise ValueError(f"change for task {c.task} sent to group {request.group}; route by task")
+            loop = asyncio.get_running_loop()
+            fut: asyncio.Future[Any] = loop.create_future()
+
+            def done(first: int, result: Any, error: Exception | None) -> None:
+                loop.call_soon_threadsafe(_settle, fut, (first, result), error)
+
+            build = functools.partial(_commit_entry, rt.stores[request.group], request.topology, request.batch_id,
+                                      list(request.changes))
+            host.post(PendingEntry(build, request.ByteSize(), Ack.APPLIED, done))
+            first, skipped = await fut
+            return pb.CommitBatchReply(skipped=bool(skipped), replog_offset=max(first, 0))
+        except (ReplogError, PStateError, ValueError) as e:
+            await _abort(context, e)
+            raise AssertionError("unreachable") from e
+
+    async def Progress(self, request: pb.ProgressRequest, context: Any) -> pb.ProgressReply:
+        try:
+            host = self.node.leader_host(request.module, request.group)
+            last = self.node.modules[request.module].stores[request.group].store.last_batch(request.topology)
+            del host
+            return pb.ProgressReply(last_batch=-1 if last is None else last)
+        except (ReplogError, PStateError, ValueError) as e:
+            await _abort(context, e)
+            raise AssertionError("unreachable") from e
+
     async def GroupStatus(self, request: pb.GroupStatusRequest, context: Any) -> pb.GroupStatusReply:
         host = self.node.host(request.module, request.group)
         if host is None:
@@ -443,8 +561,36 @@ def _resolve(fut: asyncio.Future[pb.AppendReply], first: int, result: Any, error
     if error is not None:
         fut.set_exception(error)
     else:
-        firsts = result if isinstance(result, list) else []
-        fut.set_result(pb.AppendReply(replog_offset=first, first_offsets=firsts, epoch=epoch))
+        firsts, acks = result if isinstance(result, tuple) else ([], {})
+        fut.set_result(pb.AppendReply(replog_offset=first, first_offsets=firsts, epoch=epoch,
+                                      ack_values=msgpack.packb(acks, use_bin_type=True) if acks else b""))
+
+
+def _settle(fut: asyncio.Future[Any], result: Any, error: Exception | None) -> None:
+    if fut.done():
+        return
+    if error is not None:
+        fut.set_exception(error)
+    else:
+        fut.set_result(result)
+
+
+def _client_entry(store: GroupStore, appends: list[tuple[str, int, list[bytes]]],
+                  runner: StreamRunner | None) -> tuple[Any, Any]:
+    builder, firsts, acks = store.build_client_append(appends, runner)
+    return builder, (firsts, acks)
+
+
+def _foreign_entry(store: GroupStore, runner: StreamRunner, topology: str, depot: str, task: int, start: int,
+                   records: list[Any], next_offset: int) -> tuple[Any, Any]:
+    if store.foreign_position(topology, depot, task) != start:
+        return None, None  # a stale read (e.g. after a failover): the next round reads from the saved position
+    return store.build_foreign(runner, topology, depot, task, start, records, next_offset), None
+
+
+def _commit_entry(store: GroupStore, topology: str, batch_id: int, changes: list[Any]) -> tuple[Any, Any]:
+    builder = store.build_batch_commit(topology, batch_id, changes)
+    return builder, builder is None
 
 
 # ------------------------------------------------------------------------------------- main

@@ -49,6 +49,7 @@ from replog.messages import (
     Truncate,
 )
 from replog.replica import Replica
+from topology.stream import TopologyError
 
 log = logging.getLogger("millrace.node")
 
@@ -67,8 +68,6 @@ class EntryApplier(Protocol):
 
     def apply_entries(self, entries: list[tuple[int, int, bytes]]) -> list[Any]: ...
 
-    def build_client_append(self, appends: Any) -> tuple[Any, list[int]]: ...
-
     def stage(self, offset: int, builder: Any) -> bytes: ...
 
     def drop_staged(self) -> None: ...
@@ -79,19 +78,21 @@ class EntryApplier(Protocol):
 
 
 @dataclass
-class PendingAppend:
-    """A client append waiting for its Reply; `done` is called from the task thread.
+class PendingEntry:
+    """A replog entry to build on the leader's task thread, and whom to tell when it reaches its ack level.
 
-    `appends` is a list of (depot, task, [msgpack records]); the change set is
-    built on the task thread because depot offsets depend on every entry
-    appended before it (applied or staged).
+    `build()` returns (change-set builder, result); it runs on the task thread
+    because what it writes depends on every entry appended before it (depot
+    offsets, read-modify-write transforms, microbatch and progress markers). A
+    None builder means there is nothing to append (e.g. a replayed microbatch):
+    `done` gets the result at once.
     """
 
-    appends: list[tuple[str, int, list[bytes]]]
+    build: Callable[[], tuple[Any, Any]]
     nbytes: int
     ack: Ack
     done: Callable[[int, Any, Exception | None], None]
-    first_offsets: list[int] | None = None
+    result: Any = None
 
 
 @dataclass
@@ -145,7 +146,7 @@ class ReplicaHost:
             epoch_pairs=self.epoch_file.load(), applied=applied,
         )
         self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._pending: dict[int, PendingAppend] = {}
+        self._pending: dict[int, PendingEntry] = {}
         self._next_request = 1
         self._stop = threading.Event()
         self._dirty = False
@@ -202,7 +203,7 @@ class ReplicaHost:
             self._close_disk()
 
     def _handle_item(self, item: Any) -> None:
-        if isinstance(item, PendingAppend):
+        if isinstance(item, PendingEntry):
             self._client_append(item)
         elif isinstance(item, RawReplicate):
             self._on_raw_replicate(item)
@@ -211,13 +212,16 @@ class ReplicaHost:
         else:
             self._feed(item)
 
-    def _client_append(self, p: PendingAppend) -> None:
+    def _client_append(self, p: PendingEntry) -> None:
         builder = None
         if self.replica.is_leader:
             try:
-                builder, p.first_offsets = self.store.build_client_append(p.appends)
-            except (ReplogError, PStateError, ValueError) as e:  # bad input: the client's error, not ours
+                builder, p.result = p.build()
+            except (ReplogError, PStateError, TopologyError, ValueError) as e:  # bad input or user code
                 p.done(-1, None, e)
+                return
+            if builder is None:
+                p.done(-1, p.result, None)
                 return
         rid = self._next_request
         self._next_request += 1
@@ -332,7 +336,7 @@ class ReplicaHost:
             return
         self.stats["appends"] += 1
         try:
-            p.done(a.first, p.first_offsets if a.error is None else None, a.error)
+            p.done(a.first, p.result if a.error is None else None, a.error)
         except Exception:
             log.exception("%s: append callback failed", self.name)
 

@@ -35,12 +35,10 @@ class Unavailable(MillraceError):
 def _registry() -> dict[str, type[Exception]]:
     reg: dict[str, type[Exception]] = {}
     modules: list[Any] = [replog_errors]
-    try:
-        from pstate import errors as pstate_errors
+    from pstate import errors as pstate_errors
+    from topology import stream as topology_stream
 
-        modules.append(pstate_errors)
-    except ImportError:  # pstate may be absent in a replog-only install
-        pass
+    modules += [pstate_errors, topology_stream]
     for mod in modules:
         for name, obj in vars(mod).items():
             if isinstance(obj, type) and issubclass(obj, Exception) and hasattr(obj, "grpc_code"):
