@@ -105,7 +105,7 @@ class GroupStore:
     def build_foreign(self, runner: StreamRunner, topology: str, depot: str, task: int, start: int,
                       records: list[Any], next_offset: int) -> ChangeSetBuilder:
         """A group's run of `topology` over another group's applied records, with its new read position."""
-        progress = dict(self.store.progress(topology) or {})
+        progress = dict(self.store.progress(topology, staged=True) or {})
         key = f"{depot}/{task}"
         if progress.get(key, 0) != start:
             raise ValueError(f"stale foreign batch for {topology} {key}: starts at {start}, "
@@ -117,7 +117,7 @@ class GroupStore:
         return b
 
     def foreign_position(self, topology: str, depot: str, task: int) -> int:
-        return int((self.store.progress(topology) or {}).get(f"{depot}/{task}", 0))
+        return int((self.store.progress(topology, staged=True) or {}).get(f"{depot}/{task}", 0))
 
     def build_batch_commit(self, topology: str, batch_id: int, changes: Sequence[Any]) -> ChangeSetBuilder | None:
         """A microbatch's changes for this group as one change set tagged (topology, batch_id); None if done."""

@@ -320,9 +320,14 @@ class TaskGroupStore:
         raw = self._reader.get(META, _BATCH + topology.encode())
         return None if raw is None else int(unpack(raw))
 
-    def progress(self, topology: str) -> Any:
-        """Topology progress recorded with :meth:`ChangeSetBuilder.set_progress` (None if none)."""
-        raw = self._reader.get(META, _PROGRESS + topology.encode())
+    def progress(self, topology: str, *, staged: bool = False) -> Any:
+        """Topology progress recorded with :meth:`ChangeSetBuilder.set_progress` (None if none).
+
+        ``staged=True`` (leader): include entries appended but not yet applied, so a
+        consumer never re-reads a batch whose progress is still in flight.
+        """
+        reader = self.leader_reader() if staged else self._reader
+        raw = reader.get(META, _PROGRESS + topology.encode())
         return None if raw is None else unpack(raw)
 
     def engine(self, name: str, reader: Reader, writes: Writes | None) -> Engine:

@@ -36,11 +36,11 @@ def wait_for(cond: Callable[[], Any], timeout_s: float, what: str, interval_s: f
 
 
 def deploy(dc: DevCluster, name: str = "Clicks", tasks: int = 4, threads: int = 2,
-           options: dict[str, str] | None = None) -> dict[int, GroupState]:
+           options: dict[str, str] | None = None, module_ref: str = MODULE_REF) -> dict[int, GroupState]:
     c = Conductor(dc.hosts, "test-deployer")
     c.ms.start()
     try:
-        spec = ModuleSpec(name=name, module_ref=MODULE_REF, tasks=tasks, threads=threads, workers=3,
+        spec = ModuleSpec(name=name, module_ref=module_ref, tasks=tasks, threads=threads, workers=3,
                           replication_factor=3, options=options or {})
         groups = c.deploy(spec)
     finally:
@@ -106,11 +106,13 @@ def replica_state(root: Path, node_id: str, module: str, group: int) -> dict[str
 class Appender:
     """Appends continuously from a thread (a window of async appends); records what was acknowledged."""
 
-    def __init__(self, depot: Any, ack: str = "applied", window: int = 64, prefix: str = "r") -> None:
+    def __init__(self, depot: Any, ack: str = "applied", window: int = 64, prefix: str = "r",
+                 users: int = 13) -> None:
         self.depot = depot
         self.ack = ack
         self.window = window
         self.prefix = prefix
+        self.users = users
         self.acked: list[dict[str, Any]] = []
         self.failed = 0
         self.errors: list[Exception] = []
@@ -123,7 +125,7 @@ class Appender:
         inflight: list[tuple[dict[str, Any], Any]] = []
         while not self._stop.is_set() or inflight:
             while not self._stop.is_set() and len(inflight) < self.window:
-                rec = {"user": f"u{self._n % 13}", "id": f"{self.prefix}{self._n}"}
+                rec = {"user": f"u{self._n % self.users}", "id": f"{self.prefix}{self._n}"}
                 self._n += 1
                 inflight.append((rec, self.depot.append_async(rec, ack=self.ack)))
             rec, fut = inflight.pop(0)
