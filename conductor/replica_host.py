@@ -26,7 +26,7 @@ from pstate.errors import PStateError
 from replog.batch import scan_frames, trim_frames
 from replog.config import ReplicationConfig
 from replog.epoch_file import EpochFile
-from replog.errors import ReplogError
+from replog.errors import Backpressure, ReplogError
 from replog.log import Log
 from replog.messages import (
     Ack,
@@ -40,7 +40,6 @@ from replog.messages import (
     PersistEpochs,
     Replicate,
     Reply,
-    Role,
     RoleChanged,
     Send,
     SendEntries,
@@ -146,7 +145,7 @@ class ReplicaHost:
             epoch_pairs=self.epoch_file.load(), applied=applied,
         )
         self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._pending: dict[int, PendingEntry] = {}
+        self._pending: dict[int, list[PendingEntry]] = {}
         self._next_request = 1
         self._stop = threading.Event()
         self._dirty = False
@@ -186,10 +185,16 @@ class ReplicaHost:
                         items.append(self.inbox.get_nowait())
                 except queue.Empty:
                     pass
+                appends: list[PendingEntry] = []
                 for item in items:
                     if item is None:
                         continue
-                    self._handle_item(item)
+                    if isinstance(item, PendingEntry):
+                        appends.append(item)
+                    else:
+                        self._handle_item(item)
+                if appends:
+                    self._client_appends(appends)
                 now = _now_ms()
                 if now >= next_tick:
                     self._feed(Tick())
@@ -203,30 +208,67 @@ class ReplicaHost:
             self._close_disk()
 
     def _handle_item(self, item: Any) -> None:
-        if isinstance(item, PendingEntry):
-            self._client_append(item)
-        elif isinstance(item, RawReplicate):
+        if isinstance(item, RawReplicate):
             self._on_raw_replicate(item)
         elif callable(item):
             item(self)  # a query that must run on the task thread
         else:
             self._feed(item)
 
-    def _client_append(self, p: PendingEntry) -> None:
-        builder = None
-        if self.replica.is_leader:
-            try:
-                builder, p.result = p.build()
-            except (ReplogError, PStateError, TopologyError, ValueError) as e:  # bad input or user code
-                p.done(-1, None, e)
+    def _client_appends(self, ps: list[PendingEntry]) -> None:
+        """Every append of one inbox drain becomes ONE state-machine append per ack level.
+
+        One append means one log frame, one replication frame per follower and
+        one reply to split, instead of one of each per request: this is what
+        makes many small concurrent appends cheap (a run per ack level). Each request is still its own
+        replog entry (its own change set), so they succeed or fail separately
+        while building, and share the fate of the batch once appended.
+        """
+        # Consecutive runs of one ack level, in build order: entries must reach the log in the
+        # order they were built, since each one builds on the ones before it.
+        runs: list[tuple[Ack, list[tuple[PendingEntry, bytes | None]]]] = []
+        leader = self.replica.is_leader
+        offset = self.replica.log_end
+        for p in ps:
+            payload = None
+            if leader:
+                try:
+                    builder, p.result = p.build()
+                except (ReplogError, PStateError, TopologyError, ValueError) as e:  # bad input or user code
+                    p.done(-1, None, e)
+                    continue
+                if builder is None:
+                    p.done(-1, p.result, None)
+                    continue
+                # Staged at once, so the next change set builds on this one (depot offsets, updates).
+                payload = self.store.stage(offset, builder)
+                offset += 1
+            if not runs or runs[-1][0] is not p.ack:
+                runs.append((p.ack, []))
+            runs[-1][1].append((p, payload))
+        for i, (ack, group) in enumerate(runs):
+            rid = self._next_request
+            self._next_request += 1
+            self._pending[rid] = [p for p, _b in group]
+            before = self.replica.log_end
+            self._feed(ClientAppend(rid, len(group), sum(p.nbytes for p, _b in group), ack,
+                                    data=[b for _p, b in group]))
+            if leader and self.replica.log_end != before + len(group):
+                # Refused (backpressure, lost leadership): its staged writes must go, and so must the
+                # later runs, which were built on top of it.
+                for _ack, later in runs[i + 1:]:
+                    for p, _b in later:
+                        p.done(-1, None, Backpressure(self.name, "an earlier append of the same batch was refused"))
+                self._restage()
                 return
-            if builder is None:
-                p.done(-1, p.result, None)
-                return
-        rid = self._next_request
-        self._next_request += 1
-        self._pending[rid] = p
-        self._feed(ClientAppend(rid, 1, p.nbytes, p.ack, data=[builder]))
+
+    def _restage(self) -> None:
+        """Rebuild the staged overlay from the log, the truth: exactly the entries appended, not applied."""
+        self.store.drop_staged()
+        start = self.store.applied_offset + 1
+        if self.replica.is_leader and start < self.log.end_offset:
+            tail = self.log.read_entries(start, self.log.end_offset)
+            self.store.stage_inherited([(off, typ, payload) for off, _e, typ, payload in tail])
 
     def _on_raw_replicate(self, m: RawReplicate) -> None:
         epochs: tuple[int, ...] = ()
@@ -276,12 +318,7 @@ class ReplicaHost:
             log.warning("%s: now %s in epoch %d (leader %s)", self.name, a.role.value, a.epoch, a.leader)
             # Staged entries belong to a leadership. A new leader stages the tail it inherited
             # (appended in earlier epochs, not yet applied) so new change sets build on top of it.
-            self.store.drop_staged()
-            if a.role is Role.LEADER:
-                start = self.store.applied_offset + 1
-                if start < self.log.end_offset:
-                    tail = self.log.read_entries(start, self.log.end_offset)
-                    self.store.stage_inherited([(off, typ, payload) for off, _e, typ, payload in tail])
+            self._restage()
             if self._on_role is not None:
                 self._on_role(self, a)
         elif isinstance(a, StartFarHorizon):
@@ -292,12 +329,12 @@ class ReplicaHost:
 
     def _append_local(self, a: AppendLocal) -> None:
         assert a.first == self.log.end_offset, (self.name, a.first, self.log.end_offset)
-        if isinstance(a.data, list):  # leader: change-set builders of client appends, one epoch
+        if isinstance(a.data, list):  # leader: encoded (and already staged) change sets, one epoch
             epoch = a.epochs[0]
             assert all(e == epoch for e in a.epochs)
             skip = a.first - a.data_first
-            builders = a.data[skip: skip + len(a.epochs)]
-            payloads = [self.store.stage(a.first + i, b) for i, b in enumerate(builders)]
+            payloads = a.data[skip: skip + len(a.epochs)]
+            assert all(isinstance(x, bytes) for x in payloads), "a leader appends only built change sets"
             self.log.append(epoch, ENTRY_CLIENT_APPEND, payloads)
         else:  # follower: raw frames from the leader
             raw = a.data
@@ -331,18 +368,20 @@ class ReplicaHost:
         self.stats["entries_applied"] += len(entries)
 
     def _reply(self, a: Reply) -> None:
-        p = self._pending.pop(a.request_id, None)
-        if p is None:
+        group = self._pending.pop(a.request_id, None)
+        if group is None:
             return
-        self.stats["appends"] += 1
-        try:
-            p.done(a.first, p.result if a.error is None else None, a.error)
-        except Exception:
-            log.exception("%s: append callback failed", self.name)
+        assert a.error is not None or a.count == len(group), (a, len(group))
+        self.stats["appends"] += len(group)
+        for i, p in enumerate(group):
+            try:
+                p.done(a.first + i, p.result if a.error is None else None, a.error)
+            except Exception:
+                log.exception("%s: append callback failed", self.name)
 
     def _fail_all(self, why: str) -> None:
         err = ReplogError(f"{self.name}: {why}")
-        for p in self._pending.values():
+        for p in [p for group in self._pending.values() for p in group]:
             try:
                 p.done(-1, None, err)
             except Exception:
