@@ -7,10 +7,24 @@
 The client reads module metadata from ZooKeeper (never data), routes each record
 with the depot's own partitioner to the leader of the task group that owns its
 task, and refreshes metadata and retries when a leader moves (``NotLeader``) or a
-node is unreachable. Python pays per gRPC message, so appends are framed: every
-record waiting for the same group goes out in one request, and ``append_many``
-sends one request per group. A background thread runs the gRPC event loop; the
-public methods block, or return futures with ``append_async``.
+node is unreachable. A metastore watch abandons calls in flight to a leader
+that lost its leadership (it is fenced and would never answer) and retries them
+on the new one.
+
+Python pays per object and per gRPC message, so the hot paths avoid both:
+
+* blocking calls (``append``, reads, queries) are synchronous gRPC calls made
+  in the calling thread (about half the latency of a ``grpc.aio`` call driven
+  through another thread's event loop);
+* ``append_many`` encodes and routes in the calling thread, builds one request
+  per task group (split at ``max_batch_records``, two in flight per group) and
+  crosses to the event loop once per call, not once per record;
+* ``append_async`` queues records in a thread-safe deque and wakes the event
+  loop once per burst; the loop frames every record waiting for the same group
+  into one request while ``max_inflight_per_group`` requests are out.
+
+Leader addresses are cached and looked up again only after ``NotLeader``,
+``Unavailable`` or a leader change seen by the watch.
 """
 
 from __future__ import annotations
@@ -21,7 +35,7 @@ import functools
 import logging
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -112,9 +126,20 @@ class Cluster:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="millrace-client", daemon=True)
         self._channels: dict[str, grpc.aio.Channel] = {}
-        #: set (then replaced) when a group's leader changes, to abandon calls to the old leader
-        self._leader_moved: dict[tuple[str, int], asyncio.Event] = {}
+        self._sync_channels: dict[str, grpc.Channel] = {}
+        #: guards the sync channels and the registry of calls in flight (any thread)
+        self._calls_lock = threading.Lock()
+        #: per group: bumped by every leader change the watch sees
+        self._generation: dict[tuple[str, int], int] = defaultdict(int)
+        #: per group: calls in flight to its leader (aio calls and sync futures), to abandon on a move
+        self._inflight: dict[tuple[str, int], set[Any]] = defaultdict(set)
+        #: calls the watch cancelled because their group's leader moved
+        self._abandoned: set[int] = set()
         self._batchers: dict[tuple[str, int], _GroupBatcher] = {}
+        #: append_async hand-off to the event loop: filled by any thread, drained once per burst
+        self._queued: deque[tuple[str, int, int, str, int, bytes, concurrent.futures.Future[int]]] = deque()
+        self._queued_lock = threading.Lock()
+        self._drain_scheduled = False
         self._closed = False
 
     @classmethod
@@ -143,6 +168,11 @@ class Cluster:
             pass
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
+        with self._calls_lock:
+            channels = list(self._sync_channels.values())
+            self._sync_channels.clear()
+        for sch in channels:
+            sch.close()
         self._ms.close()
 
     def __enter__(self) -> Cluster:
@@ -171,11 +201,19 @@ class Cluster:
         return ModuleInfo(module, meta.spec.tasks, meta.spec.threads, meta.definition.depot_names(),
                           meta.definition.pstate_names())
 
+    def module_definition(self, module: str) -> ModuleDefinition:
+        """What the deployed module's code declares (loaded by its reference, as workers do)."""
+        return self._module(module).definition
+
+    def call_group(self, module: str, group: int, method: str, request: Any) -> concurrent.futures.Future[Any]:
+        """One `Client` RPC to the leader of `group`, following leader moves; for framework code (Spark)."""
+        fut: concurrent.futures.Future[Any] = self._run(self._call(module, group, method, request))
+        return fut
+
     # ------------------------------------------------------------------------------ metadata
 
     def _module(self, module: str, refresh: bool = False) -> _ModuleMeta:
-        with self._meta_lock:
-            meta = self._meta.get(module)
+        meta = self._meta.get(module)  # a dict read is atomic; writers hold the lock
         if meta is not None and not refresh:
             return meta
         try:
@@ -203,12 +241,58 @@ class Cluster:
             old = meta.groups.get(group)
             meta.groups[group] = st
         if old is None or (old.leader, old.epoch) != (st.leader, st.epoch):
-            self._loop.call_soon_threadsafe(self._signal_moved, module, group)
+            self._abandon(module, group)
 
-    def _signal_moved(self, module: str, group: int) -> None:
-        ev = self._leader_moved.pop((module, group), None)
-        if ev is not None:
-            ev.set()
+    def _abandon(self, module: str, group: int) -> None:
+        """Cancel every call in flight to `group`'s leader; their callers retry on the new leader.
+
+        The old leader can no longer apply them (the new epoch fences it), and a
+        SIGSTOPped or partitioned one would never answer. Delivery stays
+        at-least-once, like Kafka's: an abandoned append may still have landed.
+        Thread-safe: gRPC calls and futures may be cancelled from any thread.
+        """
+        key = (module, group)
+        with self._calls_lock:
+            self._generation[key] += 1
+            calls = list(self._inflight.get(key, ()))
+            self._abandoned.update(id(c) for c in calls)
+        for call in calls:
+            if isinstance(call, grpc.aio.Call):  # aio calls belong to the event loop
+                try:
+                    self._loop.call_soon_threadsafe(call.cancel)
+                except RuntimeError:  # the loop is closed: so is the client
+                    pass
+            else:
+                call.cancel()
+
+    def _track(self, key: tuple[str, int], call: Any, generation: int) -> None:
+        """Register `call` for abandonment; cancel it at once if the leader moved since `generation`."""
+        with self._calls_lock:
+            self._inflight[key].add(call)
+            moved = self._generation[key] != generation
+            if moved:
+                self._abandoned.add(id(call))
+        if moved:
+            call.cancel()
+
+    def _untrack(self, key: tuple[str, int], call: Any) -> bool:
+        """Forget `call`; True if the watch abandoned it."""
+        with self._calls_lock:
+            self._inflight[key].discard(call)
+            if id(call) in self._abandoned:
+                self._abandoned.discard(id(call))
+                return True
+            return False
+
+    def _cached_address(self, module: str, group: int) -> str | None:
+        """The group leader's address if metadata and the node's address are cached (never blocks)."""
+        meta = self._meta.get(module)
+        if meta is None:
+            return None
+        st = meta.groups.get(group)
+        if st is None or st.leader is None:
+            return None
+        return self._addresses.get(st.leader)
 
     def _leader_address(self, module: str, group: int, refresh: bool = False) -> str:
         meta = self._module(module, refresh)
@@ -233,33 +317,47 @@ class Cluster:
             ch = self._channels[address] = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
         return pbg.ClientStub(ch)
 
+    def _sync_stub(self, address: str) -> pbg.ClientStub:
+        with self._calls_lock:
+            if self._closed:
+                raise ClientError("the cluster client is closed")
+            ch = self._sync_channels.get(address)
+            if ch is None:
+                ch = self._sync_channels[address] = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+        return pbg.ClientStub(ch)
+
     def _run(self, coro: Any) -> Any:
         if self._closed:
+            coro.close()
             raise ClientError("the cluster client is closed")
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
     async def _call(self, module: str, group: int, method: str, request: Any) -> Any:
-        """One RPC to the group leader, following leader moves until `timeout_s`."""
+        """One RPC to the group leader on the event loop, following leader moves until `timeout_s`."""
         deadline = time.monotonic() + self.timeout_s
         refresh = False
         delay = 0.02
+        key = (module, group)
         while True:
             try:
-                address = await asyncio.to_thread(self._leader_address, module, group, refresh)
-                stub = self._stub(address)
-                moved = self._leader_moved.setdefault((module, group), asyncio.Event())
-                call = getattr(stub, method)(request, timeout=max(0.1, deadline - time.monotonic()))
-                rpc = asyncio.ensure_future(call)
-                watch = asyncio.ensure_future(moved.wait())
-                await asyncio.wait({rpc, watch}, return_when=asyncio.FIRST_COMPLETED)
-                watch.cancel()
-                if not rpc.done():
-                    # The leader moved while we waited: it can no longer apply this (it is fenced by
-                    # the new epoch), so ask the new leader. Delivery is at-least-once, like Kafka's.
-                    call.cancel()
-                    rpc.cancel()
-                    raise NotLeader(f"{module}/{group}", None, None)
-                return rpc.result()
+                generation = self._generation[key]
+                address = None if refresh else self._cached_address(module, group)
+                if address is None:
+                    address = await asyncio.to_thread(self._leader_address, module, group, refresh)
+                call = getattr(self._stub(address), method)(request, timeout=max(0.1, deadline - time.monotonic()))
+                self._track(key, call, generation)
+                try:
+                    result = await call
+                except (asyncio.CancelledError, grpc.RpcError):
+                    if not self._untrack(key, call):
+                        raise  # a failed call, or our caller was cancelled
+                    # The leader moved while we waited: ask the new one.
+                    raise NotLeader(f"{module}/{group}", None, None) from None
+                except BaseException:
+                    self._untrack(key, call)
+                    raise
+                self._untrack(key, call)
+                return result
             except grpc.RpcError as e:
                 err = error_from_rpc(e)
             except (Unavailable, NotLeader) as e:
@@ -272,6 +370,72 @@ class Cluster:
             await asyncio.sleep(delay)
             delay = min(0.5, delay * 2)
 
+    def _call_sync(self, module: str, group: int, method: str, request: Any) -> Any:
+        """The same as :meth:`_call` as a synchronous gRPC call in the calling thread (blocking APIs)."""
+        if self._closed:
+            raise ClientError("the cluster client is closed")
+        deadline = time.monotonic() + self.timeout_s
+        refresh = False
+        delay = 0.02
+        key = (module, group)
+        while True:
+            try:
+                generation = self._generation[key]
+                address = None if refresh else self._cached_address(module, group)
+                if address is None:
+                    address = self._leader_address(module, group, refresh)
+                rpc = getattr(self._sync_stub(address), method)
+                fut = rpc.future(request, timeout=max(0.1, deadline - time.monotonic()))
+                self._track(key, fut, generation)
+                try:
+                    result = fut.result()
+                except (grpc.FutureCancelledError, grpc.RpcError):
+                    if not self._untrack(key, fut):
+                        raise
+                    # The leader moved while we waited: ask the new one.
+                    raise NotLeader(f"{module}/{group}", None, None) from None
+                except BaseException:
+                    self._untrack(key, fut)
+                    raise
+                self._untrack(key, fut)
+                return result
+            except grpc.RpcError as e:
+                err = error_from_rpc(e)
+            except (Unavailable, NotLeader) as e:
+                err = e
+            if not isinstance(err, NotLeader | Unavailable) or time.monotonic() + delay > deadline:
+                raise err
+            log.debug("%s/%s: %s; refreshing metadata and retrying", module, group, err)
+            refresh = True
+            time.sleep(delay)
+            delay = min(0.5, delay * 2)
+
+    # ------------------------------------------------------------------------ append_async hand-off
+
+    def _enqueue(self, item: tuple[str, int, int, str, int, bytes, concurrent.futures.Future[int]]) -> None:
+        """Any thread: queue one record for the event loop, waking it only if it was not already due."""
+        if self._closed:
+            raise ClientError("the cluster client is closed")
+        with self._queued_lock:
+            self._queued.append(item)
+            if self._drain_scheduled:
+                return
+            self._drain_scheduled = True
+        self._loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        """Event loop: hand every queued record to its group's batcher."""
+        with self._queued_lock:
+            items = self._queued
+            self._queued = deque()
+            self._drain_scheduled = False
+        batchers = self._batchers
+        for module, group, ack, depot, task, data, fut in items:
+            b = batchers.get((module, group))
+            if b is None:
+                b = batchers[(module, group)] = _GroupBatcher(self, module, group)
+            b.add(ack, depot, task, data, fut)
+
 
 def _encode(record: Any) -> bytes:
     try:
@@ -282,8 +446,25 @@ def _encode(record: Any) -> bytes:
                           f"lists, tuples and dicts of those ({e})") from None
 
 
+def _set_result(fut: concurrent.futures.Future[int], value: int) -> None:
+    try:
+        fut.set_result(value)
+    except concurrent.futures.InvalidStateError:  # cancelled by its owner
+        pass
+
+
+def _set_exception(fut: concurrent.futures.Future[int], exc: BaseException) -> None:
+    try:
+        fut.set_exception(exc)
+    except concurrent.futures.InvalidStateError:
+        pass
+
+
+_Item = tuple[str, int, bytes, concurrent.futures.Future[int]]
+
+
 class _GroupBatcher:
-    """Frames the records waiting for one task group into as few requests as possible.
+    """Frames the records waiting for one task group into as few requests as possible (event loop only).
 
     A request goes out at once when fewer than `max_inflight_per_group` are in
     flight; otherwise records wait and leave together with the next free slot,
@@ -295,29 +476,32 @@ class _GroupBatcher:
         self.c = cluster
         self.module = module
         self.group = group
-        self.waiting: dict[int, list[tuple[str, int, bytes, asyncio.Future[int]]]] = defaultdict(list)
+        self.waiting: dict[int, list[_Item]] = {}
         self.inflight = 0
         self.scheduled = False
         self.tasks: set[asyncio.Future[None]] = set()
 
-    def add(self, ack: int, depot: str, task: int, data: bytes, fut: asyncio.Future[int]) -> None:
-        self.waiting[ack].append((depot, task, data, fut))
+    def add(self, ack: int, depot: str, task: int, data: bytes, fut: concurrent.futures.Future[int]) -> None:
+        w = self.waiting.get(ack)
+        if w is None:
+            w = self.waiting[ack] = []
+        w.append((depot, task, data, fut))
         if not self.scheduled:
             self.scheduled = True
-            loop = asyncio.get_running_loop()
             if self.c.linger_ms > 0:
-                loop.call_later(self.c.linger_ms / 1000, self._pump)
+                self.c._loop.call_later(self.c.linger_ms / 1000, self._pump)
             else:
-                loop.call_soon(self._pump)
+                self.c._loop.call_soon(self._pump)
 
     def _pump(self) -> None:
         self.scheduled = False
+        limit = self.c.max_batch_records
         while self.waiting and self.inflight < self.c.max_inflight_per_group:
             ack = next(iter(self.waiting))
-            items = self.waiting[ack][: self.c.max_batch_records]
-            rest = self.waiting[ack][self.c.max_batch_records:]
-            if rest:
-                self.waiting[ack] = rest
+            items = self.waiting[ack]
+            if len(items) > limit:
+                self.waiting[ack] = items[limit:]
+                items = items[:limit]
             else:
                 del self.waiting[ack]
             self.inflight += 1
@@ -325,31 +509,68 @@ class _GroupBatcher:
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
 
-    async def _send(self, ack: int, items: list[tuple[str, int, bytes, asyncio.Future[int]]]) -> None:
-        by_part: dict[tuple[str, int], list[int]] = defaultdict(list)
-        for i, (depot, task, _d, _f) in enumerate(items):
-            by_part[(depot, task)].append(i)
+    async def _send(self, ack: int, items: list[_Item]) -> None:
+        by_part: dict[tuple[str, int], list[_Item]] = {}
+        for it in items:
+            part = (it[0], it[1])
+            lst = by_part.get(part)
+            if lst is None:
+                lst = by_part[part] = []
+            lst.append(it)
         parts = list(by_part.items())
         req = pb.AppendRequest(module=self.module, group=self.group, ack=ack, appends=[  # type: ignore[arg-type]
-            pb.DepotRecords(depot=d, task=t, records=[items[i][2] for i in idx]) for (d, t), idx in parts])
+            pb.DepotRecords(depot=d, task=t, records=[it[2] for it in its]) for (d, t), its in parts])
         try:
             reply = await self.c._call(self.module, self.group, "Append", req)
             firsts = list(reply.first_offsets)
-            for n, (_key, idx) in enumerate(parts):
+            for n, (_key, its) in enumerate(parts):
                 base = firsts[n] if n < len(firsts) else None
-                for k, i in enumerate(idx):
-                    fut = items[i][3]
-                    if not fut.done():
-                        fut.set_result(base + k if base is not None else -1)
+                for k, it in enumerate(its):
+                    _set_result(it[3], base + k if base is not None else -1)
         except Exception as e:
-            for *_x, fut in items:
-                if not fut.done():
-                    fut.set_exception(e)
+            for it in items:
+                _set_exception(it[3], e)
         finally:
             self.inflight -= 1
             if self.waiting and not self.scheduled:
                 self.scheduled = True
-                asyncio.get_running_loop().call_soon(self._pump)
+                self.c._loop.call_soon(self._pump)
+
+
+def _frame_group(module: str, depot: str, group: int, ack: int, partitions: list[tuple[int, list[int], list[bytes]]],
+                 limit: int) -> list[tuple[pb.AppendRequest, list[tuple[int, list[int]]]]]:
+    """append_many: requests of at most `limit` records for one group from (task, input indexes, records).
+
+    Whole partitions go together; a partition larger than the room left is split.
+    Each request comes with its (task, input indexes) in request order.
+    """
+    out: list[tuple[pb.AppendRequest, list[tuple[int, list[int]]]]] = []
+    parts: list[tuple[int, list[int], list[bytes]]] = []
+    size = 0
+
+    def cut() -> None:
+        req = pb.AppendRequest(module=module, group=group, ack=ack, appends=[  # type: ignore[arg-type]
+            pb.DepotRecords(depot=depot, task=t, records=recs) for t, _idx, recs in parts])
+        out.append((req, [(t, idx) for t, idx, _recs in parts]))
+        parts.clear()
+
+    for task, idx, recs in partitions:
+        pos = 0
+        while pos < len(idx):
+            take = min(limit - size, len(idx) - pos)
+            parts.append((task, idx[pos:pos + take], recs[pos:pos + take]))
+            pos += take
+            size += take
+            if size >= limit:
+                cut()
+                size = 0
+    if parts:
+        cut()
+    return out
+
+
+#: append_many: requests in flight per task group within one call
+_MANY_INFLIGHT_PER_GROUP = 2
 
 
 class Depot:
@@ -370,27 +591,86 @@ class Depot:
         a = _ack(ack)
         data = _encode(record)
         task, group = self._route(record)
-
-        async def go() -> int:
-            key = (self.module, group)
-            b = self.c._batchers.get(key)
-            if b is None:
-                b = self.c._batchers[key] = _GroupBatcher(self.c, self.module, group)
-            fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-            b.add(a, self.name, task, data, fut)
-            return await fut
-
-        fut: concurrent.futures.Future[int] = self.c._run(go())
+        fut: concurrent.futures.Future[int] = concurrent.futures.Future()
+        self.c._enqueue((self.module, group, a, self.name, task, data, fut))
         return fut
 
     def append(self, record: Any, ack: str = "applied") -> int:
         """Append one record and wait for `ack`; returns its depot offset when ack="applied"."""
-        return self.append_async(record, ack).result(timeout=self.c.timeout_s + 5)
+        a = _ack(ack)
+        data = _encode(record)
+        task, group = self._route(record)
+        req = pb.AppendRequest(module=self.module, group=group, ack=a,  # type: ignore[arg-type]
+                               appends=[pb.DepotRecords(depot=self.name, task=task, records=[data])])
+        reply = self.c._call_sync(self.module, group, "Append", req)
+        return reply.first_offsets[0] if reply.first_offsets else -1
 
     def append_many(self, records: Sequence[Any] | Iterable[Any], ack: str = "applied") -> list[int]:
-        """Append many records: one request per task group, sent in parallel; offsets in input order."""
-        futs = [self.append_async(r, ack) for r in records]
-        return [f.result(timeout=self.c.timeout_s + 5) for f in futs]
+        """Append many records: one request per task group, sent in parallel; offsets in input order.
+
+        Records are encoded and routed in the calling thread; a group with more than
+        the client's `max_batch_records` gets several requests, two in flight at a time.
+        """
+        a = _ack(ack)
+        c = self.c
+        meta = c._module(self.module)
+        partitioner = meta.definition.depots[self.name].partitioner
+        ntasks = meta.spec.tasks
+        pack = msgpack.Packer(use_bin_type=True).pack
+        by_task: dict[int, tuple[list[int], list[bytes]]] = {}
+        n = 0
+        for i, record in enumerate(records):
+            try:
+                data = pack(record)
+            except TypeError:
+                _encode(record)  # raises the ClientError that says what can be encoded
+                raise
+            task = partitioner(record, ntasks)
+            slot = by_task.get(task)
+            if slot is None:
+                slot = by_task[task] = ([], [])
+            slot[0].append(i)
+            slot[1].append(data)
+            n = i + 1
+        if n == 0:
+            return []
+        by_group: dict[int, list[int]] = {}
+        for task in sorted(by_task):
+            by_group.setdefault(meta.spec.group_of(task), []).append(task)
+        limit = max(1, c.max_batch_records)
+        requests = {g: _frame_group(self.module, self.name, g, a, [(t, *by_task[t]) for t in tasks], limit)
+                    for g, tasks in by_group.items()}
+        done: list[tuple[list[tuple[int, list[int]]], Sequence[int]]] = []
+        errors: list[BaseException] = []
+
+        async def send_group(group: int, reqs: list[tuple[Any, list[tuple[int, list[int]]]]]) -> None:
+            it = iter(reqs)
+
+            async def worker() -> None:
+                for req, parts in it:
+                    try:
+                        reply = await c._call(self.module, group, "Append", req)
+                    except Exception as e:
+                        errors.append(e)
+                        return
+                    done.append((parts, reply.first_offsets))
+
+            await asyncio.gather(*(worker() for _ in range(min(_MANY_INFLIGHT_PER_GROUP, len(reqs)))))
+
+        async def send_all() -> None:
+            await asyncio.gather(*(send_group(g, r) for g, r in requests.items()))
+
+        c._run(send_all()).result(timeout=c.timeout_s + 5)
+        if errors:
+            raise errors[0]
+        out = [-1] * n
+        for parts, firsts in done:  # offsets are filled here, in the caller's thread, not on the event loop
+            for k, (_task, idx) in enumerate(parts):
+                if k < len(firsts):
+                    base = firsts[k]
+                    for j, i in enumerate(idx):
+                        out[i] = base + j
+        return out
 
     def _group(self, task: int) -> int:
         meta = self.c._module(self.module)
@@ -402,7 +682,7 @@ class Depot:
         """Applied records of partition `task` from `start` (up to `end`, about `max_bytes`), with the epoch."""
         req = pb.DepotReadRequest(module=self.module, depot=self.name, task=task, start=start, end=end or 0,
                                   max_bytes=max_bytes)
-        reply = self.c._run(self.c._call(self.module, self._group(task), "DepotRead", req)).result()
+        reply = self.c._call_sync(self.module, self._group(task), "DepotRead", req)
         records = [msgpack.unpackb(r, raw=False, strict_map_key=False) for r in reply.records]
         return DepotBatch(records, reply.start, reply.next, reply.epoch)
 
@@ -412,7 +692,7 @@ class Depot:
 
     def partition_status(self, task: int) -> PartitionStatus:
         req = pb.PartitionInfoRequest(module=self.module, depot=self.name, task=task)
-        reply = self.c._run(self.c._call(self.module, self._group(task), "PartitionInfo", req)).result()
+        reply = self.c._call_sync(self.module, self._group(task), "PartitionInfo", req)
         return PartitionStatus(reply.start, reply.end, reply.epoch)
 
     def partition_info(self, task: int) -> tuple[int, int]:
@@ -437,7 +717,7 @@ class PState:
             task = task_for_key(key, meta.spec.tasks)
         req = pb.SelectRequest(module=self.module, pstate=self.name, task=task, path=encode_query(key, path),
                                one=one)
-        reply = self.c._run(self.c._call(self.module, meta.spec.group_of(task), "Select", req)).result()
+        reply = self.c._call_sync(self.module, meta.spec.group_of(task), "Select", req)
         return msgpack.unpackb(reply.values, raw=False, strict_map_key=False)
 
     def select_one(self, key: Any, *path: Any, task: int | None = None) -> Any:
@@ -453,7 +733,9 @@ class PState:
         from pstate import P
 
         pairs = self._query(P.sorted_range(start, end).all(), (), False, task)
-        return [(k, v) for k, v in pairs]
+        # A task group's store holds the keys of all its tasks: keep those `task` owns.
+        tasks = self.c._module(self.module).spec.tasks
+        return [(k, v) for k, v in pairs if task_for_key(k, tasks) == task]
 
 
 __all__ = ["Backpressure", "ClientError", "Cluster", "Depot", "NotLeader", "PState", "StalledGroup"]
