@@ -1,0 +1,299 @@
+"""The Spark sources on a real cluster: millrace.depot (batch and streaming), millrace.pstate, Delta export.
+
+One DevCluster (real ZooKeeper, conductor, three worker processes, RF=3) and
+the session's real Spark (local[2], Delta) serve the whole file; no mocks.
+Records carry unique ids so every read is checked as an exact multiset.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conductor.client import Cluster
+from conductor.devcluster import DevCluster
+from tests.integration.cluster_helpers import deploy, wait_for
+from topology.partitioners import task_for_key
+from topology.spark import (
+    DepotOffsetOutOfRange,
+    export_depot_to_delta,
+    read_delta_sql,
+    register,
+)
+from topology.spark.depot_source import (
+    DepotOptions,
+    DepotStreamReader,
+    PartitionStatus,
+    apply_limit,
+    offsets_from_json,
+    validate_offsets,
+)
+
+N = 5_000
+SENTENCES = ["the cat sat", "the dog sat on the cat", "a cat, a dog!", "Sat. The end"]
+
+
+@pytest.fixture(scope="module")
+def dc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
+    cluster = DevCluster(tmp_path_factory.mktemp("spark-sources") / "cluster", nodes=3, session_timeout=4.0)
+    cluster.start()
+    try:
+        deploy(cluster, "Clicks", tasks=4, threads=2)
+        deploy(cluster, "Words", tasks=4, threads=2, module_ref="examples.word_count:WordCount")
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def client(dc: DevCluster) -> Iterator[Cluster]:
+    c = Cluster.connect(dc.hosts)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture(scope="module")
+def clicks(client: Cluster) -> list[dict[str, Any]]:
+    """N click dicts appended to *clicks (acknowledged once applied), unique by id."""
+    records = [{"user": f"u{i % 97}", "n": i, "id": f"c{i}"} for i in range(N)]
+    client.depot("Clicks", "*clicks").append_many(records, ack="applied")
+    return records
+
+
+def depot_df(spark: Any, dc: DevCluster, depot: str, stream: bool = False, **options: str) -> Any:
+    register(spark)
+    r = spark.readStream if stream else spark.read
+    r = r.format("millrace.depot").option("cluster", dc.hosts).option("module", "Clicks").option("depot", depot)
+    for k, v in options.items():
+        r = r.option(k, v)
+    return r.load()
+
+
+def run_available_now(df: Any, checkpoint: Path) -> list[list[Any]]:
+    """One availableNow run; returns the rows of each microbatch (collected on the driver)."""
+    batches: list[list[Any]] = []
+    q = (df.writeStream.foreachBatch(lambda b, _id: batches.append(b.collect()))
+         .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+    q.awaitTermination(120)
+    if q.exception() is not None:
+        raise q.exception()  # type: ignore[misc]
+    return [b for b in batches if b]
+
+
+def ids(rows: list[Any]) -> Counter[str]:
+    return Counter(json.loads(r["value"])["id"] for r in rows)
+
+
+# ------------------------------------------------------------------------------------------- batch
+
+
+def test_batch_read_returns_every_applied_record_exactly_once(spark: Any, dc: DevCluster, client: Cluster,
+                                                             clicks: list[dict[str, Any]]) -> None:
+    df = depot_df(spark, dc, "*clicks")
+    assert df.schema.simpleString() == "struct<task:int,offset:bigint,epoch:bigint,value:string>"
+    rows = df.collect()
+    assert ids(rows) == Counter(r["id"] for r in clicks)
+    assert [json.loads(r["value"]) for r in rows if json.loads(r["value"])["id"] == "c7"] == [clicks[7]]
+    # offsets are the depot's own: dense per task, matching each partition's applied range
+    depot = client.depot("Clicks", "*clicks")
+    for task in range(4):
+        st = depot.partition_status(task)
+        offs = sorted(r["offset"] for r in rows if r["task"] == task)
+        assert offs == list(range(st.start, st.end))
+        assert {r["epoch"] for r in rows if r["task"] == task} == {st.epoch}
+        # the record's task is the one its partitioner (hash_by user) chose
+        assert all(task_for_key(json.loads(r["value"])["user"], 4) == task for r in rows if r["task"] == task)
+
+
+def test_value_schema_turns_record_fields_into_columns(spark: Any, dc: DevCluster,
+                                                      clicks: list[dict[str, Any]]) -> None:
+    df = depot_df(spark, dc, "*clicks", valueSchema="user string, n long, absent string")
+    assert df.columns == ["task", "offset", "epoch", "user", "n", "absent"]
+    agg = df.groupBy().agg({"n": "sum", "user": "count", "absent": "count"}).collect()[0]
+    assert agg["sum(n)"] == sum(r["n"] for r in clicks)
+    assert agg["count(user)"] == N and agg["count(absent)"] == 0
+    per_user = {r["user"]: r["count"] for r in df.groupBy("user").count().collect()}
+    assert per_user == Counter(r["user"] for r in clicks)
+
+
+def test_value_schema_mismatch_names_the_record(spark: Any, dc: DevCluster, clicks: list[dict[str, Any]]) -> None:
+    df = depot_df(spark, dc, "*clicks", valueSchema="user long")
+    with pytest.raises(Exception, match=r"does not fit valueSchema.*\['user'\]"):
+        df.collect()
+
+
+def test_bad_options_say_what_to_do(spark: Any, dc: DevCluster) -> None:
+    register(spark)
+    with pytest.raises(Exception, match="needs option 'depot'"):
+        spark.read.format("millrace.depot").option("cluster", dc.hosts).option("module", "Clicks").load()
+    with pytest.raises(Exception, match=r"no depot '\*nope'.*\*clicks"):
+        depot_df(spark, dc, "*nope").collect()
+    with pytest.raises(Exception, match="module 'Nope' is not deployed"):
+        (spark.read.format("millrace.depot").option("cluster", dc.hosts).option("module", "Nope")
+         .option("depot", "*x").load().collect())
+
+
+# ------------------------------------------------------------------------------------------- streaming
+
+
+def test_streaming_available_now_reads_exactly_the_new_records(spark: Any, dc: DevCluster, client: Cluster,
+                                                               tmp_path: Path) -> None:
+    raw = client.depot("Clicks", "*raw")
+    first = [{"id": f"s{i}", "k": i} for i in range(1_000)]
+    raw.append_many(first, ack="applied")
+    df = depot_df(spark, dc, "*raw", stream=True)
+    ckpt = tmp_path / "ckpt"
+    got1 = [r for b in run_available_now(df, ckpt) for r in b]
+    assert ids(got1) == Counter(r["id"] for r in first)
+
+    second = [{"id": f"t{i}", "k": i} for i in range(700)]
+    raw.append_many(second, ack="applied")
+    got2 = [r for b in run_available_now(df, ckpt) for r in b]
+    assert ids(got2) == Counter(r["id"] for r in second)
+
+    # nothing new: a third run makes no batch at all
+    assert run_available_now(df, ckpt) == []
+
+    # admission control: the backlog is cut into batches of at most maxRecordsPerTrigger, nothing lost or doubled
+    capped = depot_df(spark, dc, "*raw", stream=True, maxRecordsPerTrigger="400")
+    batches = run_available_now(capped, tmp_path / "capped")
+    assert len(batches) >= 5 and max(len(b) for b in batches) <= 400
+    assert ids([r for b in batches for r in b]) == ids(depot_df(spark, dc, "*raw").collect())
+
+    # startingOffsets=latest: only what is appended after the query started
+    latest = depot_df(spark, dc, "*raw", stream=True, startingOffsets="latest")
+    assert run_available_now(latest, tmp_path / "latest") == []
+    third = [{"id": f"u{i}"} for i in range(50)]
+    raw.append_many(third, ack="applied")
+    assert ids([r for b in run_available_now(latest, tmp_path / "latest") for r in b]) == Counter(
+        r["id"] for r in third)
+
+
+def test_committed_offset_beyond_the_end_fails_loudly(spark: Any, dc: DevCluster, client: Cluster,
+                                                      tmp_path: Path) -> None:
+    """KIP-320: a checkpoint whose offsets the depot no longer holds stops the query, naming what is wrong."""
+    client.depot("Clicks", "*raw").append_many([{"id": f"k{i}"} for i in range(20)], ack="applied")
+    df = depot_df(spark, dc, "*raw", stream=True)
+    ckpt = tmp_path / "ckpt"
+    assert run_available_now(df, ckpt)
+    # Pretend the depot lost records this query already read: push task 1's committed offset past the end.
+    last = max((ckpt / "offsets").iterdir(), key=lambda p: int(p.name) if p.name.isdigit() else -1)
+    lines = last.read_text().splitlines()
+    offsets = json.loads(lines[-1])
+    end1 = offsets["1"]["offset"]
+    offsets["1"]["offset"] = end1 + 1_000
+    last.write_text("\n".join([*lines[:-1], json.dumps(offsets)]))
+    with pytest.raises(Exception) as info:
+        run_available_now(df, ckpt)
+    msg = str(info.value)
+    assert "partition 1" in msg and f"offset {end1 + 1_000}" in msg and "truncated" in msg
+    assert "leader epoch" in msg and "checkpointLocation" in msg
+
+
+def test_offset_validation_rules() -> None:
+    st = {0: PartitionStatus(0, 10, 100, 3), 1: PartitionStatus(1, 0, 50, 2)}
+    validate_offsets("M", "*d", {0: (10, 3), 1: (50, 2)}, st)  # both ends of the range are fine
+    with pytest.raises(DepotOffsetOutOfRange) as info:
+        validate_offsets("M", "*d", {0: (5, 2), 1: (60, 1)}, st)
+    kinds = {p["task"]: p["kind"] for p in info.value.problems}
+    assert kinds == {0: "trimmed", 1: "truncated"}
+    msg = str(info.value)
+    assert "partition 0: offset 5 (read at leader epoch 2) is below the partition start 10 (leader epoch 3)" in msg
+    assert "partition 1: offset 60 (read at leader epoch 1) is beyond the applied end 50 (leader epoch 2)" in msg
+    assert apply_limit({0: 0, 1: 0}, {0: 300, 1: 100}, 100) == {0: 75, 1: 25}
+    assert apply_limit({0: 0, 1: 0}, {0: 3, 1: 0}, 100) == {0: 3, 1: 0}
+    assert sum(apply_limit({0: 0, 1: 0, 2: 0}, {0: 10, 1: 10, 2: 10}, 7).values()) == 7
+
+
+def test_stream_reader_checks_committed_offsets_against_the_leaders(spark: Any, dc: DevCluster,
+                                                                    client: Cluster) -> None:
+    """The reader's own offset check, against the real partitions (trimmed and truncated)."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+    from pyspark.sql.types import StructType
+
+    opts = DepotOptions.parse({"cluster": dc.hosts, "module": "Clicks", "depot": "*clicks"})
+    reader = DepotStreamReader(opts, StructType())
+    try:
+        start = reader.initialOffset()
+        end = offsets_from_json(reader.latestOffset(start, ReadAllAvailable()))
+        statuses = {t: client.depot("Clicks", "*clicks").partition_status(t) for t in range(4)}
+        assert {t: o for t, (o, _e) in end.items()} == {t: s.end for t, s in statuses.items()}
+        bad = dict(start)
+        bad["2"] = {"offset": statuses[2].end + 5, "epoch": statuses[2].epoch}
+        with pytest.raises(DepotOffsetOutOfRange, match=r"partition 2.*truncated"):
+            reader.latestOffset(bad, ReadAllAvailable())
+        with pytest.raises(DepotOffsetOutOfRange, match="partition 2"):
+            reader.partitions(start, bad)
+    finally:
+        reader.stop()
+
+
+# ------------------------------------------------------------------------------------------- PState
+
+
+def test_pstate_source_on_an_empty_pstate(spark: Any, dc: DevCluster) -> None:
+    register(spark)
+    df = (spark.read.format("millrace.pstate").option("cluster", dc.hosts).option("module", "Clicks")
+          .option("pstate", "$$visits").load())
+    assert df.schema.simpleString() == "struct<task:int,key:string,value:string>"
+    assert df.count() == 0
+    with pytest.raises(Exception, match=r"no PState '\$\$nope'.*\$\$visits"):
+        (spark.read.format("millrace.pstate").option("cluster", dc.hosts).option("module", "Clicks")
+         .option("pstate", "$$nope").load().collect())
+
+
+def test_pstate_source_scans_a_pstate_a_topology_filled(spark: Any, dc: DevCluster, client: Cluster) -> None:
+    client.depot("Words", "*sentences").append_many(SENTENCES * 25, ack="applied")
+    from examples.word_count import words
+
+    expected = Counter(w for s in SENTENCES * 25 for w in words(s))
+    counts = client.pstate("Words", "$$counts")
+    wait_for(lambda: all(counts.select_one(w) == n for w, n in expected.items()), 30, "word counts to apply")
+
+    def scan(**options: str) -> list[Any]:
+        r = (spark.read.format("millrace.pstate").option("cluster", dc.hosts).option("module", "Words")
+             .option("pstate", "$$counts"))
+        for k, v in options.items():
+            r = r.option(k, v)
+        return r.load().collect()
+
+    rows = scan(pageSize="2")  # tiny pages: the cursor logic runs many times
+    assert {r["key"]: json.loads(r["value"]) for r in rows} == dict(expected)
+    assert len(rows) == len(expected)
+    assert all(r["task"] == task_for_key(r["key"], 4) for r in rows)
+    ranged = scan(startKey="cat", endKey="sat")
+    assert sorted(r["key"] for r in ranged) == sorted(w for w in expected if "cat" <= w < "sat")
+
+
+# ------------------------------------------------------------------------------------------- Delta
+
+
+def test_delta_export_is_exactly_once_and_readable_with_sql(spark: Any, dc: DevCluster, client: Cluster,
+                                                            clicks: list[dict[str, Any]], tmp_path: Path) -> None:
+    table, ckpt = str(tmp_path / "clicks"), str(tmp_path / "clicks._checkpoint")
+    depot = client.depot("Clicks", "*clicks")
+    applied = sum(depot.partition_status(t).end for t in range(4))
+    assert export_depot_to_delta(spark, dc.hosts, "Clicks", "*clicks", table, ckpt,
+                                 value_schema="user string, n long, id string") == applied
+    assert export_depot_to_delta(spark, dc.hosts, "Clicks", "*clicks", table, ckpt,
+                                 value_schema="user string, n long, id string") == 0
+    more = [{"user": "late", "n": 1, "id": f"late{i}"} for i in range(100)]
+    depot.append_many(more, ack="applied")
+    assert export_depot_to_delta(spark, dc.hosts, "Clicks", "*clicks", table, ckpt,
+                                 value_schema="user string, n long, id string") == 100
+
+    q = read_delta_sql(table, "SELECT count(*) AS rows, count(DISTINCT id) AS ids, sum(n) AS total FROM {table}")
+    assert q.startswith("SELECT") and "delta.`" in q
+    row = spark.sql(q).collect()[0]
+    assert row["rows"] == row["ids"] == applied + 100
+    assert spark.sql(f"SELECT count(*) AS c FROM delta.`{table}` WHERE user = 'late'").collect()[0]["c"] == 100
+    dupes = spark.sql(read_delta_sql(table, "SELECT task, offset FROM {table} GROUP BY task, offset "
+                                            "HAVING count(*) > 1")).count()
+    assert dupes == 0

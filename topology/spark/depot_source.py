@@ -1,0 +1,896 @@
+"""``millrace.depot``: a depot as a Spark data source, for batch reads and Structured Streaming.
+
+    from topology.spark import register
+    register(spark)
+    df = (spark.readStream.format("millrace.depot")
+          .option("cluster", "127.0.0.1:2181").option("module", "Clicks").option("depot", "*clicks")
+          .option("valueSchema", "user string, n long")      # optional: record fields as columns
+          .load())
+
+Rows are ``task int, offset long, epoch long`` plus either ``value string`` (the
+record as JSON; bytes become base64 strings) or, with ``valueSchema``, one
+column per field of a dict record (missing fields are null, extra fields are
+dropped, a field of the wrong type fails the read naming task and offset).
+``epoch`` is the leader epoch of the replica that served the record.
+
+Options: ``cluster`` (ZooKeeper connect string), ``module``, ``depot`` (required);
+``startingOffsets`` = ``earliest`` (default) | ``latest`` | JSON ``{"<task>": offset}``
+(-2 = earliest, -1 = latest, like Kafka); ``maxRecordsPerTrigger`` (streaming,
+shared across tasks in proportion to their backlog); ``valueSchema`` (DDL);
+tuning: ``recordsPerPartition`` (Spark partition size, default 1,000,000),
+``recordsPerRequest`` (default 32,768) and ``maxBytesPerRequest`` (default 16 MiB).
+
+Why it is shaped this way:
+
+* **Offsets are applied offsets.** A microbatch's end offset per task is the
+  partition's applied end (``PartitionInfo.end``), and records below it are
+  replicated to every ISR member, so no leader change can take them back: a
+  replay after a crash reads exactly the same records (what exactly-once sinks,
+  Delta's and Millrace's microbatch commit, rely on). Streaming offsets are JSON
+  ``{"<task>": {"offset": n, "epoch": e}}`` with the leader epoch that reported
+  ``n``.
+* **Lost offsets fail loudly (KIP-320).** If a partition's applied end is below
+  a committed offset (the log was truncated: data loss, or the module was
+  destroyed and deployed again) or its start is above it (records were trimmed
+  before the query read them), the query stops with
+  :class:`DepotOffsetOutOfRange`, naming partition, offsets and epochs. Skipping
+  silently would break exactly-once without anyone noticing.
+* **Executors never touch ZooKeeper on the happy path.** Planning (driver side)
+  reads leaders from ZooKeeper once per microbatch and puts each leader's
+  address and epoch in the partition, so a Spark task connects straight to the
+  node. Only a ``NotLeader``/unreachable node (or a reply from an epoch older
+  than planned: a zombie leader) makes a task look the leader up again.
+* **Python pays per object.** A Spark task pipelines several large
+  ``DepotRead`` requests (offsets are dense, so request boundaries are known in
+  advance and the next replies travel while this one is decoded), decodes each
+  reply's records with one msgpack call, and hands Spark whole Arrow record
+  batches, built column-wise (pyarrow converts dicts to a struct array in C++
+  for ``valueSchema``).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import struct
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import msgpack
+import numpy as np
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StringType, StructType
+
+from conductor.metastore import Metastore, MetastoreError, ModuleNotFound
+from conductor.transport import GRPC_OPTIONS
+from conductor.wire_errors import Unavailable, error_from_rpc
+from proto import millrace_pb2 as pb
+from proto import millrace_pb2_grpc as pbg
+from pstate.errors import DepotNotFound
+from replog.errors import NotLeader
+
+log = logging.getLogger("millrace.spark")
+
+SOURCE_NAME = "millrace.depot"
+META_COLUMNS = ("task", "offset", "epoch")
+BASE_SCHEMA = "task int, offset long, epoch long"
+JSON_SCHEMA = BASE_SCHEMA + ", value string"
+
+DEFAULT_RECORDS_PER_PARTITION = 1_000_000
+DEFAULT_RECORDS_PER_REQUEST = 32_768
+DEFAULT_MAX_BYTES_PER_REQUEST = 16 << 20
+#: DepotRead requests a Spark task keeps in flight: enough to hide a round trip behind decoding
+READ_WINDOW = 3
+RPC_TIMEOUT_S = 30.0
+#: how long a read or a planning call keeps following leader moves before it gives up
+RETRY_S = 45.0
+
+EARLIEST = -2
+LATEST = -1
+
+
+# ---------------------------------------------------------------------------------------------- errors
+
+
+class MillraceSourceError(Exception):
+    """Base of the errors the Spark sources raise; the message says what to do."""
+
+
+class SourceOptionError(MillraceSourceError, ValueError):
+    """A missing or malformed option of ``millrace.depot`` / ``millrace.pstate``."""
+
+
+class DepotOffsetOutOfRange(MillraceSourceError):
+    """Offsets a query committed (or planned) are no longer in the depot: truncated or trimmed (KIP-320).
+
+    ``problems`` holds one dict per partition: task, kind (``truncated`` |
+    ``trimmed``), committed offset and epoch, and the partition's current
+    start, end and leader epoch.
+    """
+
+    def __init__(self, module: str, depot: str, problems: list[dict[str, Any]]) -> None:
+        self.module = module
+        self.depot = depot
+        self.problems = problems
+        lines = []
+        for p in problems:
+            if p["kind"] == "truncated":
+                lines.append(
+                    f"partition {p['task']}: offset {p['offset']} (read at leader epoch {p['epoch']}) is beyond "
+                    f"the applied end {p['end']} (leader epoch {p['current_epoch']}): the log was truncated "
+                    f"(data loss, or the module was destroyed and deployed again)")
+            else:
+                lines.append(
+                    f"partition {p['task']}: offset {p['offset']} (read at leader epoch {p['epoch']}) is below "
+                    f"the partition start {p['start']} (leader epoch {p['current_epoch']}): records "
+                    f"[{p['offset']}, {p['start']}) were trimmed before this query read them")
+        super().__init__(
+            f"depot {module}/{depot}: committed offsets are no longer valid; refusing to skip or re-read "
+            f"records silently.\n  " + "\n  ".join(lines) + "\nTo start over knowingly, run the query with a new "
+            "checkpointLocation (and startingOffsets=earliest or latest), or delete this query's checkpoint.")
+
+
+class ValueSchemaMismatch(MillraceSourceError):
+    """A record does not fit the ``valueSchema`` option (not a dict, or a field of the wrong type)."""
+
+
+# ---------------------------------------------------------------------------------------------- options
+
+
+def _opt(options: Mapping[str, str], name: str) -> str | None:
+    """Options arrive case-insensitive from Spark but as plain dicts from tests and helpers."""
+    low = name.lower()
+    for k, v in options.items():
+        if k.lower() == low:
+            return v
+    return None
+
+
+def _required(options: Mapping[str, str], name: str, source: str, example: str) -> str:
+    v = _opt(options, name)
+    if v is None or not v.strip():
+        raise SourceOptionError(f"{source} needs option {name!r}, e.g. .option({name!r}, {example!r})")
+    return v.strip()
+
+
+def _positive(options: Mapping[str, str], name: str, default: int | None) -> int | None:
+    raw = _opt(options, name)
+    if raw is None:
+        return default
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n <= 0:
+        raise SourceOptionError(f"option {name} must be a whole number > 0, got {raw!r}")
+    return n
+
+
+@dataclass(frozen=True)
+class DepotOptions:
+    """The validated options of one ``millrace.depot`` read."""
+
+    cluster: str
+    module: str
+    depot: str
+    starting_offsets: str | dict[int, int] = "earliest"
+    max_records_per_trigger: int | None = None
+    value_schema: str | None = None
+    records_per_partition: int = DEFAULT_RECORDS_PER_PARTITION
+    records_per_request: int = DEFAULT_RECORDS_PER_REQUEST
+    max_bytes_per_request: int = DEFAULT_MAX_BYTES_PER_REQUEST
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> DepotOptions:
+        cluster = _required(options, "cluster", SOURCE_NAME, "127.0.0.1:2181")
+        module = _required(options, "module", SOURCE_NAME, "Clicks")
+        depot = _required(options, "depot", SOURCE_NAME, "*clicks")
+        if not depot.startswith("*"):
+            raise SourceOptionError(f"depot names start with '*' (e.g. '*{depot}'), got {depot!r}")
+        raw_start = (_opt(options, "startingOffsets") or "earliest").strip()
+        starting: str | dict[int, int]
+        if raw_start.lower() in ("earliest", "latest"):
+            starting = raw_start.lower()
+        else:
+            starting = _parse_starting_json(raw_start)
+        value_schema = _opt(options, "valueSchema")
+        if value_schema is not None and not value_schema.strip():
+            raise SourceOptionError("option valueSchema is empty; give a DDL string like 'user string, n long' "
+                                    "or leave it out to get the record as JSON in column `value`")
+        mrpt = _positive(options, "maxRecordsPerTrigger", None)
+        rpp = _positive(options, "recordsPerPartition", DEFAULT_RECORDS_PER_PARTITION)
+        rpr = _positive(options, "recordsPerRequest", DEFAULT_RECORDS_PER_REQUEST)
+        mbr = _positive(options, "maxBytesPerRequest", DEFAULT_MAX_BYTES_PER_REQUEST)
+        assert rpp is not None and rpr is not None and mbr is not None
+        if mbr > 48 << 20:
+            raise SourceOptionError(f"maxBytesPerRequest must be at most {48 << 20} (gRPC messages are capped "
+                                    f"at 64 MiB), got {mbr}")
+        return cls(cluster, module, depot, starting, mrpt, value_schema.strip() if value_schema else None,
+                   rpp, rpr, mbr)
+
+    def schema_ddl(self) -> str:
+        return f"{BASE_SCHEMA}, {self.value_schema}" if self.value_schema else JSON_SCHEMA
+
+
+def _parse_starting_json(raw: str) -> dict[int, int]:
+    hint = ('startingOffsets must be "earliest", "latest" or JSON like {"0": 120, "1": -2} '
+            "(task -> offset; -2 = earliest, -1 = latest)")
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        raise SourceOptionError(f"{hint}; got {raw!r}") from None
+    if not isinstance(doc, dict):
+        raise SourceOptionError(f"{hint}; got {raw!r}")
+    out: dict[int, int] = {}
+    for k, v in doc.items():
+        if isinstance(v, dict):  # accept our own streaming offset format too
+            v = v.get("offset")
+        try:
+            task = int(k)
+        except ValueError:
+            raise SourceOptionError(f"{hint}; key {k!r} is not a task number") from None
+        if not isinstance(v, int) or isinstance(v, bool) or v < -2:
+            raise SourceOptionError(f"{hint}; offset {v!r} for task {k} is not an offset >= -2")
+        out[task] = v
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- metadata
+
+
+_CHANNELS: dict[str, grpc.Channel] = {}
+_CHANNELS_LOCK = threading.Lock()
+
+
+def _stub(address: str) -> pbg.ClientStub:
+    """A stub on a channel shared by every read in this Python process (Spark reuses its workers)."""
+    with _CHANNELS_LOCK:
+        ch = _CHANNELS.get(address)
+        if ch is None:
+            ch = _CHANNELS[address] = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+    return pbg.ClientStub(ch)
+
+
+def _retryable(err: Exception) -> bool:
+    return isinstance(err, NotLeader | Unavailable)
+
+
+@dataclass(frozen=True)
+class PartitionStatus:
+    """What a leader reports for one depot partition: records in [start, end) are applied."""
+
+    task: int
+    start: int
+    end: int
+    epoch: int
+
+
+class ModuleMeta:
+    """Where a module's task groups are led: read from ZooKeeper, refreshed only when a call needs it.
+
+    Used on the Spark driver for planning and, on executors, only after a read
+    failed with ``NotLeader`` or an unreachable node. Holds a kazoo session, so
+    it is never pickled: readers keep it out of their state.
+    """
+
+    def __init__(self, zk_hosts: str, module: str) -> None:
+        self.zk_hosts = zk_hosts
+        self.module = module
+        self._ms = Metastore(zk_hosts, session_timeout=10.0)
+        try:
+            self._ms.start()
+        except MetastoreError as e:
+            raise MillraceSourceError(f"cannot reach ZooKeeper at {zk_hosts!r} (option `cluster`): {e}; check the "
+                                      "connect string and that the cluster runs (`conductor status`)") from e
+        try:
+            spec, _ = self._ms.get_module(module)
+        except ModuleNotFound:
+            known = self._ms.list_modules()
+            self._ms.close()
+            raise SourceOptionError(f"module {module!r} is not deployed on the cluster at {zk_hosts}; deployed "
+                                    f"modules: {known}") from None
+        self.spec = spec
+        self.tasks: int = spec.tasks
+        self.groups: int = spec.threads
+        self._leaders: dict[int, tuple[str | None, int]] = {}
+        self._addresses: dict[str, str] = {}
+        self.refresh()
+
+    def close(self) -> None:
+        self._ms.close()
+
+    def __enter__(self) -> ModuleMeta:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def group_of(self, task: int) -> int:
+        return int(self.spec.group_of(task))
+
+    def refresh(self) -> None:
+        """Reload every group's leader and epoch (and forget node addresses, which may have moved)."""
+        try:
+            groups = self._ms.list_groups(self.module)
+        except MetastoreError as e:
+            raise MillraceSourceError(f"cannot read the task groups of module {self.module}: {e}") from e
+        self._leaders = {g: (st.leader, st.epoch) for g, (st, _v) in groups.items()}
+        self._addresses.clear()
+
+    def leader(self, group: int) -> tuple[str, int]:
+        """(gRPC address, epoch) of the group's leader; Unavailable while it has none."""
+        node, epoch = self._leaders.get(group, (None, 0))
+        if node is None:
+            raise Unavailable("UNAVAILABLE", f"task group {self.module}/{group} has no leader right now")
+        addr = self._addresses.get(node)
+        if addr is None:
+            info = self._ms.get_node(node)
+            if info is None:
+                raise Unavailable("UNAVAILABLE", f"leader {node} of {self.module}/{group} is not registered")
+            addr = self._addresses[node] = info.address
+        return addr, epoch
+
+    def call(self, group: int, method: str, request: Any, *, timeout_s: float = RPC_TIMEOUT_S) -> Any:
+        """One unary RPC to the group's leader, following leader moves for up to ``RETRY_S``."""
+        deadline = time.monotonic() + RETRY_S
+        delay = 0.05
+        while True:
+            try:
+                address, _epoch = self.leader(group)
+                return getattr(_stub(address), method)(request, timeout=timeout_s)
+            except grpc.RpcError as e:
+                err: Exception = error_from_rpc(e)
+            except Unavailable as e:
+                err = e
+            if not _retryable(err) or time.monotonic() + delay > deadline:
+                raise err
+            log.info("%s/%s: %s; refreshing leaders and retrying", self.module, group, err)
+            time.sleep(delay)
+            delay = min(1.0, delay * 2)
+            self.refresh()
+
+    def depot_statuses(self, depot: str) -> dict[int, PartitionStatus]:
+        """PartitionInfo of every task of `depot` (asked of each group's leader)."""
+        out: dict[int, PartitionStatus] = {}
+        for task in range(self.tasks):
+            req = pb.PartitionInfoRequest(module=self.module, depot=depot, task=task)
+            try:
+                r = self.call(self.group_of(task), "PartitionInfo", req)
+            except DepotNotFound:
+                raise SourceOptionError(f"module {self.module} has no depot {depot!r}; its depots: "
+                                        f"{self._known('depots')}") from None
+            out[task] = PartitionStatus(task, int(r.start), int(r.end), int(r.epoch))
+        return out
+
+    def _known(self, what: str) -> list[str]:
+        """Depot or PState names for an error message (needs the module code importable here)."""
+        try:
+            from topology.module import load_module
+
+            d = load_module(self.spec.module_ref).build()
+            return list(d.depot_names() if what == "depots" else d.pstate_names())
+        except Exception:
+            return [f"(unknown: module code {self.spec.module_ref} is not importable here)"]
+
+
+# ---------------------------------------------------------------------------------------------- offsets
+
+
+def validate_offsets(module: str, depot: str, committed: Mapping[int, tuple[int, int]],
+                     statuses: Mapping[int, PartitionStatus]) -> None:
+    """KIP-320 check: every committed (offset, epoch) must still lie in [start, end] of its partition.
+
+    ``offset == end`` is fine (nothing new yet); ``offset > end`` means applied
+    records were truncated; ``offset < start`` means records were trimmed
+    before being read. Raises :class:`DepotOffsetOutOfRange` listing every bad
+    partition (never a subset: the operator should see the whole damage).
+    """
+    problems: list[dict[str, Any]] = []
+    for task, (offset, epoch) in sorted(committed.items()):
+        st = statuses.get(task)
+        if st is None:
+            problems.append({"task": task, "kind": "truncated", "offset": offset, "epoch": epoch, "start": 0,
+                             "end": 0, "current_epoch": -1})
+            continue
+        kind = "truncated" if offset > st.end else "trimmed" if offset < st.start else None
+        if kind:
+            problems.append({"task": task, "kind": kind, "offset": offset, "epoch": epoch, "start": st.start,
+                             "end": st.end, "current_epoch": st.epoch})
+    if problems:
+        raise DepotOffsetOutOfRange(module, depot, problems)
+
+
+def offsets_to_json(offsets: Mapping[int, tuple[int, int]]) -> dict[str, dict[str, int]]:
+    return {str(t): {"offset": o, "epoch": e} for t, (o, e) in sorted(offsets.items())}
+
+
+def offsets_from_json(doc: Mapping[str, Any]) -> dict[int, tuple[int, int]]:
+    try:
+        return {int(t): (int(v["offset"]), int(v["epoch"])) for t, v in doc.items()}
+    except (KeyError, TypeError, ValueError):
+        raise MillraceSourceError(f"streaming offsets {doc!r} are not millrace.depot offsets "
+                                  '({"<task>": {"offset": n, "epoch": e}}); was this checkpoint written by '
+                                  "another source?") from None
+
+
+def apply_limit(starts: Mapping[int, int], ends: Mapping[int, int], max_rows: int) -> dict[int, int]:
+    """Cap the total backlog at `max_rows`, shared in proportion to each task's backlog (at least 1 each).
+
+    Proportional shares keep a lagging partition from starving the others and
+    keep per-trigger work predictable; the integer rest goes to the largest
+    backlogs so the cap is met exactly.
+    """
+    backlog = {t: max(0, ends[t] - starts.get(t, ends[t])) for t in ends}
+    total = sum(backlog.values())
+    if total <= max_rows:
+        return dict(ends)
+    take = {t: (b * max_rows) // total for t, b in backlog.items()}
+    rest = max_rows - sum(take.values())
+    for t in sorted(backlog, key=lambda t: backlog[t] - take[t], reverse=True):
+        if rest <= 0:
+            break
+        if backlog[t] > take[t]:
+            take[t] += 1
+            rest -= 1
+    return {t: starts.get(t, ends[t]) + take[t] if backlog[t] else ends[t] for t in ends}
+
+
+# ---------------------------------------------------------------------------------------------- reading
+
+
+class DepotPartition(InputPartition):
+    """One Spark partition: records [start, end) of one depot partition, and where to fetch them.
+
+    Carries the leader's address and epoch as planned, so the executor goes
+    straight to the node; ZooKeeper is asked only if that leader moved.
+    """
+
+    def __init__(self, zk_hosts: str, module: str, depot: str, task: int, group: int, start: int, end: int,
+                 address: str, epoch: int, records_per_request: int, max_bytes: int) -> None:
+        super().__init__(task)
+        self.zk_hosts = zk_hosts
+        self.module = module
+        self.depot = depot
+        self.task = task
+        self.group = group
+        self.start = start
+        self.end = end
+        self.address = address
+        self.epoch = epoch
+        self.records_per_request = records_per_request
+        self.max_bytes = max_bytes
+
+
+def plan_partitions(opts: DepotOptions, meta: ModuleMeta, ranges: Mapping[int, tuple[int, int]],
+                    epochs: Mapping[int, int]) -> list[DepotPartition]:
+    """Spark partitions for [start, end) per task, split every ``records_per_partition`` records."""
+    out: list[DepotPartition] = []
+    for task, (start, end) in sorted(ranges.items()):
+        if end <= start:
+            continue
+        group = meta.group_of(task)
+        address, _zk_epoch = meta.leader(group)
+        s = start
+        while s < end:
+            e = min(end, s + opts.records_per_partition)
+            out.append(DepotPartition(opts.cluster, opts.module, opts.depot, task, group, s, e, address,
+                                      epochs.get(task, 0), opts.records_per_request, opts.max_bytes_per_request))
+            s = e
+    return out
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, bytes | bytearray | memoryview):
+        return base64.b64encode(bytes(o)).decode("ascii")
+    if isinstance(o, set | frozenset):
+        return sorted(o, key=repr)
+    raise TypeError(f"a value of type {type(o).__name__} cannot be written as JSON")
+
+
+def _json_safe(o: Any) -> Any:
+    """Slow path for what the JSON encoder refuses (e.g. tuple map keys): keys become strings."""
+    if isinstance(o, dict):
+        return {k if isinstance(k, str) else json.dumps(_json_safe(k), default=_json_default): _json_safe(v)
+                for k, v in o.items()}
+    if isinstance(o, list | tuple):
+        return [_json_safe(x) for x in o]
+    return o
+
+
+def _make_json_encoder() -> Any:
+    """The C JSON encoder called directly: saves ~1 us per record over ``json.dumps`` (Python pays per call)."""
+    try:
+        from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
+    except ImportError:  # pragma: no cover - CPython always has it
+        c_make_encoder = None
+    if c_make_encoder is None:  # pragma: no cover
+        enc = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=_json_default)
+        return enc.encode
+    c = c_make_encoder(None, _json_default, encode_basestring, None, ":", ",", False, False, True)
+
+    def encode(o: Any) -> str:
+        return "".join(c(o, 0))
+
+    return encode
+
+
+_TO_JSON = _make_json_encoder()
+
+
+def to_json(value: Any) -> str:
+    """A record as compact JSON (bytes as base64, non-string map keys as their JSON)."""
+    try:
+        s: str = _TO_JSON(value)
+        return s
+    except (TypeError, ValueError):
+        return json.dumps(_json_safe(value), ensure_ascii=False, separators=(",", ":"), default=_json_default)
+
+
+def decode_records(raw: Sequence[bytes]) -> list[Any]:
+    """Many msgpack records in one C call: prefix their concatenation with a msgpack array32 header."""
+    if not raw:
+        return []
+    blob = b"".join([b"\xdd", struct.pack(">I", len(raw)), *raw])
+    records: list[Any] = msgpack.unpackb(blob, raw=False, strict_map_key=False, use_list=True)
+    return records
+
+
+class RowBuilder:
+    """Turns a reply's records into one Arrow record batch in exactly the schema Spark expects.
+
+    Columns named task / offset / epoch get the metadata (wherever they are);
+    ``value`` gets the JSON of the record when no ``valueSchema`` was given;
+    every other column is a field of the (dict) record.
+    """
+
+    def __init__(self, schema: StructType, json_value: bool) -> None:
+        self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
+        self.names = schema.fieldNames()
+        self.json_value = json_value and "value" in self.names and isinstance(schema["value"].dataType, StringType)
+        self.fields = [n for n in self.names if n not in META_COLUMNS and not (self.json_value and n == "value")]
+        self.struct = pa.struct([self.arrow_schema.field(n) for n in self.fields]) if self.fields else None
+
+    def batch(self, task: int, first: int, epoch: int, raw: Sequence[bytes]) -> pa.RecordBatch:
+        n = len(raw)
+        cols: dict[str, pa.Array] = {
+            "task": pa.array(np.full(n, task, dtype=np.int32)),
+            "offset": pa.array(np.arange(first, first + n, dtype=np.int64)),
+            "epoch": pa.array(np.full(n, epoch, dtype=np.int64)),
+        }
+        records = decode_records(raw)
+        if self.json_value:
+            enc = to_json
+            cols["value"] = pa.array([enc(r) for r in records], type=pa.string())
+        if self.struct is not None:
+            try:
+                structs = pa.array(records, type=self.struct)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
+                raise self._mismatch(task, first, records) from None
+            for f, arr in zip(self.fields, _children(structs), strict=True):
+                cols[f] = arr
+        arrays = [cols[name] if name in cols else pa.nulls(n, self.arrow_schema.field(name).type)
+                  for name in self.names]
+        return pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)
+
+    def _mismatch(self, task: int, first: int, records: list[Any]) -> ValueSchemaMismatch:
+        """Find the first record that does not convert, to name it (slow path, only on error)."""
+        assert self.struct is not None
+        for i, r in enumerate(records):
+            if not isinstance(r, dict):
+                return ValueSchemaMismatch(
+                    f"record at task {task} offset {first + i} is a {type(r).__name__} ({_short(r)}), but option "
+                    f"valueSchema needs dict records; drop valueSchema to read it as JSON in column `value`")
+            try:
+                pa.array([r], type=self.struct)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as e:
+                bad = [f.name for f in self.struct if not _fits(r.get(f.name), f.type)]
+                return ValueSchemaMismatch(
+                    f"record at task {task} offset {first + i} does not fit valueSchema {self.struct}: field(s) "
+                    f"{bad} of {_short(r)} ({e}); fix valueSchema, or read `value` as JSON without it")
+        return ValueSchemaMismatch(f"records of task {task} from offset {first} do not fit valueSchema {self.struct}")
+
+
+def _children(structs: pa.StructArray) -> list[pa.Array]:
+    """Child arrays of a struct array, with top-level nulls (a None record) pushed down."""
+    if structs.null_count:
+        flat: list[pa.Array] = structs.flatten()
+        return flat
+    return [structs.field(i) for i in range(structs.type.num_fields)]
+
+
+def _fits(value: Any, typ: pa.DataType) -> bool:
+    try:
+        pa.array([value], type=typ)
+        return True
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
+        return False
+
+
+def _short(r: Any) -> str:
+    s = repr(r)
+    return s if len(s) <= 120 else s[:117] + "..."
+
+
+class _Fetcher:
+    """Reads records [start, end) of one partition from its leader, several requests in flight.
+
+    Offsets are dense, so request boundaries are known before any reply comes
+    back: up to ``READ_WINDOW`` requests travel while the caller decodes. A
+    reply cut short by ``max_bytes`` is continued at once. Each reply is
+    checked: it must start where asked (else the start was trimmed), it must
+    not come from an epoch older than planned (a zombie leader), and an empty
+    reply before ``end`` means the leader lost applied records (truncation);
+    the first two make it look the leader up again, the last fails the read.
+    """
+
+    def __init__(self, p: DepotPartition) -> None:
+        self.p = p
+        self.address = p.address
+        self.min_epoch = p.epoch
+        self._meta: ModuleMeta | None = None
+
+    def close(self) -> None:
+        if self._meta is not None:
+            self._meta.close()
+
+    def _request(self, start: int, end: int) -> Any:
+        p = self.p
+        req = pb.DepotReadRequest(module=p.module, depot=p.depot, task=p.task, start=start, end=end,
+                                  max_bytes=p.max_bytes)
+        return _stub(self.address).DepotRead.future(req, timeout=RPC_TIMEOUT_S)
+
+    def _relocate(self, why: Exception | str, deadline: float) -> None:
+        if time.monotonic() > deadline:
+            cause = why if isinstance(why, Exception) else None
+            raise MillraceSourceError(f"depot {self.p.module}/{self.p.depot} partition {self.p.task}: could not "
+                                      f"reach a serving leader within {RETRY_S:.0f}s ({why}); check "
+                                      "`conductor status`") from cause
+        log.info("depot %s/%s task %d: %s; looking up the leader again", self.p.module, self.p.depot, self.p.task,
+                 why)
+        time.sleep(0.1)
+        if self._meta is None:
+            self._meta = ModuleMeta(self.p.zk_hosts, self.p.module)
+        else:
+            self._meta.refresh()
+        self.address, _ = self._meta.leader(self.p.group)
+
+    def _status(self) -> PartitionStatus:
+        r = _stub(self.address).PartitionInfo(
+            pb.PartitionInfoRequest(module=self.p.module, depot=self.p.depot, task=self.p.task), timeout=RPC_TIMEOUT_S)
+        return PartitionStatus(self.p.task, int(r.start), int(r.end), int(r.epoch))
+
+    def chunks(self) -> Iterator[tuple[int, int, Sequence[bytes]]]:
+        """(first offset, epoch, msgpack records) per reply, in offset order."""
+        p = self.p
+        deadline = time.monotonic() + RETRY_S
+        pos = p.start  # everything below `pos` has been yielded
+        pending: deque[tuple[int, int, Any]] = deque()
+        nxt = p.start
+        try:
+            while pos < p.end:
+                while len(pending) < READ_WINDOW and nxt < p.end:
+                    e = min(p.end, nxt + p.records_per_request)
+                    pending.append((nxt, e, self._request(nxt, e)))
+                    nxt = e
+                s, e, fut = pending.popleft()
+                try:
+                    reply = fut.result()
+                    if reply.epoch < self.min_epoch:
+                        raise NotLeader(f"{p.module}/{p.group}", None, int(reply.epoch))
+                except (grpc.RpcError, NotLeader) as exc:
+                    err = error_from_rpc(exc) if isinstance(exc, grpc.RpcError) else exc
+                    for *_r, f in pending:
+                        f.cancel()
+                    pending.clear()
+                    if isinstance(err, DepotNotFound):
+                        raise SourceOptionError(f"module {p.module} has no depot {p.depot!r} (any more)") from None
+                    if not _retryable(err):
+                        raise err from None
+                    self._relocate(err, deadline)
+                    nxt = pos
+                    continue
+                got = len(reply.records)
+                if got == 0 or reply.start != s:
+                    for *_r, f in pending:
+                        f.cancel()
+                    pending.clear()
+                    self._check_range(s, e, reply, deadline)
+                    nxt = pos
+                    continue
+                if reply.next != reply.start + got:
+                    raise MillraceSourceError(
+                        f"depot {p.module}/{p.depot} partition {p.task}: reply for [{s}, {e}) holds {got} records but "
+                        f"spans [{reply.start}, {reply.next}); the partition has gaps, which depots never should")
+                self.min_epoch = max(self.min_epoch, int(reply.epoch))
+                yield s, int(reply.epoch), reply.records
+                deadline = time.monotonic() + RETRY_S  # progress: the retry budget is per stall, not per read
+                pos = int(reply.next)
+                if pos < e:  # cut by max_bytes: continue this range before the ones already in flight
+                    pending.appendleft((pos, e, self._request(pos, e)))
+        finally:
+            for *_r, f in pending:
+                f.cancel()
+            self.close()
+
+    def _check_range(self, s: int, e: int, reply: Any, deadline: float) -> None:
+        """An empty or misplaced reply: trimmed start or truncated end fails the read; a stale leader is retried."""
+        p = self.p
+        st = self._status()
+        if st.start > s or st.end < e:
+            validate_offsets(p.module, p.depot, {p.task: (s if st.start > s else e, p.epoch)},
+                             {p.task: st})
+        if st.epoch < p.epoch:
+            self._relocate(f"node answered for epoch {st.epoch} < planned {p.epoch}", deadline)
+            return
+        self._relocate(f"reply [{reply.start}, {reply.next}) for requested [{s}, {e}) with partition "
+                       f"[{st.start}, {st.end})", deadline)
+
+
+def read_partition(p: DepotPartition, rows: RowBuilder) -> Iterator[pa.RecordBatch]:
+    for first, epoch, raw in _Fetcher(p).chunks():
+        yield rows.batch(p.task, first, epoch, raw)
+
+
+# ---------------------------------------------------------------------------------------------- Spark API
+
+
+def _starts(opts: DepotOptions, statuses: Mapping[int, PartitionStatus]) -> dict[int, int]:
+    """Resolve ``startingOffsets`` against the partitions as they are now."""
+    out: dict[int, int] = {}
+    explicit = opts.starting_offsets if isinstance(opts.starting_offsets, dict) else {}
+    unknown = sorted(set(explicit) - set(statuses))
+    if unknown:
+        raise SourceOptionError(f"startingOffsets names task(s) {unknown}, but module {opts.module} has tasks "
+                                f"0..{len(statuses) - 1}")
+    for t, st in statuses.items():
+        want = explicit.get(t, EARLIEST if opts.starting_offsets != "latest" else LATEST)
+        out[t] = st.start if want == EARLIEST else st.end if want == LATEST else want
+    if explicit:
+        validate_offsets(opts.module, opts.depot, {t: (out[t], statuses[t].epoch) for t in out}, statuses)
+    return out
+
+
+class DepotDataSource(DataSource):
+    """``spark.read``/``spark.readStream`` ``.format("millrace.depot")``: see the module docstring."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        self.opts = DepotOptions.parse(options)
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self) -> str:
+        return self.opts.schema_ddl()
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return DepotBatchReader(self.opts, schema)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return DepotStreamReader(self.opts, schema)
+
+
+class DepotBatchReader(DataSourceReader):
+    """Everything applied when the query is planned (from ``startingOffsets``, default earliest)."""
+
+    def __init__(self, opts: DepotOptions, schema: StructType) -> None:
+        if opts.starting_offsets == "latest":
+            raise SourceOptionError("startingOffsets=latest makes an empty batch read; use it with readStream, "
+                                    "or give earliest / per-task JSON offsets")
+        self.opts = opts
+        self.schema = schema
+
+    def partitions(self) -> list[DepotPartition]:
+        with ModuleMeta(self.opts.cluster, self.opts.module) as meta:
+            statuses = meta.depot_statuses(self.opts.depot)
+            starts = _starts(self.opts, statuses)
+            ranges = {t: (starts[t], st.end) for t, st in statuses.items()}
+            return plan_partitions(self.opts, meta, ranges, {t: st.epoch for t, st in statuses.items()})
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, DepotPartition)
+        return read_partition(partition, RowBuilder(self.schema, self.opts.value_schema is None))
+
+
+class DepotStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Microbatches over applied offsets, with admission control and ``Trigger.AvailableNow``.
+
+    Lives in Spark's long-running Python planner process (offsets and
+    partitions) and is also pickled to executors (``read``); the ZooKeeper
+    session is opened lazily and never pickled.
+    """
+
+    def __init__(self, opts: DepotOptions, schema: StructType) -> None:
+        self.opts = opts
+        self.schema = schema
+        self._meta: ModuleMeta | None = None
+        self._target: dict[int, int] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_meta"] = None
+        return state
+
+    def _m(self) -> ModuleMeta:
+        if self._meta is None:
+            self._meta = ModuleMeta(self.opts.cluster, self.opts.module)
+        return self._meta
+
+    def _statuses(self) -> dict[int, PartitionStatus]:
+        m = self._m()
+        m.refresh()
+        return m.depot_statuses(self.opts.depot)
+
+    def initialOffset(self) -> dict[str, Any]:
+        statuses = self._statuses()
+        starts = _starts(self.opts, statuses)
+        return offsets_to_json({t: (starts[t], statuses[t].epoch) for t in statuses})
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.opts.max_records_per_trigger:
+            return ReadMaxRows(self.opts.max_records_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Pin the applied ends as of now: an availableNow run stops there even while appends go on."""
+        self._target = {t: st.end for t, st in self._statuses().items()}
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        statuses = self._statuses()
+        committed = offsets_from_json(start)
+        # A task added since the query started (scale-up) begins at its earliest offset.
+        starts = {t: committed[t][0] if t in committed else statuses[t].start for t in statuses}
+        validate_offsets(self.opts.module, self.opts.depot, {t: committed[t] for t in committed}, statuses)
+        ends = {t: st.end for t, st in statuses.items()}
+        if self._target is not None:
+            ends = {t: max(starts[t], min(e, self._target.get(t, starts[t]))) for t, e in ends.items()}
+        if isinstance(limit, ReadMaxRows):
+            ends = apply_limit(starts, ends, limit.max_rows)
+        out = {}
+        for t in statuses:
+            if t in committed and ends[t] == committed[t][0]:
+                out[t] = committed[t]  # unchanged: keep its epoch so an idle source reports no new data
+            else:
+                out[t] = (ends[t], statuses[t].epoch)
+        return offsets_to_json(out)
+
+    def reportLatestOffset(self) -> dict[str, Any] | None:
+        statuses = self._statuses()
+        return offsets_to_json({t: (st.end, st.epoch) for t, st in statuses.items()})
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        s = offsets_from_json(start)
+        e = offsets_from_json(end)
+        statuses = self._statuses()
+        # On a restart Spark replays the last planned batch straight from its offset log: check it again.
+        validate_offsets(self.opts.module, self.opts.depot, {**s, **e}, statuses)
+        validate_offsets(self.opts.module, self.opts.depot, s, statuses)
+        ranges = {t: (s[t][0] if t in s else statuses[t].start, off) for t, (off, _ep) in e.items()}
+        return plan_partitions(self.opts, self._m(), ranges, {t: ep for t, (_o, ep) in e.items()})
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, DepotPartition)
+        return read_partition(partition, RowBuilder(self.schema, self.opts.value_schema is None))
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Nothing to release: Millrace keeps no consumer state; the checkpoint holds the offsets."""
+
+    def stop(self) -> None:
+        if self._meta is not None:
+            self._meta.close()
+            self._meta = None
