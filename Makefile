@@ -70,11 +70,13 @@ doctor: setup
 	$(VENV)/bin/conductor doctor
 
 demo: setup
-	$(VENV)/bin/conductor doctor
+	$(PY) -m examples.demo
 
 bench: setup
 	$(PY) -m bench.replog_append --quick
 	$(PY) -m bench.pstate --quick
+	$(PY) -m bench.cluster_append --quick
+	$(PY) -m bench.microbatch --quick
 
 clean:
 	rm -rf $(BUILD) $(VENV) proto/*_pb2*.py proto/*_pb2.pyi

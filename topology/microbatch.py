@@ -22,7 +22,11 @@ entries, so they are exactly once too.
 
 from __future__ import annotations
 
+import argparse
 import logging
+import os
+import signal
+import sys
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
@@ -88,15 +92,29 @@ def route_changes(definition: ModuleDefinition, topology: str, tasks: int, group
     return out
 
 
+#: test hook: SIGKILL the driver itself after this many group commits of a batch (mid-commit crash)
+CRASH_AFTER_GROUPS_ENV = "MILLRACE_TEST_CRASH_AFTER_GROUPS"
+
+
 def commit_batch(cluster: Cluster, module: str, topology: str, batch_id: int,
                  changes: dict[int, list[pb.BatchChange]]) -> dict[int, bool]:
-    """Send each group its share (all groups in parallel); returns group -> skipped (already applied)."""
+    """Send each group its share (in parallel); returns group -> skipped (it had applied it already).
+
+    Every group gets a request, even an empty one, so every group records the
+    batch as committed and `Progress` tells how far a topology got everywhere.
+    """
     info = cluster.module_info(module)
+    crash_after = os.environ.get(CRASH_AFTER_GROUPS_ENV)
     futures = {}
     for g in range(info.groups):
         req = pb.CommitBatchRequest(module=module, group=g, topology=topology, batch_id=batch_id,
                                     changes=changes.get(g, []))
         futures[g] = cluster.call_group(module, g, "CommitBatch", req)
+        if crash_after is not None and g + 1 >= int(crash_after):
+            futures[g].result()
+            log.warning("test hook %s: killing the driver after %d group commit(s) of batch %d",
+                        CRASH_AFTER_GROUPS_ENV, g + 1, batch_id)
+            os.kill(os.getpid(), signal.SIGKILL)
     return {g: f.result().skipped for g, f in futures.items()}
 
 
@@ -108,9 +126,42 @@ def _topology(definition: ModuleDefinition, name: str) -> TopologyDecl:
     return t
 
 
+class MicrobatchQuery:
+    """A running microbatch topology: its Spark query and the cluster client its commits use.
+
+    The client holds a ZooKeeper session, so it must be closed when the query
+    ends; waiting for or stopping the query through this handle does that.
+    """
+
+    def __init__(self, query: StreamingQuery, cluster: Cluster) -> None:
+        self.query = query
+        self.cluster = cluster
+
+    def await_termination(self, timeout_s: float | None = None) -> bool:
+        """Wait for the query (e.g. an availableNow run) to finish; closes the client once it has."""
+        try:
+            if timeout_s is None:
+                self.query.awaitTermination()
+                finished = True
+            else:
+                finished = bool(self.query.awaitTermination(int(timeout_s)))
+        except BaseException:
+            self.cluster.close()
+            raise
+        if finished:
+            self.cluster.close()
+        return finished
+
+    def stop(self) -> None:
+        try:
+            self.query.stop()
+        finally:
+            self.cluster.close()
+
+
 def run_microbatch(spark: SparkSession, zk: str, module: str, topology: str, checkpoint: str,
-                   trigger: dict[str, Any] | None = None, max_records_per_trigger: int | None = None) -> StreamingQuery:
-    """Start the Structured Streaming query of a microbatch topology; returns the running query."""
+                   trigger: dict[str, Any] | None = None, max_records_per_trigger: int | None = None) -> MicrobatchQuery:
+    """Start the Structured Streaming query of a microbatch topology; returns a handle on it."""
     from topology.spark import register
 
     register(spark)
@@ -144,4 +195,41 @@ def run_microbatch(spark: SparkSession, zk: str, module: str, topology: str, che
     writer = source.writeStream.foreachBatch(each_batch).option("checkpointLocation", checkpoint)
     if trigger:
         writer = writer.trigger(**trigger)
-    return writer.queryName(f"millrace-{module}-{topology}").start()
+    try:
+        query = writer.queryName(f"millrace-{module}-{topology}").start()
+    except BaseException:
+        cluster.close()
+        raise
+    return MicrobatchQuery(query, cluster)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m topology.microbatch --zk ... --module M --topology T --checkpoint DIR [--available-now]``."""
+    p = argparse.ArgumentParser(prog="python -m topology.microbatch",
+                                description="Run a Millrace microbatch topology on Spark (local[2]).")
+    p.add_argument("--zk", required=True)
+    p.add_argument("--module", required=True)
+    p.add_argument("--topology", required=True)
+    p.add_argument("--checkpoint", required=True, help="Spark checkpoint folder (keep it to resume exactly once)")
+    p.add_argument("--available-now", action="store_true", help="process what is applied now, then stop")
+    p.add_argument("--interval", default="1 second", help="processing-time trigger when not --available-now")
+    p.add_argument("--max-records-per-trigger", type=int, default=None)
+    p.add_argument("--log-level", default="WARNING")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from conductor.spark_env import spark_session
+
+    spark = spark_session(f"millrace-{args.module}-{args.topology}")
+    trigger = {"availableNow": True} if args.available_now else {"processingTime": args.interval}
+    query = run_microbatch(spark, args.zk, args.module, args.topology, args.checkpoint, trigger=trigger,
+                           max_records_per_trigger=args.max_records_per_trigger)
+    try:
+        query.await_termination()
+    finally:
+        spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
