@@ -17,6 +17,7 @@ import pytest
 
 from conductor.client import Cluster
 from conductor.devcluster import DevCluster
+from conductor.metastore import Metastore
 from tests.integration.cluster_helpers import deploy, wait_for
 from topology.partitioners import task_for_key
 from topology.spark import (
@@ -27,10 +28,15 @@ from topology.spark import (
 )
 from topology.spark.depot_source import (
     DepotOptions,
+    DepotPartition,
     DepotStreamReader,
     PartitionStatus,
+    RowBuilder,
+    TaskRange,
+    _split,
     apply_limit,
     offsets_from_json,
+    read_partition,
     validate_offsets,
 )
 
@@ -101,6 +107,11 @@ def test_batch_read_returns_every_applied_record_exactly_once(spark: Any, dc: De
     rows = df.collect()
     assert ids(rows) == Counter(r["id"] for r in clicks)
     assert [json.loads(r["value"]) for r in rows if json.loads(r["value"])["id"] == "c7"] == [clicks[7]]
+    # one Spark partition per task group by default; minPartitions / recordsPerPartition cut more, same records
+    assert df.rdd.getNumPartitions() == 2
+    split = depot_df(spark, dc, "*clicks", minPartitions="5", recordsPerRequest="300")
+    assert split.rdd.getNumPartitions() >= 5
+    assert ids(split.collect()) == ids(rows)
     # offsets are the depot's own: dense per task, matching each partition's applied range
     depot = client.depot("Clicks", "*clicks")
     for task in range(4):
@@ -138,6 +149,25 @@ def test_bad_options_say_what_to_do(spark: Any, dc: DevCluster) -> None:
     with pytest.raises(Exception, match="module 'Nope' is not deployed"):
         (spark.read.format("millrace.depot").option("cluster", dc.hosts).option("module", "Nope")
          .option("depot", "*x").load().collect())
+
+
+def test_a_partition_planned_at_a_non_leader_finds_the_leader_through_zookeeper(
+        spark: Any, dc: DevCluster, client: Cluster, clicks: list[dict[str, Any]]) -> None:
+    """An executor that reaches a follower (the leader moved since planning) gets NotLeader, looks up, reads."""
+    from pyspark.sql.types import StructType
+
+    with Metastore(dc.hosts) as ms:
+        st, _v = ms.get_group("Clicks", 0)
+        follower = next(r for r in st.replicas if r != st.leader)
+        info = ms.get_node(follower)
+        assert info is not None
+    depot = client.depot("Clicks", "*clicks")
+    ranges = [TaskRange(t, 0, depot.partition_status(t).end, st.epoch) for t in (0, 2)]  # group 0's tasks
+    part = DepotPartition(dc.hosts, "Clicks", "*clicks", 0, ranges, info.address, 500, 1 << 20)
+    schema = StructType.fromDDL("task int, offset long, epoch long, value string")
+    got = [row for b in read_partition(part, RowBuilder(schema, True)) for row in b.to_pylist()]
+    assert len(got) == sum(r.end - r.start for r in ranges)
+    assert {(r["task"], r["offset"]) for r in got} == {(r.task, o) for r in ranges for o in range(r.start, r.end)}
 
 
 # ------------------------------------------------------------------------------------------- streaming
@@ -210,6 +240,15 @@ def test_offset_validation_rules() -> None:
     assert apply_limit({0: 0, 1: 0}, {0: 300, 1: 100}, 100) == {0: 75, 1: 25}
     assert apply_limit({0: 0, 1: 0}, {0: 3, 1: 0}, 100) == {0: 3, 1: 0}
     assert sum(apply_limit({0: 0, 1: 0, 2: 0}, {0: 10, 1: 10, 2: 10}, 7).values()) == 7
+
+
+def test_partition_planning_splits_a_groups_ranges_evenly_and_completely() -> None:
+    ranges = [TaskRange(0, 5, 105, 1), TaskRange(2, 0, 50, 1)]
+    pieces = _split(ranges, 3)
+    assert [sum(r.end - r.start for r in p) for p in pieces] == [50, 50, 50]
+    covered = sorted((r.task, o) for p in pieces for r in p for o in range(r.start, r.end))
+    assert covered == sorted([(0, o) for o in range(5, 105)] + [(2, o) for o in range(50)])
+    assert _split(ranges, 1) == [ranges]
 
 
 def test_stream_reader_checks_committed_offsets_against_the_leaders(spark: Any, dc: DevCluster,

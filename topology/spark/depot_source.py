@@ -17,8 +17,9 @@ Options: ``cluster`` (ZooKeeper connect string), ``module``, ``depot`` (required
 ``startingOffsets`` = ``earliest`` (default) | ``latest`` | JSON ``{"<task>": offset}``
 (-2 = earliest, -1 = latest, like Kafka); ``maxRecordsPerTrigger`` (streaming,
 shared across tasks in proportion to their backlog); ``valueSchema`` (DDL);
-tuning: ``recordsPerPartition`` (Spark partition size, default 1,000,000),
-``recordsPerRequest`` (default 32,768) and ``maxBytesPerRequest`` (default 16 MiB).
+tuning: ``minPartitions`` (default: one Spark partition per task group),
+``recordsPerPartition`` (default 1,000,000), ``recordsPerRequest`` (default
+32,768) and ``maxBytesPerRequest`` (default 16 MiB).
 
 Why it is shaped this way:
 
@@ -40,6 +41,10 @@ Why it is shaped this way:
   address and epoch in the partition, so a Spark task connects straight to the
   node. Only a ``NotLeader``/unreachable node (or a reply from an epoch older
   than planned: a zombie leader) makes a task look the leader up again.
+* **Spark pays per partition.** Each Python partition costs Spark tens of
+  milliseconds, so a read gets one Spark partition per task group (whose
+  tasks share a leader: one node, one channel), cut further only for size
+  (``recordsPerPartition``) or parallelism (``minPartitions``).
 * **Python pays per object.** A Spark task pipelines several large
   ``DepotRead`` requests (offsets are dense, so request boundaries are known in
   advance and the next replies travel while this one is decoded), decodes each
@@ -76,7 +81,6 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StringType, StructType
 
 from conductor.metastore import Metastore, MetastoreError, ModuleNotFound
-from conductor.transport import GRPC_OPTIONS
 from conductor.wire_errors import Unavailable, error_from_rpc
 from proto import millrace_pb2 as pb
 from proto import millrace_pb2_grpc as pbg
@@ -191,6 +195,7 @@ class DepotOptions:
     max_records_per_trigger: int | None = None
     value_schema: str | None = None
     records_per_partition: int = DEFAULT_RECORDS_PER_PARTITION
+    min_partitions: int | None = None
     records_per_request: int = DEFAULT_RECORDS_PER_REQUEST
     max_bytes_per_request: int = DEFAULT_MAX_BYTES_PER_REQUEST
 
@@ -213,6 +218,7 @@ class DepotOptions:
                                     "or leave it out to get the record as JSON in column `value`")
         mrpt = _positive(options, "maxRecordsPerTrigger", None)
         rpp = _positive(options, "recordsPerPartition", DEFAULT_RECORDS_PER_PARTITION)
+        minp = _positive(options, "minPartitions", None)
         rpr = _positive(options, "recordsPerRequest", DEFAULT_RECORDS_PER_REQUEST)
         mbr = _positive(options, "maxBytesPerRequest", DEFAULT_MAX_BYTES_PER_REQUEST)
         assert rpp is not None and rpr is not None and mbr is not None
@@ -220,7 +226,7 @@ class DepotOptions:
             raise SourceOptionError(f"maxBytesPerRequest must be at most {48 << 20} (gRPC messages are capped "
                                     f"at 64 MiB), got {mbr}")
         return cls(cluster, module, depot, starting, mrpt, value_schema.strip() if value_schema else None,
-                   rpp, rpr, mbr)
+                   rpp, minp, rpr, mbr)
 
     def schema_ddl(self) -> str:
         return f"{BASE_SCHEMA}, {self.value_schema}" if self.value_schema else JSON_SCHEMA
@@ -252,6 +258,12 @@ def _parse_starting_json(raw: str) -> dict[int, int]:
 # ---------------------------------------------------------------------------------------------- metadata
 
 
+#: like conductor.transport's, without importing the node runtime into every Spark worker (~60 ms)
+GRPC_OPTIONS = [
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.keepalive_time_ms", 10_000),
+]
 _CHANNELS: dict[str, grpc.Channel] = {}
 _CHANNELS_LOCK = threading.Lock()
 
@@ -452,44 +464,90 @@ def apply_limit(starts: Mapping[int, int], ends: Mapping[int, int], max_rows: in
 # ---------------------------------------------------------------------------------------------- reading
 
 
-class DepotPartition(InputPartition):
-    """One Spark partition: records [start, end) of one depot partition, and where to fetch them.
+@dataclass(frozen=True)
+class TaskRange:
+    """Records [start, end) of depot partition `task`, planned while its leader was at `epoch`."""
 
-    Carries the leader's address and epoch as planned, so the executor goes
-    straight to the node; ZooKeeper is asked only if that leader moved.
+    task: int
+    start: int
+    end: int
+    epoch: int
+
+
+class DepotPartition(InputPartition):
+    """One Spark partition: ranges of one task group's depot partitions, and the leader to fetch them from.
+
+    All ranges share the group's leader, so one Spark task talks to one node
+    over one channel. It carries that leader's address (planned on the
+    driver), so the executor goes straight to the node; ZooKeeper is asked
+    only if that leader moved.
     """
 
-    def __init__(self, zk_hosts: str, module: str, depot: str, task: int, group: int, start: int, end: int,
-                 address: str, epoch: int, records_per_request: int, max_bytes: int) -> None:
-        super().__init__(task)
+    def __init__(self, zk_hosts: str, module: str, depot: str, group: int, ranges: list[TaskRange],
+                 address: str, records_per_request: int, max_bytes: int) -> None:
+        super().__init__(group)
         self.zk_hosts = zk_hosts
         self.module = module
         self.depot = depot
-        self.task = task
         self.group = group
-        self.start = start
-        self.end = end
+        self.ranges = ranges
         self.address = address
-        self.epoch = epoch
         self.records_per_request = records_per_request
         self.max_bytes = max_bytes
+
+    def __repr__(self) -> str:
+        spans = ", ".join(f"{r.task}:[{r.start},{r.end})" for r in self.ranges)
+        return f"DepotPartition({self.module}/{self.depot} group {self.group} at {self.address}: {spans})"
+
+
+def _split(ranges: list[TaskRange], parts: int) -> list[list[TaskRange]]:
+    """Cut the concatenation of `ranges` into `parts` pieces of near-equal record counts."""
+    total = sum(r.end - r.start for r in ranges)
+    out: list[list[TaskRange]] = []
+    queue = deque(ranges)
+    for i in range(parts):
+        want = total * (i + 1) // parts - total * i // parts
+        piece: list[TaskRange] = []
+        while want > 0 and queue:
+            r = queue.popleft()
+            n = r.end - r.start
+            if n <= want:
+                piece.append(r)
+                want -= n
+            else:
+                piece.append(TaskRange(r.task, r.start, r.start + want, r.epoch))
+                queue.appendleft(TaskRange(r.task, r.start + want, r.end, r.epoch))
+                want = 0
+        if piece:
+            out.append(piece)
+    return out
 
 
 def plan_partitions(opts: DepotOptions, meta: ModuleMeta, ranges: Mapping[int, tuple[int, int]],
                     epochs: Mapping[int, int]) -> list[DepotPartition]:
-    """Spark partitions for [start, end) per task, split every ``records_per_partition`` records."""
-    out: list[DepotPartition] = []
+    """Spark partitions for [start, end) per task: one per task group, split for size and parallelism.
+
+    Spark pays tens of milliseconds per Python partition, so a small read
+    should use as few as keep every core busy: one per task group (its tasks
+    share a leader) by default, each group cut into pieces of at most
+    ``recordsPerPartition`` records, and into more when ``minPartitions``
+    asks for more parallelism (shared in proportion to each group's records).
+    """
+    by_group: dict[int, list[TaskRange]] = {}
     for task, (start, end) in sorted(ranges.items()):
-        if end <= start:
-            continue
-        group = meta.group_of(task)
+        if end > start:
+            by_group.setdefault(meta.group_of(task), []).append(TaskRange(task, start, end, epochs.get(task, 0)))
+    total = sum(r.end - r.start for rs in by_group.values() for r in rs)
+    out: list[DepotPartition] = []
+    for group, rs in sorted(by_group.items()):
+        n = sum(r.end - r.start for r in rs)
+        parts = max(1, -(-n // opts.records_per_partition))
+        if opts.min_partitions:
+            parts = max(parts, -(-opts.min_partitions * n // total))
         address, _zk_epoch = meta.leader(group)
-        s = start
-        while s < end:
-            e = min(end, s + opts.records_per_partition)
-            out.append(DepotPartition(opts.cluster, opts.module, opts.depot, task, group, s, e, address,
-                                      epochs.get(task, 0), opts.records_per_request, opts.max_bytes_per_request))
-            s = e
+        for piece in _split(rs, min(parts, n)):
+            out.append(DepotPartition(opts.cluster, opts.module, opts.depot, group, piece, address,
+                                      opts.records_per_request, opts.max_bytes_per_request))
     return out
 
 
@@ -540,12 +598,25 @@ def to_json(value: Any) -> str:
         return json.dumps(_json_safe(value), ensure_ascii=False, separators=(",", ":"), default=_json_default)
 
 
+_BIGINT_EXT = 1  # pstate's msgpack ext type for ints beyond 64 bits (signed big-endian bytes)
+
+
+def _ext_hook(code: int, data: bytes) -> Any:
+    if code == _BIGINT_EXT:
+        return int.from_bytes(data, "big", signed=True)
+    return msgpack.ExtType(code, data)
+
+
 def decode_records(raw: Sequence[bytes]) -> list[Any]:
-    """Many msgpack records in one C call: prefix their concatenation with a msgpack array32 header."""
+    """Many msgpack records in one C call: prefix their concatenation with a msgpack array32 header.
+
+    Decodes the store's own encoding too (big ints as ext type 1), so records
+    served as stored bytes, without a re-encode on the node, read the same.
+    """
     if not raw:
         return []
     blob = b"".join([b"\xdd", struct.pack(">I", len(raw)), *raw])
-    records: list[Any] = msgpack.unpackb(blob, raw=False, strict_map_key=False, use_list=True)
+    records: list[Any] = msgpack.unpackb(blob, raw=False, strict_map_key=False, use_list=True, ext_hook=_ext_hook)
     return records
 
 
@@ -626,7 +697,7 @@ def _short(r: Any) -> str:
 
 
 class _Fetcher:
-    """Reads records [start, end) of one partition from its leader, several requests in flight.
+    """Reads the ranges of one Spark partition from their group's leader, several requests in flight.
 
     Offsets are dense, so request boundaries are known before any reply comes
     back: up to ``READ_WINDOW`` requests travel while the caller decodes. A
@@ -640,109 +711,110 @@ class _Fetcher:
     def __init__(self, p: DepotPartition) -> None:
         self.p = p
         self.address = p.address
-        self.min_epoch = p.epoch
+        self.min_epoch = max((r.epoch for r in p.ranges), default=0)
         self._meta: ModuleMeta | None = None
 
     def close(self) -> None:
         if self._meta is not None:
             self._meta.close()
 
-    def _request(self, start: int, end: int) -> Any:
+    def _request(self, r: TaskRange) -> Any:
         p = self.p
-        req = pb.DepotReadRequest(module=p.module, depot=p.depot, task=p.task, start=start, end=end,
+        req = pb.DepotReadRequest(module=p.module, depot=p.depot, task=r.task, start=r.start, end=r.end,
                                   max_bytes=p.max_bytes)
         return _stub(self.address).DepotRead.future(req, timeout=RPC_TIMEOUT_S)
 
     def _relocate(self, why: Exception | str, deadline: float) -> None:
+        p = self.p
         if time.monotonic() > deadline:
             cause = why if isinstance(why, Exception) else None
-            raise MillraceSourceError(f"depot {self.p.module}/{self.p.depot} partition {self.p.task}: could not "
-                                      f"reach a serving leader within {RETRY_S:.0f}s ({why}); check "
-                                      "`conductor status`") from cause
-        log.info("depot %s/%s task %d: %s; looking up the leader again", self.p.module, self.p.depot, self.p.task,
-                 why)
+            raise MillraceSourceError(f"depot {p.module}/{p.depot} task group {p.group}: could not reach a serving "
+                                      f"leader within {RETRY_S:.0f}s ({why}); check `conductor status`") from cause
+        log.info("depot %s/%s group %d: %s; looking up the leader again", p.module, p.depot, p.group, why)
         time.sleep(0.1)
         if self._meta is None:
-            self._meta = ModuleMeta(self.p.zk_hosts, self.p.module)
+            self._meta = ModuleMeta(p.zk_hosts, p.module)
         else:
             self._meta.refresh()
-        self.address, _ = self._meta.leader(self.p.group)
+        self.address, _ = self._meta.leader(p.group)
 
-    def _status(self) -> PartitionStatus:
+    def _status(self, task: int) -> PartitionStatus:
         r = _stub(self.address).PartitionInfo(
-            pb.PartitionInfoRequest(module=self.p.module, depot=self.p.depot, task=self.p.task), timeout=RPC_TIMEOUT_S)
-        return PartitionStatus(self.p.task, int(r.start), int(r.end), int(r.epoch))
+            pb.PartitionInfoRequest(module=self.p.module, depot=self.p.depot, task=task), timeout=RPC_TIMEOUT_S)
+        return PartitionStatus(task, int(r.start), int(r.end), int(r.epoch))
 
-    def chunks(self) -> Iterator[tuple[int, int, Sequence[bytes]]]:
-        """(first offset, epoch, msgpack records) per reply, in offset order."""
+    def chunks(self) -> Iterator[tuple[int, int, int, Sequence[bytes]]]:
+        """(task, first offset, epoch, msgpack records) per reply, in plan order."""
         p = self.p
         deadline = time.monotonic() + RETRY_S
-        pos = p.start  # everything below `pos` has been yielded
-        pending: deque[tuple[int, int, Any]] = deque()
-        nxt = p.start
+        todo: deque[TaskRange] = deque()
+        for r in p.ranges:
+            for s in range(r.start, r.end, p.records_per_request):
+                todo.append(TaskRange(r.task, s, min(r.end, s + p.records_per_request), r.epoch))
+        pending: deque[tuple[TaskRange, Any]] = deque()
+
+        def requeue(current: TaskRange) -> None:
+            """Put the failed request and every one in flight back, in order, to send again."""
+            back = [current, *(r for r, _f in pending)]
+            for _r, f in pending:
+                f.cancel()
+            pending.clear()
+            todo.extendleft(reversed(back))
+
         try:
-            while pos < p.end:
-                while len(pending) < READ_WINDOW and nxt < p.end:
-                    e = min(p.end, nxt + p.records_per_request)
-                    pending.append((nxt, e, self._request(nxt, e)))
-                    nxt = e
-                s, e, fut = pending.popleft()
+            while todo or pending:
+                while len(pending) < READ_WINDOW and todo:
+                    r = todo.popleft()
+                    pending.append((r, self._request(r)))
+                r, fut = pending.popleft()
                 try:
                     reply = fut.result()
                     if reply.epoch < self.min_epoch:
                         raise NotLeader(f"{p.module}/{p.group}", None, int(reply.epoch))
                 except (grpc.RpcError, NotLeader) as exc:
                     err = error_from_rpc(exc) if isinstance(exc, grpc.RpcError) else exc
-                    for *_r, f in pending:
-                        f.cancel()
-                    pending.clear()
+                    requeue(r)
                     if isinstance(err, DepotNotFound):
                         raise SourceOptionError(f"module {p.module} has no depot {p.depot!r} (any more)") from None
                     if not _retryable(err):
                         raise err from None
                     self._relocate(err, deadline)
-                    nxt = pos
                     continue
                 got = len(reply.records)
-                if got == 0 or reply.start != s:
-                    for *_r, f in pending:
-                        f.cancel()
-                    pending.clear()
-                    self._check_range(s, e, reply, deadline)
-                    nxt = pos
+                if got == 0 or reply.start != r.start:
+                    requeue(r)
+                    self._check_range(r, reply, deadline)
                     continue
                 if reply.next != reply.start + got:
                     raise MillraceSourceError(
-                        f"depot {p.module}/{p.depot} partition {p.task}: reply for [{s}, {e}) holds {got} records but "
-                        f"spans [{reply.start}, {reply.next}); the partition has gaps, which depots never should")
+                        f"depot {p.module}/{p.depot} partition {r.task}: reply for [{r.start}, {r.end}) holds {got} "
+                        f"records but spans [{reply.start}, {reply.next}); depot partitions never have gaps")
                 self.min_epoch = max(self.min_epoch, int(reply.epoch))
-                yield s, int(reply.epoch), reply.records
+                yield r.task, r.start, int(reply.epoch), reply.records
                 deadline = time.monotonic() + RETRY_S  # progress: the retry budget is per stall, not per read
-                pos = int(reply.next)
-                if pos < e:  # cut by max_bytes: continue this range before the ones already in flight
-                    pending.appendleft((pos, e, self._request(pos, e)))
+                if reply.next < r.end:  # cut by max_bytes: continue this range before the ones in flight
+                    rest = TaskRange(r.task, int(reply.next), r.end, r.epoch)
+                    pending.appendleft((rest, self._request(rest)))
         finally:
-            for *_r, f in pending:
+            for _r, f in pending:
                 f.cancel()
             self.close()
 
-    def _check_range(self, s: int, e: int, reply: Any, deadline: float) -> None:
-        """An empty or misplaced reply: trimmed start or truncated end fails the read; a stale leader is retried."""
+    def _check_range(self, r: TaskRange, reply: Any, deadline: float) -> None:
+        """An empty or misplaced reply: trimmed start or truncated end fails the read; anything else retries."""
         p = self.p
-        st = self._status()
-        if st.start > s or st.end < e:
-            validate_offsets(p.module, p.depot, {p.task: (s if st.start > s else e, p.epoch)},
-                             {p.task: st})
-        if st.epoch < p.epoch:
-            self._relocate(f"node answered for epoch {st.epoch} < planned {p.epoch}", deadline)
-            return
-        self._relocate(f"reply [{reply.start}, {reply.next}) for requested [{s}, {e}) with partition "
-                       f"[{st.start}, {st.end})", deadline)
+        st = self._status(r.task)
+        if st.start > r.start or st.end < r.end:
+            validate_offsets(p.module, p.depot, {r.task: (r.start if st.start > r.start else r.end, r.epoch)},
+                             {r.task: st})
+        self._relocate(f"reply [{reply.start}, {reply.next}) at epoch {reply.epoch} for requested "
+                       f"[{r.start}, {r.end}) while the partition holds [{st.start}, {st.end}) at epoch {st.epoch}",
+                       deadline)
 
 
 def read_partition(p: DepotPartition, rows: RowBuilder) -> Iterator[pa.RecordBatch]:
-    for first, epoch, raw in _Fetcher(p).chunks():
-        yield rows.batch(p.task, first, epoch, raw)
+    for task, first, epoch, raw in _Fetcher(p).chunks():
+        yield rows.batch(task, first, epoch, raw)
 
 
 # ---------------------------------------------------------------------------------------------- Spark API

@@ -1,0 +1,279 @@
+"""Spark over depots: read throughput of ``millrace.depot`` against the same records in Delta Lake.
+
+    python -m bench.microbatch [--quick] [--records N] [--runs K] [--dir PATH]
+
+A :class:`~conductor.devcluster.DevCluster` (real ZooKeeper, one conductor,
+three worker processes on 127.0.0.1) runs ``examples.clicks:Clicks`` (4 tasks,
+2 task groups, RF=3). The benchmark appends ``--records`` click dicts
+(``{"user", "n", "page"}``, ~40 B of msgpack each; 200,000 with ``--quick``)
+to ``*clicks`` with ``ack="applied"``, exports them once to a Delta table with
+:func:`topology.spark.export_depot_to_delta`, then times the *same Spark job*
+on both inputs, alternating, ``--runs`` times each after one warm-up each:
+
+    df.groupBy("user").agg(count("*"), sum("n")).collect()
+
+where ``df`` is either ``spark.read.format("millrace.depot")`` with
+``valueSchema = "user string, n long, page string"`` or
+``spark.read.format("delta").load(table)`` (same columns). Rows/s is records
+divided by the median wall time of the job (planning included: both sources
+pay their own planning, ZooKeeper + PartitionInfo vs. the Delta log). Spark
+runs local[2] on the same two cores as the three worker nodes, as it would in
+the single-box demo; the figures are for that box, not for a cluster.
+
+Diagnostics (not goals), to show where the time goes:
+
+* ``depot_json_rows_per_s``: the same job without ``valueSchema`` (``value``
+  is the record as JSON, parsed with ``get_json_object``): the cost of JSON;
+* ``fetch_decode_rows_per_s``: the source's own read path (pipelined
+  ``DepotRead`` + msgpack + Arrow, exactly the code a Spark task runs) in this
+  process, one partition after another, without Spark: the Python ceiling.
+
+The last line is one JSON object (DESIGN.md section 7). It has
+``depot_rows_per_s``, ``delta_rows_per_s`` and ``ratio_vs_delta`` (goal >= 1.0)
+from this half of the benchmark; ``append_to_visible_p50_ms`` belongs to the
+microbatch-latency half and is ``null`` here (the table says so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from conductor.client import Cluster
+from conductor.controller import Conductor
+from conductor.devcluster import DevCluster
+from conductor.metastore import Metastore
+from conductor.module_spec import ModuleSpec
+
+MODULE = "Clicks"
+MODULE_REF = "examples.clicks:Clicks"
+DEPOT = "*clicks"
+VALUE_SCHEMA = "user string, n long, page string"
+GOAL_RATIO_VS_DELTA = 1.0
+APPEND_CHUNK = 20_000
+
+
+def make_record(i: int) -> dict[str, Any]:
+    return {"user": f"u{i % 1000}", "n": i, "page": f"/p/{i % 37}"}
+
+
+def _interrupt(_sig: int, _frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def deploy(hosts: str, tasks: int, threads: int, timeout_s: float = 60.0) -> None:
+    """Deploy Clicks with RF=3 and wait until every group has a leader with a full ISR."""
+    c = Conductor(hosts, "bench-microbatch")
+    c.ms.start()
+    try:
+        c.deploy(ModuleSpec(name=MODULE, module_ref=MODULE_REF, tasks=tasks, threads=threads, workers=3,
+                            replication_factor=3))
+    finally:
+        c.ms.close()
+    deadline = time.monotonic() + timeout_s
+    with Metastore(hosts) as ms:
+        while True:
+            groups = ms.list_groups(MODULE)
+            if len(groups) == threads and all(st.leader and len(st.isr) == 3 for st, _v in groups.values()):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"module {MODULE} did not get leaders with full ISRs within {timeout_s}s")
+            time.sleep(0.1)
+
+
+def append_records(hosts: str, n: int) -> float:
+    """Append n records with ack=applied (retrying the first call while leaders start serving); records/s."""
+    with Cluster.connect(hosts) as c:
+        depot = c.depot(MODULE, DEPOT)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                depot.append(make_record(-1), ack="applied")  # warm-up record, counted below
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        t0 = time.perf_counter()
+        for start in range(0, n - 1, APPEND_CHUNK):
+            depot.append_many([make_record(i) for i in range(start, min(n - 1, start + APPEND_CHUNK))],
+                              ack="applied")
+        return (n - 1) / (time.perf_counter() - t0)
+
+
+def applied_records(hosts: str, tasks: int) -> int:
+    with Cluster.connect(hosts) as c:
+        depot = c.depot(MODULE, DEPOT)
+        return sum(depot.partition_status(t).end - depot.partition_status(t).start for t in range(tasks))
+
+
+def fetch_decode_rate(hosts: str, records: int) -> float:
+    """The source's read path without Spark: every partition fetched and turned into Arrow, in this process."""
+    from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
+
+    from topology.spark.depot_source import (
+        DepotOptions,
+        ModuleMeta,
+        RowBuilder,
+        plan_partitions,
+        read_partition,
+    )
+
+    schema = StructType([StructField("task", IntegerType()), StructField("offset", LongType()),
+                         StructField("epoch", LongType()), StructField("user", StringType()),
+                         StructField("n", LongType()), StructField("page", StringType())])
+    opts = DepotOptions.parse({"cluster": hosts, "module": MODULE, "depot": DEPOT, "valueSchema": VALUE_SCHEMA})
+    t0 = time.perf_counter()
+    with ModuleMeta(hosts, MODULE) as meta:
+        st = meta.depot_statuses(DEPOT)
+        parts = plan_partitions(opts, meta, {t: (s.start, s.end) for t, s in st.items()},
+                                {t: s.epoch for t, s in st.items()})
+    rows = RowBuilder(schema, json_value=False)
+    got = sum(b.num_rows for p in parts for b in read_partition(p, rows))
+    elapsed = time.perf_counter() - t0
+    if got != records:
+        raise AssertionError(f"fetch/decode read {got} rows, expected {records}")
+    return got / elapsed
+
+
+def run(args: argparse.Namespace, root: Path, console: Console) -> dict[str, Any]:
+    from pyspark.sql import functions as F
+
+    from conductor.spark_env import spark_session
+    from topology.spark import export_depot_to_delta, register
+
+    result: dict[str, Any] = {}
+    with DevCluster(root / "cluster", nodes=3, session_timeout=6.0) as dc:
+        deploy(dc.hosts, args.tasks, args.threads)
+        console.log(f"appending {args.records:,} records to {MODULE}/{DEPOT} (ack=applied)")
+        result["append_records_per_s"] = append_records(dc.hosts, args.records)
+        n = applied_records(dc.hosts, args.tasks)
+        if n != args.records:
+            raise AssertionError(f"{n} records applied in {DEPOT}, expected {args.records}")
+
+        spark = spark_session("bench-microbatch", warehouse=root / "warehouse", cores=2)
+        try:
+            register(spark)
+            table = str(root / "clicks.delta")
+            console.log("exporting to Delta (readStream millrace.depot -> writeStream delta, availableNow)")
+            t0 = time.perf_counter()
+            exported = export_depot_to_delta(spark, dc.hosts, MODULE, DEPOT, table, str(root / "clicks.ckpt"),
+                                             value_schema=VALUE_SCHEMA)
+            result["delta_export_s"] = time.perf_counter() - t0
+            if exported != n:
+                raise AssertionError(f"exported {exported} rows, expected {n}")
+
+            def depot_df(with_schema: bool = True) -> Any:
+                r = (spark.read.format("millrace.depot").option("cluster", dc.hosts).option("module", MODULE)
+                     .option("depot", DEPOT))
+                return r.option("valueSchema", VALUE_SCHEMA).load() if with_schema else r.load()
+
+            def job(df: Any) -> tuple[int, int]:
+                rows = df.groupBy("user").agg(F.count(F.lit(1)).alias("c"), F.sum("n").alias("s")).collect()
+                return sum(r["c"] for r in rows), sum(r["s"] for r in rows)
+
+            def json_job() -> tuple[int, int]:
+                df = depot_df(False).select(F.get_json_object("value", "$.user").alias("user"),
+                                            F.get_json_object("value", "$.n").cast("long").alias("n"))
+                return job(df)
+
+            jobs = {
+                "depot": lambda: job(depot_df()),
+                "delta": lambda: job(spark.read.format("delta").load(table)),
+                "depot_json": json_job,
+            }
+            expected = (n, (n - 1) * (n - 2) // 2 - 1)  # n = 0 .. n-2, plus the warm-up record's -1
+            times: dict[str, list[float]] = {k: [] for k in jobs}
+            for k, fn in jobs.items():  # warm-up: Python workers, JIT, Delta log cache
+                got = fn()
+                if got != expected:
+                    raise AssertionError(f"{k} job returned (rows, sum n) = {got}, expected {expected}")
+            for i in range(args.runs):
+                for k, fn in jobs.items():
+                    if k == "depot_json" and i >= max(1, args.runs // 2):
+                        continue
+                    t0 = time.perf_counter()
+                    fn()
+                    times[k].append(time.perf_counter() - t0)
+                console.log(f"run {i + 1}/{args.runs}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in times.items()))
+            for k, v in times.items():
+                result[f"{k}_rows_per_s"] = n / statistics.median(v)
+                result[f"{k}_median_s"] = statistics.median(v)
+        finally:
+            spark.stop()
+        result["fetch_decode_rows_per_s"] = fetch_decode_rate(dc.hosts, n)
+    result["records"] = n
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="200,000 records, 3 timed runs per source")
+    ap.add_argument("--records", type=int, default=None, help="records to append (200,000 quick, 1,000,000 full)")
+    ap.add_argument("--runs", type=int, default=None, help="timed runs per source (3 quick, 5 full)")
+    ap.add_argument("--tasks", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=2, help="task groups")
+    ap.add_argument("--dir", help="parent of the working directory (default: the system temp dir)")
+    args = ap.parse_args(argv)
+    args.records = args.records or (200_000 if args.quick else 1_000_000)
+    args.runs = args.runs or (3 if args.quick else 5)
+
+    signal.signal(signal.SIGTERM, _interrupt)  # unwind so DevCluster stops what it started
+    console = Console(width=None if sys.stdout.isatty() else 132)
+    root = Path(tempfile.mkdtemp(prefix="millrace-microbatch-bench-", dir=args.dir))
+    try:
+        r = run(args, root, console)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+    ratio = r["depot_rows_per_s"] / r["delta_rows_per_s"]
+    met = ratio >= GOAL_RATIO_VS_DELTA
+    table = Table(title=f"Spark local[2] job groupBy(user).agg(count, sum(n)) over {r['records']:,} depot records "
+                        f"({'quick' if args.quick else 'full'})")
+    table.add_column("input")
+    table.add_column("rows/s", justify="right")
+    table.add_column("median s", justify="right")
+    table.add_column("vs Delta", justify="right")
+    table.add_column("goal", justify="right")
+    table.add_row("millrace.depot (valueSchema columns)", f"{r['depot_rows_per_s']:,.0f}", f"{r['depot_median_s']:.2f}",
+                  f"{ratio:.2f}", f">= {GOAL_RATIO_VS_DELTA} " + ("[green]met[/]" if met else "[red]MISSED[/]"))
+    table.add_row("Delta table (same records, exported)", f"{r['delta_rows_per_s']:,.0f}",
+                  f"{r['delta_median_s']:.2f}", "1.00", "")
+    table.add_row("  millrace.depot, value as JSON + get_json_object (diagnostic)",
+                  f"{r['depot_json_rows_per_s']:,.0f}", f"{r['depot_json_median_s']:.2f}",
+                  f"{r['depot_json_rows_per_s'] / r['delta_rows_per_s']:.2f}", "")
+    table.add_row("  source read path without Spark, 1 process (diagnostic)",
+                  f"{r['fetch_decode_rows_per_s']:,.0f}", "-", "-", "")
+    table.add_row("  appends, append_many ack=applied (setup)", f"{r['append_records_per_s']:,.0f}", "-", "-", "")
+    table.add_row("  Delta export, availableNow (setup)", "-", f"{r['delta_export_s']:.2f}", "-", "")
+    table.add_row("append -> visible p50 ms", "null", "-", "-", "not measured in this half (other owner)")
+    console.print(table)
+    print(json.dumps({
+        "bench": "microbatch",
+        "quick": bool(args.quick),
+        "records": r["records"],
+        "depot_rows_per_s": round(r["depot_rows_per_s"]),
+        "delta_rows_per_s": round(r["delta_rows_per_s"]),
+        "ratio_vs_delta": round(ratio, 3),
+        "goal_ratio_vs_delta_met": met,
+        "depot_json_rows_per_s": round(r["depot_json_rows_per_s"]),
+        "fetch_decode_rows_per_s": round(r["fetch_decode_rows_per_s"]),
+        "append_records_per_s": round(r["append_records_per_s"]),
+        "delta_export_s": round(r["delta_export_s"], 2),
+        "append_to_visible_p50_ms": None,
+    }))
+
+
+if __name__ == "__main__":
+    main()
