@@ -140,11 +140,11 @@ def fetch_decode_rate(hosts: str, records: int) -> float:
         parts = plan_partitions(opts, meta, {t: (s.start, s.end) for t, s in st.items()},
                                 {t: s.epoch for t, s in st.items()})
     rows = RowBuilder(schema, json_value=False)
-    got = sum(b.num_rows for p in parts for b in read_partition(p, rows))
+    got = int(sum(b.num_rows for p in parts for b in read_partition(p, rows)))
     elapsed = time.perf_counter() - t0
     if got != records:
         raise AssertionError(f"fetch/decode read {got} rows, expected {records}")
-    return got / elapsed
+    return float(got / elapsed)
 
 
 def run(args: argparse.Namespace, root: Path, console: Console) -> dict[str, Any]:

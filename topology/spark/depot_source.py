@@ -803,7 +803,11 @@ class _Fetcher:
     def _check_range(self, r: TaskRange, reply: Any, deadline: float) -> None:
         """An empty or misplaced reply: trimmed start or truncated end fails the read; anything else retries."""
         p = self.p
-        st = self._status(r.task)
+        try:
+            st = self._status(r.task)
+        except grpc.RpcError as e:
+            self._relocate(error_from_rpc(e), deadline)
+            return
         if st.start > r.start or st.end < r.end:
             validate_offsets(p.module, p.depot, {r.task: (r.start if st.start > r.start else r.end, r.epoch)},
                              {r.task: st})
