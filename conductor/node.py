@@ -348,9 +348,9 @@ class Node:
 
     # ------------------------------------------------------------------------------ transport
 
-    def _send(self, dst: str, module: str, group: int, msg: Any) -> None:
+    def _send(self, module: str, group: int, msgs: list[tuple[str, Any]]) -> None:
         assert self.transport is not None
-        self.transport.send(dst, module, group, msg)
+        self.transport.send_many(module, group, msgs)
 
     def deliver(self, frame: pb.PeerFrame) -> None:
         if frame.dst != self.node_id:

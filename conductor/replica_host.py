@@ -39,6 +39,7 @@ from replog.messages import (
     LocalFlushed,
     PersistEpochs,
     Replicate,
+    ReplicateAck,
     Reply,
     RoleChanged,
     Send,
@@ -117,7 +118,7 @@ class ReplicaHost:
         config: ReplicationConfig,
         session: int,
         store: EntryApplier,
-        send: Callable[[str, str, int, Any], None],
+        send: Callable[[str, int, list[tuple[str, Any]]], None],
         change_isr: Callable[[ReplicaHost, int, GroupState], None],
         on_role: Callable[[ReplicaHost, RoleChanged], None] | None = None,
     ) -> None:
@@ -149,6 +150,8 @@ class ReplicaHost:
         self._next_request = 1
         self._stop = threading.Event()
         self._dirty = False
+        #: peer messages produced by this drain, shipped in one transport call (see `_ship`)
+        self._outbox: list[tuple[str, Any]] = []
         self.thread = threading.Thread(target=self._run, name=f"task-{self.name}", daemon=True)
         #: counters for metrics and `conductor status`
         self.stats = {"appends": 0, "entries_applied": 0, "flushes": 0}
@@ -200,6 +203,7 @@ class ReplicaHost:
                     self._feed(Tick())
                     next_tick = now + TICK_MS
                 self._flush_if_dirty()
+                self._ship()
         except Exception:
             log.exception("%s: task thread crashed; the replica stops (restart the node to recover)", self.name)
             self.last_error = "task thread crashed; see the node log"
@@ -287,6 +291,8 @@ class ReplicaHost:
 
     def _flush_if_dirty(self) -> None:
         while self._dirty:
+            # Entries for followers leave before our own fsync, so theirs overlaps ours.
+            self._ship(hold_acks=True)
             self._dirty = False
             self.log.flush()
             self.stats["flushes"] += 1
@@ -300,7 +306,7 @@ class ReplicaHost:
         elif isinstance(a, SendEntries):
             self._send_entries(a)
         elif isinstance(a, Send):
-            self._send(a.msg.dst, self.module, self.group, a.msg)
+            self._outbox.append((a.msg.dst, a.msg))
         elif isinstance(a, Reply):
             self._reply(a)
         elif isinstance(a, Apply):
@@ -350,14 +356,44 @@ class ReplicaHost:
     def _send_entries(self, a: SendEntries) -> None:
         start = a.start
         if start >= a.end:
-            self._send(a.dst, self.module, self.group, RawReplicate(self.node_id, a.epoch, start, b"", a.apply_offset))
+            self._outbox.append((a.dst, RawReplicate(self.node_id, a.epoch, start, b"", a.apply_offset)))
             return
         while start < a.end:
             raw = self.log.read(start, MAX_FRAME_BYTES, end=a.end)
             frames = scan_frames(raw).frames
             first = frames[0].base_offset
-            self._send(a.dst, self.module, self.group, RawReplicate(self.node_id, a.epoch, first, raw, a.apply_offset))
+            self._outbox.append((a.dst, RawReplicate(self.node_id, a.epoch, first, raw, a.apply_offset)))
             start = frames[-1].next_offset
+
+    def _ship(self, hold_acks: bool = False) -> None:
+        """Hand the drain's peer messages to the transport in one call (one event-loop wake-up, not one each).
+
+        With `hold_acks` (an fsync follows), acknowledgements stay behind: the flush
+        produces a newer one that supersedes them, so followers send one ack per
+        replicated batch instead of two. Superseded acks are dropped (acks are
+        cumulative; a reset ack is never dropped). The state machines tolerate
+        reordered and lost messages, so neither changes what they decide.
+        """
+        out = self._outbox
+        if not out:
+            return
+        if hold_acks:
+            held = [x for x in out if isinstance(x[1], ReplicateAck)]
+            if held:
+                self._outbox = held
+                out = [x for x in out if not isinstance(x[1], ReplicateAck)]
+                if not out:
+                    return
+            else:
+                self._outbox = []
+        else:
+            self._outbox = []
+            if len(out) > 1:
+                out = _coalesce_acks(out)
+        try:
+            self._send(self.module, self.group, out)
+        except Exception:  # the transport is closing: the protocol resends what matters
+            log.debug("%s: could not hand %d message(s) to the transport", self.name, len(out), exc_info=True)
 
     def _apply(self, up_to: int) -> None:
         applied = self.store.applied_offset
@@ -410,6 +446,22 @@ class ReplicaHost:
             "log_end": r.log_end, "apply_offset": r.apply_offset, "applied": r.applied,
             "followers": followers, "isr": list(r.isr), "stalled": r.stalled,
         }
+
+
+def _coalesce_acks(out: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """Drop every non-reset ReplicateAck followed by a later ack to the same peer in the same epoch."""
+    latest: dict[str, int] = {}
+    for i, (dst, m) in enumerate(out):
+        if isinstance(m, ReplicateAck):
+            latest[dst] = i
+    if not latest:
+        return out
+    keep = []
+    for i, (dst, m) in enumerate(out):
+        if isinstance(m, ReplicateAck) and not m.reset and latest[dst] != i and out[latest[dst]][1].epoch == m.epoch:
+            continue
+        keep.append((dst, m))
+    return keep
 
 
 def _now_ms() -> int:

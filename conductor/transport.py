@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -133,19 +134,46 @@ class PeerTransport:
         self.forget = forget
         self.links: dict[str, _PeerLink] = {}
         self.closed = False
+        #: messages encoded by task threads, handed to the links by one loop callback per burst
+        self._outbox: list[tuple[str, pb.PeerMessage]] = []
+        self._outbox_lock = threading.Lock()
+        self._wake_scheduled = False
 
     def send(self, dst: str, module: str, group: int, msg: Any) -> None:
         """Called from any thread: encode here (off the event loop), enqueue on the loop."""
-        m = to_proto(module, group, msg)
-        self.loop.call_soon_threadsafe(self._enqueue, dst, m)
+        self.send_many(module, group, [(dst, msg)])
 
-    def _enqueue(self, dst: str, m: pb.PeerMessage) -> None:
+    def send_many(self, module: str, group: int, msgs: list[tuple[str, Any]]) -> None:
+        """`send` for a burst of (dst, message) of one group: encoded here, one event-loop wake-up for all.
+
+        A task thread sends several messages per drain (entries to every follower,
+        apply offsets, acks), and so do other groups' threads meanwhile; each
+        ``call_soon_threadsafe`` costs a self-pipe write and a loop iteration, so
+        only the first message of a burst schedules one.
+        """
+        encoded = [(dst, to_proto(module, group, m)) for dst, m in msgs]
+        with self._outbox_lock:
+            self._outbox.extend(encoded)
+            if self._wake_scheduled:
+                return
+            self._wake_scheduled = True
+        try:
+            self.loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # the loop is closed: the node is stopping
+            pass
+
+    def _drain(self) -> None:
+        with self._outbox_lock:
+            items = self._outbox
+            self._outbox = []
+            self._wake_scheduled = False
         if self.closed:
             return
-        link = self.links.get(dst)
-        if link is None:
-            link = self.links[dst] = _PeerLink(self, dst)
-        link.offer(m)
+        for dst, m in items:
+            link = self.links.get(dst)
+            if link is None:
+                link = self.links[dst] = _PeerLink(self, dst)
+            link.offer(m)
 
     async def close(self) -> None:
         self.closed = True
