@@ -191,10 +191,7 @@ class GroupStore:
         return msgpack.packb(value, use_bin_type=True), self.store.applied_offset
 
     def depot_read(self, depot: str, task: int, start: int, end: int | None, max_bytes: int) -> tuple[list[bytes], int, int]:
-        rows = self.store.depot(depot).read(task, start, end, max_bytes)
-        records = [msgpack.packb(v, use_bin_type=True) for _o, v in rows]
-        first = rows[0][0] if rows else start
-        nxt = rows[-1][0] + 1 if rows else start
+        first, nxt, records = self.store.depot(depot).read_raw(task, start, end, max_bytes)
         return records, first, nxt
 
     def depot_info(self, depot: str, task: int) -> tuple[int, int]:
