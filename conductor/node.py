@@ -21,7 +21,8 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections import deque
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -113,11 +114,13 @@ class Node:
         self.metastore: Metastore | None = None
         self.transport: PeerTransport | None = None
         self.server: grpc.aio.Server | None = None
+        self.settler: LoopSettler | None = None
 
     # ------------------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
+        self.settler = LoopSettler(self.loop)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.server = grpc.aio.server(options=GRPC_OPTIONS)
         admin_pb2_grpc.add_AdminServicer_to_server(_AdminService(self), self.server)
@@ -413,7 +416,8 @@ class _ClientService(pbg.ClientServicer):
     def __init__(self, node: Node) -> None:
         self.node = node
 
-    async def _append(self, request: pb.AppendRequest) -> pb.AppendReply:
+    def _start_append(self, request: pb.AppendRequest) -> asyncio.Future[pb.AppendReply]:
+        """Post `request` to its leader's task thread; the future gets the reply (or the error)."""
         node = self.node
         host = node.leader_host(request.module, request.group)
         rt = node.modules[request.module]
@@ -426,17 +430,21 @@ class _ClientService(pbg.ClientServicer):
             records = list(d.records)
             nbytes += sum(map(len, records))
             appends.append((d.depot, d.task, records))
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[pb.AppendReply] = loop.create_future()
+        fut: asyncio.Future[pb.AppendReply] = asyncio.get_running_loop().create_future()
+        settle = node.settler.post if node.settler is not None else None
+        assert settle is not None
 
         def done(first: int, result: Any, error: Exception | None) -> None:
-            loop.call_soon_threadsafe(_resolve, fut, first, result, error, host.replica.epoch)
+            settle(_resolve, fut, first, result, error, host.replica.epoch)
 
         store = rt.stores[request.group]
         runner = rt.runners.get(request.group)
         host.post(PendingEntry(functools.partial(_client_entry, store, appends, runner), nbytes,
                                _ACKS.get(request.ack, Ack.APPEND), done))
-        return await fut
+        return fut
+
+    async def _append(self, request: pb.AppendRequest) -> pb.AppendReply:
+        return await self._start_append(request)
 
     async def Append(self, request: pb.AppendRequest, context: Any) -> pb.AppendReply:
         try:
@@ -446,13 +454,22 @@ class _ClientService(pbg.ClientServicer):
             raise AssertionError("unreachable") from e
 
     async def AppendStream(self, request_iterator: AsyncIterator[pb.AppendRequest], context: Any) -> AsyncIterator[pb.AppendReply]:
-        # Pipelined: start every request at once, answer in request order (clients match by order).
+        # Pipelined: every request is posted to its task thread as it is read (no task per request);
+        # replies go out in request order (clients match by order).
         pending: asyncio.Queue[tuple[int, asyncio.Future[pb.AppendReply]] | None] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
 
         async def reader() -> None:
-            async for req in request_iterator:
-                await pending.put((req.seq, asyncio.ensure_future(self._append(req))))
-            await pending.put(None)
+            try:
+                async for req in request_iterator:
+                    try:
+                        fut = self._start_append(req)
+                    except (ReplogError, PStateError, TopologyError, ValueError) as e:
+                        fut = loop.create_future()
+                        fut.set_exception(e)
+                    pending.put_nowait((req.seq, fut))
+            finally:
+                pending.put_nowait(None)
 
         rtask = asyncio.ensure_future(reader())
         try:
@@ -460,13 +477,14 @@ class _ClientService(pbg.ClientServicer):
                 item = await pending.get()
                 if item is None:
                     break
-                seq, task = item
+                seq, fut = item
                 try:
-                    reply = await task
+                    reply = await fut
                     reply.seq = seq
                     yield reply
                 except (ReplogError, PStateError, TopologyError, ValueError) as e:
                     yield pb.AppendReply(seq=seq, error=error_json(e))
+            await rtask  # the request stream's own error, if any
         finally:
             rtask.cancel()
 
@@ -517,11 +535,12 @@ class _ClientService(pbg.ClientServicer):
             for c in request.changes:
                 if rt.spec.group_of(c.task) != request.group:
                     raise ValueError(f"change for task {c.task} sent to group {request.group}; route by task")
-            loop = asyncio.get_running_loop()
-            fut: asyncio.Future[Any] = loop.create_future()
+            fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            settle = node.settler.post if node.settler is not None else None
+            assert settle is not None
 
             def done(first: int, result: Any, error: Exception | None) -> None:
-                loop.call_soon_threadsafe(_settle, fut, (first, result), error)
+                settle(_settle, fut, (first, result), error)
 
             build = functools.partial(_commit_entry, rt.stores[request.group], request.topology, request.batch_id,
                                       list(request.changes))
@@ -552,6 +571,44 @@ class _ClientService(pbg.ClientServicer):
             apply_offset=max(s["apply_offset"], 0) if s["apply_offset"] >= 0 else 0,
             applied_offset=max(s["applied"], 0), follower_offsets={k: max(v, 0) for k, v in s["followers"].items()},
         )
+
+
+class LoopSettler:
+    """Runs callbacks posted from task threads on the event loop, one loop wake-up per burst.
+
+    A task thread answers a whole group of appends at once (one `done` per
+    request); a ``call_soon_threadsafe`` each would cost a self-pipe write and a
+    loop iteration per request. Here the first post of a burst schedules one
+    drain and the others only append to the list.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._items: deque[tuple[Callable[..., None], tuple[Any, ...]]] = deque()
+        self._lock = threading.Lock()
+        self._scheduled = False
+
+    def post(self, fn: Callable[..., None], *args: Any) -> None:
+        with self._lock:
+            self._items.append((fn, args))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        try:
+            self.loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # the loop is closed: the node is stopping, nobody awaits these
+            pass
+
+    def _drain(self) -> None:
+        with self._lock:
+            items = self._items
+            self._items = deque()
+            self._scheduled = False
+        for fn, args in items:
+            try:
+                fn(*args)
+            except Exception:
+                log.exception("a completion callback failed")
 
 
 def _resolve(fut: asyncio.Future[pb.AppendReply], first: int, result: Any, error: Exception | None,
