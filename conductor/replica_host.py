@@ -58,6 +58,9 @@ ENTRY_CLIENT_APPEND = 1
 #: largest replication message the driver builds; gRPC's default limit is 4 MiB
 MAX_FRAME_BYTES = 2 * 1024 * 1024
 TICK_MS = 50
+#: how long a leader may hold a frame without entries (apply offset / heartbeat) for a follower, so that
+#: the next entries for it carry it instead: under a steady stream of appends, one frame per batch, not two
+BEAT_HOLD_MS = 5
 
 
 class EntryApplier(Protocol):
@@ -152,6 +155,10 @@ class ReplicaHost:
         self._dirty = False
         #: peer messages produced by this drain, shipped in one transport call (see `_ship`)
         self._outbox: list[tuple[str, Any]] = []
+        #: leader: held frames without entries, per follower: (due ms, message); see `_hold_beats`
+        self._beats: dict[str, tuple[int, RawReplicate]] = {}
+        #: follower: apply up to here once this drain's fsync and acks are out (see `_perform`)
+        self._apply_later = -1
         self.thread = threading.Thread(target=self._run, name=f"task-{self.name}", daemon=True)
         #: counters for metrics and `conductor status`
         self.stats = {"appends": 0, "entries_applied": 0, "flushes": 0}
@@ -180,7 +187,8 @@ class ReplicaHost:
         try:
             while not self._stop.is_set():
                 now = _now_ms()
-                timeout = max(0.0, (next_tick - now) / 1000)
+                due = min(next_tick, min(d for d, _m in self._beats.values())) if self._beats else next_tick
+                timeout = max(0.0, (due - now) / 1000)
                 items: list[Any] = []
                 try:
                     items.append(self.inbox.get(timeout=timeout))
@@ -204,6 +212,9 @@ class ReplicaHost:
                     next_tick = now + TICK_MS
                 self._flush_if_dirty()
                 self._ship()
+                if self._beats:
+                    self._release_beats(_now_ms())
+                self._apply_deferred()
         except Exception:
             log.exception("%s: task thread crashed; the replica stops (restart the node to recover)", self.name)
             self.last_error = "task thread crashed; see the node log"
@@ -310,8 +321,14 @@ class ReplicaHost:
         elif isinstance(a, Reply):
             self._reply(a)
         elif isinstance(a, Apply):
-            self._apply(a.up_to)
+            if self.replica.is_leader:
+                self._apply(a.up_to)  # before the Reply that follows: replies must see applied state
+            else:
+                # Nobody reads a follower's store before its next drain: apply after this drain's
+                # fsync and acks, off the path of the leader's commit.
+                self._apply_later = max(self._apply_later, a.up_to)
         elif isinstance(a, Truncate):
+            self._apply_deferred()
             log.warning("%s: truncating replog to offset %d (epoch reconciliation)", self.name, a.end)
             self.store.drop_staged()
             self.log.truncate(a.end)
@@ -321,6 +338,7 @@ class ReplicaHost:
         elif isinstance(a, ChangeIsr):
             self._change_isr(self, a.expected_version, a.new)
         elif isinstance(a, RoleChanged):
+            self._apply_deferred()
             log.warning("%s: now %s in epoch %d (leader %s)", self.name, a.role.value, a.epoch, a.leader)
             # Staged entries belong to a leadership. A new leader stages the tail it inherited
             # (appended in earlier epochs, not yet applied) so new change sets build on top of it.
@@ -390,10 +408,53 @@ class ReplicaHost:
             self._outbox = []
             if len(out) > 1:
                 out = _coalesce_acks(out)
+        if self.replica.is_leader or self._beats:
+            out = self._hold_beats(out)
+            if not out:
+                return
         try:
             self._send(self.module, self.group, out)
         except Exception:  # the transport is closing: the protocol resends what matters
             log.debug("%s: could not hand %d message(s) to the transport", self.name, len(out), exc_info=True)
+
+    def _hold_beats(self, out: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+        """Hold frames without entries for up to BEAT_HOLD_MS; a later frame to the same follower replaces them.
+
+        Such a frame carries only the epoch, the apply offset and where the leader
+        stands; any later frame of the same epoch carries the same, at least as new
+        (the apply offset only grows within an epoch). Under a stream of appends the
+        apply offset thus rides on the next entries instead of costing each follower
+        a frame, a task-thread wake-up and an ack per batch. A held frame is just a
+        slower network, which the protocol tolerates; heartbeats stay far inside
+        replication.request.timeout.millis.
+        """
+        keep: list[tuple[str, Any]] = []
+        beats = self._beats
+        for dst, m in out:
+            if isinstance(m, RawReplicate):
+                old = beats.pop(dst, None)
+                if not m.frames and self.replica.is_leader:
+                    beats[dst] = (old[0] if old is not None else _now_ms() + BEAT_HOLD_MS, m)
+                    continue
+                if old is not None and (old[1].epoch != m.epoch or old[1].apply_offset > m.apply_offset):
+                    keep.append((dst, old[1]))
+            keep.append((dst, m))
+        return keep
+
+    def _release_beats(self, now: int) -> None:
+        due = [(dst, m) for dst, (d, m) in self._beats.items() if d <= now]
+        if due:
+            for dst, _m in due:
+                del self._beats[dst]
+            try:
+                self._send(self.module, self.group, due)
+            except Exception:
+                log.debug("%s: could not hand %d message(s) to the transport", self.name, len(due), exc_info=True)
+
+    def _apply_deferred(self) -> None:
+        if self._apply_later >= 0:
+            up_to, self._apply_later = self._apply_later, -1
+            self._apply(up_to)
 
     def _apply(self, up_to: int) -> None:
         applied = self.store.applied_offset
