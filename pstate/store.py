@@ -180,10 +180,17 @@ class TaskGroupStore:
             raise StoreClosed(self.path)
 
     def close(self) -> None:
-        """Flush (atomically, all CFs) and release RocksDB so the directory can be reopened or swapped."""
+        """Flush (atomically, all CFs) and release RocksDB so the directory can be reopened or swapped.
+
+        rocksdict's close flushes column families one at a time; a process killed
+        between two of those flushes would persist ``_meta.applied`` without some
+        CF's data (the crash test caught it). So every memtable is flushed
+        atomically first, and close finds nothing left to flush.
+        """
         with self._lock:
             if self._closed:
                 return
+            self.flush()
             self._closed = True
             with rocks_errors("close", self.path):
                 self._handles.clear()

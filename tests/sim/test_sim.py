@@ -26,7 +26,9 @@ def test_random_seeds() -> None:
     seeds = range(START, START + SEEDS)
     t0 = time.monotonic()
     if _workers() > 1:
-        with multiprocessing.get_context("fork").Pool(_workers()) as pool:
+        # spawn, not fork: earlier tests in the same process leave gRPC and Spark threads running,
+        # and forking a threaded process can deadlock the children.
+        with multiprocessing.get_context("spawn").Pool(_workers()) as pool:
             results: list[RunResult] = pool.map(run_seed, seeds, chunksize=20)
     else:
         results = [run_seed(s) for s in seeds]
