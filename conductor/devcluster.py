@@ -166,11 +166,17 @@ class DevCluster:
         self.stop()
 
 
-def stop_from_state(root: Path) -> list[str]:
-    """`conductor dev --stop`: stop what a previous `conductor dev` started, by the pids it recorded."""
-    state = json.loads((root / "cluster.json").read_text())
+def _alive(pid: int) -> bool:
+    """True while `pid` runs; a zombie (exited, not reaped: `conductor dev` is not its parent) is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _stop_pids(pids: list[tuple[str, int]], timeout_s: float) -> list[str]:
     stopped = []
-    pids = [*state["nodes"].items(), *state["conductors"].items(), ("zookeeper", state["zk_pid"])]
     for name, pid in pids:
         try:
             os.kill(pid, signal.SIGCONT)
@@ -178,18 +184,26 @@ def stop_from_state(root: Path) -> list[str]:
             stopped.append(f"{name} (pid {pid})")
         except ProcessLookupError:
             continue
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + timeout_s
     for _name, pid in pids:
-        while time.monotonic() < deadline:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.1)
-        else:
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if _alive(pid):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+    return stopped
+
+
+def stop_from_state(root: Path) -> list[str]:
+    """`conductor dev --stop`: stop what a previous `conductor dev` started, by the pids it recorded.
+
+    Nodes and conductors go first, ZooKeeper last: they close their sessions
+    cleanly only while ZooKeeper still answers.
+    """
+    state = json.loads((root / "cluster.json").read_text())
+    stopped = _stop_pids([*state["nodes"].items(), *state["conductors"].items()], 15)
+    stopped += _stop_pids([("zookeeper", state["zk_pid"])], 15)
     (root / "cluster.json").unlink(missing_ok=True)
     return stopped

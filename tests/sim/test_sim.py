@@ -47,12 +47,22 @@ def test_random_seeds() -> None:
 
 
 def test_replay() -> None:
-    """Replays one seed with tracing: ``SIM_SEED=1234 .venv/bin/python -m pytest tests/sim/test_sim.py::test_replay``."""
+    """Replays one seed with tracing: ``SIM_SEED=1234 .venv/bin/python -m pytest tests/sim/test_sim.py::test_replay``.
+
+    Without SIM_SEED it replays seed 0 twice, proving a seed is a reproducible test case: the same seed
+    must give the same run, event for event.
+    """
     seed = os.environ.get("SIM_SEED")
-    if seed is None:
-        pytest.skip("set SIM_SEED=<seed> to replay one simulation run")
-    result = run_seed(int(seed), trace=True)
-    assert result.error is None, result.error
+    if seed is not None:
+        result = run_seed(int(seed), trace=True)
+        assert result.error is None, result.error
+        return
+    first, second = run_seed(0), run_seed(0)
+    assert first.error is None, first.error
+    assert (first.steps, first.appended, first.applied) == (second.steps, second.appended, second.applied), (
+        "a seed must replay identically"
+    )
+    assert first.applied > 0
 
 
 @pytest.mark.parametrize("seed", [430, 473, 495])
