@@ -362,13 +362,20 @@ class Cluster:
                 err = error_from_rpc(e)
             except (Unavailable, NotLeader) as e:
                 err = e
-            # StalledGroup is not retried: the leader already waited the append timeout for its ISR.
-            if not isinstance(err, NotLeader | Unavailable) or time.monotonic() + delay > deadline:
-                raise err
-            log.debug("%s/%s: %s; refreshing metadata and retrying", module, group, err)
+            self._check_retry(module, group, err, deadline, delay)
             refresh = True
             await asyncio.sleep(delay)
             delay = min(0.5, delay * 2)
+
+    @staticmethod
+    def _check_retry(module: str, group: int, err: Exception, deadline: float, delay: float) -> None:
+        """Raise `err` unless it is worth another try: a moved or unreachable leader, with time left.
+
+        StalledGroup is not retried: the leader already waited the append timeout for its ISR.
+        """
+        if not isinstance(err, NotLeader | Unavailable) or time.monotonic() + delay > deadline:
+            raise err
+        log.debug("%s/%s: %s; refreshing metadata and retrying", module, group, err)
 
     def _call_sync(self, module: str, group: int, method: str, request: Any) -> Any:
         """The same as :meth:`_call` as a synchronous gRPC call in the calling thread (blocking APIs)."""
@@ -403,9 +410,7 @@ class Cluster:
                 err = error_from_rpc(e)
             except (Unavailable, NotLeader) as e:
                 err = e
-            if not isinstance(err, NotLeader | Unavailable) or time.monotonic() + delay > deadline:
-                raise err
-            log.debug("%s/%s: %s; refreshing metadata and retrying", module, group, err)
+            self._check_retry(module, group, err, deadline, delay)
             refresh = True
             time.sleep(delay)
             delay = min(0.5, delay * 2)

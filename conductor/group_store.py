@@ -16,7 +16,7 @@ from typing import Any
 import msgpack
 
 from pstate import P, TaskGroupStore
-from pstate.changes import OP_DELETE, OP_DELETE_RANGE, OP_PUT, ChangeSet
+from pstate.changes import ChangeSet
 from pstate.errors import InvalidPath
 from pstate.path import FILTER, VIEW, Path
 from pstate.store import ChangeSetBuilder
@@ -162,18 +162,7 @@ class GroupStore:
                 if last is not None and cs.batch_id <= last:
                     continue  # apply will skip this replayed microbatch; so must the overlay
             b = self.store.changes()
-            w = b.writes
-            for op, ci, items in cs.runs:
-                cf = cs.cfs[ci]
-                if op == OP_PUT:
-                    for i in range(0, len(items), 2):
-                        w.put(cf, items[i], items[i + 1])
-                elif op == OP_DELETE:
-                    for k in items:
-                        w.delete(cf, k)
-                elif op == OP_DELETE_RANGE:
-                    for i in range(0, len(items), 2):
-                        w.delete_range(cf, items[i], items[i + 1])
+            b.writes.extend(cs)
             self.store.stage(offset, b)
 
     def drop_staged(self) -> None:

@@ -148,8 +148,8 @@ class Writes:
         items.append(begin)
         items.append(end)
 
-    def extend(self, other: Writes) -> None:
-        """Append ``other``'s writes after ours (used to commit one transform atomically)."""
+    def extend(self, other: Writes | ChangeSet) -> None:
+        """Append ``other``'s writes after ours (one transform committed atomically, or a decoded entry)."""
         for op, ci, items in other.runs:
             cf = other.cfs[ci]
             if op == OP_PUT:
