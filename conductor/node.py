@@ -28,10 +28,12 @@ from typing import Any
 
 import grpc
 import msgpack
+from prometheus_client import start_http_server
 
 from conductor import placement
 from conductor.group_store import GroupStore
 from conductor.metastore import MODULES_PATH, Metastore, MetastoreError, VersionConflict
+from conductor.metrics import node_registry
 from conductor.module_spec import ModuleSpec
 from conductor.replica_host import PendingEntry, ReplicaHost
 from conductor.transport import GRPC_OPTIONS, PeerTransport, from_proto
@@ -99,17 +101,20 @@ class ModuleRuntime:
 
 class Node:
     def __init__(self, zk_hosts: str, node_id: str, data_dir: Path, port: int = 0,
-                 session_timeout: float = 6.0) -> None:
+                 session_timeout: float = 6.0, metrics_port: int = 0) -> None:
         self.node_id = node_id
         self.data_dir = Path(data_dir)
         self.port = port
         self.zk_hosts = zk_hosts
         self.session_timeout = session_timeout
+        self.metrics_port = metrics_port
         self.modules: dict[str, ModuleRuntime] = {}
         self._lock = threading.Lock()  # guards self.modules against metastore callbacks
         self._addresses: dict[str, str] = {}
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._tasks: list[concurrent.futures.Future[None]] = []
+        self._metrics_server: Any = None
+        self.metrics_address = ""
         self.loop: asyncio.AbstractEventLoop | None = None
         self.metastore: Metastore | None = None
         self.transport: PeerTransport | None = None
@@ -136,8 +141,19 @@ class Node:
         self.metastore.add_state_listener(self._on_zk_state)
         await asyncio.to_thread(self.metastore.register_node, self.node_id, self.address)
         self.metastore.zk.ChildrenWatch(MODULES_PATH, self._on_modules)
-        log.warning("node %s serving on %s (data %s, ZooKeeper %s, session 0x%x)", self.node_id, self.address,
-                    self.data_dir, self.zk_hosts, self.session or 0)
+        self.metrics_address = self._start_metrics()
+        log.warning("node %s serving on %s (data %s, ZooKeeper %s, session 0x%x, metrics http://%s/metrics)",
+                    self.node_id, self.address, self.data_dir, self.zk_hosts, self.session or 0,
+                    self.metrics_address)
+
+    def _start_metrics(self) -> str:
+        """Prometheus endpoint on 127.0.0.1 (`--metrics-port`, 0 = a free port); its address goes in node.metrics."""
+        server, _thread = start_http_server(self.metrics_port, addr="127.0.0.1",
+                                            registry=node_registry(self.node_id, self._all_hosts))
+        self._metrics_server = server
+        address = f"127.0.0.1:{server.server_port}"
+        (self.data_dir / "node.metrics").write_text(address)
+        return address
 
     @property
     def address(self) -> str:
@@ -148,6 +164,8 @@ class Node:
         return self.metastore.session_id if self.metastore else None
 
     async def stop(self) -> None:
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
         for t in self._tasks:
             t.cancel()
         if self.metastore is not None:
@@ -564,12 +582,11 @@ class _ClientService(pbg.ClientServicer):
     async def GroupStatus(self, request: pb.GroupStatusRequest, context: Any) -> pb.GroupStatusReply:
         host = self.node.host(request.module, request.group)
         if host is None:
-            return pb.GroupStatusReply(role="none")
+            return pb.GroupStatusReply(role="none", apply_offset=-1, applied_offset=-1)
         s = host.status()
         return pb.GroupStatusReply(
             role=s["role"], epoch=s["epoch"], log_start=s["log_start"], log_end=s["log_end"],
-            apply_offset=max(s["apply_offset"], 0) if s["apply_offset"] >= 0 else 0,
-            applied_offset=max(s["applied"], 0), follower_offsets={k: max(v, 0) for k, v in s["followers"].items()},
+            apply_offset=s["apply_offset"], applied_offset=s["applied"], follower_offsets=s["followers"],
         )
 
 
@@ -660,13 +677,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--data-dir", required=True, type=Path)
     p.add_argument("--port", type=int, default=0, help="gRPC port on 127.0.0.1 (0 = any free port)")
     p.add_argument("--session-timeout", type=float, default=6.0, help="ZooKeeper session timeout, seconds")
+    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port on 127.0.0.1 (0 = free)")
     p.add_argument("--log-level", default=os.environ.get("MILLRACE_LOG_LEVEL", "WARNING"))
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format=f"%(asctime)s {args.node_id} %(levelname)s %(name)s: %(message)s")
 
     async def run() -> None:
-        node = Node(args.zk, args.node_id, args.data_dir, args.port, args.session_timeout)
+        node = Node(args.zk, args.node_id, args.data_dir, args.port, args.session_timeout, args.metrics_port)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
