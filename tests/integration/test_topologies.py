@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -39,6 +41,9 @@ def test_word_count_counts_every_word_once_across_task_groups(dc: DevCluster) ->
                  "every word's count on the task group that owns it")
         scanned = dict(kv for t in range(4) for kv in counts.scan(t))
         assert scanned == dict(expected)
+    app = subprocess.run([sys.executable, "-m", "examples.query_app", "--zk", dc.hosts, "cat", "zebra", "--top", "2"],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    assert "cat: 100" in app and "zebra: 0" in app and "the" in app and "150" in app
 
 
 def test_failing_topology_refuses_the_append_with_a_typed_error(dc: DevCluster) -> None:
