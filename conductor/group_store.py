@@ -103,13 +103,16 @@ class GroupStore:
         return b, firsts, acks
 
     def build_foreign(self, runner: StreamRunner, topology: str, depot: str, task: int, start: int,
-                      records: list[Any], next_offset: int) -> ChangeSetBuilder:
-        """A group's run of `topology` over another group's applied records, with its new read position."""
+                      records: list[Any], next_offset: int) -> ChangeSetBuilder | None:
+        """A group's run of `topology` over another group's applied records, with its new read position.
+
+        None when the batch is stale (read before a failover or a concurrent batch moved the position):
+        the next round reads again from the saved position.
+        """
         progress = dict(self.store.progress(topology, staged=True) or {})
         key = f"{depot}/{task}"
         if progress.get(key, 0) != start:
-            raise ValueError(f"stale foreign batch for {topology} {key}: starts at {start}, "
-                             f"progress is {progress.get(key, 0)}")
+            return None
         b = self.store.changes()
         runner.run(b, depot, task, records, strict=False, only=topology)
         progress[key] = next_offset

@@ -571,9 +571,8 @@ class _ClientService(pbg.ClientServicer):
 
     async def Progress(self, request: pb.ProgressRequest, context: Any) -> pb.ProgressReply:
         try:
-            host = self.node.leader_host(request.module, request.group)
+            self.node.leader_host(request.module, request.group)  # only the leader answers (NotLeader otherwise)
             last = self.node.modules[request.module].stores[request.group].store.last_batch(request.topology)
-            del host
             return pb.ProgressReply(last_batch=-1 if last is None else last)
         except (ReplogError, PStateError, ValueError) as e:
             await _abort(context, e)
@@ -657,8 +656,6 @@ def _client_entry(store: GroupStore, appends: list[tuple[str, int, list[bytes]]]
 
 def _foreign_entry(store: GroupStore, runner: StreamRunner, topology: str, depot: str, task: int, start: int,
                    records: list[Any], next_offset: int) -> tuple[Any, Any]:
-    if store.foreign_position(topology, depot, task) != start:
-        return None, None  # a stale read (e.g. after a failover): the next round reads from the saved position
     return store.build_foreign(runner, topology, depot, task, start, records, next_offset), None
 
 

@@ -498,14 +498,10 @@ class ReplicaHost:
     def status(self) -> dict[str, Any]:
         """A snapshot for `conductor status` (read racily from another thread: good enough for display)."""
         r = self.replica
-        followers: dict[str, int] = {}
-        ls = getattr(r, "_ls", None)
-        if ls is not None:
-            followers = {name: peer.held for name, peer in ls.peers.items()}
         return {
             "role": r.role.value, "epoch": r.epoch, "leader": r.leader, "log_start": self.log.start_offset,
             "log_end": r.log_end, "apply_offset": r.apply_offset, "applied": r.applied,
-            "followers": followers, "isr": list(r.isr), "stalled": r.stalled,
+            "followers": r.follower_offsets(), "isr": list(r.isr), "stalled": r.stalled,
         }
 
 

@@ -227,6 +227,10 @@ class Replica:
     def held(self) -> int:
         return self.flushed_end - 1
 
+    def follower_offsets(self) -> dict[str, int]:
+        """Leader only: the highest offset each follower reported durable in this epoch (-1 = none)."""
+        return {} if self._ls is None else {name: peer.held for name, peer in self._ls.peers.items()}
+
     # ------------------------------------------------------------------------------- role changes
 
     def _on_metastore(self, st: GroupState) -> None:
