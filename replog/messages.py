@@ -31,6 +31,15 @@ Driver contract (what the state machine relies on):
 * Leader election and the epoch bump are one CAS by the controller (which picks
   only ISR members); the elected replica learns it via MetastoreChanged.
 * :class:`Reply` answers one client append.
+* Retention: the driver asks :meth:`Replica.retention_point` with the applied
+  offset its store holds *durably*, deletes whole log segments below the answer
+  (never more) and reports the new first offset with :class:`LogStartAdvanced`.
+* :class:`StartFarHorizon`: the driver ships the follower a checkpoint of the
+  leader's applied state (store files plus the epoch pairs up to it). The
+  follower installs it only while it follows that leader, is outside the ISR
+  and holds nothing beyond the checkpoint (so no entry it acknowledged is
+  dropped), then resets its log to start after the checkpoint and is rebuilt
+  like a restarted replica.
 
 Vocabulary at a glance (driver: what to do / where an event comes from):
 
@@ -43,6 +52,7 @@ Tick                         a timer, every ~10-50 ms (the machine has no clock 
 MetastoreChanged             the group znode watch, and once at start-up
 IsrChanged / IsrChangeFailed the outcome of a ChangeIsr CAS
 SessionExpired / Started     the ZooKeeper session listener
+LogStartAdvanced             the driver deleted log segments (retention)
 Replicate                    a frame from the leader, built from its SendEntries
 ReplicateAck, Epoch*         a peer's Send
 ==========================  =================================================================
@@ -61,8 +71,8 @@ RoleChanged                  start/stop stream topologies, refresh client routin
 ==========================  =================================================================
 
 A restarted replica is rebuilt with ``Replica(node, group, config, session=...,
-log_end=<recovered end>, epoch_pairs=<checkpoint>, applied=<_meta.applied>)``
-and then fed ``MetastoreChanged(<current znode>)``.
+log_start=<first offset on disk>, log_end=<recovered end>, epoch_pairs=<checkpoint>,
+applied=<_meta.applied>)`` and then fed ``MetastoreChanged(<current znode>)``.
 """
 
 from __future__ import annotations
@@ -240,9 +250,23 @@ class EpochResponse:
 
 
 Message = Replicate | ReplicateAck | EpochRequest | EpochResponse
+
+
+@dataclass(frozen=True, slots=True)
+class LogStartAdvanced:
+    """Whole segments below ``start`` were deleted (retention); entries below it can no longer be sent."""
+
+    start: int
+
+    def __post_init__(self) -> None:
+        if self.start < 0:
+            raise ValueError(f"log start {self.start} is negative")
+
+
 Event = (
     ClientAppend | LocalFlushed | Tick | MetastoreChanged | IsrChanged | IsrChangeFailed
     | SessionExpired | SessionStarted | Replicate | ReplicateAck | EpochRequest | EpochResponse
+    | LogStartAdvanced
 )
 
 # ----------------------------------------------------------------------------------------------- actions

@@ -32,6 +32,15 @@ Rules, and why:
   or keeps divergent ones when leaders change quickly.
 * Messages from older epochs are dropped; a message from a newer epoch makes a
   follower (or a deposed leader that did not notice yet) adopt that epoch.
+* Retention keeps every entry some replica may still need from this log: above
+  the durably applied offset (the store's own recovery replays from there), the
+  last ``max_near_sync_message_lag`` entries (the near-horizon window), and on a
+  leader everything an ISR member has not acknowledged. A follower that needs
+  entries below the log start (an OSR member that fell behind, or one whose
+  lag exceeds the window) is caught up by far horizon instead.
+* The epoch cache is never cut from the start: a returning follower's epoch
+  question about entries long deleted still gets the exact answer, so it
+  truncates only what diverged, never something it applied.
 
 Assertions state invariants the protocol guarantees; a failing one is a bug in
 the protocol or the driver, not bad input (bad input is rejected by the event
@@ -61,6 +70,7 @@ from replog.messages import (
     IsrChanged,
     IsrChangeFailed,
     LocalFlushed,
+    LogStartAdvanced,
     MetastoreChanged,
     PersistEpochs,
     Replicate,
@@ -140,12 +150,16 @@ class Replica:
         config: ReplicationConfig,
         *,
         session: int = 0,
+        log_start: int = 0,
         log_end: int = 0,
         epoch_pairs: tuple[tuple[int, int], ...] | list[tuple[int, int]] = (),
         applied: int = -1,
     ) -> None:
         assert applied < log_end or (applied == -1 and log_end >= 0), (
             f"applied offset {applied} is not in the recovered log [0, {log_end})"
+        )
+        assert 0 <= log_start <= applied + 1, (
+            f"log starts at {log_start} but only [0, {applied}] is applied: entries in between are lost"
         )
         self.node_id = node_id
         self.group = group
@@ -155,6 +169,7 @@ class Replica:
         self.epochs = EpochCache(epoch_pairs)
         # The checkpoint may name epochs whose entries the crash took with it.
         self.epochs.truncate_from_end(log_end)
+        self.log_start = log_start
         self.log_end = log_end
         self.flushed_end = log_end
         self.applied = applied
@@ -204,6 +219,8 @@ class Replica:
         elif isinstance(event, SessionStarted):
             self.session = event.session
             self.session_ok = True
+        elif isinstance(event, LogStartAdvanced):
+            self._on_log_start(event.start)
         else:  # pragma: no cover - the Event union is closed
             raise TypeError(f"not a replication event: {event!r}")
         out, self._out = self._out, []
@@ -230,6 +247,30 @@ class Replica:
     def follower_offsets(self) -> dict[str, int]:
         """Leader only: the highest offset each follower reported durable in this epoch (-1 = none)."""
         return {} if self._ls is None else {name: peer.held for name, peer in self._ls.peers.items()}
+
+    def retention_point(self, durable_applied: int) -> int:
+        """The lowest offset this log must keep; whole segments below it may be deleted.
+
+        ``durable_applied`` is the applied offset the store holds durably (after
+        a flush), which may trail ``applied``: a crash replays from there.
+        """
+        assert durable_applied <= self.applied, (durable_applied, self.applied)
+        keep = min(durable_applied + 1, self.log_end - self.config.max_near_sync_message_lag)
+        ls = self._ls
+        if ls is not None:
+            for r in self._effective_isr():
+                if r == self.node_id:
+                    continue
+                p = ls.peers[r]
+                if not p.reconciled:
+                    return self.log_start  # unknown need (reconciles within a round trip): keep all
+                keep = min(keep, p.held + 1, p.acked_end)
+        return max(self.log_start, keep)
+
+    def _on_log_start(self, start: int) -> None:
+        assert start >= self.log_start, f"log start went back from {self.log_start} to {start}"
+        assert start <= self.applied + 1, f"entries [{self.applied + 1}, {start}) deleted before being applied"
+        self.log_start = start
 
     # ------------------------------------------------------------------------------- role changes
 
@@ -586,7 +627,8 @@ class Replica:
             p.next = max(p.next, p.acked_end)
         if m.held > p.held:
             p.held = m.held
-        if p.far and self.log_end - p.acked_end <= self.config.max_near_sync_message_lag:
+        if (p.far and p.acked_end >= self.log_start
+                and self.log_end - p.acked_end <= self.config.max_near_sync_message_lag):
             p.far = False
         self._maybe_change_isr()
         self._advance_apply()
@@ -695,7 +737,7 @@ class Replica:
                 p.next = p.acked_end  # frames or acks were lost: go back
                 p.last_progress_ms = now
             lag = self.log_end - p.acked_end
-            if r in ls.osr and lag > cfg.max_near_sync_message_lag:
+            if p.acked_end < self.log_start or (r in ls.osr and lag > cfg.max_near_sync_message_lag):
                 if not p.far or now - p.far_since_ms >= cfg.far_horizon_retry_ms:
                     p.far = True
                     p.far_since_ms = now
@@ -710,6 +752,7 @@ class Replica:
                         break
                     end = min(self.log_end, p.next + cfg.max_batch_entries,
                               p.acked_end + cfg.max_inflight_entries)
+                    assert p.next >= self.log_start, (r, p.next, self.log_start)
                     self._out.append(SendEntries(r, self.epoch, p.next, end, self.apply_offset))
                     p.next = end
                     p.sent_apply = self.apply_offset

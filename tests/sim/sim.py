@@ -35,6 +35,7 @@ from replog.messages import (
     IsrChanged,
     IsrChangeFailed,
     LocalFlushed,
+    LogStartAdvanced,
     MetastoreChanged,
     PersistEpochs,
     Replicate,
@@ -116,6 +117,9 @@ class Disk:
     epoch_pairs: tuple[tuple[int, int], ...] = ()
     applied: int = -1
     gen: int = 0  #: bumped by every truncation, so flushes started before it report nothing
+    #: first offset still in the log: retention deleted ``entries[:start]`` (kept here only as the
+    #: store's content, for the invariant checks; sending them is a failure)
+    start: int = 0
 
 
 @dataclass
@@ -201,6 +205,9 @@ class Sim:
         #: scenarios switch this off and call :meth:`elect` themselves
         self.auto_elect = True
         self.pinned_client: str | None = None
+        #: delete log segments (of ``segment_entries`` entries) below each replica's retention point
+        self.retention = False
+        self.segment_entries = 8
 
     # ------------------------------------------------------------------------------- scheduling
 
@@ -256,15 +263,26 @@ class Sim:
         self._elect_later(0)
 
     def _new_replica(self, nid: str, disk: Disk, session: int) -> Replica:
-        return self.replica_cls(nid, "g", self.config, session=session, log_end=disk.durable_end,
-                                epoch_pairs=disk.epoch_pairs, applied=disk.applied)
+        return self.replica_cls(nid, "g", self.config, session=session, log_start=disk.start,
+                                log_end=disk.durable_end, epoch_pairs=disk.epoch_pairs, applied=disk.applied)
 
     def _tick(self, nid: str, inc: int) -> None:
         n = self.nodes[nid]
         if not n.alive or n.incarnation != inc:
             return
         self._deliver(nid, inc, Tick())
+        if self.retention and n.alive and n.incarnation == inc and self.rng.random() < 0.2:
+            self._retain(n)
         self.at(self.now + self.tick_ms, self._tick, nid, inc)
+
+    def _retain(self, n: Node) -> None:
+        """Retention as the worker does it: delete whole segments below the replica's retention point."""
+        point = n.replica.retention_point(n.disk.applied)  # the sim's applied offset is durable at once
+        start = point - point % self.segment_entries
+        if start > n.disk.start:
+            n.disk.start = start
+            self.note(f"{n.id} deletes its log below {start}")
+            self._deliver(n.id, n.incarnation, LogStartAdvanced(start))
 
     # ------------------------------------------------------------------------------- delivery
 
@@ -291,6 +309,8 @@ class Sim:
         if isinstance(a, SendEntries):
             if a.end > len(disk.entries):
                 self.fail(f"{n.id} sends [{a.start},{a.end}) beyond its log {len(disk.entries)}")
+            if a.start < a.end and a.start < disk.start:
+                self.fail(f"{n.id} sends [{a.start},{a.end}) but its log starts at {disk.start}")
             chunk = disk.entries[a.start:a.end]
             msg = Replicate(n.id, a.dst, a.epoch, a.start, tuple(e for e, _ in chunk), a.apply_offset,
                             tuple(p for _, p in chunk))
@@ -594,18 +614,42 @@ class Sim:
         self._notify(nid, self.znode)
 
     def _far_horizon(self, leader: str, inc: int, a: StartFarHorizon) -> None:
-        """Model a checkpoint copy: the follower receives the leader's applied prefix in bulk."""
-        ln, fn = self.nodes[leader], self.nodes[a.follower]
-        if not ln.alive or ln.incarnation != inc or not fn.alive:
+        """The leader checkpoints its applied state; the copy reaches the follower some time later."""
+        ln = self.nodes[leader]
+        if not ln.alive or ln.incarnation != inc or ln.replica.epoch != a.epoch or not ln.replica.is_leader:
             return
-        start = len(fn.disk.entries)
-        end = min(ln.replica.apply_offset + 1, len(ln.disk.entries))
-        if end <= start:
+        upto = ln.disk.applied
+        state = list(ln.disk.entries[:upto + 1])
+        pairs = tuple((e, s) for e, s in ln.disk.epoch_pairs if s <= upto)
+        self.note(f"{leader} checkpoints [0,{upto}] for {a.follower}")
+        copy_ms = self.rng.randint(10, 120)
+        self.at(self.now + copy_ms, self._install_checkpoint, a.follower, self.nodes[a.follower].incarnation,
+                leader, a.epoch, upto, state, pairs)
+
+    def _install_checkpoint(self, nid: str, inc: int, leader: str, epoch: int, upto: int,
+                            state: list[Entry], pairs: tuple[tuple[int, int], ...]) -> None:
+        """The follower's side of far horizon, under the driver contract's conditions (see replog.messages)."""
+        n = self.nodes[nid]
+        r = n.replica
+        if not n.alive or n.incarnation != inc or (leader, nid) in self.cut:
             return
-        chunk = ln.disk.entries[start:end]
-        msg = Replicate(leader, a.follower, a.epoch, start, tuple(e for e, _ in chunk), a.apply_offset,
-                        tuple(p for _, p in chunk))
-        self._deliver(a.follower, fn.incarnation, msg)
+        if r.role is not Role.FOLLOWER or r.leader != leader or r.epoch != epoch:
+            return  # the transfer belongs to a leadership that is over
+        if nid in self.znode.isr or upto < r.log_end - 1 or upto <= r.applied:
+            return  # would drop entries it acknowledged, or brings nothing new
+        d = n.disk
+        self.note(f"{nid} installs a checkpoint of [0,{upto}] from {leader}")
+        d.entries = state
+        d.durable_end = upto + 1
+        d.start = upto + 1
+        d.applied = upto
+        d.epoch_pairs = pairs
+        d.gen += 1
+        # Rebuilt like a restarted replica (same session), told the current znode at once.
+        n.incarnation += 1
+        n.replica = self._new_replica(nid, d, n.session)
+        self.at(self.now + self.rng.randrange(self.tick_ms), self._tick, nid, n.incarnation)
+        self._deliver(nid, n.incarnation, MetastoreChanged(self.znode))
 
     # ------------------------------------------------------------------------------- partitions
 
@@ -683,6 +727,8 @@ def run_seed(seed: int, replica_cls: type[Replica] = Replica, fault_ms: int = 12
                         max_unapplied_entries=rng.choice([400, 400, 40]))
     sim = Sim(seed, nodes=nodes, config=config, faults=faults, replica_cls=replica_cls, trace=trace,
               metastore_ms=rng.choice([(1, 5), (1, 40)]))
+    # Its own generator, so seeds recorded before retention existed still replay their runs.
+    sim.retention = random.Random(seed ^ 0x7E7E).random() < 0.5
     slow = {nid for nid in sim.ids if rng.random() < faults.slow_disk}
     for nid in slow:
         sim.nodes[nid].flush_ms = faults.slow_flush_ms

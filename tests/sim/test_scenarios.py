@@ -311,3 +311,30 @@ def test_last_isr_member_loses_its_unflushed_tail() -> None:
                                                   *after.payloads]
     assert all(req.outcome == "ok" for req in lost)  # ack=none promised nothing
     sim.heal_and_settle()
+
+
+# ------------------------------------------------------------------------------------------------ retention
+
+
+def test_follower_behind_the_retained_log_catches_up_by_far_horizon() -> None:
+    """A follower is cut off while the leader appends far past the near-horizon window and deletes
+    segments below it. Entries it needs are gone, so it must install a checkpoint (not replay),
+    and then hold exactly the committed log; the leader never sends entries below its log start."""
+    sim = scripted(3, max_time_lag_ms=60)
+    sim.retention = True
+    sim.elect("a")
+    sim.run_for(30)
+    sim.isolate("c")
+    for _ in range(60):
+        sim.append(3, Ack.APPLIED)
+        sim.run_for(4)
+    a, c = sim.nodes["a"], sim.nodes["c"]
+    sim.run_until_true(lambda: "c" in sim.znode.osr and a.disk.start > c.replica.log_end)
+    before = c.replica.log_end
+    sim.heal()
+    sim.run_until_true(lambda: c.disk.start > before and c.replica.reconciled)
+    assert c.disk.start > 0 and c.disk.applied >= c.disk.start - 1  # installed, not replayed
+    sim.run_until_true(lambda: "c" in sim.znode.isr, max_ms=3_000)
+    sim.run_for(200)
+    sim.check_liveness()
+    assert all(r.outcome == "ok" for r in sim.requests.values())
