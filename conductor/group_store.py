@@ -17,6 +17,7 @@ import msgpack
 
 from pstate import P, TaskGroupStore
 from pstate.changes import ChangeSet
+from pstate.checkpoint import Manifest, install
 from pstate.errors import InvalidPath
 from pstate.path import FILTER, VIEW, Path
 from pstate.store import ChangeSetBuilder
@@ -170,6 +171,22 @@ class GroupStore:
 
     def drop_staged(self) -> None:
         self.store.drop_staged()
+
+    def flush(self) -> None:
+        self.store.flush()
+
+    def checkpoint(self, directory: FsPath, leader_epoch: int) -> Manifest:
+        manifest: Manifest = self.store.checkpoint(directory, leader_epoch)
+        return manifest
+
+    def install_checkpoint(self, staging: FsPath, manifest: Manifest) -> None:
+        """Swap in a fetched checkpoint (verified again by ``install``) and reopen the same PStates and depots."""
+        old = self.store
+        old.close()
+        try:
+            install(staging, manifest, old.path)
+        finally:
+            self.store = TaskGroupStore(old.path, old.schemas, old.depots)
 
     def close(self) -> None:
         self.store.close()

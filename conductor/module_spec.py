@@ -32,6 +32,7 @@ MIN_ISR = "replication.min.isr"
 MAX_TIME_LAG_MS = "replication.max.time.lag.millis"
 DEPOT_APPEND_TIMEOUT_MS = "replication.depot.append.timeout.millis"
 MAX_NEAR_SYNC_MESSAGE_LAG = "replication.max.near.sync.message.lag"
+SEGMENT_BYTES = "replog.segment.bytes"
 
 
 class SpecError(ValueError):
@@ -109,6 +110,9 @@ KNOWN_OPTIONS: dict[str, OptionDef] = {
                   "follower loss delays appends instead of failing them)"),
         OptionDef(MAX_NEAR_SYNC_MESSAGE_LAG, _positive_int, lambda s: 20_000,
                   "followers further behind than this many entries use far-horizon catchup"),
+        OptionDef(SEGMENT_BYTES, _positive_int, lambda s: 64 * 1024 * 1024,
+                  "replog segment size; retention deletes whole segments, so it is also the granularity "
+                  "of the replog's disk use"),
     )
 }
 

@@ -31,16 +31,25 @@ import msgpack
 from prometheus_client import start_http_server
 
 from conductor import placement
+from conductor.far_horizon import (
+    INSTALL_TIMEOUT_S,
+    Catchup,
+    CheckpointShelf,
+    Shelved,
+    read_chunk,
+    stream_checkpoint,
+)
 from conductor.group_store import GroupStore
 from conductor.metastore import MODULES_PATH, Metastore, MetastoreError, VersionConflict
 from conductor.metrics import node_registry
-from conductor.module_spec import ModuleSpec
+from conductor.module_spec import SEGMENT_BYTES, ModuleSpec
 from conductor.replica_host import PendingEntry, ReplicaHost
 from conductor.transport import GRPC_OPTIONS, PeerTransport, from_proto
 from conductor.wire_errors import error_json, status_of
 from proto import admin_pb2, admin_pb2_grpc
 from proto import millrace_pb2 as pb
 from proto import millrace_pb2_grpc as pbg
+from pstate.checkpoint import Manifest
 from pstate.errors import PStateError
 from replog.config import ReplicationConfig
 from replog.errors import NotLeader, ReplogError
@@ -120,6 +129,8 @@ class Node:
         self.transport: PeerTransport | None = None
         self.server: grpc.aio.Server | None = None
         self.settler: LoopSettler | None = None
+        #: leader side of far-horizon catchup: checkpoints kept for followers' transfers
+        self.shelf = CheckpointShelf(self.data_dir / "checkpoints")
 
     # ------------------------------------------------------------------------------ lifecycle
 
@@ -142,6 +153,7 @@ class Node:
         await asyncio.to_thread(self.metastore.register_node, self.node_id, self.address)
         self.metastore.zk.ChildrenWatch(MODULES_PATH, self._on_modules)
         self.metrics_address = self._start_metrics()
+        self._sweeper = asyncio.create_task(self._sweep_checkpoints())
         log.warning("node %s serving on %s (data %s, ZooKeeper %s, session 0x%x, metrics http://%s/metrics)",
                     self.node_id, self.address, self.data_dir, self.zk_hosts, self.session or 0,
                     self.metrics_address)
@@ -163,9 +175,16 @@ class Node:
     def session(self) -> int | None:
         return self.metastore.session_id if self.metastore else None
 
+    async def _sweep_checkpoints(self) -> None:
+        while True:
+            await asyncio.sleep(30)
+            await asyncio.to_thread(self.shelf.sweep)
+
     async def stop(self) -> None:
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
+        if getattr(self, "_sweeper", None) is not None:
+            self._sweeper.cancel()
         for t in self._tasks:
             t.cancel()
         if self.metastore is not None:
@@ -175,7 +194,10 @@ class Node:
             self.modules.clear()
         for rt in runtimes:
             for host in rt.hosts.values():
+                if host.catchup is not None:
+                    host.catchup.stop()
                 await asyncio.to_thread(host.stop)
+        self.shelf.close()
         if self.transport is not None:
             await self.transport.close()
         for ch in self._channels.values():
@@ -244,7 +266,8 @@ class Node:
             store = GroupStore.open(gdir / "state", definition)
             rt.stores[g] = store
             host = ReplicaHost(self.node_id, module, g, gdir, config, self.session or 0, store,
-                               self._send, self._change_isr)
+                               self._send, self._change_isr, on_far_horizon=self._start_catchup,
+                               segment_bytes=spec.option(SEGMENT_BYTES))
             rt.hosts[g] = host
         with self._lock:
             self.modules[module] = rt
@@ -367,6 +390,46 @@ class Node:
         with self._lock:
             return [h for rt in self.modules.values() for h in rt.hosts.values()]
 
+    # ------------------------------------------------------------------------------ far horizon
+
+    def _start_catchup(self, host: ReplicaHost, leader: str, epoch: int) -> None:
+        """Task thread of a follower the leader offered a checkpoint: fetch it in a transfer thread."""
+        address = self._resolve(leader)
+        if address is None:
+            log.warning("%s: cannot find leader %s's address for far-horizon catchup; it will offer again",
+                        host.name, leader)
+            return
+
+        def install(staging: Path, manifest: Manifest, pairs: list[tuple[int, int]]) -> str | None:
+            done: concurrent.futures.Future[str | None] = concurrent.futures.Future()
+
+            def run(h: ReplicaHost) -> None:
+                try:
+                    done.set_result(h.install_checkpoint(staging, manifest, pairs, leader, epoch))
+                except Exception as e:
+                    done.set_exception(e)
+            host.post(run)
+            return done.result(timeout=INSTALL_TIMEOUT_S)
+
+        host.catchup = Catchup(host.name, host.module, host.group, self.node_id, leader, address, epoch,
+                               host.dir / "far-horizon", host.config.max_near_sync_message_lag, install,
+                               channel_options=GRPC_OPTIONS)
+        host.catchup.start()
+
+    def checkpoint_round(self, request: pb.FetchCheckpointRequest) -> Shelved:
+        """Leader, off the loop: a fresh checkpoint for this follower's round (NotLeader if we no longer lead)."""
+        host = self.leader_host(request.module, request.group)
+        if host.replica.epoch != request.epoch:
+            raise NotLeader(host.name, host.replica.leader, host.replica.epoch)
+
+        def make(directory: Path) -> Shelved:
+            manifest, pairs, log_end = host.checkpoint_for_transfer(directory)
+            return Shelved(directory, manifest, pairs, log_end)
+        shelved = self.shelf.take((request.module, request.group, request.follower), make)
+        log.info("%s: round for %s: checkpoint at offset %d, %d file(s), %.1f MB", host.name, request.follower,
+                 shelved.manifest.applied_offset, len(shelved.manifest.files), shelved.manifest.total_bytes() / 1e6)
+        return shelved
+
     # ------------------------------------------------------------------------------ transport
 
     def _send(self, module: str, group: int, msgs: list[tuple[str, Any]]) -> None:
@@ -428,6 +491,24 @@ class _ReplicationService(pbg.ReplicationServicer):
         except asyncio.CancelledError:
             pass  # the node is stopping: peers reconnect to whoever leads next
         return pb.DeliverSummary(frames=n)
+
+    async def FetchCheckpoint(self, request: pb.FetchCheckpointRequest,
+                              context: Any) -> AsyncIterator[pb.CheckpointChunk]:
+        node = self.node
+        key = (request.module, request.group, request.follower)
+        if request.release:
+            node.shelf.release(key)
+            return
+        try:
+            shelved = await asyncio.to_thread(node.checkpoint_round, request)
+        except (ReplogError, PStateError, ValueError) as e:
+            await _abort(context, e)
+            return
+
+        async def read(path: Path, offset: int) -> bytes:
+            return await asyncio.to_thread(read_chunk, path, offset)
+        async for chunk in stream_checkpoint(shelved, list(request.have), read):
+            yield chunk
 
 
 class _ClientService(pbg.ClientServicer):

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from pstate.checkpoint import Manifest
 from pstate.errors import PStateError
 from replog.batch import scan_frames, trim_frames
 from replog.config import ReplicationConfig
@@ -37,13 +38,17 @@ from replog.messages import (
     Event,
     GroupState,
     LocalFlushed,
+    LogStartAdvanced,
+    MetastoreChanged,
     PersistEpochs,
     Replicate,
     ReplicateAck,
     Reply,
+    Role,
     RoleChanged,
     Send,
     SendEntries,
+    SessionExpired,
     StartFarHorizon,
     Tick,
     Truncate,
@@ -61,6 +66,8 @@ TICK_MS = 50
 #: how long a leader may hold a frame without entries (apply offset / heartbeat) for a follower, so that
 #: the next entries for it carry it instead: under a steady stream of appends, one frame per batch, not two
 BEAT_HOLD_MS = 5
+#: how often a replica looks for replog segments that retention may delete
+RETAIN_INTERVAL_MS = 1_000
 
 
 class EntryApplier(Protocol):
@@ -76,6 +83,12 @@ class EntryApplier(Protocol):
     def drop_staged(self) -> None: ...
 
     def stage_inherited(self, entries: list[tuple[int, int, bytes]]) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def checkpoint(self, directory: Path, leader_epoch: int) -> Manifest: ...
+
+    def install_checkpoint(self, staging: Path, manifest: Manifest) -> None: ...
 
     def close(self) -> None: ...
 
@@ -109,6 +122,14 @@ class RawReplicate:
     apply_offset: int
 
 
+@dataclass(frozen=True)
+class FarHorizonOffer:
+    """Leader to follower: you are too far behind for entries; fetch my checkpoint (see conductor.far_horizon)."""
+
+    src: str
+    epoch: int
+
+
 class ReplicaHost:
     """Owns one replica's disk state and task thread; every other thread talks to it through `post`."""
 
@@ -124,6 +145,8 @@ class ReplicaHost:
         send: Callable[[str, int, list[tuple[str, Any]]], None],
         change_isr: Callable[[ReplicaHost, int, GroupState], None],
         on_role: Callable[[ReplicaHost, RoleChanged], None] | None = None,
+        on_far_horizon: Callable[[ReplicaHost, str, int], None] | None = None,
+        segment_bytes: int = 64 * 1024 * 1024,
     ) -> None:
         self.node_id = node_id
         self.module = module
@@ -131,23 +154,27 @@ class ReplicaHost:
         self.name = f"{module}/{group}"
         self.dir = data_dir
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.log = Log.open(self.dir / "replog", fsync="none")
+        self.log = Log.open(self.dir / "replog", fsync="none", segment_bytes=segment_bytes)
         self.epoch_file = EpochFile(self.dir / "epochs")
         self.store = store
+        self.config = config
         self._send = send
         self._change_isr = change_isr
         self._on_role = on_role
+        self._on_far_horizon = on_far_horizon
         applied = store.applied_offset
         if applied >= self.log.end_offset:
-            # The store can be ahead only if the replog lost its tail; the log is the truth below applied.
-            raise ReplogError(
-                f"{self.name}: store applied offset {applied} is beyond the replog end {self.log.end_offset}; "
-                "the replica must be rebuilt from the leader"
-            )
-        self.replica = Replica(
-            node_id, self.name, config, session=session, log_end=self.log.end_offset,
-            epoch_pairs=self.epoch_file.load(), applied=applied,
-        )
+            # Only a far-horizon install interrupted between swapping the store and resetting the
+            # log leaves the store ahead (applies need durable entries): finish it.
+            log.warning("%s: store applied offset %d is beyond the replog end %d (an interrupted checkpoint "
+                        "install); the replog restarts at %d", self.name, applied, self.log.end_offset, applied + 1)
+            self.log.reset(applied + 1)
+        self.replica = self._new_replica(session, applied)
+        #: the group znode as last fed to the state machine (far-horizon install checks ISR membership)
+        self._znode: GroupState | None = None
+        #: follower: the far-horizon transfer running for this replica, if any (set by the node)
+        self.catchup: Any = None
+        self._next_retain_ms = 0
         self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._pending: dict[int, list[PendingEntry]] = {}
         self._next_request = 1
@@ -165,6 +192,12 @@ class ReplicaHost:
         self.last_error: str | None = None
         log.info("%s: opened replica on %s (log [%d, %d), applied %d)", self.name, node_id,
                  self.log.start_offset, self.log.end_offset, applied)
+
+    def _new_replica(self, session: int, applied: int) -> Replica:
+        return Replica(
+            self.node_id, self.name, self.config, session=session, log_start=self.log.start_offset,
+            log_end=self.log.end_offset, epoch_pairs=self.epoch_file.load(), applied=applied,
+        )
 
     # ------------------------------------------------------------------ called from other threads
 
@@ -215,6 +248,9 @@ class ReplicaHost:
                 if self._beats:
                     self._release_beats(_now_ms())
                 self._apply_deferred()
+                if now >= self._next_retain_ms:
+                    self._next_retain_ms = now + RETAIN_INTERVAL_MS
+                    self._retain()
         except Exception:
             log.exception("%s: task thread crashed; the replica stops (restart the node to recover)", self.name)
             self.last_error = "task thread crashed; see the node log"
@@ -225,9 +261,13 @@ class ReplicaHost:
     def _handle_item(self, item: Any) -> None:
         if isinstance(item, RawReplicate):
             self._on_raw_replicate(item)
+        elif isinstance(item, FarHorizonOffer):
+            self._on_far_horizon_offer(item)
         elif callable(item):
             item(self)  # a query that must run on the task thread
         else:
+            if isinstance(item, MetastoreChanged):
+                self._znode = item.state
             self._feed(item)
 
     def _client_appends(self, ps: list[PendingEntry]) -> None:
@@ -346,8 +386,10 @@ class ReplicaHost:
             if self._on_role is not None:
                 self._on_role(self, a)
         elif isinstance(a, StartFarHorizon):
-            log.warning("%s: follower %s is more than replication.max.near.sync.message.lag entries behind; "
-                        "replaying entries from the retained replog", self.name, a.follower)
+            log.warning("%s: follower %s needs entries this replog no longer keeps, or is more than "
+                        "replication.max.near.sync.message.lag entries behind: offering it a checkpoint",
+                        self.name, a.follower)
+            self._outbox.append((a.follower, FarHorizonOffer(self.node_id, a.epoch)))
         else:  # pragma: no cover - the Action union is closed
             raise TypeError(f"unknown action {a!r}")
 
@@ -493,6 +535,83 @@ class ReplicaHost:
         finally:
             self.store.close()
 
+    # ------------------------------------------------------------------------ retention
+
+    def _retain(self) -> None:
+        """Delete whole replog segments below the state machine's retention point.
+
+        The point depends on the applied offset the store holds *durably*; with
+        RocksDB's WAL off that takes a flush, so one is made only when a whole
+        segment would go (about once per segment written), never per check.
+        """
+        segments = self.log.segments()
+        if len(segments) < 2 or self.replica.retention_point(self.store.applied_offset) < segments[1].base_offset:
+            return
+        self.store.flush()
+        point = self.replica.retention_point(self.store.applied_offset)
+        freed = self.log.delete_segments_below(point)
+        if freed:
+            self._feed(LogStartAdvanced(self.log.start_offset))
+            log.info("%s: retention deleted %.1f MB of replog below offset %d (log now [%d, %d))", self.name,
+                     freed / 1e6, self.log.start_offset, self.log.start_offset, self.log.end_offset)
+
+    # ------------------------------------------------------------------------ far horizon
+
+    def _on_far_horizon_offer(self, m: FarHorizonOffer) -> None:
+        r = self.replica
+        if r.role is not Role.FOLLOWER or r.leader != m.src or r.epoch != m.epoch:
+            return  # from a leadership that is over (or we have not caught up with the epoch yet)
+        if self.catchup is not None and self.catchup.running:
+            return
+        if self._on_far_horizon is not None:
+            self._on_far_horizon(self, m.src, m.epoch)
+
+    def checkpoint_for_transfer(self, directory: Path) -> tuple[Manifest, list[tuple[int, int]], int]:
+        """Leader, any thread: a checkpoint of the applied state, its epoch history, and the log end now.
+
+        Safe off the task thread: the store checkpoints under its own lock, and
+        the epoch cache never changes at or below the applied offset.
+        """
+        log_end = self.replica.log_end
+        manifest = self.store.checkpoint(directory, self.replica.epoch)
+        pairs = [(e, s) for e, s in self.replica.epochs.to_pairs() if s <= manifest.applied_offset]
+        return manifest, pairs, log_end
+
+    def install_checkpoint(self, staging: Path, manifest: Manifest, pairs: list[tuple[int, int]],
+                           leader: str, epoch: int) -> str | None:
+        """Task thread: replace store and replog with a fetched checkpoint; None when done, else why not.
+
+        Installed only under the driver contract of replog.messages: still
+        following the leader that offered it, outside the ISR, and holding no
+        entry beyond the checkpoint, so nothing this replica acknowledged is
+        dropped. Crash order: the epoch history first (valid for the old log
+        too, whose entries the checkpoint covers), then the store's atomic swap,
+        then the log reset; a crash between the last two is finished at open.
+        """
+        r = self.replica
+        upto = manifest.applied_offset
+        if r.role is not Role.FOLLOWER or r.leader != leader or r.epoch != epoch:
+            return f"no longer following {leader} in epoch {epoch}"
+        if self._znode is not None and self.node_id in self._znode.isr:
+            return "this replica is in the ISR"
+        if upto < r.log_end - 1 or upto <= r.applied:
+            return f"the checkpoint (offset {upto}) does not cover this log (end {r.log_end}, applied {r.applied})"
+        self._apply_later = -1
+        self._beats.clear()
+        self._outbox.clear()
+        self.store.drop_staged()
+        self.epoch_file.save(pairs)
+        self.store.install_checkpoint(staging, manifest)
+        self.log.reset(upto + 1)
+        self.replica = self._new_replica(r.session, upto)
+        if not r.session_ok:
+            self._feed(SessionExpired())
+        log.warning("%s: installed a checkpoint up to offset %d from %s; replaying from %d", self.name, upto,
+                    leader, upto + 1)
+        if self._znode is not None:
+            self._feed(MetastoreChanged(self._znode))
+        return None
+
     # ------------------------------------------------------------------------ introspection
 
     def status(self) -> dict[str, Any]:
@@ -502,6 +621,7 @@ class ReplicaHost:
             "role": r.role.value, "epoch": r.epoch, "leader": r.leader, "log_start": self.log.start_offset,
             "log_end": r.log_end, "apply_offset": r.apply_offset, "applied": r.applied,
             "followers": r.follower_offsets(), "isr": list(r.isr), "stalled": r.stalled,
+            "catchup": self.catchup.progress if self.catchup is not None and self.catchup.running else None,
         }
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import grpc
 
-from conductor.replica_host import RawReplicate
+from conductor.replica_host import FarHorizonOffer, RawReplicate
 from proto import millrace_pb2 as pb
 from proto import millrace_pb2_grpc as pbg
 from replog.messages import EpochRequest, EpochResponse, ReplicateAck
@@ -48,6 +48,8 @@ def to_proto(module: str, group: int, msg: Any) -> pb.PeerMessage:
         return pb.PeerMessage(module=module, group=group, epoch_response=pb.EpochResponseMsg(
             epoch=msg.epoch, requested_epoch=msg.requested_epoch, found_epoch=msg.found_epoch,
             end_offset=msg.end_offset))
+    if isinstance(msg, FarHorizonOffer):
+        return pb.PeerMessage(module=module, group=group, far_horizon=pb.FarHorizonMsg(epoch=msg.epoch))
     raise TypeError(f"cannot send {type(msg).__name__} to a peer")
 
 
@@ -66,6 +68,8 @@ def from_proto(src: str, dst: str, m: pb.PeerMessage) -> Any:
     if body == "epoch_response":
         e = m.epoch_response
         return EpochResponse(src, dst, e.epoch, e.requested_epoch, e.found_epoch, e.end_offset)
+    if body == "far_horizon":
+        return FarHorizonOffer(src, m.far_horizon.epoch)
     raise ValueError(f"peer message from {src} has no body")
 
 

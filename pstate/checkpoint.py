@@ -78,6 +78,31 @@ def file_crc(path: str) -> tuple[int, int]:
     return size, crc
 
 
+def _link_or_copy(src: str, dest: str) -> tuple[int, int]:
+    """Hard-link SST files (immutable: no second copy of a fetched checkpoint) and copy the rest; (size, CRC32C).
+
+    RocksDB appends to its MANIFEST and rewrites CURRENT, so those must not
+    share an inode with the source. The checksum is computed from ``dest``,
+    so a link still verifies every byte the installed store will read.
+    """
+    try:
+        if not src.endswith(".sst"):
+            raise OSError("copy")
+        os.link(src, dest)
+    except OSError as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise
+        shutil.copyfile(src, dest)
+    crc = 0
+    size = 0
+    with open(dest, "rb+") as fh:
+        while chunk := fh.read(_CHUNK):
+            crc = crc32c.crc32c(chunk, crc)
+            size += len(chunk)
+        os.fsync(fh.fileno())
+    return size, crc
+
+
 def _fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -132,16 +157,8 @@ def install(src_dir: str | os.PathLike[str], manifest: Manifest, dest: str | os.
                 raise CorruptStore(f.name, "file name in manifest is not a plain name")
             s_path = os.path.join(src, f.name)
             d_path = os.path.join(target, f.name)
-            crc = 0
-            size = 0
             try:
-                with open(s_path, "rb") as fin, open(d_path, "wb") as fout:
-                    while chunk := fin.read(_CHUNK):
-                        crc = crc32c.crc32c(chunk, crc)
-                        size += len(chunk)
-                        fout.write(chunk)
-                    fout.flush()
-                    os.fsync(fout.fileno())
+                size, crc = _link_or_copy(s_path, d_path)
             except FileNotFoundError as exc:
                 raise CorruptStore(s_path, "file listed in the manifest is missing") from exc
             if size != f.size or crc != f.crc32c:

@@ -621,6 +621,7 @@ class Replica:
             p.acked_end = m.log_end
             p.next = m.log_end
             p.last_progress_ms = self._now
+            p.far = False  # it (re)started fetching: an earlier far-horizon offer may have died with it
         elif m.log_end > p.acked_end:
             p.acked_end = m.log_end
             p.last_progress_ms = self._now

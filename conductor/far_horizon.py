@@ -1,0 +1,390 @@
+"""Far-horizon catchup: a follower too far behind copies the leader's checkpoint files instead of replaying.
+
+The leader's state machine decides *that* a follower needs it (``StartFarHorizon``,
+see :mod:`replog.replica`); this module moves the bytes. The follower pulls: it
+calls ``FetchCheckpoint`` on the leader once per **round**. Each call makes a
+fresh RocksDB checkpoint (hard links to immutable SST files, so it costs a
+memtable flush, not a copy) and streams, in large chunks, only the files the
+follower does not already hold: SST names are stable across checkpoints, so a
+second round copies just what was flushed or compacted during the first. Rounds
+go on until the checkpoint is within half the near-horizon window of the
+leader's log end (Rama restarts from scratch instead); then the follower
+installs the last checkpoint and replays entries from it like any follower.
+
+Every file is checked against the manifest's size and CRC32C as it arrives; a
+file damaged in transit is dropped and fetched again in the next round (the
+test hook :data:`CORRUPT_ENV` damages chunks on purpose). The leader keeps each
+follower's checkpoint on a :class:`CheckpointShelf` until that follower's next
+round, its release call, or an idle timeout, so abandoned transfers do not pin
+old SST files forever.
+
+Install itself runs on the follower's task thread (it owns the store and the
+log): :meth:`conductor.replica_host.ReplicaHost.install_checkpoint`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import crc32c
+import grpc
+
+from proto import millrace_pb2 as pb
+from proto import millrace_pb2_grpc as pbg
+from pstate.checkpoint import Manifest, ManifestFile
+
+log = logging.getLogger("millrace.far_horizon")
+
+#: bytes per streamed message: large, since gRPC Python pays ~160 us per message, yet far below the 64 MiB limit
+CHUNK_BYTES = 2 * 1024 * 1024
+#: test hook (leader side): damage the first N chunks this process sends, to prove they are detected and re-fetched
+CORRUPT_ENV = "MILLRACE_TEST_CORRUPT_TRANSFER"
+#: a follower that still lags after this many rounds installs anyway; the leader re-offers if it must
+MAX_ROUNDS = 20
+#: a checkpoint kept for a follower that has not come back for this long is released
+IDLE_TTL_S = 300.0
+#: how long the follower's install may wait for its task thread
+INSTALL_TIMEOUT_S = 120.0
+
+Pairs = list[tuple[int, int]]
+ShelfKey = tuple[str, int, str]  # (module, group, follower)
+
+
+@dataclass
+class Shelved:
+    """One checkpoint kept for one follower's transfer."""
+
+    directory: Path
+    manifest: Manifest
+    epoch_pairs: Pairs
+    leader_log_end: int
+    last_used: float = field(default_factory=time.monotonic)
+
+
+class CheckpointShelf:
+    """The checkpoints a leader node keeps for transfers in progress, at most one per (group, follower).
+
+    A new round replaces the follower's previous checkpoint (its files are
+    hard links, so what both share costs nothing and the rest is freed).
+    """
+
+    def __init__(self, root: Path, idle_ttl_s: float = IDLE_TTL_S) -> None:
+        self.root = root
+        self.idle_ttl_s = idle_ttl_s
+        shutil.rmtree(root, ignore_errors=True)  # leftovers of an earlier run belong to no transfer
+        root.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._kept: dict[ShelfKey, Shelved] = {}
+        self._seq = 0
+
+    def take(self, key: ShelfKey, make: Callable[[Path], Shelved]) -> Shelved:
+        """Replace ``key``'s checkpoint with a fresh one made by ``make(directory)`` (blocking: call off the loop)."""
+        self.release(key)
+        with self._lock:
+            self._seq += 1
+            directory = self.root / f"{key[0]}-{key[1]}-{key[2]}-{self._seq}"
+        shelved = make(directory)
+        with self._lock:
+            self._kept[key] = shelved
+        return shelved
+
+    def release(self, key: ShelfKey) -> bool:
+        with self._lock:
+            shelved = self._kept.pop(key, None)
+        if shelved is not None:
+            shutil.rmtree(shelved.directory, ignore_errors=True)
+        return shelved is not None
+
+    def sweep(self) -> int:
+        """Release checkpoints idle longer than the TTL; returns how many."""
+        now = time.monotonic()
+        with self._lock:
+            stale = [k for k, s in self._kept.items() if now - s.last_used > self.idle_ttl_s]
+        for k in stale:
+            log.info("released the far-horizon checkpoint of %s/%d for %s (idle %.0f s)", k[0], k[1], k[2],
+                     self.idle_ttl_s)
+            self.release(k)
+        return len(stale)
+
+    def keys(self) -> list[ShelfKey]:
+        with self._lock:
+            return list(self._kept)
+
+    def close(self) -> None:
+        for k in self.keys():
+            self.release(k)
+
+
+# ---------------------------------------------------------------------------------------- leader side
+
+
+class _Corrupter:
+    """The :data:`CORRUPT_ENV` hook: flips one byte in each of the first N chunks sent by this process."""
+
+    def __init__(self) -> None:
+        self.left = int(os.environ.get(CORRUPT_ENV, "0") or 0)
+        self._lock = threading.Lock()
+
+    def __call__(self, data: bytes) -> bytes:
+        if self.left <= 0 or not data:
+            return data
+        with self._lock:
+            if self.left <= 0:
+                return data
+            self.left -= 1
+        log.warning("test hook %s: corrupting a far-horizon chunk in transit", CORRUPT_ENV)
+        return bytes([data[0] ^ 0xFF]) + data[1:]
+
+
+_corrupt = _Corrupter()
+
+
+def read_chunk(path: Path, offset: int) -> bytes:
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        return fh.read(CHUNK_BYTES)
+
+
+async def stream_checkpoint(shelved: Shelved, have: list[pb.CheckpointFile],
+                            read: Callable[[Path, int], Any]) -> AsyncIterator[pb.CheckpointChunk]:
+    """The messages of one round: the checkpoint's description, then every file the follower lacks, chunked.
+
+    ``read(path, offset)`` is awaited per chunk (the node passes a thread
+    offload, so disk reads do not stall replication on the event loop).
+    """
+    held = {(f.name, f.size, f.crc32c) for f in have}
+    send = [f for f in shelved.manifest.files if (f.name, f.size, f.crc32c) not in held]
+    pairs = shelved.epoch_pairs
+    yield pb.CheckpointChunk(info=pb.CheckpointInfo(
+        manifest_json=shelved.manifest.to_json(), epochs=[e for e, _s in pairs], epoch_starts=[s for _e, s in pairs],
+        leader_log_end=shelved.leader_log_end, send_bytes=sum(f.size for f in send)))
+    for f in send:
+        path = shelved.directory / f.name
+        offset = 0
+        while offset < f.size or (offset == 0 and f.size == 0):
+            data = await read(path, offset)
+            if not data and f.size:
+                raise FileNotFoundError(f"{path} ended at {offset} of {f.size} bytes")
+            yield pb.CheckpointChunk(file=f.name, file_offset=offset, data=_corrupt(data))
+            offset += len(data)
+            shelved.last_used = time.monotonic()
+            if not data:
+                break
+
+
+# -------------------------------------------------------------------------------------- follower side
+
+
+@dataclass
+class CatchupProgress:
+    """What ``conductor status`` and the node log show of a running catchup."""
+
+    leader: str
+    round: int = 0
+    bytes_total: int = 0  #: this round's bytes to copy
+    bytes_done: int = 0
+    copied_total: int = 0  #: every round's bytes so far
+    refetched: int = 0  #: files that failed their checksum in transit and were fetched again
+    started: float = field(default_factory=time.monotonic)
+    round_started: float = field(default_factory=time.monotonic)
+    state: str = "copying"
+
+    def rate(self) -> float:
+        """Bytes per second of the current round."""
+        elapsed = time.monotonic() - self.round_started
+        return self.bytes_done / elapsed if elapsed > 0 else 0.0
+
+    def eta_s(self) -> float | None:
+        r = self.rate()
+        return (self.bytes_total - self.bytes_done) / r if r > 0 else None
+
+
+#: installs a verified checkpoint on the task thread: (staging dir, manifest, epoch pairs) -> None or why not
+InstallFn = Callable[[Path, Manifest, Pairs], "str | None"]
+
+
+class Catchup:
+    """One far-horizon transfer on the follower, in its own thread (blocking gRPC and file writes stay off the loop)."""
+
+    def __init__(self, name: str, module: str, group: int, follower: str, leader: str, address: str, epoch: int,
+                 staging: Path, near_lag: int, install: InstallFn, *,
+                 channel_options: list[tuple[str, Any]] | None = None) -> None:
+        self.name = name
+        self.module = module
+        self.group = group
+        self.follower = follower
+        self.leader = leader
+        self.address = address
+        self.epoch = epoch
+        self.staging = staging
+        self.near_lag = near_lag
+        self._install = install
+        self._options = channel_options or []
+        self.progress = CatchupProgress(leader)
+        self.outcome: str | None = None  #: "installed" or why it stopped; None while running
+        self.thread = threading.Thread(target=self._run, name=f"catchup-{name}", daemon=True)
+        self._stop = threading.Event()
+        self._last_log = 0.0
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    @property
+    def running(self) -> bool:
+        return self.thread.is_alive()
+
+    def _run(self) -> None:
+        shutil.rmtree(self.staging, ignore_errors=True)
+        self.staging.mkdir(parents=True)
+        verified: dict[str, ManifestFile] = {}
+        channel = grpc.insecure_channel(self.address, options=self._options)
+        stub = pbg.ReplicationStub(channel)
+        log.warning("%s: far-horizon catchup from %s (%s) started", self.name, self.leader, self.address)
+        try:
+            self.outcome = self._rounds(stub, verified)
+        except _Stopped:
+            self.outcome = "stopped"
+        except grpc.RpcError as e:
+            self.outcome = f"leader {self.leader} stopped the transfer: {e.code().name} {e.details()}"
+        except Exception as e:
+            log.exception("%s: far-horizon catchup failed", self.name)
+            self.outcome = f"failed: {e}"
+        finally:
+            self.progress.state = self.outcome or "stopped"
+            try:
+                for _ in stub.FetchCheckpoint(self._request([], release=True), timeout=10):
+                    pass
+            except grpc.RpcError:
+                pass
+            channel.close()
+            shutil.rmtree(self.staging, ignore_errors=True)
+        p = self.progress
+        elapsed = time.monotonic() - p.started
+        log.warning("%s: far-horizon catchup from %s: %s after %d round(s), %.1f MB in %.1f s (%.1f MB/s), "
+                    "%d file(s) re-fetched", self.name, self.leader, self.outcome, p.round, p.copied_total / 1e6,
+                    elapsed, p.copied_total / 1e6 / max(elapsed, 1e-9), p.refetched)
+
+    def _request(self, have: list[ManifestFile], release: bool = False) -> pb.FetchCheckpointRequest:
+        return pb.FetchCheckpointRequest(
+            module=self.module, group=self.group, follower=self.follower, epoch=self.epoch, release=release,
+            have=[pb.CheckpointFile(name=f.name, size=f.size, crc32c=f.crc32c) for f in have])
+
+    def _rounds(self, stub: pbg.ReplicationStub, verified: dict[str, ManifestFile]) -> str:
+        for rnd in range(1, MAX_ROUNDS + 1):
+            if self._stop.is_set():
+                return "stopped"
+            manifest, pairs, leader_end = self._round(rnd, stub, verified)
+            wanted = {f.name for f in manifest.files}
+            for name in [n for n in verified if n not in wanted]:  # compacted away on the leader
+                del verified[name]
+                (self.staging / name).unlink(missing_ok=True)
+            complete = all(verified.get(f.name) == f for f in manifest.files)
+            behind = leader_end - 1 - manifest.applied_offset
+            if complete and (behind <= self.near_lag // 2 or rnd == MAX_ROUNDS):
+                self.progress.state = "installing"
+                why_not = self._install(self.staging, manifest, pairs)
+                return "installed" if why_not is None else f"not installed: {why_not}"
+            log.info("%s: round %d: checkpoint at offset %d is %d entries behind the leader%s; another round",
+                     self.name, rnd, manifest.applied_offset, behind, "" if complete else " (files to re-fetch)")
+        raise AssertionError("unreachable")  # the last round always returns
+
+    def _round(self, rnd: int, stub: pbg.ReplicationStub,
+               verified: dict[str, ManifestFile]) -> tuple[Manifest, Pairs, int]:
+        p = self.progress
+        p.round = rnd
+        p.round_started = time.monotonic()
+        p.bytes_done = 0
+        p.state = "copying"
+        manifest: Manifest | None = None
+        pairs: Pairs = []
+        leader_end = 0
+        by_name: dict[str, ManifestFile] = {}
+        current: _Incoming | None = None
+        for chunk in stub.FetchCheckpoint(self._request(list(verified.values())), wait_for_ready=False):
+            if self._stop.is_set():
+                raise _Stopped
+            if chunk.HasField("info"):
+                manifest = Manifest.from_json(chunk.info.manifest_json)
+                pairs = list(zip(chunk.info.epochs, chunk.info.epoch_starts, strict=True))
+                leader_end = chunk.info.leader_log_end
+                by_name = {f.name: f for f in manifest.files}
+                p.bytes_total = chunk.info.send_bytes
+                continue
+            if current is None or current.meta.name != chunk.file:
+                if current is not None:
+                    self._finish(current, verified)
+                meta = by_name.get(chunk.file)
+                if meta is None or os.sep in chunk.file or chunk.file in ("", ".", ".."):
+                    raise ValueError(f"leader sent {chunk.file!r}, which its manifest does not list")
+                verified.pop(meta.name, None)
+                current = _Incoming(meta, self.staging / meta.name)
+            if chunk.file_offset != current.size:
+                raise ValueError(f"{chunk.file}: chunk at {chunk.file_offset}, expected {current.size}")
+            current.write(chunk.data)
+            p.bytes_done += len(chunk.data)
+            p.copied_total += len(chunk.data)
+            self._maybe_log()
+        if current is not None:
+            self._finish(current, verified)
+        if manifest is None:
+            raise ValueError("the leader's round carried no checkpoint description")
+        return manifest, pairs, leader_end
+
+    def _finish(self, f: _Incoming, verified: dict[str, ManifestFile]) -> None:
+        f.close()
+        if f.size == f.meta.size and f.crc == f.meta.crc32c:
+            verified[f.meta.name] = f.meta
+            return
+        self.progress.refetched += 1
+        f.path.unlink(missing_ok=True)
+        log.warning("%s: %s arrived damaged (size/CRC32C %d/%#010x, manifest %d/%#010x); fetching it again",
+                    self.name, f.meta.name, f.size, f.crc, f.meta.size, f.meta.crc32c)
+
+    def _maybe_log(self) -> None:
+        now = time.monotonic()
+        if now - self._last_log < 2.0:
+            return
+        self._last_log = now
+        log.info("%s: %s", self.name, describe(self.progress))
+
+
+class _Stopped(Exception):
+    """The node is closing the replica: abandon the transfer (the leader re-offers later)."""
+
+
+class _Incoming:
+    """A file being received: written as it comes, checksummed on the way."""
+
+    def __init__(self, meta: ManifestFile, path: Path) -> None:
+        self.meta = meta
+        self.path = path
+        self.size = 0
+        self.crc = 0
+        self._fh = open(path, "wb")  # noqa: SIM115 - closed by close(), across many chunks
+
+    def write(self, data: bytes) -> None:
+        self._fh.write(data)
+        self.crc = crc32c.crc32c(data, self.crc)
+        self.size += len(data)
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+def describe(p: CatchupProgress) -> str:
+    """One log line: round, bytes, rate and ETA."""
+    eta = p.eta_s()
+    return (f"far-horizon catchup from {p.leader}: round {p.round}, {p.bytes_done / 1e6:.1f} of "
+            f"{p.bytes_total / 1e6:.1f} MB at {p.rate() / 1e6:.1f} MB/s, ETA "
+            f"{'-' if eta is None else f'{eta:.0f} s'} ({p.state})")
