@@ -11,6 +11,7 @@ from conductor.module_spec import (
     MAX_NEAR_SYNC_MESSAGE_LAG,
     MAX_TIME_LAG_MS,
     MIN_ISR,
+    SEGMENT_BYTES,
     InvalidOption,
     InvalidSpec,
     ModuleSpec,
@@ -28,7 +29,7 @@ def spec(**kw: object) -> ModuleSpec:
 
 def test_defaults_follow_replication_factor() -> None:
     assert spec().effective_options() == {MIN_ISR: 2, MAX_TIME_LAG_MS: 10_000, DEPOT_APPEND_TIMEOUT_MS: 30_000,
-                                          MAX_NEAR_SYNC_MESSAGE_LAG: 20_000}
+                                          MAX_NEAR_SYNC_MESSAGE_LAG: 20_000, SEGMENT_BYTES: 64 * 1024 * 1024}
     assert spec(replication_factor=1, workers=1).option(MIN_ISR) == 1
 
 
