@@ -34,10 +34,12 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import typer
+from rich import filesize
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.panel import Panel
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
@@ -409,6 +411,19 @@ def _lag_cell(g: dict[str, Any]) -> Text:
     return cell if g["followers"] else Text("-")
 
 
+def _catchup_bar(group: int, c: dict[str, Any]) -> RenderableType:
+    """A far-horizon transfer as a progress bar: bytes of this round, rate and ETA."""
+    done, total, rate = c["bytes_done"], c["bytes_total"], c["bytes_per_s"]
+    eta = "-" if rate <= 0 else f"{max(0.0, (total - done) / rate):.0f}s"
+    bar = Table.grid(padding=(0, 1))
+    bar.add_row(
+        Text(f"group {group}: {c['node']} far-horizon from {c['leader']}, round {c['round']}", style="cyan"),
+        ProgressBar(total=max(total, 1), completed=min(done, total), width=30),
+        Text(f"{filesize.decimal(done)}/{filesize.decimal(total)}  {filesize.decimal(int(rate))}/s  "
+             f"ETA {eta}  ({c['state']})"))
+    return bar
+
+
 def _module_view(st: dict[str, Any]) -> RenderableType:
     opts = " ".join(f"{k}={v}" for k, v in st["options"].items())
     head = Text.assemble(
@@ -422,7 +437,7 @@ def _module_view(st: dict[str, Any]) -> RenderableType:
                       ("follower lag", "left")):
         table.add_column(col, justify=just, overflow="fold",  # type: ignore[arg-type]
                          min_width=len("unreachable") if col == "log end" else None)
-    notes: list[Text] = []
+    notes: list[RenderableType] = []
     for g in st["groups"]:
         replica = g["replica"]
         if replica and replica["reachable"]:
@@ -437,6 +452,8 @@ def _module_view(st: dict[str, Any]) -> RenderableType:
                       _nodes(g["osr"]), log_end, apply_offset, _lag_cell(g), style=style)
         if g["problem"]:
             notes.append(Text(f"group {g['group']}: {g['problem']}", style="red" if g["leaderless_reason"] else "yellow"))
+        for c in g.get("catchups", []):
+            notes.append(_catchup_bar(g["group"], c))
     total = len(st["groups"])
     foot = Text(f"{st['serving']}/{total} task groups serving, live nodes {_nodes(st['live_nodes'])}, "
                 f"checked {time.strftime('%H:%M:%S', time.localtime(st['checked_at']))}",

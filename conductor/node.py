@@ -664,9 +664,14 @@ class _ClientService(pbg.ClientServicer):
         if host is None:
             return pb.GroupStatusReply(role="none", apply_offset=-1, applied_offset=-1)
         s = host.status()
+        c = s["catchup"]
+        catchup = None if c is None else pb.CatchupStatus(
+            leader=c.leader, round=c.round, bytes_done=c.bytes_done, bytes_total=c.bytes_total,
+            bytes_per_s=c.rate(), state=c.state)
         return pb.GroupStatusReply(
             role=s["role"], epoch=s["epoch"], log_start=s["log_start"], log_end=s["log_end"],
             apply_offset=s["apply_offset"], applied_offset=s["applied"], follower_offsets=s["followers"],
+            catchup=catchup,
         )
 
 

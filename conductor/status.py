@@ -56,10 +56,15 @@ def query_group_status(address: str, module: str, group: int,
         details = e.details() if hasattr(e, "details") else str(e)
         name = code.name if code is not None else "ERROR"
         return {"reachable": False, "error": f"{name}: {details}"}
+    c = reply.catchup
+    catchup = None if not reply.HasField("catchup") else {
+        "leader": c.leader, "round": c.round, "bytes_done": c.bytes_done, "bytes_total": c.bytes_total,
+        "bytes_per_s": c.bytes_per_s, "state": c.state}
     return {
         "reachable": True, "error": None, "role": reply.role, "epoch": reply.epoch,
         "log_start": reply.log_start, "log_end": reply.log_end, "apply_offset": reply.apply_offset,
         "applied_offset": reply.applied_offset, "follower_offsets": dict(reply.follower_offsets),
+        "catchup": catchup,
     }
 
 
@@ -167,17 +172,34 @@ def module_status(ms: Metastore, module: str, rpc_timeout_s: float = RPC_TIMEOUT
             addresses[state.leader] = info.address if info else None
     to_query = {g: addresses.get(state.leader) for g, (state, _) in groups.items()
                 if state.leader is not None and leaderless_reason(state, live) is None}
+    # Live OSR members may be copying a far-horizon checkpoint: only they can say how far along.
+    osr_query = {(g, node): _address(ms, addresses, node) for g, (state, _) in groups.items()
+                 for node in state.osr if node in live}
     replicas: dict[int, dict[str, Any] | None] = {}
-    if to_query:
-        with ThreadPoolExecutor(max_workers=min(_MAX_PARALLEL_RPCS, len(to_query))) as pool:
+    catchups: dict[int, list[dict[str, Any]]] = {}
+    if to_query or osr_query:
+        with ThreadPoolExecutor(max_workers=min(_MAX_PARALLEL_RPCS, len(to_query) + len(osr_query))) as pool:
             futures = {g: pool.submit(query_group_status, addr, module, g, rpc_timeout_s)
                        for g, addr in to_query.items() if addr is not None}
+            osr_futures = {k: pool.submit(query_group_status, addr, module, k[0], rpc_timeout_s)
+                           for k, addr in osr_query.items() if addr is not None}
             replicas = {g: f.result() for g, f in futures.items()}
+            for (g, node), f in sorted(osr_futures.items()):
+                c = f.result().get("catchup")
+                if c is not None:
+                    catchups.setdefault(g, []).append({"node": node, **c})
     rows = [_group_row(spec, g, state, live, addresses.get(state.leader) if state.leader else None,
-                       replicas.get(g))
+                       replicas.get(g)) | {"catchups": catchups.get(g, [])}
             for g, (state, _) in sorted(groups.items())]
     return {**_spec_summary(spec), "live_nodes": sorted(live), "groups": rows,
             "serving": sum(1 for r in rows if r["serving"]), "checked_at": time.time()}
+
+
+def _address(ms: Metastore, known: dict[str, str | None], node: str) -> str | None:
+    if node not in known:
+        info = ms.get_node(node)
+        known[node] = info.address if info else None
+    return known[node]
 
 
 def wait_serving(ms: Metastore, module: str, timeout_s: float, poll_s: float = 0.2,
