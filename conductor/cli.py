@@ -569,7 +569,8 @@ def _per_node(ms: Any, modules: list[str]) -> str:
 def _run_switches(conductor: Conductor, modules: list[str], timeout: float, title: str) -> None:
     """Request the balancing switches as hand-offs, wait with a spinner until they land, print the table."""
     ms = conductor.ms
-    switches = conductor.request_switches(modules)
+    # Module by module: each module's leaders are evened out over the nodes, as the periodic round does.
+    switches = [sw for m in modules for sw in conductor.request_switches([m])]
     if not switches:
         console.print(f"[green]{title}: leadership is already balanced[/green] "
                       f"(leaders per node: {_per_node(ms, modules)})")
