@@ -8,7 +8,9 @@ written by ``conductor dev`` in the current directory):
     conductor deploy --module pkg.mod:Class --tasks N --threads N --workers N --replicationFactor N [--option k=v]
     conductor status [MODULE] [--watch] [--json]
     conductor set-option MODULE KEY VALUE
-    conductor balance MODULE
+    conductor balance MODULE [--timeout 60]
+    conductor disallow-leaders NODE [--timeout 60]
+    conductor allow-leaders NODE
     conductor destroy MODULE [--yes]
     conductor doctor
 
@@ -44,7 +46,7 @@ from rich.table import Table
 from rich.text import Text
 
 from conductor import status as cluster_status
-from conductor.controller import Conductor
+from conductor.controller import Conductor, Switch
 from conductor.devcluster import DevCluster, stop_from_state
 from conductor.metastore import MetastoreError, MetastoreUnavailable, ModuleExists
 from conductor.module_spec import KNOWN_OPTIONS, ModuleSpec, SpecError, UnknownOption
@@ -376,17 +378,18 @@ def deploy(
 def _overview_view(ov: dict[str, Any]) -> RenderableType:
     head = Text.assemble(("ZooKeeper ", "bold"), ov["zk"], f", {len(ov['nodes'])} live worker node(s)")
     nodes = Table(box=None, header_style="bold", pad_edge=False)
-    for col in ("node", "address", "pid"):
+    for col in ("node", "address", "pid", "leaders"):
         nodes.add_column(col, no_wrap=True)
     for n in ov["nodes"]:
-        nodes.add_row(n["node"], n["address"], str(n["pid"]))
+        nodes.add_row(n["node"], n["address"], str(n["pid"]),
+                      "allowed" if n["leaders_allowed"] else "[yellow]disallowed[/yellow]")
     if not ov["modules"]:
         return Group(head, nodes, Text(""),
                      Text("no modules deployed; `conductor deploy --help` shows how", style="dim"))
     table = Table(box=None, header_style="bold", pad_edge=False)
     for col, just in (("module", "left"), ("code", "left"), ("tasks", "right"), ("groups", "right"),
                       ("RF", "right"), ("min ISR", "right"), ("workers", "right"), ("led", "right"),
-                      ("options", "left")):
+                      ("state", "left"), ("options", "left")):
         table.add_column(col, justify=just, overflow="fold",  # type: ignore[arg-type]
                          no_wrap=col in ("module", "code"))
     for m in ov["modules"]:
@@ -394,9 +397,14 @@ def _overview_view(ov: dict[str, Any]) -> RenderableType:
         opts = "\n".join(f"{k}={v}" for k, v in m["options"].items()) or "-"
         table.add_row(m["module"], m["module_ref"], str(m["tasks"]), str(m["group_count"]),
                       str(m["replication_factor"]), str(m["min_isr"]), str(m["workers"]),
-                      led if m["groups_led"] == m["groups_total"] else f"[red]{led}[/red]", opts)
+                      led if m["groups_led"] == m["groups_total"] else f"[red]{led}[/red]",
+                      _state_cell(m["state"]), opts)
     return Group(head, nodes, Text(""), table,
                  Text("led: groups with a live leader; `conductor status MODULE` shows each task group", style="dim"))
+
+
+def _state_cell(state: str) -> str:
+    return state if state == cluster_status.RUNNING else f"[yellow]{state}[/yellow]"
 
 
 def _lag_cell(g: dict[str, Any]) -> Text:
@@ -429,8 +437,10 @@ def _module_view(st: dict[str, Any]) -> RenderableType:
     head = Text.assemble(
         (st["module"], "bold"), f"  {st['module_ref']}  {st['tasks']} tasks in {st['group_count']} task groups "
         f"(task t in group t % {st['group_count']}), RF {st['replication_factor']} on {st['workers']} workers, "
-        f"min ISR {st['min_isr']}",
-        (f"  options {opts}" if opts else "", "dim"))
+        f"min ISR {st['min_isr']}  ",
+        Text.from_markup(_state_cell(st["state"])),
+        (f"  options {opts}" if opts else "", "dim"),
+        (f"  leaders disallowed on {_nodes(st['disallowed_leaders'])}" if st["disallowed_leaders"] else "", "yellow"))
     table = Table(box=None, header_style="bold", pad_edge=False)
     for col, just in (("group", "right"), ("leader", "left"), ("epoch", "right"),
                       ("ISR", "left"), ("OSR", "left"), ("log end", "right"), ("apply offset", "right"),
@@ -447,6 +457,8 @@ def _module_view(st: dict[str, Any]) -> RenderableType:
         else:
             log_end, apply_offset = "-", "-"
         leader = g["leader"] if g["leaderless_reason"] is None else "[bold red]none[/bold red]"
+        if g["handing_off_to"] and g["leaderless_reason"] is None:
+            leader += f" [yellow]-> {g['handing_off_to']}[/yellow]"
         style = "red" if g["leaderless_reason"] else ("" if g["serving"] else "yellow")
         table.add_row(str(g["group"]), leader, str(g["epoch"]), _nodes(g["isr"]),
                       _nodes(g["osr"]), log_end, apply_offset, _lag_cell(g), style=style)
@@ -564,40 +576,103 @@ def set_option(
                            "they open the module, so they apply it after a restart.", style="dim"))
 
 
+def _per_node(ms: Any, modules: list[str]) -> str:
+    """Leaders per node over ``modules``, for the line under a balancing table."""
+    groups = [st for m in modules for st, _ in ms.list_groups(m).values()]
+    leaders = Counter(st.leader for st in groups if st.leader is not None)
+    return ", ".join(f"{n} {leaders[n]}" for n in sorted({r for st in groups for r in st.replicas}))
+
+
+def _run_switches(conductor: Conductor, modules: list[str], timeout: float, title: str) -> None:
+    """Request the balancing switches as hand-offs, wait with a spinner until they land, print the table."""
+    ms = conductor.ms
+    # Module by module: each module's leaders are evened out over the nodes, as the periodic round does.
+    switches = [sw for m in modules for sw in conductor.request_switches([m])]
+    if not switches:
+        console.print(f"[green]{title}: leadership is already balanced[/green] "
+                      f"(leaders per node: {_per_node(ms, modules)})")
+        return
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
+                  transient=True) as progress:
+        task = progress.add_task(f"{len(switches)} leader hand-off(s) requested", total=len(switches))
+
+        def show(outcomes: dict[Switch, str]) -> None:
+            done = sum(1 for o in outcomes.values() if o != "pending")
+            progress.update(task, completed=done,
+                            description=f"{done}/{len(switches)} leader hand-off(s) landed "
+                                        "(each leader waits until its successor holds everything)")
+
+        outcomes = conductor.await_switches(switches, timeout, on_update=show)
+    table = Table(title=f"{title}: leader switches (coordinated hand-off)", title_justify="left")
+    for col in ("module", "group", "from", "to", "epoch", "result"):
+        table.add_column(col)
+    results = {
+        "switched": "[green]switched[/green]",
+        "changed": "[yellow]skipped: the group changed meanwhile; run balance again[/yellow]",
+        "pending": f"[yellow]not switched within {timeout:g}s (the leader kept it: a follower lagged or the "
+                   "ISR stalled); request withdrawn, run balance again[/yellow]",
+    }
+    for sw in switches:
+        now = ms.get_group(sw.module, sw.group)[0]
+        table.add_row(sw.module, str(sw.group), sw.source or "none", sw.to, str(now.epoch), results[outcomes[sw]])
+    console.print(table)
+    console.print(f"leaders per node: {_per_node(ms, modules)}")
+
+
 @app.command()
 def balance(
     module: str = typer.Argument(..., help="the module whose leaders to even out"),
     zk: str | None = typer.Option(None, "--zk", envvar=ZK_ENV, help=ZK_OPTION_HELP),
+    timeout: float = typer.Option(60.0, "--timeout", help="seconds to wait for the hand-offs to land"),
 ) -> None:
     """Even out a module's leaders over its live in-sync replicas, with as few switches as possible.
 
-    Switches are made directly (a CAS to an in-sync replica, epoch + 1):
-    appends in flight on an old leader fail with NotLeader and clients retry
-    on the new one. The coordinated hand-off, where the old leader resigns
-    only once the new one has caught up, comes later.
+    Each switch is a coordinated hand-off: the leader stops taking appends
+    (clients retry on NotLeader), waits until the chosen in-sync follower holds
+    everything it appended, then makes it leader with a new epoch. No append
+    that the client retries fails. Nodes drained with `disallow-leaders` lose
+    their leaders first. The active conductor also balances periodically.
     """
     with _operator_errors(), _connect(zk) as conductor:
-        ms = conductor.ms
-        ms.get_module(module)  # ModuleNotFound here rather than a silent "nothing to do"
-        before = {g: st for g, (st, _) in ms.list_groups(module).items()}
-        moves = conductor.balance([module], direct=True)
-        after = {g: st for g, (st, _) in ms.list_groups(module).items()}
-        leaders = Counter(st.leader for st in after.values() if st.leader is not None)
-        per_node = ", ".join(f"{n} {leaders[n]}" for n in sorted({r for st in after.values() for r in st.replicas}))
-        if not moves:
-            console.print(f"[green]{module}: leadership is already balanced[/green] (leaders per node: {per_node})")
-            return
-        table = Table(title=f"{module}: leader switches (direct)", title_justify="left")
-        for col in ("group", "from", "to", "epoch", "result"):
-            table.add_column(col)
-        for (_m, g), to in sorted(moves.items()):
-            old, new = before.get(g), after.get(g)
-            made = new is not None and new.leader == to
-            table.add_row(str(g), (old.leader if old else None) or "none", to, str(new.epoch if new else "-"),
-                          "[green]switched[/green]" if made else "[yellow]skipped: the group changed meanwhile; "
-                                                                  "run balance again[/yellow]")
-        console.print(table)
-        console.print(f"leaders per node: {per_node}")
+        conductor.ms.get_module(module)  # ModuleNotFound here rather than a silent "nothing to do"
+        _run_switches(conductor, [module], timeout, module)
+
+
+@app.command("disallow-leaders")
+def disallow_leaders(
+    node: str = typer.Argument(..., help="the node to drain of leadership"),
+    zk: str | None = typer.Option(None, "--zk", envvar=ZK_ENV, help=ZK_OPTION_HELP),
+    timeout: float = typer.Option(60.0, "--timeout", help="seconds to wait for the hand-offs to land"),
+) -> None:
+    """Drain a node of leadership: hand its leaders to in-sync replicas elsewhere (it keeps its replicas).
+
+    Stored in ZooKeeper: balancing keeps leaders off the node and elections
+    prefer other in-sync replicas, until `conductor allow-leaders NODE`.
+    """
+    with _operator_errors(), _connect(zk) as conductor:
+        conductor.disallow_leaders(node)
+        console.print(f"[yellow]{node}[/yellow] may no longer lead task groups; moving its leaders away")
+        modules = conductor.ms.list_modules()
+        _run_switches(conductor, modules, timeout, "all modules")
+        stuck = [f"{m}/{g}" for m in modules for g, (st, _) in conductor.ms.list_groups(m).items()
+                 if st.leader == node]
+        if stuck:
+            console.print(f"[yellow]{node} still leads {', '.join(stuck)}: no other in-sync replica is live "
+                          "there yet; balancing moves them once one is[/yellow]")
+
+
+@app.command("allow-leaders")
+def allow_leaders(
+    node: str = typer.Argument(..., help="the node that may lead again"),
+    zk: str | None = typer.Option(None, "--zk", envvar=ZK_ENV, help=ZK_OPTION_HELP),
+) -> None:
+    """Undo `disallow-leaders`: the node may lead again (the next balancing round gives it leaders)."""
+    with _operator_errors(), _connect(zk) as conductor:
+        if conductor.allow_leaders(node):
+            console.print(f"[green]{node}[/green] may lead task groups again; `conductor balance MODULE` moves "
+                          "leaders to it now, the conductor's periodic balancing does later")
+        else:
+            console.print(f"{node} was not disallowed; nothing to do")
 
 
 # ---- conductor doctor ----------------------------------------------------------------------------------

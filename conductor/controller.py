@@ -29,8 +29,10 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from kazoo.exceptions import CancelledError, KazooException
@@ -47,6 +49,7 @@ from conductor.module_spec import ModuleSpec
 from conductor.placement import (
     GroupState,
     balance_leaders,
+    fully_in_sync,
     leaderless_reason,
     next_leadership,
     place,
@@ -59,8 +62,45 @@ log = logging.getLogger("millrace.conductor")
 _MAX_CAS_ATTEMPTS = 10
 
 
+#: a resign request the leader has not served after its append timeout plus this margin was given up
+_RESIGN_GRACE_S = 5.0
+_APPEND_TIMEOUT = "replication.depot.append.timeout.millis"
+
+
 def _fmt(nodes: Iterable[str]) -> str:
     return "[" + ",".join(nodes) + "]"
+
+
+class UnknownNode(MetastoreError):
+    """A node id that is neither live nor a replica of any task group (a typo, most likely)."""
+
+    def __init__(self, node_id: str, known: Iterable[str]) -> None:
+        self.node_id = node_id
+        super().__init__(f"unknown node {node_id!r}: it is not live and holds no replica; known nodes: "
+                         f"{', '.join(sorted(known)) or 'none'}")
+
+
+@dataclass(frozen=True)
+class Switch:
+    """One leader switch of a balancing round: ``group`` of ``module`` moves from ``source`` to ``to``.
+
+    ``epoch`` is the group's epoch when it was requested: the switch has landed
+    once the group is at a later epoch led by ``to``.
+    """
+
+    module: str
+    group: int
+    source: str | None
+    to: str
+    epoch: int
+
+    def outcome(self, now: GroupState | None) -> str:
+        """``switched``, ``pending`` (still at the requested epoch) or ``changed`` (led otherwise meanwhile)."""
+        if now is None:
+            return "changed"
+        if now.epoch == self.epoch:
+            return "pending"
+        return "switched" if now.leader == self.to else "changed"
 
 
 class Conductor:
@@ -72,10 +112,13 @@ class Conductor:
     """
 
     def __init__(self, hosts: str, name: str, *, session_timeout: float = 10.0,
-                 reconcile_interval: float = 5.0) -> None:
+                 reconcile_interval: float = 5.0, balance_interval: float = 60.0) -> None:
         self.hosts = hosts
         self.name = name
         self.reconcile_interval = reconcile_interval
+        #: seconds between periodic leadership-balancing rounds while active (0 disables them)
+        self.balance_interval = balance_interval
+        self._next_balance = 0.0
         self.ms = Metastore(hosts, session_timeout=session_timeout, step_down=self._on_session_lost,
                             resume=self._on_resume)
         self._stopping = threading.Event()
@@ -171,15 +214,21 @@ class Conductor:
             return
         self._active.set()
         self._known_live = None
+        # The first round waits one interval: nodes that just (re)started get to rejoin ISRs first.
+        self._next_balance = time.monotonic() + self.balance_interval
         log.info("conductor %s is now active", self.name)
         try:
             while not (self._stopping.is_set() or self._term_over.is_set()):
                 self._kick.clear()
                 try:
                     self.reconcile()
+                    self._maybe_balance()
                 except (MetastoreError, KazooException) as e:
                     log.warning("conductor %s: reconcile failed (%s); retrying", self.name, e)
-                self._kick.wait(self.reconcile_interval)
+                wait = self.reconcile_interval
+                if self.balance_interval > 0:
+                    wait = max(0.0, min(wait, self._next_balance - time.monotonic()))
+                self._kick.wait(wait)
         finally:
             self._active.clear()
             if not self._stopping.is_set():
@@ -198,6 +247,7 @@ class Conductor:
             for node in sorted(live - previous):
                 log.info("node %s joined", node)
         self._known_live = live
+        disallowed = self.ms.disallowed_nodes()
         for module in self.ms.list_modules():
             try:
                 groups = self.ms.list_groups(module)
@@ -206,13 +256,13 @@ class Conductor:
             for g, (state, version) in groups.items():
                 if self._stopping.is_set() or self._term_over.is_set():
                     return
-                self._settle_group(module, g, state, version, sessions)
+                self._settle_group(module, g, state, version, sessions, disallowed)
 
     def _settle_group(self, module: str, g: int, state: GroupState, version: int,
-                      live: dict[str, int]) -> None:
+                      live: dict[str, int], disallowed: Iterable[str] = ()) -> None:
         """Apply ``next_leadership`` with a CAS, re-deciding from fresh state on every conflict."""
         for _ in range(_MAX_CAS_ATTEMPTS):
-            new = next_leadership(state, live)
+            new = next_leadership(state, live, disallowed)
             if new is None:
                 return
             try:
@@ -286,24 +336,72 @@ class Conductor:
                          "leaderless_reason": leaderless_reason(state, live)})
         return rows
 
-    def balance(self, modules: Sequence[str] | None = None, disallowed: Iterable[str] = (),
-                direct: bool = False) -> dict[tuple[str, int], str]:
+    # ---- leadership balancing ----------------------------------------------------------------------
+
+    def _maybe_balance(self) -> None:
+        """The periodic round of the active conductor (``balance_interval`` seconds apart; 0 = never)."""
+        if self.balance_interval <= 0 or time.monotonic() < self._next_balance:
+            return
+        self._next_balance = time.monotonic() + self.balance_interval
+        for module in self.ms.list_modules():
+            if self._stopping.is_set() or self._term_over.is_set():
+                return
+            try:
+                self.request_switches([module], settled_only=True)
+            except ModuleNotFound:
+                continue
+
+    def withdraw_stale_resigns(self, module: str, states: dict[int, tuple[GroupState, int]]) -> dict[int, str]:
+        """Delete resign requests nobody will serve; return the outstanding ones as ``{group: successor}``.
+
+        A request is stale once its group moved to another epoch (leadership
+        changed anyway) or its leader gave up (the append timeout passed): left
+        in place it would show the module as balancing forever.
+        """
+        try:
+            spec, _ = self.ms.get_module(module)
+            grace = spec.option(_APPEND_TIMEOUT) / 1000.0 + _RESIGN_GRACE_S
+        except ModuleNotFound:
+            return {}
+        outstanding: dict[int, str] = {}
+        for g, req in self.ms.list_resigns(module).items():
+            st = states.get(g)
+            age = time.time() - float(req.get("requested", 0))
+            if st is None or st[0].epoch != req.get("epoch") or age > grace:
+                self.ms.delete_resign(module, g)
+                log.info("balance: withdrew a stale resign request of %s/%d (%s)", module, g, req)
+            else:
+                outstanding[g] = str(req.get("to"))
+        return outstanding
+
+    def request_switches(self, modules: Sequence[str] | None = None, disallowed: Iterable[str] | None = None,
+                         direct: bool = False, settled_only: bool = False) -> list[Switch]:
         """Even out leadership with the minimal set of switches (``placement.balance_leaders``).
 
-        By default each switch is a resign request for the current leader to
-        hand off once the follower is caught up (no write is lost in flight).
-        ``direct=True`` switches at once with a CAS (safe, the target is in the
-        ISR, but writes in flight on the old leader fail and are retried).
+        By default each switch is a resign request: the leader stops taking
+        appends, waits until its successor holds everything, and hands off
+        (no append fails except with a retryable NotLeader). ``direct=True``
+        switches at once with a CAS (safe, the target is in the ISR, but appends
+        in flight on the old leader fail and are retried). ``disallowed``
+        defaults to the nodes drained in ZooKeeper. With ``settled_only`` (the
+        periodic round) a module is left alone unless every group is fully in
+        sync and no hand-off is outstanding, so balancing never fights failover.
         """
         live = self.ms.live_sessions()
+        banned = self.ms.disallowed_nodes() if disallowed is None else set(disallowed)
         states: dict[tuple[str, int], tuple[GroupState, int]] = {}
         for module in modules if modules is not None else self.ms.list_modules():
             try:
-                for g, sv in self.ms.list_groups(module).items():
-                    states[(module, g)] = sv
+                groups = self.ms.list_groups(module)
             except ModuleNotFound:
                 continue
-        moves = balance_leaders({k: s for k, (s, _) in states.items()}, live, disallowed)
+            outstanding = self.withdraw_stale_resigns(module, groups)
+            if settled_only and (outstanding or not all(fully_in_sync(st, live) for st, _ in groups.values())):
+                continue
+            for g, sv in groups.items():
+                states[(module, g)] = sv
+        moves = balance_leaders({k: s for k, (s, _) in states.items()}, live, banned)
+        switches: list[Switch] = []
         for (module, g), to in sorted(moves.items()):
             state, version = states[(module, g)]
             if direct:
@@ -316,9 +414,74 @@ class Conductor:
                 log.info("balance: group %s/%d leader %s -> %s, epoch %d -> %d", module, g, state.leader, to,
                          state.epoch, state.epoch + 1)
             else:
-                self.ms.request_resign(module, g, to, state.epoch)
-                log.info("balance: asked %s to hand group %s/%d to %s", state.leader, module, g, to)
-        return moves
+                self.ms.request_resign(module, g, to, state.epoch, live[to])
+                log.info("balance: asked %s to hand group %s/%d to %s (epoch %d)", state.leader, module, g, to,
+                         state.epoch)
+            switches.append(Switch(module, g, state.leader, to, state.epoch))
+        return switches
+
+    def balance(self, modules: Sequence[str] | None = None, disallowed: Iterable[str] | None = None,
+                direct: bool = False) -> dict[tuple[str, int], str]:
+        """``request_switches`` as ``{(module, group): new leader}``."""
+        return {(sw.module, sw.group): sw.to for sw in self.request_switches(modules, disallowed, direct)}
+
+    def await_switches(self, switches: Sequence[Switch], timeout_s: float,
+                       on_update: Callable[[dict[Switch, str]], None] | None = None,
+                       poll_s: float = 0.1) -> dict[Switch, str]:
+        """Wait until every requested switch landed or was overtaken (see ``Switch.outcome``), or the timeout.
+
+        Requests still pending at the timeout are withdrawn, so a leader that
+        could not hand off (a stalled ISR) is not asked again on every watch.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            outcomes: dict[Switch, str] = {}
+            for sw in switches:
+                try:
+                    now: GroupState | None = self.ms.get_group(sw.module, sw.group)[0]
+                except GroupNotFound:
+                    now = None
+                outcomes[sw] = sw.outcome(now)
+            if on_update is not None:
+                on_update(outcomes)
+            pending = [sw for sw, o in outcomes.items() if o == "pending"]
+            if not pending:
+                return outcomes
+            if time.monotonic() >= deadline:
+                for sw in pending:
+                    self.ms.delete_resign(sw.module, sw.group)
+                return outcomes
+            time.sleep(poll_s)
+
+    def known_nodes(self) -> set[str]:
+        """Live nodes plus every node holding a replica of some task group."""
+        known = set(self.ms.live_nodes())
+        for module in self.ms.list_modules():
+            try:
+                for st, _ in self.ms.list_groups(module).values():
+                    known.update(st.replicas)
+            except ModuleNotFound:
+                continue
+        return known
+
+    def disallow_leaders(self, node_id: str) -> None:
+        """Drain ``node_id`` of leadership (stored in ZooKeeper; balancing then moves its leaders away)."""
+        known = self.known_nodes()
+        if node_id not in known:
+            raise UnknownNode(node_id, known)
+        self.ms.disallow_leaders(node_id)
+        log.info("node %s may no longer lead task groups", node_id)
+
+    def allow_leaders(self, node_id: str) -> bool:
+        """Undo ``disallow_leaders``; False if the node was not drained."""
+        if node_id not in self.ms.disallowed_nodes():
+            known = self.known_nodes()
+            if node_id not in known:
+                raise UnknownNode(node_id, known)
+            return False
+        self.ms.allow_leaders(node_id)
+        log.info("node %s may lead task groups again", node_id)
+        return True
 
 
 # ---- entry point ------------------------------------------------------------------------------------
@@ -335,12 +498,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="ZooKeeper session timeout in seconds (failover takes about this long)")
     parser.add_argument("--reconcile-interval", type=float, default=5.0,
                         help="seconds between safety-net reconciles while active")
+    parser.add_argument("--balance-interval", type=float, default=60.0,
+                        help="seconds between leadership-balancing rounds while active (0 disables them)")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
     conductor = Conductor(args.zk, args.name, session_timeout=args.session_timeout,
-                          reconcile_interval=args.reconcile_interval)
+                          reconcile_interval=args.reconcile_interval, balance_interval=args.balance_interval)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: conductor.request_stop())
     try:

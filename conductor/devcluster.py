@@ -83,8 +83,10 @@ class DevCluster:
     """ZooKeeper + `conductors` conductor processes + `nodes` worker nodes under one folder."""
 
     def __init__(self, root: Path, nodes: int = 3, conductors: int = 1, session_timeout: float = 4.0,
-                 log_level: str = "WARNING") -> None:
+                 log_level: str = "WARNING", balance_interval: float | None = None) -> None:
         self.root = Path(root)
+        #: the conductors' --balance-interval (None: their default; 0: no periodic balancing)
+        self.balance_interval = balance_interval
         self.session_timeout = session_timeout
         self.log_level = log_level
         self.zk = ZooKeeperServer(self.root / "zookeeper")
@@ -115,7 +117,9 @@ class DevCluster:
     def start_conductor(self, name: str) -> ChildProcess:
         p = ChildProcess(name, [PYTHON, "-m", "conductor.controller", "--zk", self.hosts, "--name", name,
                                 "--session-timeout", str(self.session_timeout), "--reconcile-interval", "1",
-                                "--log-level", "INFO"],
+                                "--log-level", "INFO",
+                                *(["--balance-interval", str(self.balance_interval)]
+                                  if self.balance_interval is not None else [])],
                          self.root / "logs" / f"conductor-{name}.log")
         self.conductors[name] = p.start()
         return p

@@ -6,7 +6,8 @@ Layout (DESIGN.md section 5)::
     /millrace/nodes/<node-id>               ephemeral {"address", "pid", "started"}
     /millrace/modules/<module>              ModuleSpec JSON
     /millrace/modules/<module>/groups/<g>   GroupState JSON {leader, epoch, isr, osr, replicas}
-    /millrace/modules/<module>/resign/<g>   {"to", "epoch", "requested"}: a requested leader hand-off
+    /millrace/modules/<module>/resign/<g>   {"to", "to_session", "epoch", "requested"}: a requested leader hand-off
+    /millrace/disallowed/<node-id>          a node drained of leadership (`conductor disallow-leaders`)
 
 Why it looks the way it does:
 
@@ -57,6 +58,7 @@ from conductor.module_spec import NAME_RE, ModuleSpec
 from conductor.placement import GroupState, InvalidGroupState
 
 __all__ = [
+    "DISALLOWED_PATH",
     "ELECTION_PATH",
     "MODULES_PATH",
     "NODES_PATH",
@@ -80,6 +82,7 @@ ROOT = "/millrace"
 ELECTION_PATH = f"{ROOT}/conductor/election"
 NODES_PATH = f"{ROOT}/nodes"
 MODULES_PATH = f"{ROOT}/modules"
+DISALLOWED_PATH = f"{ROOT}/disallowed"
 
 T = TypeVar("T")
 
@@ -270,7 +273,7 @@ class Metastore:
             self.zk.close()
             self._dispatcher.stop()
             raise MetastoreUnavailable(self.hosts, f"no connection within {self.connect_timeout}s") from None
-        for path in (f"{ROOT}/conductor", NODES_PATH, MODULES_PATH):
+        for path in (f"{ROOT}/conductor", NODES_PATH, MODULES_PATH, DISALLOWED_PATH):
             self._call(self.zk.ensure_path, path)
         return self
 
@@ -590,13 +593,16 @@ class Metastore:
 
     # ---- leader hand-off (balancing) ----------------------------------------------------------------
 
-    def request_resign(self, module: str, group: int, to: str, epoch: int) -> None:
+    def request_resign(self, module: str, group: int, to: str, epoch: int, to_session: int = 0) -> None:
         """Ask the leader of ``group`` at ``epoch`` to hand leadership to ``to`` when it is caught up.
 
-        The leader performs the hand-off with ``complete_resign``; the epoch
-        makes a request stale (and ignorable) once leadership changed anyway.
+        ``to`` will lead under ``to_session`` (its live ZooKeeper session now):
+        if it restarts before the hand-off lands, the conductor treats it as a
+        lost leader. The leader performs the hand-off with ``complete_resign``;
+        the epoch makes a request stale (and ignorable) once leadership changed anyway.
         """
-        doc = json.dumps({"to": to, "epoch": epoch, "requested": time.time()}, sort_keys=True).encode()
+        doc = json.dumps({"to": to, "to_session": to_session, "epoch": epoch, "requested": time.time()},
+                         sort_keys=True).encode()
         path = resign_path(module, group)
 
         def attempt() -> None:
@@ -616,6 +622,49 @@ class Metastore:
             return None
         result: dict[str, Any] = json.loads(data)
         return result
+
+    def list_resigns(self, module: str) -> dict[int, dict[str, Any]]:
+        """Outstanding resign requests of ``module`` by group (including stale ones; compare their epoch)."""
+        base = f"{module_path(module)}/resign"
+        try:
+            children = self._call(self.zk.get_children, base)
+        except NoNodeError:
+            return {}
+        out: dict[int, dict[str, Any]] = {}
+        for child in sorted(children, key=int):
+            doc = self.get_resign(module, int(child))
+            if doc is not None:
+                out[int(child)] = doc
+        return out
+
+    def delete_resign(self, module: str, group: int) -> None:
+        """Withdraw a resign request (stale, or given up by its leader); a missing one is fine."""
+        try:
+            self._call(self.zk.delete, resign_path(module, group))
+        except NoNodeError:
+            pass
+
+    def watch_resign(self, module: str, group: int,
+                     callback: Callable[[dict[str, Any] | None], None]) -> WatchHandle:
+        """Call ``callback(request)`` now and whenever the group's resign request is set, ``None`` once gone."""
+        handle = WatchHandle()
+        path = resign_path(module, group)
+
+        def on_data(data: bytes | None, stat: Any) -> bool:
+            if handle.cancelled or self._closed:
+                return False
+            doc: dict[str, Any] | None = None
+            if data:
+                try:
+                    doc = json.loads(data)
+                except ValueError:
+                    log.error("ignoring malformed resign request at %s: %r", path, data)
+                    return True
+            self._dispatcher.submit(lambda: None if handle.cancelled else callback(doc))
+            return True
+
+        self.zk.DataWatch(path, on_data)
+        return handle
 
     def complete_resign(self, module: str, group: int, new_state: GroupState, expected_version: int) -> int:
         """Atomically CAS the group to ``new_state`` and delete the resign request; return the new version."""
@@ -641,6 +690,30 @@ class Metastore:
             return self.cas_group(module, group, new_state, expected_version)
         self._raise_tx_failure(results)
         return int(results[0].version)
+
+    # ---- leadership drains -----------------------------------------------------------------------
+
+    def disallow_leaders(self, node_id: str) -> None:
+        """Drain ``node_id`` of leadership: balancing moves its leaders away, elections prefer others."""
+        try:
+            self._call(self.zk.create, f"{DISALLOWED_PATH}/{node_id}", b"", makepath=True)
+        except NodeExistsError:
+            pass
+
+    def allow_leaders(self, node_id: str) -> bool:
+        """Undo ``disallow_leaders``; False if the node was not disallowed."""
+        try:
+            self._call(self.zk.delete, f"{DISALLOWED_PATH}/{node_id}")
+        except NoNodeError:
+            return False
+        return True
+
+    def disallowed_nodes(self) -> set[str]:
+        """Nodes drained of leadership (they may still hold follower replicas)."""
+        try:
+            return set(self._call(self.zk.get_children, DISALLOWED_PATH))
+        except NoNodeError:
+            return set()
 
     # ---- conductor election ---------------------------------------------------------------------
 

@@ -59,6 +59,7 @@ from replog.messages import (
     IsrChanged,
     IsrChangeFailed,
     MetastoreChanged,
+    ResignRequested,
     SessionExpired,
     SessionStarted,
 )
@@ -266,8 +267,8 @@ class Node:
             store = GroupStore.open(gdir / "state", definition)
             rt.stores[g] = store
             host = ReplicaHost(self.node_id, module, g, gdir, config, self.session or 0, store,
-                               self._send, self._change_isr, on_far_horizon=self._start_catchup,
-                               segment_bytes=spec.option(SEGMENT_BYTES))
+                               self._send, self._change_isr, hand_off=self._hand_off,
+                               on_far_horizon=self._start_catchup, segment_bytes=spec.option(SEGMENT_BYTES))
             rt.hosts[g] = host
         with self._lock:
             self.modules[module] = rt
@@ -275,6 +276,8 @@ class Node:
             host.start()
         for g in groups:
             self.metastore.watch_group(module, g, functools.partial(self._on_group, rt, g))
+        for g in rt.hosts:
+            self.metastore.watch_resign(module, g, functools.partial(self._on_resign, rt, g))
         if any(r.active for r in rt.runners.values()) and self.loop is not None:
             for g, host in rt.hosts.items():
                 self._tasks.append(asyncio.run_coroutine_threadsafe(self._consume_foreign(rt, g, host), self.loop))
@@ -288,6 +291,18 @@ class Node:
         host = rt.hosts.get(g)
         if host is not None:
             host.post(MetastoreChanged(replog_state(st, version)))
+
+    def _on_resign(self, rt: ModuleRuntime, g: int, request: dict[str, Any] | None) -> None:
+        """The conductor asks group ``g``'s leader to hand off; the replica decides whether the request applies."""
+        host = rt.hosts.get(g)
+        if request is None or host is None:
+            return
+        try:
+            ev = ResignRequested(str(request["to"]), int(request["to_session"]), int(request["epoch"]))
+        except (KeyError, TypeError, ValueError):
+            log.error("%s: ignoring a malformed resign request %r", host.name, request)
+            return
+        host.post(ev)
 
     async def _consume_foreign(self, rt: ModuleRuntime, g: int, host: ReplicaHost) -> None:
         """While this replica leads group `g`, run its stream topologies over other groups' partitions.
@@ -354,7 +369,22 @@ class Node:
         log.warning("node %s closed module %s%s", self.node_id, module, " and deleted its data" if delete_data else "")
 
     def _change_isr(self, host: ReplicaHost, expected_version: int, new: GroupState) -> None:
-        """ChangeIsr action: a CAS on the group znode, run off the task thread; the outcome comes back as an event."""
+        """ChangeIsr action: a CAS on the group znode; the outcome comes back as an event."""
+        assert self.metastore is not None
+        ms = self.metastore
+        self._group_cas(host, new, "ISR change", f"ISR changed to {list(new.isr)} (OSR {list(new.osr)})",
+                        lambda st: ms.cas_group(host.module, host.group, st, expected_version))
+
+    def _hand_off(self, host: ReplicaHost, expected_version: int, new: GroupState) -> None:
+        """HandOff action: the CAS to the successor plus the resign request's delete, in one transaction."""
+        assert self.metastore is not None
+        ms = self.metastore
+        self._group_cas(host, new, "hand-off", f"handed leadership to {new.leader} in epoch {new.epoch}",
+                        lambda st: ms.complete_resign(host.module, host.group, st, expected_version))
+
+    def _group_cas(self, host: ReplicaHost, new: GroupState, what: str, done: str,
+                   write: Callable[[placement.GroupState], int]) -> None:
+        """Run a replica's group-znode CAS off its task thread (on the metastore's) and post the outcome back."""
         assert self.metastore is not None
         ms = self.metastore
 
@@ -362,15 +392,15 @@ class Node:
             rt = self.modules.get(host.module)
             replicas = rt.replicas[host.group] if rt else new.replicas
             try:
-                version = ms.cas_group(host.module, host.group, metastore_state(new, replicas), expected_version)
+                version = write(metastore_state(new, replicas))
                 assert version == new.version, (version, new.version)  # a CAS bumps the version by one
                 host.post(IsrChanged(new))
-                log.warning("%s: ISR changed to %s (OSR %s)", host.name, list(new.isr), list(new.osr))
+                log.warning("%s: %s", host.name, done)
             except VersionConflict as e:
                 cur = replog_state(e.current, e.current_version) if e.current is not None else None
                 host.post(IsrChangeFailed("conflict", new, cur))
             except MetastoreError as e:
-                log.warning("%s: ISR change failed: %s", host.name, e)
+                log.warning("%s: %s failed: %s", host.name, what, e)
                 host.post(IsrChangeFailed("session_expired" if not ms.connected else "conflict", new, None))
 
         ms.submit(run)

@@ -166,21 +166,25 @@ def leader_alive(state: GroupState, live_nodes: Iterable[str] | Mapping[str, int
 
 
 def elect_leader(state: GroupState, live_nodes: Iterable[str] | Mapping[str, int],
-                 exclude: Iterable[str] = ()) -> str | None:
+                 exclude: Iterable[str] = (), disallowed: Iterable[str] = ()) -> str | None:
     """The new leader: the first replica (in preference order) that is in the ISR and live.
 
     Never an OSR member: it may lack entries that were already applied, so
     electing it would lose acknowledged writes. None if no ISR member is live.
+    Nodes drained of leadership (``disallowed``) are taken only when no allowed
+    ISR member is live: availability beats the drain.
     """
     live = set(_sessions(live_nodes)) - set(exclude)
     isr = set(state.isr)
-    for node in state.replicas:
-        if node in isr and node in live:
-            return node
-    return None
+    candidates = [node for node in state.replicas if node in isr and node in live]
+    banned = set(disallowed)
+    allowed = [node for node in candidates if node not in banned]
+    pick = allowed or candidates
+    return pick[0] if pick else None
 
 
-def next_leadership(state: GroupState, live_nodes: Iterable[str] | Mapping[str, int]) -> GroupState | None:
+def next_leadership(state: GroupState, live_nodes: Iterable[str] | Mapping[str, int],
+                    disallowed: Iterable[str] = ()) -> GroupState | None:
     """The state after reacting to the live set, or None if nothing must change.
 
     * leader lost (dead, or restarted under a new session), another ISR member
@@ -194,17 +198,18 @@ def next_leadership(state: GroupState, live_nodes: Iterable[str] | Mapping[str, 
 
     Dead followers are left alone: the leader moves them to the OSR itself,
     because only it knows whether the ISR may shrink without going below min-ISR.
+    Elections prefer nodes not in ``disallowed`` (see ``elect_leader``).
     """
     live = _sessions(live_nodes)
     if leader_alive(state, live):
         return None
     if state.leader is None:
-        new_leader = elect_leader(state, live)
+        new_leader = elect_leader(state, live, disallowed=disallowed)
         if new_leader is None:
             return None
         return replace(state, leader=new_leader, epoch=state.epoch + 1, leader_session=live[new_leader])
     old = state.leader
-    new_leader = elect_leader(state, live, exclude=[old])
+    new_leader = elect_leader(state, live, exclude=[old], disallowed=disallowed)
     if new_leader is not None:
         return replace(
             state,
@@ -232,6 +237,16 @@ def leaderless_reason(state: GroupState, live_nodes: Iterable[str] | Mapping[str
     if live_osr:
         why += f"; OSR member(s) {live_osr} are live but may lack applied entries, so they are never elected"
     return why + "; the group waits for an ISR member to return"
+
+
+def fully_in_sync(state: GroupState, live_nodes: Iterable[str] | Mapping[str, int]) -> bool:
+    """The leader is alive and every replica is live and in the ISR: nothing for failover to repair.
+
+    Periodic balancing waits for this, so it never fights a failover or moves
+    leadership to a replica that is about to be dropped from the ISR.
+    """
+    live = _sessions(live_nodes)
+    return leader_alive(state, live) and not state.osr and all(r in live for r in state.replicas)
 
 
 def switch_leader(state: GroupState, to: str, session: int = 0) -> GroupState:

@@ -37,6 +37,7 @@ from replog.messages import (
     ClientAppend,
     Event,
     GroupState,
+    HandOff,
     LocalFlushed,
     LogStartAdvanced,
     MetastoreChanged,
@@ -147,6 +148,7 @@ class ReplicaHost:
         on_role: Callable[[ReplicaHost, RoleChanged], None] | None = None,
         on_far_horizon: Callable[[ReplicaHost, str, int], None] | None = None,
         segment_bytes: int = 64 * 1024 * 1024,
+        hand_off: Callable[[ReplicaHost, int, GroupState], None] | None = None,
     ) -> None:
         self.node_id = node_id
         self.module = module
@@ -162,6 +164,7 @@ class ReplicaHost:
         self._change_isr = change_isr
         self._on_role = on_role
         self._on_far_horizon = on_far_horizon
+        self._hand_off = hand_off
         applied = store.applied_offset
         if applied >= self.log.end_offset:
             # Only a far-horizon install interrupted between swapping the store and resetting the
@@ -282,7 +285,8 @@ class ReplicaHost:
         # Consecutive runs of one ack level, in build order: entries must reach the log in the
         # order they were built, since each one builds on the ones before it.
         runs: list[tuple[Ack, list[tuple[PendingEntry, bytes | None]]]] = []
-        leader = self.replica.is_leader
+        # A resigning leader refuses appends (NotLeader): build nothing, so later runs are refused alike.
+        leader = self.replica.accepts_appends
         offset = self.replica.log_end
         for p in ps:
             payload = None
@@ -377,6 +381,11 @@ class ReplicaHost:
             self.epoch_file.save(list(a.pairs))
         elif isinstance(a, ChangeIsr):
             self._change_isr(self, a.expected_version, a.new)
+        elif isinstance(a, HandOff):
+            assert self._hand_off is not None, f"{self.name}: a hand-off needs the hand_off callback"
+            log.warning("%s: handing leadership to %s (epoch %d -> %d)", self.name, a.new.leader, a.new.epoch - 1,
+                        a.new.epoch)
+            self._hand_off(self, a.expected_version, a.new)
         elif isinstance(a, RoleChanged):
             self._apply_deferred()
             log.warning("%s: now %s in epoch %d (leader %s)", self.name, a.role.value, a.epoch, a.leader)

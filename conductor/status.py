@@ -88,13 +88,34 @@ def _spec_summary(spec: ModuleSpec) -> dict[str, Any]:
     }
 
 
+#: module states shown by `conductor status`
+RUNNING = "running"
+LEADERSHIP_BALANCING = "leadership-balancing"
+
+
+def resigning_groups(ms: Metastore, module: str, groups: dict[int, tuple[GroupState, int]]) -> dict[int, str]:
+    """Groups whose leader was asked to hand off and has not yet: ``{group: successor}``.
+
+    Only requests for the group's current epoch count; an older one is stale
+    (leadership moved anyway) and the conductor withdraws it.
+    """
+    out = {}
+    for g, req in ms.list_resigns(module).items():
+        st = groups.get(g)
+        if st is not None and st[0].epoch == req.get("epoch"):
+            out[g] = str(req.get("to"))
+    return out
+
+
 def nodes_overview(ms: Metastore) -> list[dict[str, Any]]:
-    """Live worker nodes with their gRPC address and pid, sorted by id."""
+    """Live worker nodes with their gRPC address and pid, sorted by id; ``leaders_allowed`` False when drained."""
     out = []
+    drained = ms.disallowed_nodes()
     for node_id in ms.live_nodes():
         info = ms.get_node(node_id)
         if info is not None:  # it may have left between the two reads
-            out.append({"node": node_id, "address": info.address, "pid": info.pid, "started": info.started})
+            out.append({"node": node_id, "address": info.address, "pid": info.pid, "started": info.started,
+                        "leaders_allowed": node_id not in drained})
     return out
 
 
@@ -112,7 +133,8 @@ def modules_overview(ms: Metastore) -> list[dict[str, Any]]:
         except ModuleNotFound:
             continue  # destroyed while we listed
         led = sum(1 for state, _ in groups.values() if leaderless_reason(state, live) is None)
-        rows.append({**_spec_summary(spec), "groups_led": led, "groups_total": len(groups)})
+        state = LEADERSHIP_BALANCING if resigning_groups(ms, name, groups) else RUNNING
+        rows.append({**_spec_summary(spec), "groups_led": led, "groups_total": len(groups), "state": state})
     return rows
 
 
@@ -191,8 +213,13 @@ def module_status(ms: Metastore, module: str, rpc_timeout_s: float = RPC_TIMEOUT
     rows = [_group_row(spec, g, state, live, addresses.get(state.leader) if state.leader else None,
                        replicas.get(g)) | {"catchups": catchups.get(g, [])}
             for g, (state, _) in sorted(groups.items())]
+    resigning = resigning_groups(ms, module, groups)
+    for row in rows:
+        row["handing_off_to"] = resigning.get(row["group"])
     return {**_spec_summary(spec), "live_nodes": sorted(live), "groups": rows,
-            "serving": sum(1 for r in rows if r["serving"]), "checked_at": time.time()}
+            "serving": sum(1 for r in rows if r["serving"]), "checked_at": time.time(),
+            "state": LEADERSHIP_BALANCING if resigning else RUNNING,
+            "disallowed_leaders": sorted(ms.disallowed_nodes())}
 
 
 def _address(ms: Metastore, known: dict[str, str | None], node: str) -> str | None:

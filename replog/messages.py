@@ -30,6 +30,10 @@ Driver contract (what the state machine relies on):
   is also delivered to every replica as :class:`MetastoreChanged`.
 * Leader election and the epoch bump are one CAS by the controller (which picks
   only ISR members); the elected replica learns it via MetastoreChanged.
+* :class:`HandOff` is the one exception: a resigning leader's own CAS that makes
+  an in-sync follower leader of the next epoch and withdraws the resign request
+  (``/millrace/modules/<m>/resign/<g>``) in the same transaction. Its outcome
+  comes back like a ChangeIsr's, as :class:`IsrChanged` or :class:`IsrChangeFailed`.
 * :class:`Reply` answers one client append.
 * Retention: the driver asks :meth:`Replica.retention_point` with the applied
   offset its store holds *durably*, deletes whole log segments below the answer
@@ -53,6 +57,7 @@ MetastoreChanged             the group znode watch, and once at start-up
 IsrChanged / IsrChangeFailed the outcome of a ChangeIsr CAS
 SessionExpired / Started     the ZooKeeper session listener
 LogStartAdvanced             the driver deleted log segments (retention)
+ResignRequested              the group's resign znode watch (the conductor balancing leaders)
 Replicate                    a frame from the leader, built from its SendEntries
 ReplicateAck, Epoch*         a peer's Send
 ==========================  =================================================================
@@ -65,6 +70,7 @@ Truncate / PersistEpochs     cut the log / rewrite the epoch checkpoint, durably
 Apply                        apply entries to PStates atomically with ``_meta.applied``
 SendEntries / Send           gRPC stream to the follower / the peer
 ChangeIsr                    CAS on ``/millrace/modules/<m>/groups/<g>``
+HandOff                      CAS on the group znode + delete of its resign request, atomically
 StartFarHorizon              checkpoint + file copy in rounds to the follower
 Reply                        answer the client (error -> gRPC status via ``grpc_code``)
 RoleChanged                  start/stop stream topologies, refresh client routing
@@ -190,6 +196,20 @@ class SessionStarted:
     session: int
 
 
+@dataclass(frozen=True, slots=True)
+class ResignRequested:
+    """The conductor asks the leader of ``epoch`` to hand leadership to ``to`` (which leads under ``to_session``).
+
+    A coordinated hand-off for balancing: the leader stops taking appends,
+    waits until everything it appended is applied (so ``to`` holds it all),
+    then performs a :class:`HandOff`. Requests for another epoch are stale.
+    """
+
+    to: str
+    to_session: int
+    epoch: int
+
+
 # ------------------------------------------------------------------------- messages between replicas
 # Received messages are events; sent ones travel inside actions.
 
@@ -267,6 +287,7 @@ Event = (
     ClientAppend | LocalFlushed | Tick | MetastoreChanged | IsrChanged | IsrChangeFailed
     | SessionExpired | SessionStarted | Replicate | ReplicateAck | EpochRequest | EpochResponse
     | LogStartAdvanced
+    | ResignRequested
 )
 
 # ----------------------------------------------------------------------------------------------- actions
@@ -335,6 +356,18 @@ class ChangeIsr:
 
 
 @dataclass(frozen=True, slots=True)
+class HandOff:
+    """Compare-and-set the group znode from ``expected_version`` to ``new`` (next epoch, led by an ISR follower).
+
+    Also deletes the group's resign request in the same transaction. The result
+    comes back as :class:`IsrChanged` (``state`` = ``new``) or :class:`IsrChangeFailed`.
+    """
+
+    expected_version: int
+    new: GroupState
+
+
+@dataclass(frozen=True, slots=True)
 class StartFarHorizon:
     """``follower`` is too far behind to replay entries: ship it a checkpoint in rounds.
 
@@ -370,5 +403,5 @@ class RoleChanged:
 
 Action = (
     AppendLocal | Truncate | PersistEpochs | Apply | SendEntries | Send | ChangeIsr
-    | StartFarHorizon | Reply | RoleChanged
+    | StartFarHorizon | Reply | RoleChanged | HandOff
 )

@@ -41,6 +41,16 @@ Rules, and why:
 * The epoch cache is never cut from the start: a returning follower's epoch
   question about entries long deleted still gets the exact answer, so it
   truncates only what diverged, never something it applied.
+* Leadership balancing is a coordinated hand-off, not an election: the leader of
+  the requested epoch (a request naming another epoch, itself, or a replica
+  outside its ISR is stale and ignored) *resigns*: it refuses new appends with
+  NotLeader naming the successor, keeps replicating, and once everything it
+  appended is applied (``apply_offset == log_end - 1``, so every ISR member, the
+  successor included, holds its whole log and no client waits) it makes the
+  successor leader of the next epoch with its own compare-and-set. Nothing is
+  truncated and no accepted append fails. If that does not happen within
+  ``append_timeout_ms`` (a stalled ISR, a lost successor) it gives up and takes
+  appends again; a CAS in flight is always awaited first, since it may land.
 
 Assertions state invariants the protocol guarantees; a failing one is a bug in
 the protocol or the driver, not bad input (bad input is rejected by the event
@@ -67,6 +77,7 @@ from replog.messages import (
     EpochResponse,
     Event,
     GroupState,
+    HandOff,
     IsrChanged,
     IsrChangeFailed,
     LocalFlushed,
@@ -76,6 +87,7 @@ from replog.messages import (
     Replicate,
     ReplicateAck,
     Reply,
+    ResignRequested,
     Role,
     RoleChanged,
     Send,
@@ -116,6 +128,15 @@ class _Pending:
 
 
 @dataclass(slots=True)
+class _Resign:
+    """A hand-off in progress: leadership goes to ``to`` (under ``to_session``) unless ``deadline_ms`` passes."""
+
+    to: str
+    to_session: int
+    deadline_ms: int
+
+
+@dataclass(slots=True)
 class _LeaderState:
     isr: tuple[str, ...]
     osr: tuple[str, ...]
@@ -132,6 +153,8 @@ class _LeaderState:
     wait_append: deque[_Pending] = field(default_factory=deque)
     wait_applied: deque[_Pending] = field(default_factory=deque)
     stalled: bool = False
+    #: set while resigning (coordinated hand-off): appends are refused until it lands or is given up
+    resign: _Resign | None = None
 
 
 class Replica:
@@ -221,6 +244,8 @@ class Replica:
             self.session_ok = True
         elif isinstance(event, LogStartAdvanced):
             self._on_log_start(event.start)
+        elif isinstance(event, ResignRequested):
+            self._on_resign_requested(event)
         else:  # pragma: no cover - the Event union is closed
             raise TypeError(f"not a replication event: {event!r}")
         out, self._out = self._out, []
@@ -234,6 +259,16 @@ class Replica:
     def isr(self) -> tuple[str, ...]:
         """The leader's confirmed ISR (empty on followers)."""
         return self._ls.isr if self._ls is not None else ()
+
+    @property
+    def resigning_to(self) -> str | None:
+        """The successor while this leader resigns (it refuses appends meanwhile), else None."""
+        return self._ls.resign.to if self._ls is not None and self._ls.resign is not None else None
+
+    @property
+    def accepts_appends(self) -> bool:
+        """A leader that is not resigning: drivers build entries only then (others are refused anyway)."""
+        return self._ls is not None and self._ls.resign is None and self.session_ok
 
     @property
     def stalled(self) -> bool:
@@ -469,6 +504,7 @@ class Replica:
             self._reply_appended()
             self._advance_apply()
             self._pump_all()
+            self._maybe_hand_off()
         elif self.role is Role.FOLLOWER and self.reconciled:
             self._follower_apply()
             self._send_ack()
@@ -497,6 +533,9 @@ class Replica:
         ls = self._ls
         if ls is None or not self.session_ok:
             self._out.append(Reply(ev.request_id, -1, ev.count, NotLeader(self.group, self.leader, self.epoch)))
+            return
+        if ls.resign is not None:  # handing off: the successor is the likely leader by the time the client retries
+            self._out.append(Reply(ev.request_id, -1, ev.count, NotLeader(self.group, ls.resign.to, self.epoch)))
             return
         cfg = self.config
         unapplied = self.log_end - 1 - self.apply_offset
@@ -634,6 +673,7 @@ class Replica:
         self._maybe_change_isr()
         self._advance_apply()
         self._pump(m.src, p)
+        self._maybe_hand_off()
 
     def _on_epoch_request(self, m: EpochRequest) -> None:
         ls = self._ls
@@ -676,10 +716,15 @@ class Replica:
         if ls is None or st != ls.pending_change:
             return  # the answer to an older CAS (perhaps of an earlier leadership)
         ls.pending_change = None
+        if st.epoch > self.epoch:  # our hand-off landed: follow the successor
+            assert ls.resign is not None and st.leader == ls.resign.to, (self.node_id, st, ls.resign)
+            self._on_metastore(st)
+            return
         if st.version > ls.version:
             self._adopt_znode(st)
         self._maybe_change_isr()
         self._pump_all()
+        self._maybe_hand_off()
 
     def _on_isr_change_failed(self, ev: IsrChangeFailed) -> None:
         ls = self._ls
@@ -706,6 +751,46 @@ class Replica:
                 p = queue.popleft()
                 self._out.append(Reply(p.request_id, p.first, p.count, self._timeout_error()))
         self._pump_all()
+        self._maybe_hand_off()
+
+    # ---------------------------------------------------------------------- coordinated hand-off
+
+    def _on_resign_requested(self, ev: ResignRequested) -> None:
+        ls = self._ls
+        if ls is None or not self.session_ok or ev.epoch != self.epoch:
+            return  # stale: leadership changed since the conductor asked (or we never had it)
+        if ev.to == self.node_id or ev.to not in ls.isr:
+            return  # only an in-sync replica can take over without losing applied entries
+        if ls.resign is not None and ls.resign.to == ev.to:
+            return  # a repeated notification keeps the original deadline
+        if ls.resign is not None and ls.pending_change is not None and ls.pending_change.epoch > self.epoch:
+            return  # the hand-off CAS to the first successor is in flight; its outcome decides
+        ls.resign = _Resign(ev.to, ev.to_session, self._now + self.config.append_timeout_ms)
+        self._maybe_hand_off()
+
+    def _maybe_hand_off(self) -> None:
+        """While resigning: give up past the deadline, or hand off once everything appended is applied."""
+        ls = self._ls
+        if ls is None or ls.resign is None or ls.pending_change is not None or not self.session_ok:
+            return  # one CAS at a time; a hand-off in flight is never abandoned (it may land)
+        rs = ls.resign
+        if self._now >= rs.deadline_ms or rs.to not in ls.isr:
+            ls.resign = None  # resume taking appends; the conductor may ask again
+            return
+        peer = ls.peers[rs.to]
+        if not self._caught_up(peer):
+            return
+        assert not ls.wait_append and not ls.wait_applied, (
+            f"{self.node_id} hands off {self.group} with clients waiting: every accepted append must be answered"
+        )
+        new = GroupState(rs.to, self.epoch + 1, ls.isr, ls.osr, ls.version + 1, rs.to_session)
+        ls.pending_change = new
+        self._out.append(HandOff(ls.version, new))
+
+    def _caught_up(self, successor: _Peer) -> bool:
+        """Everything this leader appended is applied and durably held by the successor."""
+        end = self.log_end
+        return self.apply_offset == end - 1 and successor.reconciled and successor.held >= end - 1
 
     def _timeout_error(self) -> StalledGroup | Backpressure:
         ls = self._ls

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -147,3 +148,22 @@ class Appender:
 
     def count(self) -> int:
         return len(self.acked)
+
+
+def assert_replicas_identical(dc: DevCluster, module: str, acked: list[dict]) -> None:
+    """Stop the cluster, then every replica of every group holds the same replog bytes and depot records."""
+    groups = groups_of(dc, module)
+    dc.stop()
+    seen: Counter[str] = Counter()
+    for g, st in groups.items():
+        states = {r: replica_state(dc.root, r, module, g) for r in st.replicas}
+        first = states[st.replicas[0]]
+        for r, s in states.items():
+            assert s["log_end"] == first["log_end"], f"group {g}: {r} log end {s['log_end']} != {first['log_end']}"
+            assert s["replog"] == first["replog"], f"group {g}: replica {r}'s replog differs"
+            assert s["depots"] == first["depots"], f"group {g}: replica {r}'s depot records differ"
+            assert s["applied"] == first["log_end"] - 1
+        for rows in first["depots"].values():
+            seen.update(rec["id"] for _off, rec in rows)
+    missing = [r["id"] for r in acked if seen[r["id"]] == 0]
+    assert not missing, f"{len(missing)} acknowledged record(s) lost, e.g. {missing[:5]}"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import signal
 import time
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from proto import millrace_pb2_grpc as pbg
 from replog.errors import StalledGroup
 from tests.integration.cluster_helpers import (
     Appender,
+    assert_replicas_identical,
     converged,
     deploy,
     group_status,
@@ -39,25 +39,6 @@ def dc(tmp_path: Path) -> Iterator[DevCluster]:
         yield cluster
     finally:
         cluster.stop()
-
-
-def assert_replicas_identical(dc: DevCluster, module: str, acked: list[dict]) -> None:
-    """Stop the cluster, then every replica of every group holds the same replog bytes and depot records."""
-    groups = groups_of(dc, module)
-    dc.stop()
-    seen: Counter[str] = Counter()
-    for g, st in groups.items():
-        states = {r: replica_state(dc.root, r, module, g) for r in st.replicas}
-        first = states[st.replicas[0]]
-        for r, s in states.items():
-            assert s["log_end"] == first["log_end"], f"group {g}: {r} log end {s['log_end']} != {first['log_end']}"
-            assert s["replog"] == first["replog"], f"group {g}: replica {r}'s replog differs"
-            assert s["depots"] == first["depots"], f"group {g}: replica {r}'s depot records differ"
-            assert s["applied"] == first["log_end"] - 1
-        for rows in first["depots"].values():
-            seen.update(rec["id"] for _off, rec in rows)
-    missing = [r["id"] for r in acked if seen[r["id"]] == 0]
-    assert not missing, f"{len(missing)} acknowledged record(s) lost, e.g. {missing[:5]}"
 
 
 def test_rf3_append_10000_applied_readable_on_every_replica(dc: DevCluster) -> None:

@@ -352,3 +352,71 @@ def test_leadership_bound_to_session_and_restart_seen_by_next_conductor(hosts: s
                 assert c2.ms.get_group("WordCount", g)[0] == s
     finally:
         c2.stop()
+
+
+def _rejoin_isr(ms: Metastore, module: str, node: str) -> None:
+    """What a leader does once ``node`` caught up: add it back to the ISR with a CAS."""
+    for g, (state, version) in ms.list_groups(module).items():
+        if node in state.osr:
+            ms.cas_group(module, g, GroupState(leader=state.leader, epoch=state.epoch, isr=(*state.isr, node),
+                                               osr=(), replicas=state.replicas,
+                                               leader_session=state.leader_session), version)
+
+
+def test_periodic_balancing_waits_for_full_isr_then_requests_hand_offs(hosts: str, nodes: Nodes) -> None:
+    from conductor.status import LEADERSHIP_BALANCING, RUNNING, module_status
+
+    nodes.add("n1", "n2", "n3")
+    c = Conductor(hosts, "c1", session_timeout=2.0, reconcile_interval=0.2, balance_interval=0.5).start()
+    try:
+        assert c.wait_active(10)
+        c.deploy(spec("WordCount", threads=3))
+        ms = c.ms
+        nodes.kill("n3")
+        wait_for(lambda: all(s.leader != "n3" for s in groups_of(ms, "WordCount").values()), what="failover")
+        nodes.add("n3")
+        time.sleep(1.5)  # several rounds: n3 is live but out of sync, so nothing may be requested
+        assert ms.list_resigns("WordCount") == {}
+        assert module_status(ms, "WordCount")["state"] == RUNNING
+        _rejoin_isr(ms, "WordCount", "n3")
+        wait_for(lambda: ms.list_resigns("WordCount") != {}, what="a resign request from the periodic round")
+        (g, request), = ms.list_resigns("WordCount").items()
+        state, version = ms.get_group("WordCount", g)
+        assert request["to"] == "n3" and request["epoch"] == state.epoch
+        assert request["to_session"] == nodes.sessions["n3"].session_id
+        st = module_status(ms, "WordCount", rpc_timeout_s=0.2)
+        assert st["state"] == LEADERSHIP_BALANCING and st["groups"][g]["handing_off_to"] == "n3"
+        # The leader hands off (what its replica does once n3 holds everything): CAS + request delete.
+        from conductor.placement import switch_leader
+
+        ms.complete_resign("WordCount", g, switch_leader(state, "n3", request["to_session"]), version)
+        assert module_status(ms, "WordCount", rpc_timeout_s=0.2)["state"] == RUNNING
+        assert sorted(Counter(s.leader for s in groups_of(ms, "WordCount").values()).values()) == [1, 1, 1]
+        time.sleep(1.0)
+        assert ms.list_resigns("WordCount") == {}, "a balanced module gets no more requests"
+    finally:
+        c.stop()
+
+
+def test_stale_resign_requests_are_withdrawn_and_drains_validated(conductor: Conductor, nodes: Nodes) -> None:
+    from conductor.controller import UnknownNode
+    from conductor.status import RUNNING, module_status
+
+    nodes.add("n1", "n2", "n3")
+    conductor.deploy(spec("WordCount", threads=3))
+    ms = conductor.ms
+    state, _ = ms.get_group("WordCount", 0)
+    ms.request_resign("WordCount", 0, "n2", state.epoch - 1, 1)  # leadership moved on since
+    assert module_status(ms, "WordCount", rpc_timeout_s=0.2)["state"] == RUNNING  # a stale one is not balancing
+    assert conductor.request_switches(["WordCount"]) == []
+    assert ms.list_resigns("WordCount") == {}
+    with pytest.raises(UnknownNode, match=r"unknown node 'n7'.*known nodes: n1, n2, n3"):
+        conductor.disallow_leaders("n7")
+    conductor.disallow_leaders("n1")
+    assert ms.disallowed_nodes() == {"n1"}
+    moves = conductor.balance(["WordCount"])
+    leaders = {g: s.leader for g, s in groups_of(ms, "WordCount").items()}
+    assert set(moves) == {("WordCount", g) for g, leader in leaders.items() if leader == "n1"}
+    assert all(to != "n1" for to in moves.values())
+    assert conductor.allow_leaders("n1") and not conductor.allow_leaders("n1")
+    assert ms.disallowed_nodes() == set()

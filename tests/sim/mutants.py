@@ -39,3 +39,10 @@ class SingleRoundEpochExchange(Replica):
         if trunc < self.log_end:
             self._truncate(trunc)
         self._finish_reconcile()
+
+
+class HandOffWithoutCatchUp(Replica):
+    """A resigning leader hands off at once, before its successor holds everything it appended."""
+
+    def _caught_up(self, successor: object) -> bool:
+        return True

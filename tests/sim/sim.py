@@ -4,7 +4,8 @@ Everything nondeterministic comes from one seeded PRNG and one virtual clock:
 message delays (hence reordering), drops, duplicates, partitions, crashes that
 lose every unflushed entry, restarts that recover from the durable disk only,
 slow flushes, a versioned metastore with compare-and-set and session expiry,
-and a controller that elects leaders from the ISR only.
+a controller that elects leaders from the ISR only, and a balancer that asks
+leaders to hand leadership to an in-sync follower (resign requests).
 
 The simulator is the driver of :mod:`replog.messages`: it performs every
 action the replicas return. After every delivered event it checks the safety
@@ -32,6 +33,7 @@ from replog.messages import (
     ClientAppend,
     Event,
     GroupState,
+    HandOff,
     IsrChanged,
     IsrChangeFailed,
     LocalFlushed,
@@ -40,6 +42,7 @@ from replog.messages import (
     PersistEpochs,
     Replicate,
     Reply,
+    ResignRequested,
     Role,
     RoleChanged,
     Send,
@@ -83,6 +86,7 @@ class Faults:
     session_expiry_rate: float = 0.0
     slow_disk: float = 0.0  #: probability a node gets a slow disk for the run
     slow_flush_ms: int = 80
+    resign_rate: float = 0.0  #: leader hand-off requests per virtual second (set by run_seed, not random())
 
     @classmethod
     def random(cls, rng: random.Random) -> Faults:
@@ -208,6 +212,9 @@ class Sim:
         #: delete log segments (of ``segment_entries`` entries) below each replica's retention point
         self.retention = False
         self.segment_entries = 8
+        #: the balancer's outstanding resign request (successor, epoch), withdrawn by the hand-off CAS
+        self.resign_request: tuple[str, int] | None = None
+        self.hand_offs = 0
 
     # ------------------------------------------------------------------------------- scheduling
 
@@ -340,6 +347,9 @@ class Sim:
                 self._check_holds_committed(n, "became leader")
         elif isinstance(a, StartFarHorizon):
             self.at(self.now + self.rng.randint(10, 40), self._far_horizon, n.id, n.incarnation, a)
+        elif isinstance(a, HandOff):
+            lo, hi = self.metastore_ms
+            self.at(self.now + self.rng.randint(lo, hi), self._hand_off, n.id, n.incarnation, a)
         else:  # pragma: no cover
             self.fail(f"unknown action {a!r}")
 
@@ -465,6 +475,7 @@ class Sim:
         req = self.requests[a.request_id]
         if a.error is not None:
             req.outcome = type(a.error).__name__
+            req.first = a.first  # -1: refused before it was appended
             return
         req.outcome = "ok"
         req.first = a.first
@@ -526,6 +537,48 @@ class Sim:
                 self.fail(f"bad CAS from {nid}: {a}")
             self._write_znode(a.new)
             self.at(back, self._deliver, nid, inc, IsrChanged(a.new))
+
+    def request_resign(self, to: str) -> None:
+        """The balancer asks the current leader to hand leadership to ``to`` (the resign znode + its watch)."""
+        z = self.znode
+        if z.leader is None:
+            return
+        self.resign_request = (to, z.epoch)
+        self.note(f"resign requested: {z.leader} -> {to} in epoch {z.epoch}")
+        leader, ev = self.nodes[z.leader], ResignRequested(to, self.nodes[to].session, z.epoch)
+        if leader.alive and leader.session_live:
+            lo, hi = self.metastore_ms
+            inc = leader.incarnation
+            self.at(self.now + self.rng.randint(lo, hi), self._deliver, leader.id, inc, ev)
+
+    def _hand_off(self, nid: str, inc: int, a: HandOff) -> None:
+        """The resigning leader's CAS: next epoch, led by an in-sync follower; withdraws the resign request."""
+        n = self.nodes[nid]
+        lo, hi = self.metastore_ms
+        back = self.now + self.rng.randint(lo, hi)
+        if not n.alive or n.incarnation != inc:
+            return
+        z = self.znode
+        if not n.session_live:
+            self.at(back, self._deliver, nid, inc, IsrChangeFailed("session_expired", a.new))
+            return
+        if z.version != a.expected_version:
+            self.at(back, self._deliver, nid, inc, IsrChangeFailed("conflict", a.new, z))
+            return
+        new = a.new
+        if (z.leader != nid or new.version != z.version + 1 or new.epoch != z.epoch + 1 or new.leader == nid
+                or new.leader not in z.isr or (new.isr, new.osr) != (z.isr, z.osr)):
+            self.fail(f"bad hand-off from {nid}: {a} over znode {z}")
+        assert new.leader is not None
+        old, succ = n.disk, self.nodes[new.leader].disk
+        if succ.durable_end < len(old.entries) or succ.entries[:len(old.entries)] != old.entries:
+            self.fail(f"{nid} hands off to {new.leader}, which does not durably hold its log "
+                      f"({len(old.entries)} entries; successor durable end {succ.durable_end})")
+        self.resign_request = None
+        self.hand_offs += 1
+        self._write_znode(new)
+        self.at(back, self._deliver, nid, inc, IsrChanged(new))
+        self._elect_later(self.session_timeout_ms)  # the controller replaces a successor that died meanwhile
 
     def elect(self, nid: str) -> None:
         """Scenario control: the controller elects ``nid`` now (it must be a live ISR member)."""
@@ -723,6 +776,10 @@ def run_seed(seed: int, replica_cls: type[Replica] = Replica, fault_ms: int = 12
     rng = random.Random(seed ^ 0x5EED)
     nodes = rng.choice([2, 3, 3, 3, 4])
     faults = Faults.random(rng)
+    # Its own stream, so seeds without hand-offs replay exactly as before hand-offs existed.
+    balance_rng = random.Random(seed ^ 0xBA1A)
+    if balance_rng.random() < 0.5:
+        faults.resign_rate = balance_rng.choice([2.0, 6.0])
     config = sim_config(nodes, min_isr=rng.choice([None, None, nodes]),
                         max_unapplied_entries=rng.choice([400, 400, 40]))
     sim = Sim(seed, nodes=nodes, config=config, faults=faults, replica_cls=replica_cls, trace=trace,
@@ -736,6 +793,7 @@ def run_seed(seed: int, replica_cls: type[Replica] = Replica, fault_ms: int = 12
         sim.start()
         _schedule_faults(sim, rng, fault_ms)
         _schedule_clients(sim, rng, fault_ms)
+        _schedule_resigns(sim, balance_rng, fault_ms)
         sim.run_until(fault_ms)
         # heal: no more faults, everyone back, fast disks
         sim.faults = replace(sim.faults, drop=0.0, duplicate=0.0)
@@ -792,6 +850,26 @@ def _schedule_faults(sim: Sim, rng: random.Random, until_ms: int) -> None:
     poisson(f.partition_rate, partition)
     poisson(f.crash_rate, crash)
     poisson(f.session_expiry_rate, expire)
+
+
+def _schedule_resigns(sim: Sim, rng: random.Random, until_ms: int) -> None:
+    """Like the conductor's balancer: ask the leader to hand off to a random in-sync follower."""
+    rate = sim.faults.resign_rate
+    if rate <= 0:
+        return
+
+    def resign() -> None:
+        z = sim.znode
+        followers = [m for m in z.isr if m != z.leader]
+        if z.leader is not None and followers:
+            sim.request_resign(rng.choice(followers))
+
+    t = 0.0
+    while True:
+        t += rng.expovariate(rate / 1000.0)
+        if t >= until_ms:
+            return
+        sim.at(int(t), resign)
 
 
 def _schedule_clients(sim: Sim, rng: random.Random, until_ms: int) -> None:

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 
-from replog.messages import Ack, EpochRequest, EpochResponse, Replicate, ReplicateAck
+from replog.messages import Ack, EpochRequest, EpochResponse, Replicate, ReplicateAck, ResignRequested
 from replog.replica import Replica
-from tests.sim.mutants import SingleRoundEpochExchange, TruncateToHighWatermark
-from tests.sim.sim import InvariantViolation, Sim, sim_config
+from tests.sim.mutants import HandOffWithoutCatchUp, SingleRoundEpochExchange, TruncateToHighWatermark
+from tests.sim.sim import ClientRequest, InvariantViolation, Sim, sim_config
 
 
 def scripted(nodes: int, replica_cls: type[Replica] = Replica, **config: int) -> Sim:
@@ -338,3 +338,68 @@ def test_follower_behind_the_retained_log_catches_up_by_far_horizon() -> None:
     sim.run_for(200)
     sim.check_liveness()
     assert all(r.outcome == "ok" for r in sim.requests.values())
+
+
+# ------------------------------------------------------------------------------------------------ hand-off
+
+
+def hand_off_under_load(replica_cls: type[Replica]) -> tuple[Sim, list[ClientRequest]]:
+    """Clients append every 2 ms (ack=applied) to whoever the metastore names; mid-stream the balancer
+    asks leader a to hand off to b. Refused appends are retried, as the client does on NotLeader."""
+    sim = scripted(3, replica_cls)
+    sim.elect("a")
+    sim.run_for(20)
+    a = sim.nodes["a"]
+    stale = ResignRequested("c", sim.nodes["c"].session, epoch=0)
+    sim.inject("a", stale)  # a request of an older epoch is ignored
+    sim.run_for(5)
+    assert a.replica.resigning_to is None
+    reqs: list[ClientRequest] = []
+    for i in range(150):
+        reqs.append(sim.append(2, Ack.APPLIED))
+        if i == 60:
+            sim.request_resign("b")
+        sim.run_for(2)
+        for r in [r for r in reqs if r.outcome == "NotLeader"]:
+            r.outcome = "retried"
+            reqs.append(sim.append(2, Ack.APPLIED))
+    sim.run_until_true(lambda: all(r.outcome in ("ok", "retried") for r in reqs)
+                       and not any(r.outcome == "NotLeader" for r in reqs), max_ms=1_000)
+    return sim, reqs
+
+
+def test_hand_off_under_load_loses_and_fails_nothing() -> None:
+    sim, reqs = hand_off_under_load(Replica)
+    assert sim.hand_offs == 1 and sim.znode.leader == "b" and sim.znode.epoch == 2
+    assert sim.znode.isr == ("a", "b", "c"), "a hand-off is not a failover: the old leader stays in sync"
+    assert sim.resign_request is None
+    refused = [r for r in reqs if r.outcome == "retried"]
+    assert refused, "appends arriving while a resigns must be refused (and retried)"
+    assert all(r.first == -1 for r in refused), "only appends refused on arrival may fail, never accepted ones"
+    assert sum(r.outcome == "ok" for r in reqs) == 150  # every original append, directly or by its retry
+    sim.heal_and_settle()  # every acknowledged append is applied on every replica
+
+
+def test_hand_off_before_catch_up_is_caught() -> None:
+    with pytest.raises(AssertionError, match="hands off"):
+        hand_off_under_load(HandOffWithoutCatchUp)
+
+
+def test_hand_off_to_a_follower_leaving_the_isr_is_given_up() -> None:
+    """b is cut off just as a resigns to it: b leaves the ISR, a gives up and takes appends again."""
+    sim = scripted(3, min_isr=2)
+    sim.elect("a")
+    sim.run_for(20)
+    sim.append(1, Ack.APPLIED)
+    sim.isolate("b")
+    pending = sim.append(1, Ack.APPLIED)  # b never acks it, so a cannot hand off
+    sim.run_for(5)
+    sim.request_resign("b")
+    sim.run_until_true(lambda: sim.nodes["a"].replica.resigning_to == "b")
+    refused = sim.append(1, Ack.APPLIED)
+    sim.run_until_true(lambda: refused.outcome == "NotLeader")
+    sim.run_until_true(lambda: sim.znode.isr == ("a", "c") and sim.nodes["a"].replica.resigning_to is None)
+    assert pending.outcome == "ok" and sim.znode.leader == "a" and sim.hand_offs == 0
+    after = sim.append(1, Ack.APPLIED)
+    sim.run_until_true(lambda: after.outcome == "ok")
+    sim.heal_and_settle()

@@ -14,6 +14,7 @@ from conductor.placement import (
     InvalidGroupState,
     balance_leaders,
     elect_leader,
+    fully_in_sync,
     leaderless_reason,
     next_leadership,
     place,
@@ -76,6 +77,22 @@ def test_elect_prefers_replica_order_and_never_osr() -> None:
     assert elect_leader(s, {"n2", "n3"}) == "n3"  # n2 comes first in order but is out of sync
     assert elect_leader(s, {"n2"}) is None
     assert elect_leader(s, {"n1", "n3"}) == "n1"
+
+
+def test_election_prefers_allowed_isr_members_but_never_leaves_a_group_leaderless() -> None:
+    s = GroupState(leader="n1", epoch=4, isr=("n1", "n2", "n3"), osr=(), replicas=("n1", "n2", "n3"))
+    assert elect_leader(s, {"n2", "n3"}, disallowed={"n2"}) == "n3"
+    assert elect_leader(s, {"n2"}, disallowed={"n2"}) == "n2"  # availability beats the drain
+    after = next_leadership(s, {"n2", "n3"}, disallowed={"n2"})
+    assert after is not None and after.leader == "n3" and after.epoch == 5
+
+
+def test_fully_in_sync_needs_a_live_leader_and_every_replica_live_in_the_isr() -> None:
+    s = GroupState(leader="n1", epoch=4, isr=("n1", "n2", "n3"), osr=(), replicas=("n1", "n2", "n3"))
+    assert fully_in_sync(s, {"n1", "n2", "n3"})
+    assert not fully_in_sync(s, {"n1", "n2"})
+    lagging = GroupState(leader="n1", epoch=4, isr=("n1", "n2"), osr=("n3",), replicas=("n1", "n2", "n3"))
+    assert not fully_in_sync(lagging, {"n1", "n2", "n3"})
 
 
 def test_next_leadership_failover_moves_dead_leader_to_osr_and_bumps_epoch() -> None:

@@ -1,0 +1,149 @@
+"""Leadership balancing as a coordinated hand-off, on real processes: ZooKeeper, a conductor, 3 workers, RF=3.
+
+The conductor's periodic balancing is off here (``balance_interval=0``) so each
+test decides when balancing runs and can compare what happened with the
+minimal switch set computed beforehand.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from conductor.cli import app
+from conductor.client import Cluster
+from conductor.controller import Conductor
+from conductor.devcluster import DevCluster
+from conductor.metastore import Metastore
+from conductor.placement import GroupState, balance_leaders
+from tests.integration.cluster_helpers import (
+    Appender,
+    assert_replicas_identical,
+    converged,
+    deploy,
+    groups_of,
+    wait_for,
+)
+
+SESSION_TIMEOUT = 4.0
+GROUPS = 6
+
+
+@pytest.fixture
+def dc(tmp_path: Path) -> Iterator[DevCluster]:
+    cluster = DevCluster(tmp_path / "cluster", nodes=3, conductors=1, session_timeout=SESSION_TIMEOUT,
+                         balance_interval=0)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def leaders_per_node(groups: dict[int, GroupState], nodes: list[str]) -> dict[str, int]:
+    counts = Counter(st.leader for st in groups.values())
+    return {n: counts[n] for n in nodes}
+
+
+def in_every_isr(dc: DevCluster, node: str) -> bool:
+    return all(node in st.isr and st.leader is not None for st in groups_of(dc, "Clicks").values())
+
+
+def test_balance_after_kill_and_restart_hands_off_minimal_switches_losing_nothing(dc: DevCluster) -> None:
+    groups = deploy(dc, tasks=GROUPS, threads=GROUPS)
+    victim = groups[0].leader
+    assert victim is not None
+    nodes = sorted(dc.nodes)
+    with Cluster.connect(dc.hosts, timeout_s=30) as cluster:
+        appender = Appender(cluster.depot("Clicks", "*raw"), window=32).start()
+        try:
+            wait_for(lambda: appender.count() > 300, 30, "appends to flow")
+            dc.nodes[victim].kill()
+            wait_for(lambda: all(st.leader not in (None, victim) for st in groups_of(dc, "Clicks").values()),
+                     SESSION_TIMEOUT + 10, f"every group to fail over from {victim}")
+            n = appender.count()
+            wait_for(lambda: appender.count() > n + 300, 30, "appends to continue after failover")
+            dc.start_node(victim)
+            dc.wait_nodes([victim])
+            wait_for(lambda: in_every_isr(dc, victim), 60, f"{victim} to rejoin every ISR")
+
+            with Metastore(dc.hosts) as ms:
+                before = {g: st for g, (st, _v) in ms.list_groups("Clicks").items()}
+                expected = balance_leaders(before, ms.live_sessions(), ms.disallowed_nodes())
+            assert leaders_per_node(before, nodes)[victim] == 0
+            assert expected and all(to == victim for to in expected.values()), expected
+
+            failed_before = appender.failed
+            acked_before = appender.count()
+            balancer = Conductor(dc.hosts, "test-balancer")
+            balancer.ms.start()
+            try:
+                switches = balancer.request_switches(["Clicks"])
+                assert {sw.group: sw.to for sw in switches} == expected
+                outcomes = balancer.await_switches(switches, 60)
+            finally:
+                balancer.ms.close()
+            assert set(outcomes.values()) == {"switched"}, outcomes
+            wait_for(lambda: appender.count() > acked_before + 500, 30, "appends through the new leaders")
+            assert appender.failed == failed_before, (
+                f"appends failed during the hand-offs: {appender.errors[failed_before:][:3]}")
+        finally:
+            appender.stop()
+
+    after = groups_of(dc, "Clicks")
+    per_node = leaders_per_node(after, nodes)
+    assert max(per_node.values()) - min(per_node.values()) <= 1, per_node
+    switched = {g for g in after if after[g].leader != before[g].leader}
+    assert switched == set(expected), (switched, expected)
+    for g, st in after.items():  # one epoch per switch, none elsewhere; a hand-off keeps the ISR whole
+        assert st.epoch == before[g].epoch + (1 if g in expected else 0), (g, before[g], st)
+        assert set(st.isr) == set(st.replicas)
+    with Metastore(dc.hosts) as ms:
+        assert ms.list_resigns("Clicks") == {}, "a served hand-off withdraws its request"
+    wait_for(lambda: converged(dc, "Clicks"), 60, "every replica to catch up")
+    assert_replicas_identical(dc, "Clicks", appender.acked)
+
+
+def cli(dc: DevCluster, *args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(app, [*args, "--zk", dc.hosts], catch_exceptions=False)
+    return result.exit_code, result.output
+
+
+def test_disallow_leaders_drains_a_node_and_allow_leaders_brings_it_back(dc: DevCluster) -> None:
+    deploy(dc, tasks=GROUPS, threads=GROUPS)
+    nodes = sorted(dc.nodes)
+    drained = "n1"
+    code, out = cli(dc, "disallow-leaders", "n9")
+    assert code == 1 and "unknown node 'n9'" in out and "n1, n2, n3" in out, out
+    with Cluster.connect(dc.hosts, timeout_s=30) as cluster:
+        appender = Appender(cluster.depot("Clicks", "*raw"), window=32).start()
+        try:
+            wait_for(lambda: appender.count() > 200, 30, "appends to flow")
+            assert leaders_per_node(groups_of(dc, "Clicks"), nodes)[drained] == 2
+            code, out = cli(dc, "disallow-leaders", drained)
+            assert code == 0 and "switched" in out, out
+            per_node = leaders_per_node(groups_of(dc, "Clicks"), nodes)
+            assert per_node == {"n1": 0, "n2": 3, "n3": 3}, per_node
+
+            code, out = cli(dc, "status", "--json")
+            assert code == 0 and '"leaders_allowed": false' in out, out
+            code, out = cli(dc, "balance", "Clicks")  # the drain holds: nothing moves back
+            assert code == 0 and "already balanced" in out, out
+
+            code, out = cli(dc, "allow-leaders", drained)
+            assert code == 0 and "may lead task groups again" in out, out
+            code, out = cli(dc, "balance", "Clicks")
+            assert code == 0 and "switched" in out, out
+            n = appender.count()
+            wait_for(lambda: appender.count() > n + 200, 30, "appends after the moves")
+        finally:
+            appender.stop()
+    assert appender.failed == 0, appender.errors[:3]
+    per_node = leaders_per_node(groups_of(dc, "Clicks"), nodes)
+    assert per_node == {"n1": 2, "n2": 2, "n3": 2}, per_node
+    wait_for(lambda: converged(dc, "Clicks"), 60, "every replica to catch up")
+    assert_replicas_identical(dc, "Clicks", appender.acked)
