@@ -1,0 +1,621 @@
+"""Far-horizon catchup throughput against a plain gRPC file copy and ``cp`` of the same files, in one run.
+
+    python -m bench.catchup [--quick] [--mb N] [--rounds N] [--dir PATH]
+
+A real RocksDB (:class:`pstate.TaskGroupStore`, one ``Map(int, bytes)`` PState
+of 4 KiB random values, so the SST files are as large as the data) is filled
+to ``--mb`` megabytes (512 full, 160 ``--quick``) and checkpointed with the
+production ``TaskGroupStore.checkpoint``. The same checkpoint directory is
+then copied three ways, all on the same disk, the source always warm in the
+page cache:
+
+* ``catchup`` (the figure under test): a ``grpc.aio`` server in a separate
+  process (``--serve far``; leader and follower never share a GIL, as on two
+  nodes) whose ``FetchCheckpoint`` is :class:`conductor.node._ReplicationService`'s
+  handler minus the cluster: a :class:`~conductor.far_horizon.CheckpointShelf`
+  round (hard links of the checkpoint's files, as RocksDB's checkpoint makes),
+  :func:`~conductor.far_horizon.stream_checkpoint` with ``read_chunk`` offloaded
+  to a thread per chunk. The client is the production
+  :class:`~conductor.far_horizon.Catchup` thread (CRC32C per file as it
+  arrives), whose ``install`` callback runs the production
+  :func:`pstate.checkpoint.install` into a fresh store directory (checksums
+  again, hard-links the SSTs, fsyncs every file and the directory, swaps the
+  symlink). Timed from ``Catchup.start()`` to the end of the install.
+* ``grpc_copy`` (the peer the goal is set against): the same files over a
+  minimal ``grpc.aio`` server-streaming method in another process (``--serve
+  raw``; a generic handler with raw ``bytes`` messages, the same 2 MiB chunks,
+  files read sequentially on the loop), written by a sync gRPC client and
+  fsynced per file plus the directory: no protobuf, no CRC, no manifest, no install.
+* ``cp``: ``cp -r`` of the checkpoint directory, then ``sync`` of the copied
+  files and directory (what the disk itself can do without a network hop).
+
+MB are 10**6 bytes of the manifest's files. Each round runs the three in
+turn after an ``os.sync()`` (no leftover writeback inside a timed section);
+rates are medians over ``--rounds`` (5) and the ratios are medians of per-round
+ratios (adjacent runs share the shared box's mood). The leader's
+``TaskGroupStore.checkpoint`` (flush + hard links + a CRC32C pass) is timed
+once and reported apart: a production round pays it before streaming.
+
+``--prototype`` adds a fourth copy: the far-horizon path with the changes this
+benchmark recommends for ``conductor/far_horizon.py`` (see
+:class:`_ProposedServicer` and :class:`_ProposedCatchup`), to prove them
+before they land: same manifest, same CRC32C checks, same ``install``.
+
+Prints a table, then as the LAST line one JSON object (DESIGN.md section 7).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import json
+import logging
+import os
+import select
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+from rich.console import Console
+from rich.table import Table
+
+from conductor.far_horizon import (
+    CHUNK_BYTES,
+    Catchup,
+    CheckpointShelf,
+    Shelved,
+    read_chunk,
+    stream_checkpoint,
+)
+from conductor.transport import GRPC_OPTIONS
+from proto import millrace_pb2 as pb
+from proto import millrace_pb2_grpc as pbg
+from pstate import Map, TaskGroupStore
+from pstate.checkpoint import Manifest, ManifestFile, install, read_manifest
+
+GOAL_RATIO_VS_GRPC_COPY = 0.8
+PSTATE = "$$blobs"
+SCHEMAS = {PSTATE: Map(int, bytes)}
+VALUE_BYTES = 4096
+#: values per applied ChangeSet: 8 MiB WriteBatches fill the store at RocksDB speed, not per-key Python speed
+BATCH_VALUES = 2048
+EPOCH = 1
+MODULE = "Bench"
+RAW_METHOD = "/bench.catchup.Copy/Fetch"
+SERVER_START_TIMEOUT_S = 60.0
+TRANSFER_TIMEOUT_S = 600.0
+
+err = Console(stderr=True)
+
+
+# ------------------------------------------------------------------------------------------ dataset
+
+
+def fill_store(path: Path, megabytes: int) -> tuple[TaskGroupStore, int]:
+    """A real RocksDB holding ``megabytes`` of random 4 KiB values; returns (open store, keys written).
+
+    Random values keep Snappy from shrinking the SSTs, so the checkpoint is as
+    large as the data, like a store of already-compressed payloads.
+    """
+    store = TaskGroupStore(path, SCHEMAS)
+    n_keys = megabytes * 1_000_000 // VALUE_BYTES
+    for offset, start in enumerate(range(0, n_keys, BATCH_VALUES)):
+        stop = min(start + BATCH_VALUES, n_keys)
+        blob = os.urandom((stop - start) * VALUE_BYTES)
+        cs = store.changes()
+        put = cs.set
+        for i in range(start, stop):
+            j = (i - start) * VALUE_BYTES
+            put(PSTATE, i, blob[j:j + VALUE_BYTES])
+        store.apply(offset, cs.changeset())
+    return store, n_keys
+
+
+def warm(directory: Path) -> None:
+    """Read every file once so all three copies start from the page cache, not from the disk."""
+    for p in directory.iterdir():
+        with open(p, "rb") as fh:
+            while fh.read(8 << 20):
+                pass
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ------------------------------------------------------------------------------------- server side
+
+
+class _FarHorizonServicer(pbg.ReplicationServicer):
+    """``_ReplicationService.FetchCheckpoint`` without the node: same shelf, same stream, same read offload.
+
+    ``Node.checkpoint_round`` makes a fresh RocksDB checkpoint per round; here
+    the round hard-links the files of the checkpoint taken up front (what
+    RocksDB's checkpoint does for SSTs) and reuses its manifest, so the rounds
+    of a run serve identical bytes. The checkpoint's own cost is timed apart.
+    """
+
+    def __init__(self, source: Path, shelf: CheckpointShelf) -> None:
+        self.source = source
+        self.shelf = shelf
+        self.manifest = read_manifest(str(source))
+
+    def _round(self, request: pb.FetchCheckpointRequest) -> Shelved:
+        def make(directory: Path) -> Shelved:
+            directory.mkdir(parents=True)
+            for f in self.manifest.files:
+                os.link(self.source / f.name, directory / f.name)
+            return Shelved(directory, self.manifest, [(EPOCH, 0)], self.manifest.applied_offset + 1)
+        return self.shelf.take((request.module, request.group, request.follower), make)
+
+    async def FetchCheckpoint(self, request: pb.FetchCheckpointRequest,
+                              context: Any) -> AsyncIterator[pb.CheckpointChunk]:
+        key = (request.module, request.group, request.follower)
+        if request.release:
+            self.shelf.release(key)
+            return
+        shelved = await asyncio.to_thread(self._round, request)
+
+        async def read(path: Path, offset: int) -> bytes:
+            return await asyncio.to_thread(read_chunk, path, offset)
+        async for chunk in stream_checkpoint(shelved, list(request.have), read):
+            yield chunk
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def encode_data_chunk(name: str, offset: int, data: bytes | memoryview) -> bytes:
+    """``CheckpointChunk(file=name, file_offset=offset, data=data)`` in wire format, with one copy of ``data``.
+
+    upb's ``SerializeToString`` of a fresh 2 MiB message grows its encode
+    buffer by doubling in a new arena and frees it again: ~3 MB of freshly
+    page-faulted memory per MB sent (glibc trims the heap top each time), the
+    leader's largest per-chunk cost. Fields 2, 3 and 4 are trivial to write by hand.
+    """
+    nb = name.encode()
+    return b"".join((b"\x12", _varint(len(nb)), nb, b"\x18", _varint(offset), b"\x22", _varint(len(data)), data))
+
+
+def read_into(path: Path, offset: int, buf: bytearray) -> int:
+    """``read_chunk`` into a reused buffer: a worker thread allocating 2 MiB per chunk faults in fresh pages of its
+    own malloc arena every time; filling the same bytearray does not."""
+    with open(path, "rb", buffering=0) as fh:
+        fh.seek(offset)
+        return fh.readinto(buf)
+
+
+def _chunk_or_bytes(message: pb.CheckpointChunk | bytes) -> bytes:
+    """FetchCheckpoint's response serializer: pre-encoded data chunks pass through, the info message is serialized."""
+    return message if isinstance(message, bytes) else message.SerializeToString()
+
+
+async def stream_checkpoint_encoded(shelved: Shelved, have: list[pb.CheckpointFile]
+                                   ) -> AsyncIterator[pb.CheckpointChunk | bytes]:
+    """The recommended ``stream_checkpoint``: the same messages, data chunks pre-encoded from one reused buffer.
+
+    Reads stay off the event loop (``asyncio.to_thread``), as the node needs.
+    """
+    held = {(f.name, f.size, f.crc32c) for f in have}
+    send = [f for f in shelved.manifest.files if (f.name, f.size, f.crc32c) not in held]
+    pairs = shelved.epoch_pairs
+    yield pb.CheckpointChunk(info=pb.CheckpointInfo(
+        manifest_json=shelved.manifest.to_json(), epochs=[e for e, _s in pairs], epoch_starts=[s for _e, s in pairs],
+        leader_log_end=shelved.leader_log_end, send_bytes=sum(f.size for f in send)))
+    buf = bytearray(CHUNK_BYTES)
+    for f in send:
+        path = shelved.directory / f.name
+        offset = 0
+        while offset < f.size or (offset == 0 and f.size == 0):
+            n = await asyncio.to_thread(read_into, path, offset, buf)
+            if not n and f.size:
+                raise FileNotFoundError(f"{path} ended at {offset} of {f.size} bytes")
+            yield encode_data_chunk(f.name, offset, memoryview(buf)[:n])
+            offset += n
+            shelved.last_used = time.monotonic()
+            if not n:
+                break
+
+
+class _ProposedServicer(_FarHorizonServicer):
+    """The recommended leader side (register with :func:`_proposed_handler`)."""
+
+    async def FetchCheckpoint(self, request: pb.FetchCheckpointRequest,  # type: ignore[override]
+                              context: Any) -> AsyncIterator[pb.CheckpointChunk | bytes]:
+        key = (request.module, request.group, request.follower)
+        if request.release:
+            self.shelf.release(key)
+            return
+        shelved = await asyncio.to_thread(self._round, request)
+        async for chunk in stream_checkpoint_encoded(shelved, list(request.have)):
+            yield chunk
+
+
+def _proposed_handler(servicer: _ProposedServicer) -> grpc.GenericRpcHandler:
+    """``millrace.Replication/FetchCheckpoint`` with :func:`_chunk_or_bytes` as its response serializer."""
+    return grpc.method_handlers_generic_handler("millrace.Replication", {
+        "FetchCheckpoint": grpc.unary_stream_rpc_method_handler(
+            servicer.FetchCheckpoint, request_deserializer=pb.FetchCheckpointRequest.FromString,
+            response_serializer=_chunk_or_bytes)})
+
+
+def _raw_copy_handler(source: Path) -> grpc.GenericRpcHandler:
+    """A plain file stream: a JSON list of (name, size), then every file's bytes in 2 MiB raw messages."""
+    files = sorted((p.name, p.stat().st_size) for p in source.iterdir())
+
+    async def fetch(request: bytes, context: Any) -> AsyncIterator[bytes]:
+        yield json.dumps(files).encode()
+        for name, _size in files:
+            with open(source / name, "rb") as fh:
+                while data := fh.read(CHUNK_BYTES):
+                    yield data
+    # no (de)serializers: grpc passes bytes through untouched
+    handler = grpc.unary_stream_rpc_method_handler(fetch)
+    service, method = RAW_METHOD.strip("/").split("/")
+    return grpc.method_handlers_generic_handler(service, {method: handler})
+
+
+async def _serve(kind: str, source: Path, shelf_root: Path) -> None:
+    """Serve until stdin closes (the parent exited or closed it), so a dead parent never leaves us behind."""
+    server = grpc.aio.server(options=GRPC_OPTIONS)
+    shelf: CheckpointShelf | None = None
+    if kind == "far":
+        shelf = CheckpointShelf(shelf_root)
+        pbg.add_ReplicationServicer_to_server(_FarHorizonServicer(source, shelf), server)
+    elif kind == "proposed":
+        shelf = CheckpointShelf(shelf_root)
+        server.add_generic_rpc_handlers((_proposed_handler(_ProposedServicer(source, shelf)),))
+    else:
+        server.add_generic_rpc_handlers((_raw_copy_handler(source),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    print(port, flush=True)
+    try:
+        await asyncio.to_thread(sys.stdin.buffer.read)
+    finally:
+        await server.stop(grace=None)
+        if shelf is not None:
+            shelf.close()
+
+
+class ServerProcess:
+    """One ``--serve`` child: its own interpreter (own GIL), 127.0.0.1 on a free port, stopped by its pid."""
+
+    def __init__(self, kind: str, source: Path, shelf_root: Path) -> None:
+        self.kind = kind
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.catchup", "--serve", kind, "--source", str(source),
+             "--shelf", str(shelf_root)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=Path(__file__).resolve().parent.parent)
+        self.address = f"127.0.0.1:{self._read_port()}"
+
+    def _read_port(self) -> int:
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], SERVER_START_TIMEOUT_S)
+        line = self.proc.stdout.readline() if ready else b""
+        if not line.strip().isdigit():
+            self.stop()
+            raise RuntimeError(f"the {self.kind} server did not start (exit code {self.proc.poll()})")
+        return int(line)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.close()  # the polite way: the child stops its server and its shelf
+                self.proc.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.terminate()
+                try:
+                    self.proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            if stream is not None and not stream.closed:
+                stream.close()
+
+
+# ------------------------------------------------------------------------------------- client side
+
+
+class _ProposedCatchup(Catchup):
+    """The recommended follower side: fsync each file in a background thread as soon as it is complete.
+
+    ``Catchup`` writes every file into the page cache and leaves all of the
+    writeback to ``install``'s fsyncs, after the last byte arrived; flushing
+    file N while file N+1 streams overlaps the disk with the network, and
+    ``install`` then finds clean pages. (A real patch belongs in
+    ``_Incoming.close``/``Catchup._finish``; this subclass reaches into
+    ``_Incoming._fh`` only to prove the effect.)
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._flusher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="catchup-fsync")
+        self._flushing: list[concurrent.futures.Future[None]] = []
+        install_fn = self._install
+
+        def install_after_flush(staging: Path, m: Manifest, pairs: list[tuple[int, int]]) -> str | None:
+            for fut in self._flushing:
+                fut.result()
+            return install_fn(staging, m, pairs)
+        self._install = install_after_flush
+
+    def _finish(self, f: Any, verified: dict[str, ManifestFile]) -> None:
+        fobj = f._fh
+
+        def flush() -> None:
+            fobj.flush()
+            os.fsync(fobj.fileno())
+            fobj.close()
+        fobj.flush()  # the bytes counted so far are in the kernel before the CRC verdict below
+        f._fh = _Closed()
+        self._flushing.append(self._flusher.submit(flush))
+        super()._finish(f, verified)
+
+    def _run(self) -> None:
+        try:
+            super()._run()
+        finally:
+            self._flusher.shutdown(wait=True)
+
+
+class _Closed:
+    """Stands in for a file handed to the flusher, so ``_Incoming.close`` does not close it under it."""
+
+    def close(self) -> None:
+        pass
+
+
+def catchup_copy(address: str, work: Path, manifest: Manifest, proposed: bool = False) -> dict[str, float]:
+    """One production far-horizon transfer into ``work``; seconds in total, copying and installing."""
+    dest = work / "store"
+    marks: dict[str, float] = {}
+
+    def install_fn(staging: Path, m: Manifest, pairs: list[tuple[int, int]]) -> str | None:
+        marks["install_start"] = time.perf_counter()
+        install(staging, m, dest)
+        marks["install_end"] = time.perf_counter()
+        return None
+
+    c = (_ProposedCatchup if proposed else Catchup)("bench", MODULE, 0, "follower", "leader", address, EPOCH, work / "far-horizon",
+                near_lag=1000, install=install_fn, channel_options=GRPC_OPTIONS)
+    t0 = time.perf_counter()
+    c.start()
+    c.thread.join(TRANSFER_TIMEOUT_S)
+    if c.running:
+        c.stop()
+        c.thread.join(30)
+        raise RuntimeError("far-horizon catchup did not finish in time")
+    if c.outcome != "installed" or "install_end" not in marks:
+        raise RuntimeError(f"far-horizon catchup ended {c.outcome!r}")
+    if c.progress.copied_total != manifest.total_bytes():
+        raise RuntimeError(f"catchup copied {c.progress.copied_total} bytes, manifest {manifest.total_bytes()}")
+    return {"total": marks["install_end"] - t0, "copy": marks["install_start"] - t0,
+            "install": marks["install_end"] - marks["install_start"]}
+
+
+def _raw_messages(address: str) -> Iterator[bytes]:
+    with grpc.insecure_channel(address, options=GRPC_OPTIONS) as channel:
+        yield from channel.unary_stream(RAW_METHOD)(b"", timeout=TRANSFER_TIMEOUT_S)
+
+
+def grpc_copy(address: str, dest: Path) -> float:
+    """The plain copy: write each streamed file as it comes, fsync it and, at the end, the directory."""
+    dest.mkdir(parents=True)
+    t0 = time.perf_counter()
+    messages = _raw_messages(address)
+    files = json.loads(next(messages))
+    for name, size in files:
+        with open(dest / name, "wb") as fh:
+            left = size
+            while left > 0:
+                data = next(messages)
+                fh.write(data)
+                left -= len(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+    fsync_dir(dest)
+    elapsed = time.perf_counter() - t0
+    for _ in messages:  # end of stream; closes the channel
+        raise RuntimeError("the raw copy server sent more than the files")
+    return elapsed
+
+
+def cp_copy(source: Path, dest: Path) -> float:
+    """``cp -r`` then ``sync`` of every copied file and the directory (coreutils fsyncs named files)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    subprocess.run(["cp", "-r", str(source), str(dest)], check=True)
+    subprocess.run(["sync", *(str(p) for p in dest.iterdir()), str(dest)], check=True)
+    return time.perf_counter() - t0
+
+
+def verify_installed(store_dir: Path, n_keys: int, applied: int) -> None:
+    """The installed store opens and holds what the leader wrote (once, outside the timed runs)."""
+    s = TaskGroupStore(store_dir, SCHEMAS)
+    try:
+        if s.applied_offset != applied:
+            raise RuntimeError(f"installed store is at offset {s.applied_offset}, expected {applied}")
+        for k in (0, n_keys // 2, n_keys - 1):
+            v = s.select_one(PSTATE, k)
+            if not isinstance(v, bytes) or len(v) != VALUE_BYTES:
+                raise RuntimeError(f"installed store lacks key {k}")
+    finally:
+        s.close()
+
+
+# ------------------------------------------------------------------------------------------- driver
+
+
+def run(root: Path, megabytes: int, rounds: int, prototype: bool = False) -> dict[str, Any]:
+    """Build the dataset, start the servers, alternate the copies ``rounds`` times; medians."""
+    t = time.perf_counter()
+    store, n_keys = fill_store(root / "leader", megabytes)
+    fill_s = time.perf_counter() - t
+    source = root / "checkpoint"
+    t = time.perf_counter()
+    manifest: Manifest = store.checkpoint(source, EPOCH)
+    checkpoint_s = time.perf_counter() - t
+    applied = store.applied_offset
+    store.close()
+    mb = manifest.total_bytes() / 1e6
+    err.log(f"store filled in {fill_s:.1f} s; checkpoint: {len(manifest.files)} files, {mb:.1f} MB "
+            f"(taken in {checkpoint_s:.2f} s)")
+    warm(source)
+    servers: dict[str, ServerProcess] = {}
+    times: dict[str, list[float]] = {k: [] for k in ("far", "far_copy", "far_install", "grpc", "cp", "proposed")}
+    try:
+        for kind in ("far", "raw", *(("proposed",) if prototype else ())):
+            servers[kind] = ServerProcess(kind, source, root / f"shelf-{kind}")
+        for r in range(rounds):
+            work = root / "run"
+            os.sync()  # no writeback left over from the previous copy inside this one
+            f = catchup_copy(servers["far"].address, work / "follower", manifest)
+            if r == 0:
+                verify_installed(work / "follower" / "store", n_keys, applied)
+            shutil.rmtree(work)
+            times["far"].append(f["total"])
+            times["far_copy"].append(f["copy"])
+            times["far_install"].append(f["install"])
+            os.sync()
+            times["grpc"].append(grpc_copy(servers["raw"].address, work / "grpc"))
+            shutil.rmtree(work)
+            os.sync()
+            times["cp"].append(cp_copy(source, work / "cp"))
+            shutil.rmtree(work)
+            line = (f"round {r + 1}/{rounds}: catchup {mb / f['total']:.0f} MB/s (copy {f['copy']:.2f} s, "
+                    f"install {f['install']:.2f} s), grpc copy {mb / times['grpc'][-1]:.0f} MB/s, "
+                    f"cp {mb / times['cp'][-1]:.0f} MB/s")
+            if prototype:
+                os.sync()
+                p = catchup_copy(servers["proposed"].address, work / "follower", manifest, proposed=True)
+                if r == 0:
+                    verify_installed(work / "follower" / "store", n_keys, applied)
+                shutil.rmtree(work)
+                times["proposed"].append(p["total"])
+                line += f", prototype catchup {mb / p['total']:.0f} MB/s"
+            err.log(line)
+    finally:
+        for server in servers.values():
+            server.stop()
+
+    def med(k: str) -> float:
+        return statistics.median(times[k])
+
+    def ratio(k: str, peer: str) -> float:
+        """Median of per-round ratios: a run and its peer right after it share the box's mood."""
+        return round(statistics.median(b / a for a, b in zip(times[k], times[peer], strict=True)), 3)
+
+    out: dict[str, Any] = {
+        "checkpoint_mb": round(mb, 1),
+        "checkpoint_files": len(manifest.files),
+        "catchup_mb_per_s": round(mb / med("far"), 1),
+        "grpc_copy_mb_per_s": round(mb / med("grpc"), 1),
+        "cp_mb_per_s": round(mb / med("cp"), 1),
+        "ratio_vs_grpc_copy": ratio("far", "grpc"),
+        "ratio_vs_cp": ratio("far", "cp"),
+        "catchup_s": round(med("far"), 3),
+        "catchup_copy_s": round(med("far_copy"), 3),
+        "catchup_install_s": round(med("far_install"), 3),
+        "grpc_copy_s": round(med("grpc"), 3),
+        "cp_s": round(med("cp"), 3),
+        "leader_checkpoint_s": round(checkpoint_s, 3),
+        "fill_s": round(fill_s, 1),
+    }
+    if prototype:
+        out["prototype_catchup_mb_per_s"] = round(mb / med("proposed"), 1)
+        out["prototype_ratio_vs_grpc_copy"] = ratio("proposed", "grpc")
+    return out
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="a ~160 MB checkpoint (well under a minute)")
+    ap.add_argument("--mb", type=int, default=None, help="data to write before the checkpoint (512 full, 160 quick)")
+    ap.add_argument("--rounds", type=int, default=5, help="runs of each copy; medians are reported")
+    ap.add_argument("--prototype", action="store_true",
+                    help="also time the far-horizon path with the recommended far_horizon.py changes")
+    ap.add_argument("--dir", help="parent of the working directory (default: the repo's build/, on disk)")
+    ap.add_argument("--serve", choices=("far", "proposed", "raw"), help=argparse.SUPPRESS)
+    ap.add_argument("--source", help=argparse.SUPPRESS)
+    ap.add_argument("--shelf", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.serve:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it stops us
+        asyncio.run(_serve(args.serve, Path(args.source), Path(args.shelf)))
+        return
+
+    megabytes = args.mb or (160 if args.quick else 512)
+    # the Catchup thread logs start and end at WARNING; the progress lines below say it all
+    logging.getLogger("millrace.far_horizon").setLevel(logging.ERROR)
+    # unwind like Ctrl-C: children stopped, temp dirs removed (SIGINT too, in case a shell started us ignoring it)
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
+    parent = Path(args.dir) if args.dir else Path(__file__).resolve().parent.parent / "build"
+    parent.mkdir(parents=True, exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix="millrace-catchup-bench-", dir=parent))
+    t0 = time.monotonic()
+    try:
+        r = run(root, megabytes, args.rounds, args.prototype)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+    goal_met = r["ratio_vs_grpc_copy"] >= GOAL_RATIO_VS_GRPC_COPY
+    console = Console(width=None if sys.stdout.isatty() else 120)
+    table = Table(title=f"far-horizon catchup of a {r['checkpoint_mb']:.0f} MB checkpoint "
+                        f"({r['checkpoint_files']} files) on 127.0.0.1, median of {args.rounds}")
+    for col in ("copy", "MB/s", "seconds", "catchup / this"):
+        table.add_column(col, justify="left" if col == "copy" else "right")
+    table.add_row("far-horizon catchup (Catchup + install)", f"{r['catchup_mb_per_s']:,.1f}", f"{r['catchup_s']:.2f}",
+                  "1.00")
+    table.add_row("  of which streaming + CRC32C", "-", f"{r['catchup_copy_s']:.2f}", "")
+    table.add_row("  of which install (verify, link, fsync)", "-", f"{r['catchup_install_s']:.2f}", "")
+    table.add_row("plain gRPC stream, raw bytes, fsync", f"{r['grpc_copy_mb_per_s']:,.1f}", f"{r['grpc_copy_s']:.2f}",
+                  f"{r['ratio_vs_grpc_copy']:.2f} (goal >= {GOAL_RATIO_VS_GRPC_COPY}: "
+                  f"{'[green]met[/]' if goal_met else '[red]MISSED[/]'})")
+    table.add_row("cp -r + sync", f"{r['cp_mb_per_s']:,.1f}", f"{r['cp_s']:.2f}", f"{r['ratio_vs_cp']:.2f}")
+    if args.prototype:
+        table.add_row("far-horizon catchup, recommended changes (prototype)", f"{r['prototype_catchup_mb_per_s']:,.1f}",
+                      f"{r['checkpoint_mb'] / r['prototype_catchup_mb_per_s']:.2f}",
+                      f"vs gRPC copy: {r['prototype_ratio_vs_grpc_copy']:.2f}")
+    table.add_row("leader checkpoint (flush, links, CRC32C; once)", "-", f"{r['leader_checkpoint_s']:.2f}", "")
+    console.print(table)
+    summary = {
+        "bench": "catchup",
+        "quick": args.quick,
+        "chunk_bytes": CHUNK_BYTES,
+        **r,
+        "goal_ratio_vs_grpc_copy": GOAL_RATIO_VS_GRPC_COPY,
+        "goal_met": goal_met,
+        "seconds": round(time.monotonic() - t0, 1),
+    }
+    print(json.dumps(summary), flush=True)
+
+
+if __name__ == "__main__":
+    main()
