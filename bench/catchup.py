@@ -14,8 +14,9 @@ page cache:
   nodes) whose ``FetchCheckpoint`` is :class:`conductor.node._ReplicationService`'s
   handler minus the cluster: a :class:`~conductor.far_horizon.CheckpointShelf`
   round (hard links of the checkpoint's files, as RocksDB's checkpoint makes),
-  :func:`~conductor.far_horizon.stream_checkpoint` with ``read_chunk`` offloaded
-  to a thread per chunk. The client is the production
+  :func:`~conductor.far_horizon.stream_checkpoint` with ``read_chunk_into`` offloaded
+  to a thread per chunk, served through ``replication_handler`` (data chunks
+  pre-encoded). The client is the production
   :class:`~conductor.far_horizon.Catchup` thread (CRC32C per file as it
   arrives), whose ``install`` callback runs the production
   :func:`pstate.checkpoint.install` into a fresh store directory (checksums
@@ -36,11 +37,6 @@ ratios (adjacent runs share the shared box's mood). The leader's
 ``TaskGroupStore.checkpoint`` (flush + hard links + a CRC32C pass) is timed
 once and reported apart: a production round pays it before streaming.
 
-``--prototype`` adds a fourth copy: the far-horizon path with the changes this
-benchmark recommends for ``conductor/far_horizon.py`` (see
-:class:`_ProposedServicer` and :class:`_ProposedCatchup`), to prove them
-before they land: same manifest, same CRC32C checks, same ``install``.
-
 Prints a table, then as the LAST line one JSON object (DESIGN.md section 7).
 """
 
@@ -48,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import concurrent.futures
 import json
 import logging
 import os
@@ -73,14 +68,15 @@ from conductor.far_horizon import (
     Catchup,
     CheckpointShelf,
     Shelved,
-    read_chunk,
+    read_chunk_into,
+    replication_handler,
     stream_checkpoint,
 )
 from conductor.transport import GRPC_OPTIONS
 from proto import millrace_pb2 as pb
 from proto import millrace_pb2_grpc as pbg
 from pstate import Map, TaskGroupStore
-from pstate.checkpoint import Manifest, ManifestFile, install, read_manifest
+from pstate.checkpoint import Manifest, install, read_manifest
 
 GOAL_RATIO_VS_GRPC_COPY = 0.8
 PSTATE = "$$blobs"
@@ -169,93 +165,10 @@ class _FarHorizonServicer(pbg.ReplicationServicer):
             return
         shelved = await asyncio.to_thread(self._round, request)
 
-        async def read(path: Path, offset: int) -> bytes:
-            return await asyncio.to_thread(read_chunk, path, offset)
-        async for chunk in stream_checkpoint(shelved, list(request.have), read):
+        async def read_into(path: Path, offset: int, buf: bytearray) -> int:
+            return await asyncio.to_thread(read_chunk_into, path, offset, buf)
+        async for chunk in stream_checkpoint(shelved, list(request.have), read_into):
             yield chunk
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def encode_data_chunk(name: str, offset: int, data: bytes | memoryview) -> bytes:
-    """``CheckpointChunk(file=name, file_offset=offset, data=data)`` in wire format, with one copy of ``data``.
-
-    upb's ``SerializeToString`` of a fresh 2 MiB message grows its encode
-    buffer by doubling in a new arena and frees it again: ~3 MB of freshly
-    page-faulted memory per MB sent (glibc trims the heap top each time), the
-    leader's largest per-chunk cost. Fields 2, 3 and 4 are trivial to write by hand.
-    """
-    nb = name.encode()
-    return b"".join((b"\x12", _varint(len(nb)), nb, b"\x18", _varint(offset), b"\x22", _varint(len(data)), data))
-
-
-def read_into(path: Path, offset: int, buf: bytearray) -> int:
-    """``read_chunk`` into a reused buffer: a worker thread allocating 2 MiB per chunk faults in fresh pages of its
-    own malloc arena every time; filling the same bytearray does not."""
-    with open(path, "rb", buffering=0) as fh:
-        fh.seek(offset)
-        return fh.readinto(buf)
-
-
-def _chunk_or_bytes(message: pb.CheckpointChunk | bytes) -> bytes:
-    """FetchCheckpoint's response serializer: pre-encoded data chunks pass through, the info message is serialized."""
-    return message if isinstance(message, bytes) else message.SerializeToString()
-
-
-async def stream_checkpoint_encoded(shelved: Shelved, have: list[pb.CheckpointFile]
-                                   ) -> AsyncIterator[pb.CheckpointChunk | bytes]:
-    """The recommended ``stream_checkpoint``: the same messages, data chunks pre-encoded from one reused buffer.
-
-    Reads stay off the event loop (``asyncio.to_thread``), as the node needs.
-    """
-    held = {(f.name, f.size, f.crc32c) for f in have}
-    send = [f for f in shelved.manifest.files if (f.name, f.size, f.crc32c) not in held]
-    pairs = shelved.epoch_pairs
-    yield pb.CheckpointChunk(info=pb.CheckpointInfo(
-        manifest_json=shelved.manifest.to_json(), epochs=[e for e, _s in pairs], epoch_starts=[s for _e, s in pairs],
-        leader_log_end=shelved.leader_log_end, send_bytes=sum(f.size for f in send)))
-    buf = bytearray(CHUNK_BYTES)
-    for f in send:
-        path = shelved.directory / f.name
-        offset = 0
-        while offset < f.size or (offset == 0 and f.size == 0):
-            n = await asyncio.to_thread(read_into, path, offset, buf)
-            if not n and f.size:
-                raise FileNotFoundError(f"{path} ended at {offset} of {f.size} bytes")
-            yield encode_data_chunk(f.name, offset, memoryview(buf)[:n])
-            offset += n
-            shelved.last_used = time.monotonic()
-            if not n:
-                break
-
-
-class _ProposedServicer(_FarHorizonServicer):
-    """The recommended leader side (register with :func:`_proposed_handler`)."""
-
-    async def FetchCheckpoint(self, request: pb.FetchCheckpointRequest,  # type: ignore[override]
-                              context: Any) -> AsyncIterator[pb.CheckpointChunk | bytes]:
-        key = (request.module, request.group, request.follower)
-        if request.release:
-            self.shelf.release(key)
-            return
-        shelved = await asyncio.to_thread(self._round, request)
-        async for chunk in stream_checkpoint_encoded(shelved, list(request.have)):
-            yield chunk
-
-
-def _proposed_handler(servicer: _ProposedServicer) -> grpc.GenericRpcHandler:
-    """``millrace.Replication/FetchCheckpoint`` with :func:`_chunk_or_bytes` as its response serializer."""
-    return grpc.method_handlers_generic_handler("millrace.Replication", {
-        "FetchCheckpoint": grpc.unary_stream_rpc_method_handler(
-            servicer.FetchCheckpoint, request_deserializer=pb.FetchCheckpointRequest.FromString,
-            response_serializer=_chunk_or_bytes)})
 
 
 def _raw_copy_handler(source: Path) -> grpc.GenericRpcHandler:
@@ -280,10 +193,7 @@ async def _serve(kind: str, source: Path, shelf_root: Path) -> None:
     shelf: CheckpointShelf | None = None
     if kind == "far":
         shelf = CheckpointShelf(shelf_root)
-        pbg.add_ReplicationServicer_to_server(_FarHorizonServicer(source, shelf), server)
-    elif kind == "proposed":
-        shelf = CheckpointShelf(shelf_root)
-        server.add_generic_rpc_handlers((_proposed_handler(_ProposedServicer(source, shelf)),))
+        server.add_generic_rpc_handlers((replication_handler(_FarHorizonServicer(source, shelf)),))
     else:
         server.add_generic_rpc_handlers((_raw_copy_handler(source),))
     port = server.add_insecure_port("127.0.0.1:0")
@@ -338,56 +248,7 @@ class ServerProcess:
 # ------------------------------------------------------------------------------------- client side
 
 
-class _ProposedCatchup(Catchup):
-    """The recommended follower side: fsync each file in a background thread as soon as it is complete.
-
-    ``Catchup`` writes every file into the page cache and leaves all of the
-    writeback to ``install``'s fsyncs, after the last byte arrived; flushing
-    file N while file N+1 streams overlaps the disk with the network, and
-    ``install`` then finds clean pages. (A real patch belongs in
-    ``_Incoming.close``/``Catchup._finish``; this subclass reaches into
-    ``_Incoming._fh`` only to prove the effect.)
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._flusher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="catchup-fsync")
-        self._flushing: list[concurrent.futures.Future[None]] = []
-        install_fn = self._install
-
-        def install_after_flush(staging: Path, m: Manifest, pairs: list[tuple[int, int]]) -> str | None:
-            for fut in self._flushing:
-                fut.result()
-            return install_fn(staging, m, pairs)
-        self._install = install_after_flush
-
-    def _finish(self, f: Any, verified: dict[str, ManifestFile]) -> None:
-        fobj = f._fh
-
-        def flush() -> None:
-            fobj.flush()
-            os.fsync(fobj.fileno())
-            fobj.close()
-        fobj.flush()  # the bytes counted so far are in the kernel before the CRC verdict below
-        f._fh = _Closed()
-        self._flushing.append(self._flusher.submit(flush))
-        super()._finish(f, verified)
-
-    def _run(self) -> None:
-        try:
-            super()._run()
-        finally:
-            self._flusher.shutdown(wait=True)
-
-
-class _Closed:
-    """Stands in for a file handed to the flusher, so ``_Incoming.close`` does not close it under it."""
-
-    def close(self) -> None:
-        pass
-
-
-def catchup_copy(address: str, work: Path, manifest: Manifest, proposed: bool = False) -> dict[str, float]:
+def catchup_copy(address: str, work: Path, manifest: Manifest) -> dict[str, float]:
     """One production far-horizon transfer into ``work``; seconds in total, copying and installing."""
     dest = work / "store"
     marks: dict[str, float] = {}
@@ -398,7 +259,7 @@ def catchup_copy(address: str, work: Path, manifest: Manifest, proposed: bool = 
         marks["install_end"] = time.perf_counter()
         return None
 
-    c = (_ProposedCatchup if proposed else Catchup)("bench", MODULE, 0, "follower", "leader", address, EPOCH, work / "far-horizon",
+    c = Catchup("bench", MODULE, 0, "follower", "leader", address, EPOCH, work / "far-horizon",
                 near_lag=1000, install=install_fn, channel_options=GRPC_OPTIONS)
     t0 = time.perf_counter()
     c.start()
@@ -468,7 +329,7 @@ def verify_installed(store_dir: Path, n_keys: int, applied: int) -> None:
 # ------------------------------------------------------------------------------------------- driver
 
 
-def run(root: Path, megabytes: int, rounds: int, prototype: bool = False) -> dict[str, Any]:
+def run(root: Path, megabytes: int, rounds: int) -> dict[str, Any]:
     """Build the dataset, start the servers, alternate the copies ``rounds`` times; medians."""
     t = time.perf_counter()
     store, n_keys = fill_store(root / "leader", megabytes)
@@ -484,9 +345,9 @@ def run(root: Path, megabytes: int, rounds: int, prototype: bool = False) -> dic
             f"(taken in {checkpoint_s:.2f} s)")
     warm(source)
     servers: dict[str, ServerProcess] = {}
-    times: dict[str, list[float]] = {k: [] for k in ("far", "far_copy", "far_install", "grpc", "cp", "proposed")}
+    times: dict[str, list[float]] = {k: [] for k in ("far", "far_copy", "far_install", "grpc", "cp")}
     try:
-        for kind in ("far", "raw", *(("proposed",) if prototype else ())):
+        for kind in ("far", "raw"):
             servers[kind] = ServerProcess(kind, source, root / f"shelf-{kind}")
         for r in range(rounds):
             work = root / "run"
@@ -507,14 +368,6 @@ def run(root: Path, megabytes: int, rounds: int, prototype: bool = False) -> dic
             line = (f"round {r + 1}/{rounds}: catchup {mb / f['total']:.0f} MB/s (copy {f['copy']:.2f} s, "
                     f"install {f['install']:.2f} s), grpc copy {mb / times['grpc'][-1]:.0f} MB/s, "
                     f"cp {mb / times['cp'][-1]:.0f} MB/s")
-            if prototype:
-                os.sync()
-                p = catchup_copy(servers["proposed"].address, work / "follower", manifest, proposed=True)
-                if r == 0:
-                    verify_installed(work / "follower" / "store", n_keys, applied)
-                shutil.rmtree(work)
-                times["proposed"].append(p["total"])
-                line += f", prototype catchup {mb / p['total']:.0f} MB/s"
             err.log(line)
     finally:
         for server in servers.values():
@@ -543,9 +396,6 @@ def run(root: Path, megabytes: int, rounds: int, prototype: bool = False) -> dic
         "leader_checkpoint_s": round(checkpoint_s, 3),
         "fill_s": round(fill_s, 1),
     }
-    if prototype:
-        out["prototype_catchup_mb_per_s"] = round(mb / med("proposed"), 1)
-        out["prototype_ratio_vs_grpc_copy"] = ratio("proposed", "grpc")
     return out
 
 
@@ -558,10 +408,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="a ~160 MB checkpoint (well under a minute)")
     ap.add_argument("--mb", type=int, default=None, help="data to write before the checkpoint (512 full, 160 quick)")
     ap.add_argument("--rounds", type=int, default=5, help="runs of each copy; medians are reported")
-    ap.add_argument("--prototype", action="store_true",
-                    help="also time the far-horizon path with the recommended far_horizon.py changes")
     ap.add_argument("--dir", help="parent of the working directory (default: the repo's build/, on disk)")
-    ap.add_argument("--serve", choices=("far", "proposed", "raw"), help=argparse.SUPPRESS)
+    ap.add_argument("--serve", choices=("far", "raw"), help=argparse.SUPPRESS)
     ap.add_argument("--source", help=argparse.SUPPRESS)
     ap.add_argument("--shelf", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -581,7 +429,7 @@ def main(argv: list[str] | None = None) -> None:
     root = Path(tempfile.mkdtemp(prefix="millrace-catchup-bench-", dir=parent))
     t0 = time.monotonic()
     try:
-        r = run(root, megabytes, args.rounds, args.prototype)
+        r = run(root, megabytes, args.rounds)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -599,10 +447,6 @@ def main(argv: list[str] | None = None) -> None:
                   f"{r['ratio_vs_grpc_copy']:.2f} (goal >= {GOAL_RATIO_VS_GRPC_COPY}: "
                   f"{'[green]met[/]' if goal_met else '[red]MISSED[/]'})")
     table.add_row("cp -r + sync", f"{r['cp_mb_per_s']:,.1f}", f"{r['cp_s']:.2f}", f"{r['ratio_vs_cp']:.2f}")
-    if args.prototype:
-        table.add_row("far-horizon catchup, recommended changes (prototype)", f"{r['prototype_catchup_mb_per_s']:,.1f}",
-                      f"{r['checkpoint_mb'] / r['prototype_catchup_mb_per_s']:.2f}",
-                      f"vs gRPC copy: {r['prototype_ratio_vs_grpc_copy']:.2f}")
     table.add_row("leader checkpoint (flush, links, CRC32C; once)", "-", f"{r['leader_checkpoint_s']:.2f}", "")
     console.print(table)
     summary = {

@@ -39,6 +39,14 @@ class ReplicaCollector(Collector):
         entries = CounterMetricFamily("millrace_entries_applied", "replog entries applied", labels=labels)
         flushes = CounterMetricFamily("millrace_replog_flushes", "replog fsyncs (one per drain: group commit)",
                                       labels=labels)
+        installs = CounterMetricFamily("millrace_far_horizon_installs", "far-horizon checkpoints installed",
+                                       labels=labels)
+        copied = CounterMetricFamily("millrace_far_horizon_bytes", "bytes copied by far-horizon catchup",
+                                     labels=labels)
+        refetched = CounterMetricFamily("millrace_far_horizon_refetched_files",
+                                        "checkpoint files that arrived damaged and were fetched again", labels=labels)
+        retained = CounterMetricFamily("millrace_replog_deleted_bytes", "replog bytes deleted by retention",
+                                       labels=labels)
         for host in self.replicas():
             s = host.status()
             lv = [self.node_id, host.module, str(host.group)]
@@ -56,7 +64,12 @@ class ReplicaCollector(Collector):
             appends.add_metric(lv, host.stats["appends"])
             entries.add_metric(lv, host.stats["entries_applied"])
             flushes.add_metric(lv, host.stats["flushes"])
-        yield from (role, epoch, log_end, log_start, applied, isr, stalled, lag, appends, entries, flushes)
+            installs.add_metric(lv, host.stats["far_horizon_installs"])
+            copied.add_metric(lv, host.stats["far_horizon_bytes"])
+            refetched.add_metric(lv, host.stats["far_horizon_refetched_files"])
+            retained.add_metric(lv, host.stats["replog_deleted_bytes"])
+        yield from (role, epoch, log_end, log_start, applied, isr, stalled, lag, appends, entries, flushes,
+                    installs, copied, refetched, retained)
 
 
 def node_registry(node_id: str, replicas: Callable[[], Iterable[Any]]) -> CollectorRegistry:

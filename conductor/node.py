@@ -34,9 +34,11 @@ from conductor import placement
 from conductor.far_horizon import (
     INSTALL_TIMEOUT_S,
     Catchup,
+    CatchupProgress,
     CheckpointShelf,
     Shelved,
-    read_chunk,
+    read_chunk_into,
+    replication_handler,
     stream_checkpoint,
 )
 from conductor.group_store import GroupStore
@@ -142,7 +144,7 @@ class Node:
         self.server = grpc.aio.server(options=GRPC_OPTIONS)
         admin_pb2_grpc.add_AdminServicer_to_server(_AdminService(self), self.server)
         pbg.add_ClientServicer_to_server(_ClientService(self), self.server)
-        pbg.add_ReplicationServicer_to_server(_ReplicationService(self), self.server)
+        self.server.add_generic_rpc_handlers((replication_handler(_ReplicationService(self)),))
         self.port = self.server.add_insecure_port(f"127.0.0.1:{self.port}")
         await self.server.start()
         self.transport = PeerTransport(self.node_id, self.loop, self._resolve,
@@ -443,7 +445,7 @@ class Node:
 
         host.catchup = Catchup(host.name, host.module, host.group, self.node_id, leader, address, epoch,
                                host.dir / "far-horizon", host.config.max_near_sync_message_lag, install,
-                               channel_options=GRPC_OPTIONS)
+                               channel_options=GRPC_OPTIONS, on_done=functools.partial(_count_catchup, host))
         host.catchup.start()
 
     def checkpoint_round(self, request: pb.FetchCheckpointRequest) -> Shelved:
@@ -491,6 +493,12 @@ class Node:
         return host
 
 
+def _count_catchup(host: ReplicaHost, p: CatchupProgress) -> None:
+    """A finished transfer's totals, for the node's metrics (its thread is the only writer of these keys)."""
+    host.stats["far_horizon_bytes"] += p.copied_total
+    host.stats["far_horizon_refetched_files"] += p.refetched
+
+
 # ------------------------------------------------------------------------------------ services
 
 
@@ -523,7 +531,7 @@ class _ReplicationService(pbg.ReplicationServicer):
         return pb.DeliverSummary(frames=n)
 
     async def FetchCheckpoint(self, request: pb.FetchCheckpointRequest,
-                              context: Any) -> AsyncIterator[pb.CheckpointChunk]:
+                              context: Any) -> AsyncIterator[pb.CheckpointChunk | bytes]:
         node = self.node
         key = (request.module, request.group, request.follower)
         if request.release:
@@ -535,9 +543,9 @@ class _ReplicationService(pbg.ReplicationServicer):
             await _abort(context, e)
             return
 
-        async def read(path: Path, offset: int) -> bytes:
-            return await asyncio.to_thread(read_chunk, path, offset)
-        async for chunk in stream_checkpoint(shelved, list(request.have), read):
+        async def read_into(path: Path, offset: int, buf: bytearray) -> int:
+            return await asyncio.to_thread(read_chunk_into, path, offset, buf)
+        async for chunk in stream_checkpoint(shelved, list(request.have), read_into):
             yield chunk
 
 

@@ -191,7 +191,8 @@ class ReplicaHost:
         self._apply_later = -1
         self.thread = threading.Thread(target=self._run, name=f"task-{self.name}", daemon=True)
         #: counters for metrics and `conductor status`
-        self.stats = {"appends": 0, "entries_applied": 0, "flushes": 0}
+        self.stats = {"appends": 0, "entries_applied": 0, "flushes": 0, "far_horizon_installs": 0,
+                      "far_horizon_bytes": 0, "far_horizon_refetched_files": 0, "replog_deleted_bytes": 0}
         self.last_error: str | None = None
         log.info("%s: opened replica on %s (log [%d, %d), applied %d)", self.name, node_id,
                  self.log.start_offset, self.log.end_offset, applied)
@@ -560,6 +561,7 @@ class ReplicaHost:
         point = self.replica.retention_point(self.store.applied_offset)
         freed = self.log.delete_segments_below(point)
         if freed:
+            self.stats["replog_deleted_bytes"] += freed
             self._feed(LogStartAdvanced(self.log.start_offset))
             log.info("%s: retention deleted %.1f MB of replog below offset %d (log now [%d, %d))", self.name,
                      freed / 1e6, self.log.start_offset, self.log.start_offset, self.log.end_offset)
@@ -613,6 +615,7 @@ class ReplicaHost:
         self.store.install_checkpoint(staging, manifest)
         self.log.reset(upto + 1)
         self.replica = self._new_replica(r.session, upto)
+        self.stats["far_horizon_installs"] += 1
         if not r.session_ok:
             self._feed(SessionExpired())
         log.warning("%s: installed a checkpoint up to offset %d from %s; replaying from %d", self.name, upto,

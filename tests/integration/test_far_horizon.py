@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -38,6 +39,14 @@ def dc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[DevCluster]:
         cluster.stop()
 
 
+def _metric(text: str, name: str, labels: str) -> float:
+    """The value of ``name`` for group 0 with ``labels`` in a Prometheus text exposition."""
+    for line in text.splitlines():
+        if line.startswith(name + "{") and labels in line and 'group="0"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} for {labels} not exported")
+
+
 def replog_bytes(dc: DevCluster, node: str, module: str, group: int) -> int:
     d = dc.node_dir(node) / module / str(group) / "replog"
     return sum(f.stat().st_size for f in d.iterdir() if f.is_file()) if d.exists() else 0
@@ -68,6 +77,13 @@ def test_stopped_follower_catches_up_by_far_horizon(dc: DevCluster) -> None:
     assert "installed a checkpoint up to offset" in log_text, "caught up without far horizon"
     assert "arrived damaged" in log_text, "the corrupted chunk was not detected"
     assert "far-horizon catchup from" in log_text and ": installed after" in log_text
+    metrics_at = (dc.node_dir(follower) / "node.metrics").read_text()
+    with urllib.request.urlopen(f"http://{metrics_at}/metrics", timeout=5) as resp:
+        metrics = resp.read().decode()
+    label = f'module="Clicks",node="{follower}"'
+    assert _metric(metrics, "millrace_far_horizon_installs_total", label) >= 1
+    assert _metric(metrics, "millrace_far_horizon_refetched_files_total", label) >= 1
+    assert _metric(metrics, "millrace_far_horizon_bytes_total", label) > 0
 
     # No checkpoint outlives its transfer on the leader (the follower released it).
     wait_for(lambda: not any((dc.node_dir(st.leader) / "checkpoints").iterdir()), 10,

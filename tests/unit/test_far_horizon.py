@@ -8,7 +8,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from conductor.far_horizon import CHUNK_BYTES, CheckpointShelf, Shelved, read_chunk, stream_checkpoint
+from conductor.far_horizon import (
+    CHUNK_BYTES,
+    CheckpointShelf,
+    Shelved,
+    decode_chunk,
+    encode_data_chunk,
+    read_chunk_into,
+    stream_checkpoint,
+)
 from proto import millrace_pb2 as pb
 from pstate.checkpoint import take_checkpoint
 
@@ -46,11 +54,13 @@ def test_round_streams_only_missing_files_in_order(tmp_path: Path) -> None:
     held = next(f for f in shelved.manifest.files if f.name == "held.sst")
     have = [pb.CheckpointFile(name=held.name, size=held.size, crc32c=held.crc32c)]
 
-    async def read(path: Path, offset: int) -> bytes:
-        return read_chunk(path, offset)
+    async def read_into(path: Path, offset: int, buf: bytearray) -> int:
+        return read_chunk_into(path, offset, buf)
 
     async def collect() -> list[pb.CheckpointChunk]:
-        return [c async for c in stream_checkpoint(shelved, have, read)]
+        # Data chunks come pre-encoded: protobuf must read them as the message they claim to be.
+        return [c if isinstance(c, pb.CheckpointChunk) else pb.CheckpointChunk.FromString(c)
+                async for c in stream_checkpoint(shelved, have, read_into)]
 
     chunks = asyncio.run(collect())
     info = chunks[0].info
@@ -63,3 +73,20 @@ def test_round_streams_only_missing_files_in_order(tmp_path: Path) -> None:
         buf += c.data
     assert set(got) == {"big.sst", "empty.log"}, "a file the follower verified is not sent again"
     assert bytes(got["big.sst"]) == big and got["empty.log"] == b""
+
+
+def test_chunk_codec_agrees_with_protobuf() -> None:
+    for name, offset, data in (("000016.sst", 0, b""), ("MANIFEST-000005", 300, b"abc"),
+                               ("x" * 200, 2**40, os.urandom(CHUNK_BYTES))):
+        raw = encode_data_chunk(name, offset, memoryview(data))
+        m = pb.CheckpointChunk.FromString(raw)
+        assert (m.file, m.file_offset, m.data) == (name, offset, data)
+        got = decode_chunk(raw)
+        assert isinstance(got, tuple) and (got[0], got[1], bytes(got[2])) == (name, offset, data)
+    # Another encoder's field order and the round's description still decode, through protobuf.
+    other = pb.CheckpointChunk(data=b"zz", file="a.sst", file_offset=7).SerializeToString()
+    got = decode_chunk(other)
+    assert isinstance(got, tuple) and (got[0], got[1], bytes(got[2])) == ("a.sst", 7, b"zz")
+    info = pb.CheckpointChunk(info=pb.CheckpointInfo(leader_log_end=9)).SerializeToString()
+    desc = decode_chunk(info)
+    assert isinstance(desc, pb.CheckpointChunk) and desc.info.leader_log_end == 9
