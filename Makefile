@@ -77,6 +77,7 @@ bench: setup
 	$(PY) -m bench.pstate --quick
 	$(PY) -m bench.cluster_append --quick
 	$(PY) -m bench.microbatch --quick
+	$(PY) -m bench.catchup --quick
 
 clean:
 	rm -rf $(BUILD) $(VENV) proto/*_pb2*.py proto/*_pb2.pyi
