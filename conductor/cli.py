@@ -49,7 +49,7 @@ from conductor import status as cluster_status
 from conductor.controller import Conductor, Switch
 from conductor.devcluster import DevCluster, stop_from_state
 from conductor.metastore import MetastoreError, MetastoreUnavailable, ModuleExists
-from conductor.module_spec import KNOWN_OPTIONS, ModuleSpec, SpecError, UnknownOption
+from conductor.module_spec import KNOWN_OPTIONS, SEGMENT_BYTES, ModuleSpec, SpecError, UnknownOption
 from conductor.runtime_env import EnvironmentBroken
 from topology.module import ModuleDefinitionError, load_module
 
@@ -560,9 +560,10 @@ def set_option(
 ) -> None:
     """Change a module option (validated first; an unknown key lists the known ones).
 
-    The value is stored in the module's spec in ZooKeeper. Worker nodes read
-    options when they open a module, so today a running worker applies the new
-    value after it restarts; the output says so rather than implying a live change.
+    The value is stored in the module's spec in ZooKeeper; worker nodes watch
+    the spec and hand replication options to their replicas at once (a leader
+    re-evaluates its ISR under a new min-ISR or lag). ``replog.segment.bytes``
+    applies when a worker next opens the module.
     """
     with _operator_errors():
         if key not in KNOWN_OPTIONS:  # before connecting: a typo needs no cluster to be refused
@@ -572,8 +573,9 @@ def set_option(
             old = f"{spec.option(key)}" + ("" if key in spec.options else " (default)")
             updated = conductor.ms.set_option(module, key, value)
         console.print(Text.assemble((module, "bold"), f" {key}: {old} -> ", (str(updated.option(key)), "bold green")))
-        console.print(Text(f"{KNOWN_OPTIONS[key].doc}. Stored in ZooKeeper; running workers read options when "
-                           "they open the module, so they apply it after a restart.", style="dim"))
+        when = ("workers apply it when they next open the module (restart)" if key == SEGMENT_BYTES
+                else "running workers apply it now")
+        console.print(Text(f"{KNOWN_OPTIONS[key].doc}. Stored in ZooKeeper; {when}.", style="dim"))
 
 
 def _per_node(ms: Any, modules: list[str]) -> str:

@@ -644,6 +644,27 @@ class Metastore:
         except NoNodeError:
             pass
 
+    def watch_module(self, module: str, callback: Callable[[ModuleSpec | None], None]) -> WatchHandle:
+        """Call ``callback(spec)`` now and on every change of the module's spec (options); ``None`` once deleted."""
+        handle = WatchHandle()
+        path = module_path(module)
+
+        def on_data(data: bytes | None, stat: Any) -> bool:
+            if handle.cancelled or self._closed:
+                return False
+            spec: ModuleSpec | None = None
+            if data:
+                try:
+                    spec = ModuleSpec.from_json(data)
+                except ValueError:
+                    log.error("ignoring malformed module spec at %s: %r", path, data)
+                    return True
+            self._dispatcher.submit(lambda: None if handle.cancelled else callback(spec))
+            return True
+
+        self.zk.DataWatch(path, on_data)
+        return handle
+
     def watch_resign(self, module: str, group: int,
                      callback: Callable[[dict[str, Any] | None], None]) -> WatchHandle:
         """Call ``callback(request)`` now and whenever the group's resign request is set, ``None`` once gone."""

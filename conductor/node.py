@@ -57,6 +57,7 @@ from replog.config import ReplicationConfig
 from replog.errors import NotLeader, ReplogError
 from replog.messages import (
     Ack,
+    ConfigChanged,
     GroupState,
     IsrChanged,
     IsrChangeFailed,
@@ -278,6 +279,7 @@ class Node:
             host.start()
         for g in groups:
             self.metastore.watch_group(module, g, functools.partial(self._on_group, rt, g))
+        self.metastore.watch_module(module, functools.partial(self._on_spec, rt))
         for g in rt.hosts:
             self.metastore.watch_resign(module, g, functools.partial(self._on_resign, rt, g))
         if any(r.active for r in rt.runners.values()) and self.loop is not None:
@@ -285,6 +287,20 @@ class Node:
                 self._tasks.append(asyncio.run_coroutine_threadsafe(self._consume_foreign(rt, g, host), self.loop))
         log.warning("node %s hosts %d replica(s) of module %s: groups %s", self.node_id, len(rt.hosts), module,
                     sorted(rt.hosts))
+
+    def _on_spec(self, rt: ModuleRuntime, spec: ModuleSpec | None) -> None:
+        """`conductor set-option`: hand the replicas the new replication options (they apply at once)."""
+        if spec is None or spec.module_ref != rt.spec.module_ref:
+            return  # deleted (the modules watch closes it), or redeployed as another module (reopened)
+        config = replication_config(spec)
+        if config == replication_config(rt.spec):
+            return
+        changed = {k: v for k, v in spec.effective_options().items() if rt.spec.effective_options().get(k) != v}
+        rt.spec = spec
+        log.warning("module %s options changed: %s; applying them to %d local replica(s)", spec.name,
+                    ", ".join(f"{k}={v}" for k, v in sorted(changed.items())), len(rt.hosts))
+        for host in rt.hosts.values():
+            host.post(ConfigChanged(config))
 
     def _on_group(self, rt: ModuleRuntime, g: int, st: placement.GroupState | None, version: int) -> None:
         if st is None:

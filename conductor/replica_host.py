@@ -35,6 +35,7 @@ from replog.messages import (
     Apply,
     ChangeIsr,
     ClientAppend,
+    ConfigChanged,
     Event,
     GroupState,
     HandOff,
@@ -272,6 +273,8 @@ class ReplicaHost:
         else:
             if isinstance(item, MetastoreChanged):
                 self._znode = item.state
+            elif isinstance(item, ConfigChanged):
+                self.config = item.config
             self._feed(item)
 
     def _client_appends(self, ps: list[PendingEntry]) -> None:

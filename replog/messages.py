@@ -57,6 +57,7 @@ MetastoreChanged             the group znode watch, and once at start-up
 IsrChanged / IsrChangeFailed the outcome of a ChangeIsr CAS
 SessionExpired / Started     the ZooKeeper session listener
 LogStartAdvanced             the driver deleted log segments (retention)
+ConfigChanged                the module znode watch (``conductor set-option``)
 ResignRequested              the group's resign znode watch (the conductor balancing leaders)
 Replicate                    a frame from the leader, built from its SendEntries
 ReplicateAck, Epoch*         a peer's Send
@@ -86,6 +87,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from replog.config import ReplicationConfig
 from replog.errors import ReplogError
 
 
@@ -197,6 +199,16 @@ class SessionStarted:
 
 
 @dataclass(frozen=True, slots=True)
+class ConfigChanged:
+    """An operator changed the module's options (``conductor set-option``); they apply from now on.
+
+    The replication factor is fixed by placement and cannot change this way.
+    """
+
+    config: ReplicationConfig
+
+
+@dataclass(frozen=True, slots=True)
 class ResignRequested:
     """The conductor asks the leader of ``epoch`` to hand leadership to ``to`` (which leads under ``to_session``).
 
@@ -288,6 +300,7 @@ Event = (
     | SessionExpired | SessionStarted | Replicate | ReplicateAck | EpochRequest | EpochResponse
     | LogStartAdvanced
     | ResignRequested
+    | ConfigChanged
 )
 
 # ----------------------------------------------------------------------------------------------- actions

@@ -73,6 +73,7 @@ from replog.messages import (
     Apply,
     ChangeIsr,
     ClientAppend,
+    ConfigChanged,
     EpochRequest,
     EpochResponse,
     Event,
@@ -246,6 +247,8 @@ class Replica:
             self._on_log_start(event.start)
         elif isinstance(event, ResignRequested):
             self._on_resign_requested(event)
+        elif isinstance(event, ConfigChanged):
+            self._on_config(event.config)
         else:  # pragma: no cover - the Event union is closed
             raise TypeError(f"not a replication event: {event!r}")
         out, self._out = self._out, []
@@ -301,6 +304,21 @@ class Replica:
                     return self.log_start  # unknown need (reconciles within a round trip): keep all
                 keep = min(keep, p.held + 1, p.acked_end)
         return max(self.log_start, keep)
+
+    def _on_config(self, config: ReplicationConfig) -> None:
+        """New limits apply at once; a leader re-evaluates its ISR and apply offset under them.
+
+        Safety does not depend on the values (the rules hold for any min-ISR,
+        lag or timeout): lowering min-ISR is how an operator chooses to unstall
+        a group with fewer copies, as Kafka's dynamic min.insync.replicas.
+        """
+        assert config.replication_factor == self.config.replication_factor, (
+            f"replication factor cannot change live ({self.config.replication_factor} -> {config.replication_factor})")
+        self.config = config
+        if self._ls is not None:
+            self._maybe_change_isr()
+            self._advance_apply()
+            self._pump_all()
 
     def _on_log_start(self, start: int) -> None:
         assert start >= self.log_start, f"log start went back from {self.log_start} to {start}"

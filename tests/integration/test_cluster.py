@@ -13,6 +13,7 @@ import pytest
 
 from conductor.client import Cluster
 from conductor.devcluster import DevCluster
+from conductor.metastore import Metastore
 from proto import millrace_pb2 as pb
 from proto import millrace_pb2_grpc as pbg
 from replog.errors import StalledGroup
@@ -188,3 +189,31 @@ def test_standby_conductor_takes_over_and_failover_still_works(tmp_path: Path) -
         assert "is now active" in log
         with Cluster.connect(dc.hosts, timeout_s=20) as cluster:
             assert cluster.depot("Clicks", "*raw").append({"user": "x", "id": "after-ha"}, ack="applied") >= 0
+
+
+def test_set_option_applies_live_lowering_min_isr_unstalls(dc: DevCluster) -> None:
+    """Two followers down stall min-ISR 2; the operator lowers min-ISR to 1 and the running leader applies."""
+    groups = deploy(dc, options={"replication.min.isr": "2", "replication.max.time.lag.millis": "1500",
+                                 "replication.depot.append.timeout.millis": "3000"})
+    leader = groups[0].leader
+    followers = [r for r in groups[0].replicas if r != leader]
+    with Cluster.connect(dc.hosts, timeout_s=10) as cluster:
+        raw = cluster.depot("Clicks", "*raw")
+        for f in followers:
+            dc.nodes[f].stop()
+        wait_for(lambda: _stalled(raw), 30, "appends to fail with StalledGroup")
+        with Metastore(dc.hosts) as ms:
+            ms.set_option("Clicks", "replication.min.isr", "1")
+        assert wait_for(lambda: _try_append(raw, {"user": "a", "id": "live"}), 30,
+                        "the running leader to apply under the new min-ISR")
+        assert groups_of(dc, "Clicks")[0].isr == (leader,)
+
+
+def _stalled(depot) -> bool:
+    try:
+        depot.append({"user": "a", "id": "probe"}, ack="applied")
+    except StalledGroup:
+        return True
+    except Exception:
+        pass
+    return False

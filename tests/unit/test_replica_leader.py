@@ -15,6 +15,7 @@ from replog.messages import (
     Apply,
     ChangeIsr,
     ClientAppend,
+    ConfigChanged,
     EpochRequest,
     EpochResponse,
     GroupState,
@@ -241,3 +242,22 @@ def test_session_expiry_stops_writes_and_applies() -> None:
     assert isinstance(of(out, Reply)[0].error, NotLeader)
     assert ack(r, "b", 0) == [] and ack(r, "c", 0) == []
     assert r.applied == -1
+
+
+def test_lowering_min_isr_live_unstalls_the_group() -> None:
+    """`conductor set-option ... replication.min.isr` reaches a running leader as ConfigChanged."""
+    r, _ = make_leader(min_isr=3)
+    r.handle(ClientAppend(1, 1, 10, Ack.APPLIED, data=[b"x"]), 1)
+    r.handle(LocalFlushed(1), 2)
+    ack(r, "b", 0, now=3)
+    r.handle(Tick(), 300)  # c lags beyond max_time_lag_ms, but dropping it would break min-ISR 3
+    assert r.stalled and r.apply_offset == -1
+    out = r.handle(ConfigChanged(ReplicationConfig(replication_factor=3, min_isr=2, max_time_lag_ms=100,
+                                                   append_timeout_ms=500, heartbeat_interval_ms=50)), 301)
+    (cas,) = of(out, ChangeIsr)
+    assert cas.new.isr == ("a", "b") and cas.new.osr == ("c",)
+    out = r.handle(IsrChanged(cas.new), 302)
+    assert r.apply_offset == 0 and not r.stalled
+    assert [x.request_id for x in of(out, Reply) if x.error is None] == [1]
+    with pytest.raises(AssertionError, match="replication factor"):
+        r.handle(ConfigChanged(ReplicationConfig(replication_factor=5)), 303)
