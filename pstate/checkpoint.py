@@ -67,14 +67,16 @@ class Manifest:
         return sum(f.size for f in self.files)
 
 
-def file_crc(path: str) -> tuple[int, int]:
-    """(size, CRC32C) of a file, streamed."""
+def file_crc(path: str, *, fsync: bool = False) -> tuple[int, int]:
+    """(size, CRC32C) of a file, streamed; with ``fsync``, also made durable."""
     crc = 0
     size = 0
-    with open(path, "rb") as fh:
+    with open(path, "rb+" if fsync else "rb") as fh:
         while chunk := fh.read(_CHUNK):
             crc = crc32c.crc32c(chunk, crc)
             size += len(chunk)
+        if fsync:
+            os.fsync(fh.fileno())
     return size, crc
 
 
@@ -93,14 +95,7 @@ def _link_or_copy(src: str, dest: str) -> tuple[int, int]:
         if isinstance(exc, FileNotFoundError):
             raise
         shutil.copyfile(src, dest)
-    crc = 0
-    size = 0
-    with open(dest, "rb+") as fh:
-        while chunk := fh.read(_CHUNK):
-            crc = crc32c.crc32c(chunk, crc)
-            size += len(chunk)
-        os.fsync(fh.fileno())
-    return size, crc
+    return file_crc(dest, fsync=True)
 
 
 def _fsync_dir(path: str) -> None:
