@@ -1,0 +1,158 @@
+"""millrace.depot's vectorized msgpack -> Arrow decoder against the general (msgpack + pyarrow) path.
+
+The fast path must produce exactly the columns the general path would, or
+give the batch up (and then the general path decides, errors included).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+import msgpack
+import pyarrow as pa
+import pytest
+from pyspark.sql.types import (
+    BooleanType,
+    ByteType,
+    DoubleType,
+    IntegerType,
+    LongType,
+    ShortType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+from topology.spark.depot_source import FlatDecoder, RowBuilder, ValueSchemaMismatch
+
+SCHEMA = StructType([
+    StructField("task", IntegerType()), StructField("offset", LongType()), StructField("epoch", LongType()),
+    StructField("s", StringType()), StructField("i", LongType()), StructField("j", IntegerType()),
+    StructField("h", ShortType()), StructField("b", ByteType()), StructField("d", DoubleType()),
+    StructField("f", BooleanType()), StructField("a_rather_long_field_name", StringType()),
+])
+FIELDS = ["s", "i", "j", "h", "b", "d", "f", "a_rather_long_field_name", "extra", "x"]
+
+
+def general(rb: RowBuilder, raw: list[bytes]) -> dict[str, pa.Array] | type[Exception]:
+    try:
+        return rb._general(0, 0, raw)
+    except Exception as e:  # the kind of error is what is compared
+        return type(e)
+
+
+def same(a: list[Any], b: list[Any]) -> bool:
+    return len(a) == len(b) and all(x == y or (isinstance(x, float) and math.isnan(x) and math.isnan(y))
+                                    for x, y in zip(a, b, strict=True))
+
+
+def check(rb: RowBuilder, raw: list[bytes]) -> bool:
+    """True if the fast path decoded the batch (and matched the general path), False if it gave up."""
+    fast = rb.flat.decode(raw)
+    if fast is None:
+        return False
+    want = general(rb, raw)
+    assert isinstance(want, dict), f"fast path decoded a batch the general path rejects ({want})"
+    for name, arr in zip(rb.fields, fast, strict=True):
+        arr.validate(full=True)
+        assert arr.type == want[name].type, name
+        assert arr.null_count == want[name].null_count, name
+        assert same(arr.to_pylist(), want[name].to_pylist()), name
+    batch = rb.batch(3, 100, 7, raw)
+    assert batch.schema == rb.arrow_schema
+    assert batch.column("offset").to_pylist() == list(range(100, 100 + len(raw)))
+    return True
+
+
+def test_uniform_records_take_the_fast_path_and_match() -> None:
+    rb = RowBuilder(SCHEMA, json_value=False)
+    recs = [{"s": f"u{i % 1000}", "i": i * 7919 - 10**6, "j": -i, "h": i % 30000, "b": i % 100 - 50,
+             "d": i / 3 if i % 2 else i, "f": i % 3 == 0, "a_rather_long_field_name": "é" * (i % 40),
+             "extra": [1, 2] if i % 2 else None} for i in range(5000)]
+    # "extra" holds a non-empty list: not skippable, so the fast path gives up; without it, it must decode
+    assert not check(rb, [msgpack.packb(r) for r in recs])
+    for r in recs:
+        r["extra"] = b"\x00\x01" if r["i"] % 2 else 1.5
+    assert check(rb, [msgpack.packb(r) for r in recs])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_batches_match_the_general_path_or_fall_back(seed: int) -> None:
+    rng = random.Random(seed)
+
+    def scalar() -> Any:
+        return rng.choice([
+            None, True, False, rng.randrange(-2**63, 2**63), rng.randrange(2**63, 2**64), rng.randrange(-40, 200),
+            rng.randrange(-2**31, 2**31), rng.random() * 1e9, float(rng.randrange(-2**54, 2**54)), "",
+            "".join(rng.choice("ab€😀\x00") for _ in range(rng.randrange(40))), "y" * rng.choice([31, 32, 256, 70000]),
+            b"\xff\x00", [], {}, [1], {"k": 1}, msgpack.ExtType(1, (2**70).to_bytes(10, "big", signed=True)),
+        ])
+
+    typed = {"s": lambda: rng.choice(["u1", "€", "", "x" * 40]), "i": lambda: rng.randrange(-2**63, 2**63),
+             "j": lambda: rng.randrange(-2**31, 2**31), "h": lambda: rng.randrange(-2**15, 2**15),
+             "b": lambda: rng.randrange(-128, 128), "d": lambda: rng.choice([rng.random(), rng.randrange(-99, 99)]),
+             "f": lambda: rng.random() < 0.5, "a_rather_long_field_name": lambda: "v" * rng.randrange(3),
+             "extra": scalar, "x": scalar}
+    rb = RowBuilder(SCHEMA, json_value=False)
+    fast = 0
+    for _ in range(300):
+        messy = rng.random() < 0.5
+        uniform = rng.random() < 0.5
+        keys = rng.sample(FIELDS, rng.randrange(len(FIELDS) + 1))
+        recs = []
+        for _r in range(rng.randrange(1, 40)):
+            ks = keys if uniform else rng.sample(FIELDS, rng.randrange(len(FIELDS) + 1))
+            recs.append({k: scalar() if messy and rng.random() < 0.1 else None if rng.random() < 0.05
+                         else typed[k]() for k in ks})
+        raw = [msgpack.packb(r, use_bin_type=True, use_single_float=rng.random() < 0.2) for r in recs]
+        if rng.random() < 0.05:
+            raw[rng.randrange(len(raw))] = msgpack.packb(rng.choice([1, "x", [1], None, {1: 2}]))
+        fast += check(rb, raw)
+    assert fast > 50  # the fast path is not vacuous
+
+
+def test_map16_records_and_map_headers() -> None:
+    rb = RowBuilder(SCHEMA, json_value=False)
+    recs = [{"s": "a", "i": n, **{f"k{k}": k for k in range(20)}} for n in range(10)]
+    assert check(rb, [msgpack.packb(r) for r in recs])
+
+
+def test_what_the_fast_path_refuses_still_fails_or_decodes_the_general_way() -> None:
+    rb = RowBuilder(SCHEMA, json_value=False)
+    assert rb.flat.decode([b"\x81\xa1s\xa2\xff\xfe"]) is None  # invalid UTF-8
+    with pytest.raises(UnicodeDecodeError):
+        rb.batch(0, 0, 1, [b"\x81\xa1s\xa2\xff\xfe"])
+    dup = b"\x82\xa1i\x01\xa1i\x02"  # {"i": 1, "i": 2}: msgpack keeps the last
+    assert rb.flat.decode([dup]) is None
+    assert rb.batch(0, 0, 1, [dup]).column("i").to_pylist() == [2]
+    with pytest.raises(ValueSchemaMismatch, match="offset 5"):
+        rb.batch(0, 5, 1, [msgpack.packb({"j": 2**40})])
+    with pytest.raises(ValueSchemaMismatch):
+        rb.batch(0, 0, 1, [msgpack.packb({"s": 1})])
+
+
+def test_schemas_with_other_types_use_the_general_path() -> None:
+    assert not FlatDecoder([pa.field("t", pa.timestamp("us"))]).usable
+    assert not FlatDecoder([pa.field("v", pa.float32())]).usable
+    assert FlatDecoder([pa.field("v", pa.float64()), pa.field("s", pa.string())]).usable
+    assert not RowBuilder(StructType([StructField("task", IntegerType()), StructField("value", StringType())]),
+                          json_value=True).flat.usable
+
+
+def test_corrupt_records_never_crash_the_fast_path() -> None:
+    rng = random.Random(7)
+    rb = RowBuilder(SCHEMA, json_value=False)
+    good = [msgpack.packb({"s": "abc", "i": rng.randrange(-2**40, 2**40), "d": 1.5, "x": "y" * 40}) for _ in range(20)]
+    for _ in range(500):
+        raw = list(good)
+        k = rng.randrange(len(raw))
+        b = bytearray(raw[k])
+        if rng.random() < 0.5:
+            del b[rng.randrange(len(b)):]
+        else:
+            b[rng.randrange(len(b))] = rng.randrange(256)
+        raw[k] = bytes(b)
+        if raw[k]:
+            check(rb, raw)
