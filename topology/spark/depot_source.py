@@ -110,6 +110,8 @@ DEFAULT_MAX_BYTES_PER_REQUEST = 16 << 20
 READ_WINDOW = 3
 #: a Spark task's first DepotRead is this small, so decoding (and Spark) start while the big ones are read
 FIRST_REQUEST_RECORDS = 4096
+#: rows per Arrow batch handed to Spark (slices of a reply's batch)
+ARROW_BATCH_ROWS = 8192
 RPC_TIMEOUT_S = 30.0
 #: how long a read or a planning call keeps following leader moves before it gives up
 RETRY_S = 45.0
@@ -1256,8 +1258,19 @@ class _Fetcher:
 
 
 def read_partition(p: DepotPartition, rows: RowBuilder) -> Iterator[pa.RecordBatch]:
+    """The partition's records as Arrow batches of at most ``ARROW_BATCH_ROWS`` rows (zero-copy slices).
+
+    Spark's task thread reads a batch from the Python worker only after it has
+    processed the one before, so smaller batches keep it busy while this
+    process decodes the next reply, and leave it less to do once we are done.
+    """
     for task, first, epoch, raw in _Fetcher(p).chunks():
-        yield rows.batch(task, first, epoch, raw)
+        batch = rows.batch(task, first, epoch, raw)
+        if batch.num_rows <= ARROW_BATCH_ROWS:
+            yield batch
+        else:
+            for i in range(0, batch.num_rows, ARROW_BATCH_ROWS):
+                yield batch.slice(i, ARROW_BATCH_ROWS)
 
 
 # ---------------------------------------------------------------------------------------------- Spark API
