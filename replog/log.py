@@ -79,6 +79,8 @@ FsyncPolicy = Literal["batch", "none", "interval"]
 _POLICIES = ("batch", "none", "interval")
 
 MiB = 1024 * 1024
+#: bytes of the newest frames a log keeps in memory for reads of its tail (see ``Log.read``)
+TAIL_CACHE_BYTES = 4 * MiB
 _SUFFIX = ".log"
 _SWAP_SUFFIX = ".swap"
 _NAME = re.compile(r"^(\d{20})\.log$")
@@ -230,6 +232,11 @@ class Log:
         self._flushed = self.end_offset
         self._last_sync = time.monotonic()
         self._closed = False
+        #: the most recently written frames, newest last: (base offset, next offset, frame bytes); reads of
+        #: the tail (replication and apply, right after the append) are served from here, not the disk
+        self._tail_bases: list[int] = []
+        self._tail: list[tuple[int, int, bytes | memoryview]] = []
+        self._tail_bytes = 0
         self._check_invariants()
 
     # ------------------------------------------------------------------ open
@@ -416,6 +423,7 @@ class Log:
         start = seg.size
         self._write(parts, start)
         seg.add(base, epoch, len(payloads), start, start + size, self._index_interval)
+        self._remember(base, base + len(payloads), b"".join(parts))
         self._after_write()
         return base
 
@@ -470,6 +478,57 @@ class Log:
             seg.add(
                 f.base_offset, f.epoch, f.entry_count, f.start + delta, f.end + delta, self._index_interval
             )
+            self._remember(f.base_offset, f.next_offset, view[f.start : f.end])
+
+    # --------------------------------------------------------------- tail cache
+
+    def _remember(self, base: int, next_offset: int, frame: bytes | memoryview) -> None:
+        """Keep a frame just written for reads of the tail; the oldest go beyond TAIL_CACHE_BYTES."""
+        if self._tail and self._tail[-1][1] != base:
+            self._forget_tail()  # not contiguous with what is cached (never expected): start over
+        self._tail_bases.append(base)
+        self._tail.append((base, next_offset, frame))
+        self._tail_bytes += len(frame)
+        if self._tail_bytes > 2 * TAIL_CACHE_BYTES:
+            drop = 0
+            while self._tail_bytes > TAIL_CACHE_BYTES:
+                self._tail_bytes -= len(self._tail[drop][2])
+                drop += 1
+            del self._tail[:drop]
+            del self._tail_bases[:drop]
+
+    def _forget_tail(self, from_offset: int | None = None) -> None:
+        """Drop cached frames holding any entry at or past `from_offset` (all of them by default)."""
+        if from_offset is None:
+            self._tail.clear()
+            self._tail_bases.clear()
+            self._tail_bytes = 0
+            return
+        while self._tail and self._tail[-1][1] > from_offset:
+            self._tail_bytes -= len(self._tail.pop()[2])
+            self._tail_bases.pop()
+        if self._tail and self._tail[-1][1] != from_offset:  # a cut inside a batch: its kept prefix is not here
+            self._forget_tail()
+
+    def _read_tail(self, start: int, end: int, max_bytes: int) -> bytes | None:
+        """`read` from the cache: whole frames from the one holding `start`; None if it is not cached."""
+        bases = self._tail_bases
+        # Only a cache that reaches the log end (what a read of the tail wants) is used.
+        if not bases or start < bases[0] or self._tail[-1][1] != self.end_offset:
+            return None
+        i = bisect.bisect_right(bases, start) - 1
+        tail = self._tail
+        out = [tail[i][2]]
+        size = len(out[0])
+        i += 1
+        while i < len(tail) and tail[i][0] < end:
+            n = len(tail[i][2])
+            if size + n > max_bytes:
+                break
+            out.append(tail[i][2])
+            size += n
+            i += 1
+        return bytes(out[0]) if len(out) == 1 else b"".join(out)
 
     def _write(self, parts: Sequence[bytes | memoryview], pos: int) -> None:
         """Write at the end of the active segment; on failure, cut back so no partial frame stays behind."""
@@ -565,6 +624,9 @@ class Log:
         end = log_end if end is None else min(end, log_end)
         if end <= start:
             return b""
+        cached = self._read_tail(start, end, max_bytes)
+        if cached is not None:
+            return cached
         out: list[bytes] = []
         budget = max_bytes
         offset = start
@@ -709,6 +771,7 @@ class Log:
         if offset <= self.start_offset:
             self.reset(offset)
             return
+        self._forget_tail(offset)
         i = bisect.bisect_right(self._bases, offset) - 1
         if self._segments[i].base == offset:
             i -= 1  # the cut falls on a segment boundary: segment i-1 ends exactly there
@@ -788,6 +851,7 @@ class Log:
         self._check_open()
         if offset < 0:
             raise ValueError(f"offset {offset} is negative")
+        self._forget_tail()
         os.close(self._fd)
         for seg in reversed(self._segments):
             seg.path.unlink()
@@ -835,6 +899,7 @@ class Log:
             self.flush()
         finally:
             self._closed = True
+            self._forget_tail()
             os.close(self._fd)
             os.close(self._lock_fd)
 

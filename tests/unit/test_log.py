@@ -395,3 +395,54 @@ def test_frames_larger_than_the_scan_chunk(tmp_path: Path, monkeypatch: pytest.M
         assert len(log.segments()) > 1
     with Log.open(tmp_path, segment_bytes=700, verify=True) as log:
         assert _entries(log) == model
+
+
+def _disk_read(log: Log, start: int, max_bytes: int, end: int | None = None) -> bytes:
+    """`read` bypassing the in-memory tail cache."""
+    saved = log._tail, log._tail_bases, log._tail_bytes
+    log._tail, log._tail_bases, log._tail_bytes = [], [], 0
+    try:
+        return log.read(start, max_bytes, end=end)
+    finally:
+        log._tail, log._tail_bases, log._tail_bytes = saved
+
+
+def test_tail_cache_serves_what_the_disk_holds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reads served from the cache of recent frames equal reads from the files, through appends of both
+    kinds, mid-batch truncation, eviction, retention and reset."""
+    import replog.log as replog_log
+
+    monkeypatch.setattr(replog_log, "TAIL_CACHE_BYTES", 300)  # a few frames: eviction happens
+
+    def check(log: Log) -> None:
+        for start in range(log.start_offset, log.end_offset):
+            for end in (None, start + 2):
+                whole = _disk_read(log, start, 10_000, end)
+                assert log.read(start, 10_000, end=end) == whole, (start, end)
+                for max_bytes in (1, 120):  # "about max_bytes": whole frames, at least one, a prefix of all
+                    got = log.read(start, max_bytes, end=end)
+                    assert got and whole.startswith(got) and scan_frames(got).error is None, (start, max_bytes)
+        assert log.read_entries(log.start_offset, log.end_offset) == _entries(log)
+
+    with Log.open(tmp_path / "leader", segment_bytes=400, fsync="none") as leader, \
+            Log.open(tmp_path / "follower", segment_bytes=400, fsync="none") as follower:
+        for k in range(12):
+            leader.append(1, 5, _payloads(leader.end_offset, 1 + k % 3))
+            follower.append_frames(leader.read(follower.end_offset, 10_000))
+            check(leader)
+            check(follower)
+        assert leader._tail_bytes <= 2 * 300
+        leader.truncate(leader.end_offset - 2)  # lands inside the last batch
+        follower.truncate(leader.end_offset)
+        check(leader)
+        check(follower)
+        leader.append(2, 5, _payloads(leader.end_offset, 2))
+        follower.append_frames(leader.read(follower.end_offset, 10_000))
+        check(leader)
+        check(follower)
+        leader.delete_segments_below(leader.end_offset - 3)
+        check(leader)
+        follower.reset(50)
+        assert follower.read(50, 100) == b""
+        follower.append_frames(encode_batch(50, 2, 5, _payloads(50, 3)))
+        check(follower)
