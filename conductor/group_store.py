@@ -95,8 +95,9 @@ class GroupStore:
         firsts = []
         acks: dict[str, list[Any]] = {}
         for depot, task, records in appends:
+            # Decoding validates each record (one msgpack object, nothing after it); the bytes are stored as sent.
             values = [msgpack.unpackb(r, raw=False, strict_map_key=False) for r in records]
-            offsets = b.depot_append(depot, task, values)
+            offsets = b.depot_append_encoded(depot, task, records)
             firsts.append(offsets[0] if offsets else 0)
             if runner is not None and runner.active:
                 for topo, vals in runner.run(b, depot, task, values, strict=True).items():

@@ -21,7 +21,7 @@ delete_range (pairs begin, end).  Keys and values are raw bytes.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import msgpack
@@ -112,8 +112,10 @@ class Writes:
             op, ci, items = runs[r]
             cf = self.cfs[ci]
             if op == OP_PUT:
-                for x in range(j, len(items), 2):
-                    ov.put(cf, items[x], items[x + 1])
+                d = ov.points.get(cf)
+                if d is None:
+                    d = ov.points[cf] = {}
+                d.update(zip(items[j::2], items[j + 1::2], strict=True))  # = ov.put of each pair, in order, in C
             elif op == OP_DELETE:
                 for x in range(j, len(items)):
                     ov.put(cf, items[x], None)
@@ -139,6 +141,16 @@ class Writes:
         items = self.runs[-1][2] if self._last == (OP_PUT, cf) else self._run(OP_PUT, cf)
         items.append(key)
         items.append(value)
+
+    def put_many(self, cf: str, keys: list[bytes], values: Sequence[bytes]) -> None:
+        """``put(cf, k, v)`` for each pair, in order."""
+        if len(keys) != len(values):
+            raise ValueError(f"{len(keys)} keys for {len(values)} values")
+        pairs: list[bytes] = [b""] * (2 * len(keys))
+        pairs[0::2] = keys
+        pairs[1::2] = values
+        items = self.runs[-1][2] if self._last == (OP_PUT, cf) else self._run(OP_PUT, cf)
+        items.extend(pairs)
 
     def delete(self, cf: str, key: bytes) -> None:
         self._run(OP_DELETE, cf).append(key)
@@ -197,8 +209,11 @@ class Overlay:
             for b, e in rs:
                 self.delete_range(cf, b, e)
         for cf, d in other.points.items():
-            for k, v in d.items():
-                self.put(cf, k, v)
+            mine = self.points.get(cf)
+            if mine is None:
+                self.points[cf] = dict(d)
+            else:
+                mine.update(d)
 
     def lookup(self, cf: str, key: bytes) -> tuple[bool, bytes | None]:
         """(known, value): known is False when the overlay says nothing about ``key``."""

@@ -26,7 +26,7 @@ import os
 import shutil
 import threading
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -583,6 +583,22 @@ class ChangeSetBuilder:
             end += 1
         self.writes.put(META, _depot_meta_key(depot, p), info.start.to_bytes(8, "big") + end.to_bytes(8, "big"))
         return offsets
+
+    def depot_append_encoded(self, depot: str, partition: int, records: Sequence[bytes]) -> list[int]:
+        """`depot_append` of records already msgpack-encoded (a client's bytes), stored as they are.
+
+        The caller vouches that each is one valid msgpack object (the node decodes
+        client records anyway, to validate them or to run topologies over them).
+        """
+        if depot not in self._store.depots:
+            raise DepotNotFound(depot, self._store.depots)
+        p = _check_partition(partition)
+        info = _partition_info(self._reader, depot, partition)
+        start = info.end
+        end = start + len(records)
+        self.writes.put_many(depot_cf(depot), [p + off.to_bytes(8, "big") for off in range(start, end)], records)
+        self.writes.put(META, _depot_meta_key(depot, p), info.start.to_bytes(8, "big") + end.to_bytes(8, "big"))
+        return list(range(start, end))
 
     def depot_trim(self, depot: str, partition: int, before: int) -> None:
         """Delete records below ``before`` (clamped to the partition's range)."""

@@ -169,6 +169,26 @@ def test_depot_append_read_trim(store: TaskGroupStore) -> None:
     assert cs.depot_append("*log", 1, ["y"]) == [1]
 
 
+def test_depot_append_encoded_stores_the_bytes_and_stages_like_depot_append(store: TaskGroupStore) -> None:
+    import msgpack
+
+    cs = store.changes()
+    assert cs.depot_append("*log", 0, ["a"]) == [0]
+    raw = [msgpack.packb(r) for r in ({"u": 1}, "b", 2**63)]
+    assert cs.depot_append_encoded("*log", 0, raw) == [1, 2, 3]
+    assert cs.depot_append_encoded("*log", 0, []) == []
+    with pytest.raises(DepotNotFound):
+        cs.depot_append_encoded("*missing", 0, raw)
+    payload = store.stage(0, cs)
+    later = store.changes()  # builds on the staged entry: offsets continue
+    assert later.depot_append_encoded("*log", 0, [msgpack.packb("c")]) == [4]
+    store.apply(0, payload)
+    store.apply(1, later.encode())
+    d = store.depot("*log")
+    assert d.read(0, 0) == [(0, "a"), (1, {"u": 1}), (2, "b"), (3, 2**63), (4, "c")]
+    assert d.read_raw(0, 1, 3) == (1, 3, raw[:2])
+
+
 def test_checkpoint_install_and_corruption(tmp_path: FsPath, store: TaskGroupStore) -> None:
     cs = store.changes()
     cs.set_many("$$counts", [(f"k{i}", i) for i in range(500)])
