@@ -582,6 +582,16 @@ class _StreamExpired(grpc.RpcError):  # type: ignore[misc]
         return "no reply before the client's timeout"
 
 
+class _StreamBroken(grpc.RpcError):  # type: ignore[misc]
+    """An append stream ended or finished under a request (the node closed it, or it was cancelled)."""
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self) -> str:
+        return "the append stream ended"
+
+
 class _SyncAppendStream:
     """One ``AppendStream`` to a group leader, shared by every thread making blocking appends to it.
 
@@ -626,7 +636,7 @@ class _SyncAppendStream:
                 try:
                     reply: Any = next(self._call)
                 except StopIteration:
-                    reply = _StreamExpired()  # the node ended the stream: treat like any break
+                    reply = _StreamBroken()  # the node ended the stream
                 except grpc.RpcError as e:
                     reply = e
                 finally:
@@ -705,7 +715,11 @@ class _AioAppendStream:
         self.waiting[seq] = fut
         try:
             async with self._write_lock:
-                await self.call.write(req)
+                try:
+                    await self.call.write(req)
+                except asyncio.InvalidStateError:  # the call finished before the reader noticed
+                    self._fail(_StreamBroken())
+                    raise self.broken from None  # type: ignore[misc]
             return await fut
         finally:
             self.waiting.pop(seq, None)
@@ -716,7 +730,7 @@ class _AioAppendStream:
             while True:
                 reply = await self.call.read()
                 if reply is grpc.aio.EOF:
-                    err = _StreamExpired()
+                    err = _StreamBroken()
                     break
                 fut = self.waiting.pop(reply.seq, None)
                 if fut is not None and not fut.done():
