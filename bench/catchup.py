@@ -76,7 +76,7 @@ from conductor.transport import GRPC_OPTIONS
 from proto import millrace_pb2 as pb
 from proto import millrace_pb2_grpc as pbg
 from pstate import Map, TaskGroupStore
-from pstate.checkpoint import Manifest, install, read_manifest
+from pstate.checkpoint import Manifest, fsync_dir, install, read_manifest
 
 GOAL_RATIO_VS_GRPC_COPY = 0.8
 PSTATE = "$$blobs"
@@ -122,14 +122,6 @@ def warm(directory: Path) -> None:
         with open(p, "rb") as fh:
             while fh.read(8 << 20):
                 pass
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # ------------------------------------------------------------------------------------- server side

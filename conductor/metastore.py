@@ -55,7 +55,7 @@ from kazoo.recipe.election import Election
 from kazoo.retry import KazooRetry, RetryFailedError
 
 from conductor.module_spec import NAME_RE, ModuleSpec
-from conductor.placement import GroupState, InvalidGroupState
+from conductor.placement import GroupState
 
 __all__ = [
     "DISALLOWED_PATH",
@@ -567,29 +567,37 @@ class Metastore:
                     raise BadVersionError() from None
                 log.info("CAS on %s lost its reply and did not apply; trying once more", path)
 
-    def watch_group(self, module: str, group: int,
-                    callback: Callable[[GroupState | None, int], None]) -> WatchHandle:
-        """Call ``callback(state, version)`` now and on every change; ``(None, -1)`` once it is deleted."""
+    def _watch_data(self, path: str, decode: Callable[[bytes | None, Any], tuple[Any, ...]],
+                    callback: Callable[..., None]) -> WatchHandle:
+        """A kazoo DataWatch calling ``callback(*decode(data, stat))`` on the dispatcher thread, now and on changes.
+
+        Malformed data (``decode`` raises ValueError) is logged and skipped;
+        the watch ends when the handle is cancelled or the metastore closes.
+        """
         handle = WatchHandle()
-        path = group_path(module, group)
 
         def on_data(data: bytes | None, stat: Any) -> bool:
             if handle.cancelled or self._closed:
                 return False
-            if data is None or stat is None:
-                self._dispatcher.submit(lambda: None if handle.cancelled else callback(None, -1))
-                return True
             try:
-                state = GroupState.from_json(data)
-            except InvalidGroupState:
-                log.error("ignoring malformed group state at %s: %r", path, data)
+                args = decode(data, stat)
+            except ValueError:
+                log.error("ignoring malformed data at %s: %r", path, data)
                 return True
-            version = int(stat.version)
-            self._dispatcher.submit(lambda: None if handle.cancelled else callback(state, version))
+            self._dispatcher.submit(lambda: None if handle.cancelled else callback(*args))
             return True
 
         self.zk.DataWatch(path, on_data)
         return handle
+
+    def watch_group(self, module: str, group: int,
+                    callback: Callable[[GroupState | None, int], None]) -> WatchHandle:
+        """Call ``callback(state, version)`` now and on every change; ``(None, -1)`` once it is deleted."""
+        def decode(data: bytes | None, stat: Any) -> tuple[GroupState | None, int]:
+            if data is None or stat is None:
+                return None, -1
+            return GroupState.from_json(data), int(stat.version)
+        return self._watch_data(group_path(module, group), decode, callback)
 
     # ---- leader hand-off (balancing) ----------------------------------------------------------------
 
@@ -646,46 +654,16 @@ class Metastore:
 
     def watch_module(self, module: str, callback: Callable[[ModuleSpec | None], None]) -> WatchHandle:
         """Call ``callback(spec)`` now and on every change of the module's spec (options); ``None`` once deleted."""
-        handle = WatchHandle()
-        path = module_path(module)
-
-        def on_data(data: bytes | None, stat: Any) -> bool:
-            if handle.cancelled or self._closed:
-                return False
-            spec: ModuleSpec | None = None
-            if data:
-                try:
-                    spec = ModuleSpec.from_json(data)
-                except ValueError:
-                    log.error("ignoring malformed module spec at %s: %r", path, data)
-                    return True
-            self._dispatcher.submit(lambda: None if handle.cancelled else callback(spec))
-            return True
-
-        self.zk.DataWatch(path, on_data)
-        return handle
+        def decode(data: bytes | None, stat: Any) -> tuple[ModuleSpec | None]:
+            return (ModuleSpec.from_json(data) if data else None),
+        return self._watch_data(module_path(module), decode, callback)
 
     def watch_resign(self, module: str, group: int,
                      callback: Callable[[dict[str, Any] | None], None]) -> WatchHandle:
         """Call ``callback(request)`` now and whenever the group's resign request is set, ``None`` once gone."""
-        handle = WatchHandle()
-        path = resign_path(module, group)
-
-        def on_data(data: bytes | None, stat: Any) -> bool:
-            if handle.cancelled or self._closed:
-                return False
-            doc: dict[str, Any] | None = None
-            if data:
-                try:
-                    doc = json.loads(data)
-                except ValueError:
-                    log.error("ignoring malformed resign request at %s: %r", path, data)
-                    return True
-            self._dispatcher.submit(lambda: None if handle.cancelled else callback(doc))
-            return True
-
-        self.zk.DataWatch(path, on_data)
-        return handle
+        def decode(data: bytes | None, stat: Any) -> tuple[dict[str, Any] | None]:
+            return (json.loads(data) if data else None),
+        return self._watch_data(resign_path(module, group), decode, callback)
 
     def complete_resign(self, module: str, group: int, new_state: GroupState, expected_version: int) -> int:
         """Atomically CAS the group to ``new_state`` and delete the resign request; return the new version."""

@@ -46,7 +46,6 @@ from replog.messages import (
     Replicate,
     ReplicateAck,
     Reply,
-    Role,
     RoleChanged,
     Send,
     SendEntries,
@@ -572,8 +571,7 @@ class ReplicaHost:
     # ------------------------------------------------------------------------ far horizon
 
     def _on_far_horizon_offer(self, m: FarHorizonOffer) -> None:
-        r = self.replica
-        if r.role is not Role.FOLLOWER or r.leader != m.src or r.epoch != m.epoch:
+        if self.replica.far_horizon_refusal(m.src, m.epoch) is not None:
             return  # from a leadership that is over (or we have not caught up with the epoch yet)
         if self.catchup is not None and self.catchup.running:
             return
@@ -604,12 +602,10 @@ class ReplicaHost:
         """
         r = self.replica
         upto = manifest.applied_offset
-        if r.role is not Role.FOLLOWER or r.leader != leader or r.epoch != epoch:
-            return f"no longer following {leader} in epoch {epoch}"
-        if self._znode is not None and self.node_id in self._znode.isr:
-            return "this replica is in the ISR"
-        if upto < r.log_end - 1 or upto <= r.applied:
-            return f"the checkpoint (offset {upto}) does not cover this log (end {r.log_end}, applied {r.applied})"
+        why_not = r.far_horizon_refusal(leader, epoch, upto,
+                                        in_isr=self._znode is not None and self.node_id in self._znode.isr)
+        if why_not is not None:
+            return why_not
         self._apply_later = -1
         self._beats.clear()
         self._outbox.clear()

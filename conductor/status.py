@@ -189,9 +189,8 @@ def module_status(ms: Metastore, module: str, rpc_timeout_s: float = RPC_TIMEOUT
     live = ms.live_sessions()
     addresses: dict[str, str | None] = {}
     for state, _ in groups.values():
-        if state.leader is not None and state.leader in live and state.leader not in addresses:
-            info = ms.get_node(state.leader)
-            addresses[state.leader] = info.address if info else None
+        if state.leader is not None and state.leader in live:
+            _address(ms, addresses, state.leader)
     to_query = {g: addresses.get(state.leader) for g, (state, _) in groups.items()
                 if state.leader is not None and leaderless_reason(state, live) is None}
     # Live OSR members may be copying a far-horizon checkpoint: only they can say how far along.

@@ -98,7 +98,7 @@ def _link_or_copy(src: str, dest: str) -> tuple[int, int]:
     return file_crc(dest, fsync=True)
 
 
-def _fsync_dir(path: str) -> None:
+def fsync_dir(path: str | os.PathLike[str]) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -123,7 +123,7 @@ def take_checkpoint(directory: str, applied_offset: int, leader_epoch: int) -> M
         fh.write(m.to_json())
         fh.flush()
         os.fsync(fh.fileno())
-    _fsync_dir(directory)
+    fsync_dir(directory)
     return m
 
 
@@ -162,7 +162,7 @@ def install(src_dir: str | os.PathLike[str], manifest: Manifest, dest: str | os.
             fh.write(manifest.to_json())
             fh.flush()
             os.fsync(fh.fileno())
-        _fsync_dir(target)
+        fsync_dir(target)
         old: str | None = None
         if os.path.islink(dest):
             old = os.path.join(parent, os.readlink(dest))
@@ -173,7 +173,7 @@ def install(src_dir: str | os.PathLike[str], manifest: Manifest, dest: str | os.
         link_tmp = f"{target}.link"
         os.symlink(os.path.basename(target), link_tmp)
         os.replace(link_tmp, dest)
-        _fsync_dir(parent)
+        fsync_dir(parent)
     except BaseException:
         shutil.rmtree(target, ignore_errors=True)
         raise

@@ -305,6 +305,26 @@ class Replica:
                 keep = min(keep, p.held + 1, p.acked_end)
         return max(self.log_start, keep)
 
+    def far_horizon_refusal(self, leader: str, epoch: int, upto: int | None = None,
+                            in_isr: bool = False) -> str | None:
+        """Why this replica must not take (``upto`` None) or install a far-horizon checkpoint; None if it may.
+
+        A checkpoint belongs to one leadership: only a follower of ``leader`` in
+        ``epoch`` takes it. It is installed only outside the ISR (``in_isr`` as
+        the driver last saw the znode) and only if it covers the whole log
+        (``upto >= log_end - 1``), so no entry this replica acknowledged is
+        dropped, and only if it brings something not yet applied.
+        """
+        if self.role is not Role.FOLLOWER or self.leader != leader or self.epoch != epoch:
+            return f"no longer following {leader} in epoch {epoch}"
+        if upto is None:
+            return None
+        if in_isr:
+            return "this replica is in the ISR"
+        if upto < self.log_end - 1 or upto <= self.applied:
+            return f"the checkpoint (offset {upto}) does not cover this log (end {self.log_end}, applied {self.applied})"
+        return None
+
     def _on_config(self, config: ReplicationConfig) -> None:
         """New limits apply at once; a leader re-evaluates its ISR and apply offset under them.
 

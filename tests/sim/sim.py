@@ -686,10 +686,8 @@ class Sim:
         r = n.replica
         if not n.alive or n.incarnation != inc or (leader, nid) in self.cut:
             return
-        if r.role is not Role.FOLLOWER or r.leader != leader or r.epoch != epoch:
-            return  # the transfer belongs to a leadership that is over
-        if nid in self.znode.isr or upto < r.log_end - 1 or upto <= r.applied:
-            return  # would drop entries it acknowledged, or brings nothing new
+        if r.far_horizon_refusal(leader, epoch, upto, in_isr=nid in self.znode.isr) is not None:
+            return  # a leadership that is over, or it would drop acknowledged entries / bring nothing new
         d = n.disk
         self.note(f"{nid} installs a checkpoint of [0,{upto}] from {leader}")
         d.entries = state
