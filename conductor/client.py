@@ -583,7 +583,11 @@ class _StreamExpired(grpc.RpcError):  # type: ignore[misc]
 
 
 class _StreamBroken(grpc.RpcError):  # type: ignore[misc]
-    """An append stream ended or finished under a request (the node closed it, or it was cancelled)."""
+    """An append stream ended or finished under a request (the node closed it, or it was cancelled).
+
+    UNAVAILABLE, so the requests that shared it are retried like after any broken connection:
+    cancelling a stream for one request (its deadline, or its leader moved) must not fail the others.
+    """
 
     def code(self) -> grpc.StatusCode:
         return grpc.StatusCode.UNAVAILABLE
@@ -665,7 +669,7 @@ class _SyncAppendStream:
     def cancel(self, err: BaseException | None = None) -> None:
         """Fail every request waiting here and end the stream (any thread)."""
         with self._cond:
-            self._fail_locked(err if err is not None else grpc.RpcError("append stream cancelled"))
+            self._fail_locked(err if err is not None else _StreamBroken())
             self._cond.notify_all()
         self._call.cancel()
         self._requests.put(None)
@@ -736,7 +740,7 @@ class _AioAppendStream:
                 if fut is not None and not fut.done():
                     fut.set_result(reply)
         except asyncio.CancelledError:
-            err = grpc.RpcError("append stream cancelled")
+            err = _StreamBroken()
         except grpc.RpcError as e:
             err = e
         self._fail(err)
@@ -750,7 +754,7 @@ class _AioAppendStream:
                 fut.set_exception(err)
 
     def cancel(self) -> None:
-        self._fail(grpc.RpcError("append stream cancelled"))
+        self._fail(_StreamBroken())
         self.call.cancel()
 
 

@@ -206,7 +206,9 @@ def test_set_option_applies_live_lowering_min_isr_unstalls(dc: DevCluster) -> No
             ms.set_option("Clicks", "replication.min.isr", "1")
         assert wait_for(lambda: _try_append(raw, {"user": "a", "id": "live"}), 30,
                         "the running leader to apply under the new min-ISR")
-        assert groups_of(dc, "Clicks")[0].isr == (leader,)
+        # *raw partitions at random: the group that applied it shrank its ISR to its leader alone (a group
+        # that got no append since the followers stopped has nobody lagging, so it keeps its ISR).
+        assert any(st.isr == (st.leader,) for st in groups_of(dc, "Clicks").values())
 
 
 def _stalled(depot) -> bool:
