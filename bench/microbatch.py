@@ -22,6 +22,14 @@ the single-box demo; the figures are for that box, not for a cluster.
 
 Diagnostics (not goals), to show where the time goes:
 
+* ``ceiling_rows_per_s``: the same job over :mod:`bench.python_ceiling`, a
+  Python data source that serves the same rows, schema and partitioning from
+  Arrow batches already in the Spark Python worker's memory (no network, no
+  storage, no decoding): what PySpark's Python Data Source API itself costs,
+  the most any Python source can reach on this box. ``ceiling_ratio_vs_delta``
+  is the goal's upper bound for any source built on that API, and
+  ``depot_vs_ceiling`` is the share of it ``millrace.depot`` reaches;
+
 * ``depot_json_rows_per_s``: the same job without ``valueSchema`` (``value``
   is the record as JSON, parsed with ``get_json_object``): the cost of JSON;
 * ``fetch_decode_rows_per_s``: the source's own read path (pipelined
@@ -51,6 +59,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from bench.python_ceiling import NAME as CEILING
+from bench.python_ceiling import CeilingSource
 from conductor.client import Cluster
 from conductor.controller import Conductor
 from conductor.devcluster import DevCluster
@@ -224,15 +234,21 @@ def run(args: argparse.Namespace, root: Path, console: Console) -> dict[str, Any
                                             F.get_json_object("value", "$.n").cast("long").alias("n"))
                 return job(df)
 
+            spark.dataSource.register(CeilingSource)
+
+            def ceiling_df() -> Any:
+                return spark.read.format(CEILING).option("records", str(n)).option("partitions", str(args.threads)).load()
+
             jobs = {
                 "depot": lambda: job(depot_df()),
                 "delta": lambda: job(spark.read.format("delta").load(table)),
+                "ceiling": lambda: job(ceiling_df()),
                 "depot_json": json_job,
             }
             expected = (n, (n - 1) * (n - 2) // 2 - 1)  # n = 0 .. n-2, plus the warm-up record's -1
             times: dict[str, list[float]] = {k: [] for k in jobs}
-            for k, fn in jobs.items():  # warm-up: Python workers, JIT, Delta log cache
-                got = fn()
+            for k, fn in [*jobs.items(), ("ceiling", jobs["ceiling"])]:  # warm-up: Python workers, JIT, Delta log
+                got = fn()  # cache; the ceiling twice, so each of local[2]'s workers holds its batches
                 if got != expected:
                     raise AssertionError(f"{k} job returned (rows, sum n) = {got}, expected {expected}")
             for i in range(args.runs):
@@ -290,6 +306,9 @@ def main(argv: list[str] | None = None) -> None:
                   f"{ratio:.2f}", f">= {GOAL_RATIO_VS_DELTA} " + ("[green]met[/]" if met else "[red]MISSED[/]"))
     table.add_row("Delta table (same records, exported)", f"{r['delta_rows_per_s']:,.0f}",
                   f"{r['delta_median_s']:.2f}", "1.00", "")
+    table.add_row("  no-op Python source, Arrow batches in worker memory (API ceiling)",
+                  f"{r['ceiling_rows_per_s']:,.0f}", f"{r['ceiling_median_s']:.2f}",
+                  f"{r['ceiling_rows_per_s'] / r['delta_rows_per_s']:.2f}", "")
     table.add_row("  millrace.depot, value as JSON + get_json_object (diagnostic)",
                   f"{r['depot_json_rows_per_s']:,.0f}", f"{r['depot_json_median_s']:.2f}",
                   f"{r['depot_json_rows_per_s'] / r['delta_rows_per_s']:.2f}", "")
@@ -312,6 +331,9 @@ def main(argv: list[str] | None = None) -> None:
         "delta_rows_per_s": round(r["delta_rows_per_s"]),
         "ratio_vs_delta": round(ratio, 3),
         "goal_ratio_vs_delta_met": met,
+        "ceiling_rows_per_s": round(r["ceiling_rows_per_s"]),
+        "ceiling_ratio_vs_delta": round(r["ceiling_rows_per_s"] / r["delta_rows_per_s"], 3),
+        "depot_vs_ceiling": round(r["depot_rows_per_s"] / r["ceiling_rows_per_s"], 3),
         "depot_json_rows_per_s": round(r["depot_json_rows_per_s"]),
         "fetch_decode_rows_per_s": round(r["fetch_decode_rows_per_s"]),
         "append_records_per_s": round(r["append_records_per_s"]),
