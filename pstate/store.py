@@ -22,6 +22,7 @@ atomically.)
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import threading
@@ -102,6 +103,37 @@ class DbReader:
             return self._forward(db.items(from_key=lo, read_opt=ro), ro)
         except Exception as exc:
             raise translate(exc, "scan", self._path) from exc
+
+    def values(self, cf: str, lo: bytes, hi: bytes, limit: int, max_bytes: int) -> list[bytes]:
+        """Values of keys in ``[lo, hi)``, at most ``limit``, stopping once ``max_bytes`` are read.
+
+        The keys are not built as Python objects and the loop runs in C, a
+        chunk at a time: a depot read serving Spark spends a third of its node
+        time on keys it only needs to count.
+        """
+        ro = rocksdict.ReadOptions()
+        ro.set_iterate_upper_bound(hi)
+        db: Any = self._cfs[cf]
+        out: list[bytes] = []
+        total = 0
+        try:
+            it = db.values(from_key=lo, read_opt=ro)
+            while len(out) < limit and total < max_bytes:
+                chunk = list(itertools.islice(it, min(_VALUES_CHUNK, limit - len(out))))
+                if not chunk:
+                    break
+                size = sum(map(len, chunk))
+                if total + size >= max_bytes:  # keep up to the record that reaches max_bytes, as scan() readers do
+                    cut = next(i for i, c in enumerate(itertools.accumulate(map(len, chunk), initial=total))
+                               if c >= max_bytes)
+                    chunk = chunk[:max(1, cut)]
+                    size = sum(map(len, chunk))
+                out.extend(chunk)
+                total += size
+        except Exception as exc:
+            raise translate(exc, "scan", self._path) from exc
+        del ro  # rocksdict's iterator does not keep its ReadOptions (and upper bound) alive: we do, until here
+        return out
 
     @staticmethod
     def _forward(items: Iterator[tuple[bytes, bytes]], ro: rocksdict.ReadOptions) -> Iterator[tuple[bytes, bytes]]:
@@ -442,7 +474,23 @@ class DepotView:
         """
         p = _check_partition(partition)
         _check_offset(start, "start")
-        hi = p + (_check_offset(end, "end").to_bytes(8, "big") if end is not None else b"\xff" * 8)
+        if end is not None:
+            _check_offset(end, "end")
+        if isinstance(self._reader, DbReader):
+            # Offsets are dense in [info.start, info.end): the count says which records came back.
+            info = self.partition_info(partition)
+            first = max(start, info.start)
+            stop = info.end if end is None else min(end, info.end)
+            if stop <= first:
+                return start, start, []
+            lo = p + first.to_bytes(8, "big")
+            got = self._reader.values(self._cf, lo, p + stop.to_bytes(8, "big"), stop - first, max_bytes)
+            # Trims only ever remove a prefix: if `first` is still there, the values started at it.
+            if (got and (len(got) == stop - first or sum(map(len, got)) >= max_bytes)
+                    and self._reader.get(self._cf, lo) is not None):
+                return first, first + len(got), got
+            # A trim ran between the reads (or the records are not what the partition info says): read by key.
+        hi = p + (end.to_bytes(8, "big") if end is not None else b"\xff" * 8)
         out: list[bytes] = []
         first_key = last_key = b""
         total = 0
@@ -461,6 +509,10 @@ class DepotView:
         nxt = int.from_bytes(last_key[4:], "big") + 1
         assert nxt - first == len(out), f"depot {self.name}[{partition}] offsets are not dense in [{first}, {nxt})"
         return first, nxt, out
+
+
+#: values fetched per C call by :meth:`DbReader.values`
+_VALUES_CHUNK = 4096
 
 
 def _depot_meta_key(name: str, p: bytes) -> bytes:

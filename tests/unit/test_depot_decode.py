@@ -11,6 +11,7 @@ import random
 from typing import Any
 
 import msgpack
+import numpy as np
 import pyarrow as pa
 import pytest
 from pyspark.sql.types import (
@@ -25,7 +26,15 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from topology.spark.depot_source import FlatDecoder, RowBuilder, ValueSchemaMismatch
+from proto import millrace_pb2 as pb
+from topology.spark.depot_source import (
+    FlatDecoder,
+    MillraceSourceError,
+    Raw,
+    RowBuilder,
+    ValueSchemaMismatch,
+    unpack_reply,
+)
 
 SCHEMA = StructType([
     StructField("task", IntegerType()), StructField("offset", LongType()), StructField("epoch", LongType()),
@@ -48,8 +57,27 @@ def same(a: list[Any], b: list[Any]) -> bool:
                                     for x, y in zip(a, b, strict=True))
 
 
+def packed(raw: list[bytes]) -> Raw:
+    """The records as a node's packed DepotRead reply carries them, unpacked the way the source does."""
+    lengths = np.array([len(r) for r in raw], "<u4").tobytes()
+    return unpack_reply(pb.DepotReadReply(packed=b"".join(raw), lengths=lengths))
+
+
+def same_batch(rb: RowBuilder, raw: list[bytes]) -> pa.RecordBatch | type[Exception]:
+    """The batch of a list reply, after checking a packed reply of the same records gives exactly the same."""
+    out = []
+    for form in (raw, packed(raw)):
+        try:
+            out.append(rb.batch(3, 100, 7, form))
+        except Exception as e:
+            out.append(type(e))
+    assert out[0] == out[1] if isinstance(out[0], type) else out[0].equals(out[1])
+    return out[0]
+
+
 def check(rb: RowBuilder, raw: list[bytes]) -> bool:
     """True if the fast path decoded the batch (and matched the general path), False if it gave up."""
+    same_batch(rb, raw)
     fast = rb.flat.decode(raw)
     if fast is None:
         return False
@@ -156,3 +184,17 @@ def test_corrupt_records_never_crash_the_fast_path() -> None:
         raw[k] = bytes(b)
         if raw[k]:
             check(rb, raw)
+
+
+def test_packed_replies_decode_like_lists_on_the_json_path_and_check_their_lengths() -> None:
+    rb = RowBuilder(StructType([StructField("task", IntegerType()), StructField("offset", LongType()),
+                                StructField("epoch", LongType()), StructField("value", StringType())]),
+                    json_value=True)
+    raw = [msgpack.packb(r) for r in ({"a": 1}, "x", [1, b"\x00"], None, 2**63)]
+    batch = same_batch(rb, raw)
+    assert isinstance(batch, pa.RecordBatch)
+    assert batch.column("value").to_pylist() == ['{"a":1}', '"x"', '[1,"AA=="]', "null", "9223372036854775808"]
+    bad = pb.DepotReadReply(packed=b"abc", lengths=np.array([1, 1], "<u4").tobytes())
+    with pytest.raises(MillraceSourceError, match="disagree on the protocol"):
+        unpack_reply(bad)
+    assert list(unpack_reply(pb.DepotReadReply(records=[b"\x01", b"\x02"]))) == [b"\x01", b"\x02"]

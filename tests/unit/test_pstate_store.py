@@ -189,6 +189,29 @@ def test_depot_append_encoded_stores_the_bytes_and_stages_like_depot_append(stor
     assert d.read_raw(0, 1, 3) == (1, 3, raw[:2])
 
 
+def test_read_raw_counts_dense_offsets_and_honours_trims_and_max_bytes(store: TaskGroupStore) -> None:
+    import msgpack
+
+    raw = [msgpack.packb({"i": i, "pad": "x" * (i % 7)}) for i in range(10_000)]
+    cs = store.changes()
+    cs.depot_append_encoded("*log", 3, raw)
+    store.apply(0, cs.encode())
+    d = store.depot("*log")
+    assert d.read_raw(3, 0) == (0, 10_000, raw)
+    assert d.read_raw(3, 9_990, 20_000) == (9_990, 10_000, raw[9_990:])
+    assert d.read_raw(3, 10_000) == (10_000, 10_000, [])
+    assert d.read_raw(2, 0) == (0, 0, [])  # a partition never written
+    # max_bytes: up to and including the record that reaches it, at least one record
+    limit = sum(map(len, raw[100:5_000])) - 1
+    assert d.read_raw(3, 100, None, limit) == (100, 5_000, raw[100:5_000])
+    assert d.read_raw(3, 100, None, 1) == (100, 101, raw[100:101])
+    cs = store.changes()
+    cs.depot_trim("*log", 3, 4_000)
+    store.apply(1, cs.encode())
+    assert d.read_raw(3, 10, 4_500) == (4_000, 4_500, raw[4_000:4_500])  # the reply says where it starts
+    assert d.read_raw(3, 0, 4_000) == (0, 0, [])
+
+
 def test_checkpoint_install_and_corruption(tmp_path: FsPath, store: TaskGroupStore) -> None:
     cs = store.changes()
     cs.set_many("$$counts", [(f"k{i}", i) for i in range(500)])

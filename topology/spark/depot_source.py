@@ -73,7 +73,7 @@ import time
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 import grpc
 import msgpack
@@ -684,15 +684,39 @@ def _ext_hook(code: int, data: bytes) -> Any:
     return msgpack.ExtType(code, data)
 
 
-def decode_records(raw: Sequence[bytes]) -> list[Any]:
+#: a reply's records: a list of bytes, or one Arrow binary array over a packed reply's buffer (no copy per record)
+Raw: TypeAlias = Sequence[bytes] | pa.BinaryArray
+
+
+def unpack_reply(reply: Any) -> Raw:
+    """The records of a ``DepotReadReply``, packed (``packed`` + ``lengths``) or not (``records``)."""
+    if not reply.lengths:
+        return reply.records
+    lengths = np.frombuffer(reply.lengths, "<u4")
+    offsets = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    data = reply.packed
+    if offsets[-1] != len(data) or len(data) >= 1 << 31:
+        raise MillraceSourceError(f"DepotRead reply holds {len(data)} packed bytes but its lengths add up to "
+                                  f"{offsets[-1]}; the node and this client disagree on the protocol")
+    return pa.BinaryArray.from_buffers(pa.binary(), len(lengths),
+                                       [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)])
+
+
+def decode_records(raw: Raw) -> list[Any]:
     """Many msgpack records in one C call: prefix their concatenation with a msgpack array32 header.
 
     Decodes the store's own encoding too (big ints as ext type 1), so records
     served as stored bytes, without a re-encode on the node, read the same.
     """
-    if not raw:
+    if not len(raw):
         return []
-    blob = b"".join([b"\xdd", struct.pack(">I", len(raw)), *raw])
+    if isinstance(raw, pa.BinaryArray):
+        bounds = np.frombuffer(raw.buffers()[1], np.int32, len(raw) + 1, offset=4 * raw.offset)
+        body = raw.buffers()[2].slice(int(bounds[0]), int(bounds[-1] - bounds[0]))
+        blob = b"".join([b"\xdd", struct.pack(">I", len(raw)), body])
+    else:
+        blob = b"".join([b"\xdd", struct.pack(">I", len(raw)), *raw])
     records: list[Any] = msgpack.unpackb(blob, raw=False, strict_map_key=False, use_list=True, ext_hook=_ext_hook)
     return records
 
@@ -865,18 +889,21 @@ class FlatDecoder:
             pa.types.is_string(f.type) or f.type in _INT_BOUNDS or pa.types.is_float64(f.type)
             or pa.types.is_boolean(f.type) for f in self.fields)
 
-    def decode(self, raw: Sequence[bytes]) -> list[pa.Array] | None:
+    def decode(self, raw: Raw) -> list[pa.Array] | None:
         """One Arrow array per field, or None when the batch needs the general decoder."""
-        if not self.usable or not raw:
+        if not self.usable or not len(raw):
             return None
         try:
             return self._decode(raw)
         except (_Fallback, IndexError):  # IndexError: malformed records, which the general path reports
             return None
 
-    def _decode(self, raw: Sequence[bytes]) -> list[pa.Array]:
+    def _decode(self, raw: Raw) -> list[pa.Array]:
         n = len(raw)
-        packed = pa.array(raw, type=pa.binary())  # one C++ pass: contiguous bytes and offsets
+        # contiguous bytes and offsets: a packed reply already is; a list takes one C++ pass
+        packed = raw if isinstance(raw, pa.BinaryArray) else pa.array(raw, type=pa.binary())
+        if packed.offset != 0:
+            raise _Fallback
         bounds = np.frombuffer(packed.buffers()[1], np.int32, n + 1).astype(np.int64)
         size = int(bounds[-1])
         if bounds[0] != 0 or size == 0:
@@ -1062,7 +1089,7 @@ class RowBuilder:
         self.struct = pa.struct([self.arrow_schema.field(n) for n in self.fields]) if self.fields else None
         self.flat = FlatDecoder([self.arrow_schema.field(n) for n in self.fields])
 
-    def batch(self, task: int, first: int, epoch: int, raw: Sequence[bytes]) -> pa.RecordBatch:
+    def batch(self, task: int, first: int, epoch: int, raw: Raw) -> pa.RecordBatch:
         n = len(raw)
         cols: dict[str, pa.Array] = {
             "task": pa.array(np.full(n, task, dtype=np.int32)),
@@ -1078,7 +1105,7 @@ class RowBuilder:
                   for name in self.names]
         return pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)
 
-    def _general(self, task: int, first: int, raw: Sequence[bytes]) -> dict[str, pa.Array]:
+    def _general(self, task: int, first: int, raw: Raw) -> dict[str, pa.Array]:
         """Every record decoded to Python objects, then converted by pyarrow (JSON, or what FlatDecoder skips)."""
         cols: dict[str, pa.Array] = {}
         records = decode_records(raw)
@@ -1158,7 +1185,7 @@ class _Fetcher:
     def _request(self, r: TaskRange) -> Any:
         p = self.p
         req = pb.DepotReadRequest(module=p.module, depot=p.depot, task=r.task, start=r.start, end=r.end,
-                                  max_bytes=p.max_bytes)
+                                  max_bytes=p.max_bytes, packed=True)
         return _stub(self.address).DepotRead.future(req, timeout=RPC_TIMEOUT_S)
 
     def _relocate(self, why: Exception | str, deadline: float) -> None:
@@ -1180,7 +1207,7 @@ class _Fetcher:
             pb.PartitionInfoRequest(module=self.p.module, depot=self.p.depot, task=task), timeout=RPC_TIMEOUT_S)
         return PartitionStatus(task, int(r.start), int(r.end), int(r.epoch))
 
-    def chunks(self) -> Iterator[tuple[int, int, int, Sequence[bytes]]]:
+    def chunks(self) -> Iterator[tuple[int, int, int, Raw]]:
         """(task, first offset, epoch, msgpack records) per reply, in plan order."""
         p = self.p
         deadline = time.monotonic() + RETRY_S
@@ -1221,7 +1248,8 @@ class _Fetcher:
                         raise err from None
                     self._relocate(err, deadline)
                     continue
-                got = len(reply.records)
+                raw = unpack_reply(reply)
+                got = len(raw)
                 if got == 0 or reply.start != r.start:
                     requeue(r)
                     self._check_range(r, reply, deadline)
@@ -1231,7 +1259,7 @@ class _Fetcher:
                         f"depot {p.module}/{p.depot} partition {r.task}: reply for [{r.start}, {r.end}) holds {got} "
                         f"records but spans [{reply.start}, {reply.next}); depot partitions never have gaps")
                 self.min_epoch = max(self.min_epoch, int(reply.epoch))
-                yield r.task, r.start, int(reply.epoch), reply.records
+                yield r.task, r.start, int(reply.epoch), raw
                 deadline = time.monotonic() + RETRY_S  # progress: the retry budget is per stall, not per read
                 if reply.next < r.end:  # cut by max_bytes: continue this range before the ones in flight
                     rest = TaskRange(r.task, int(reply.next), r.end, r.epoch)
