@@ -58,7 +58,7 @@ proto/%_pb2.py: proto/%.proto $(STAMP)/venv
 
 lint: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy replog pstate topology conductor
+	$(VENV)/bin/mypy replog pstate topology conductor bench
 
 test: lint
 	$(PY) -m pytest -q

@@ -150,7 +150,7 @@ class _FarHorizonServicer(pbg.ReplicationServicer):
         return self.shelf.take((request.module, request.group, request.follower), make)
 
     async def FetchCheckpoint(self, request: pb.FetchCheckpointRequest,
-                              context: Any) -> AsyncIterator[pb.CheckpointChunk]:
+                              context: Any) -> AsyncIterator[pb.CheckpointChunk | bytes]:
         key = (request.module, request.group, request.follower)
         if request.release:
             self.shelf.release(key)

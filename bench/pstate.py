@@ -26,7 +26,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import rocksdict
 from rich.console import Console
@@ -93,7 +93,7 @@ def run(n_keys: int, batch: int, n_gets: int, n_ranges: int, range_len: int, rou
 
         def raw_range(a: str, b: str) -> list[Any]:
             # default-mode rocksdict does not apply iterate_upper_bound to str keys, so stop by hand
-            return list(itertools.takewhile(lambda kv: kv[0] < b, db.items(from_key=a)))
+            return list(itertools.takewhile(lambda kv: cast(str, kv[0]) < b, db.items(from_key=a)))
 
         def raw_ranges() -> None:
             for a, b in bounds:
