@@ -7,14 +7,19 @@ with and without a network.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from conductor.runtime_env import delta_jars, require_java17, venv_python
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+log = logging.getLogger("millrace.spark")
+#: JVM launches tried before giving up
+GATEWAY_ATTEMPTS = 3
 
 
 def spark_session(app_name: str = "millrace", warehouse: Path | None = None, cores: int = 2) -> SparkSession:
@@ -45,6 +50,28 @@ def spark_session(app_name: str = "millrace", warehouse: Path | None = None, cor
     )
     if warehouse is not None:
         builder = builder.config("spark.sql.warehouse.dir", str(warehouse))
-    spark = builder.getOrCreate()
+    spark = _launch(builder)
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def _launch(builder: Any, attempts: int = GATEWAY_ATTEMPTS) -> SparkSession:
+    """``getOrCreate``, launching the JVM again if it died before it started.
+
+    PySpark starts its JVM with fork + exec from a process that usually has
+    gRPC's threads running; gRPC's fork handlers occasionally kill the child
+    before it execs (seen as JAVA_GATEWAY_EXITED with no Java output, about
+    one demo run in five). Nothing was started then, so trying again is safe.
+    """
+    from pyspark.errors import PySparkRuntimeError
+
+    for attempt in range(1, attempts + 1):
+        try:
+            session: SparkSession = builder.getOrCreate()
+            return session
+        except PySparkRuntimeError as e:
+            if e.getCondition() != "JAVA_GATEWAY_EXITED" or attempt == attempts:
+                raise
+            log.warning("Spark's JVM exited before it started (attempt %d of %d); launching it again",
+                        attempt, attempts)
+    raise AssertionError("unreachable")
