@@ -36,13 +36,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import logging
 import queue
 import threading
 import time
 from collections import defaultdict, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -299,6 +300,27 @@ class Cluster:
                 return True
             return False
 
+    @contextlib.contextmanager
+    def _watching(self, key: tuple[str, int], call: Any, generation: int,
+                  moved: tuple[type[BaseException], ...]) -> Iterator[None]:
+        """Wait for `call` inside the block while a leader move may abandon it.
+
+        A `moved` exception from an abandoned call becomes NotLeader (ask the new
+        leader); from a call nobody abandoned it is the call's own failure. A
+        plain ``with`` serves blocking and awaited waits alike.
+        """
+        self._track(key, call, generation)
+        try:
+            yield
+        except moved:
+            if not self._untrack(key, call):
+                raise
+            raise NotLeader(f"{key[0]}/{key[1]}", None, None) from None
+        except BaseException:
+            self._untrack(key, call)
+            raise
+        self._untrack(key, call)
+
     def _cached_address(self, module: str, group: int) -> str | None:
         """The group leader's address if metadata and the node's address are cached (never blocks)."""
         meta = self._meta.get(module)
@@ -349,86 +371,31 @@ class Cluster:
 
     async def _call(self, module: str, group: int, method: str, request: Any) -> Any:
         """One RPC to the group leader on the event loop, following leader moves until `timeout_s`."""
-        deadline = time.monotonic() + self.timeout_s
-        refresh = False
-        delay = 0.02
-        key = (module, group)
+        r = _Retry(self, module, group)
         while True:
             try:
-                generation = self._generation[key]
-                address = None if refresh else self._cached_address(module, group)
-                if address is None:
-                    address = await asyncio.to_thread(self._leader_address, module, group, refresh)
-                call = getattr(self._stub(address), method)(request, timeout=max(0.1, deadline - time.monotonic()))
-                self._track(key, call, generation)
-                try:
-                    result = await call
-                except (asyncio.CancelledError, grpc.RpcError):
-                    if not self._untrack(key, call):
-                        raise  # a failed call, or our caller was cancelled
-                    # The leader moved while we waited: ask the new one.
-                    raise NotLeader(f"{module}/{group}", None, None) from None
-                except BaseException:
-                    self._untrack(key, call)
-                    raise
-                self._untrack(key, call)
-                return result
-            except grpc.RpcError as e:
-                err = error_from_rpc(e)
-            except (Unavailable, NotLeader) as e:
-                err = e
-            self._check_retry(module, group, err, deadline, delay)
-            refresh = True
-            await asyncio.sleep(delay)
-            delay = min(0.5, delay * 2)
-
-    @staticmethod
-    def _check_retry(module: str, group: int, err: Exception, deadline: float, delay: float) -> None:
-        """Raise `err` unless it is worth another try: a moved or unreachable leader, with time left.
-
-        StalledGroup is not retried: the leader already waited the append timeout for its ISR.
-        """
-        if not isinstance(err, NotLeader | Unavailable) or time.monotonic() + delay > deadline:
-            raise err
-        log.debug("%s/%s: %s; refreshing metadata and retrying", module, group, err)
+                generation, address = await r.leader_aio()
+                call = getattr(self._stub(address), method)(request, timeout=r.remaining())
+                with self._watching(r.key, call, generation, (asyncio.CancelledError, grpc.RpcError)):
+                    return await call
+            except (grpc.RpcError, Unavailable, NotLeader) as e:
+                err: Exception = e
+            await asyncio.sleep(r.backoff(err))
 
     def _call_sync(self, module: str, group: int, method: str, request: Any) -> Any:
         """The same as :meth:`_call` as a synchronous gRPC call in the calling thread (blocking APIs)."""
         if self._closed:
             raise ClientError("the cluster client is closed")
-        deadline = time.monotonic() + self.timeout_s
-        refresh = False
-        delay = 0.02
-        key = (module, group)
+        r = _Retry(self, module, group)
         while True:
             try:
-                generation = self._generation[key]
-                address = None if refresh else self._cached_address(module, group)
-                if address is None:
-                    address = self._leader_address(module, group, refresh)
-                rpc = getattr(self._sync_stub(address), method)
-                fut = rpc.future(request, timeout=max(0.1, deadline - time.monotonic()))
-                self._track(key, fut, generation)
-                try:
-                    result = fut.result()
-                except (grpc.FutureCancelledError, grpc.RpcError):
-                    if not self._untrack(key, fut):
-                        raise
-                    # The leader moved while we waited: ask the new one.
-                    raise NotLeader(f"{module}/{group}", None, None) from None
-                except BaseException:
-                    self._untrack(key, fut)
-                    raise
-                self._untrack(key, fut)
-                return result
-            except grpc.RpcError as e:
-                err = error_from_rpc(e)
-            except (Unavailable, NotLeader) as e:
-                err = e
-            self._check_retry(module, group, err, deadline, delay)
-            refresh = True
-            time.sleep(delay)
-            delay = min(0.5, delay * 2)
+                generation, address = r.leader()
+                fut = getattr(self._sync_stub(address), method).future(request, timeout=r.remaining())
+                with self._watching(r.key, fut, generation, (grpc.FutureCancelledError, grpc.RpcError)):
+                    return fut.result()
+            except (grpc.RpcError, Unavailable, NotLeader) as e:
+                err: Exception = e
+            time.sleep(r.backoff(err))
 
     def _append_stream(self, address: str, module: str, group: int) -> _SyncAppendStream:
         key = (address, module, group)
@@ -461,85 +428,40 @@ class Cluster:
         """`_call_sync(..., "Append", request)` on the group leader's AppendStream: same retries and abandonment."""
         if self._closed:
             raise ClientError("the cluster client is closed")
-        deadline = time.monotonic() + self.timeout_s
-        refresh = False
-        delay = 0.02
-        key = (module, group)
+        r = _Retry(self, module, group)
         while True:
             try:
-                generation = self._generation[key]
-                address = None if refresh else self._cached_address(module, group)
-                if address is None:
-                    address = self._leader_address(module, group, refresh)
+                generation, address = r.leader()
                 stream = self._append_stream(address, module, group)
                 ticket = _StreamTicket(stream)  # one per request: abandonment is per request, cancelling the stream
-                self._track(key, ticket, generation)
-                try:
-                    reply = stream.request(request, deadline)
-                except grpc.RpcError:
-                    if not self._untrack(key, ticket):
-                        raise
-                    # The leader moved while we waited: ask the new one.
-                    raise NotLeader(f"{module}/{group}", None, None) from None
-                except BaseException:
-                    self._untrack(key, ticket)
-                    raise
-                self._untrack(key, ticket)
-                if reply.error:
-                    raise error_from_json(reply.error)
-                return reply
-            except grpc.RpcError as e:
-                err = error_from_rpc(e)
-            except (Unavailable, NotLeader) as e:
-                err = e
-            self._check_retry(module, group, err, deadline, delay)
-            refresh = True
-            time.sleep(delay)
-            delay = min(0.5, delay * 2)
+                with self._watching(r.key, ticket, generation, (grpc.RpcError,)):
+                    reply = stream.request(request, r.deadline)
+                return _checked(reply)
+            except (grpc.RpcError, Unavailable, NotLeader) as e:
+                err: Exception = e
+            time.sleep(r.backoff(err))
 
     async def _append_aio(self, module: str, group: int, request: pb.AppendRequest) -> pb.AppendReply:
         """Event loop: `_call(..., "Append", request)` on the leader's AppendStream; same retries and abandonment."""
-        deadline = time.monotonic() + self.timeout_s
-        refresh = False
-        delay = 0.02
-        key = (module, group)
+        r = _Retry(self, module, group)
         while True:
             try:
-                generation = self._generation[key]
-                address = None if refresh else self._cached_address(module, group)
-                if address is None:
-                    address = await asyncio.to_thread(self._leader_address, module, group, refresh)
+                generation, address = await r.leader_aio()
                 skey = (address, module, group)
                 stream = self._aio_streams.get(skey)
                 if stream is None or stream.broken is not None:
                     stream = self._aio_streams[skey] = _AioAppendStream(self._stub(address))
                 ticket = _AioStreamTicket(self._loop, stream)
-                self._track(key, ticket, generation)
-                try:
-                    reply = await asyncio.wait_for(stream.request(request), max(0.1, deadline - time.monotonic()))
-                except TimeoutError:
-                    self._untrack(key, ticket)
-                    stream.cancel()  # a reply may never come on it: the next request opens another
-                    raise Unavailable("DEADLINE_EXCEEDED", "no reply before the client's timeout") from None
-                except (asyncio.CancelledError, grpc.RpcError):
-                    if not self._untrack(key, ticket):
-                        raise
-                    raise NotLeader(f"{module}/{group}", None, None) from None
-                except BaseException:
-                    self._untrack(key, ticket)
-                    raise
-                self._untrack(key, ticket)
-                if reply.error:
-                    raise error_from_json(reply.error)
-                return reply
-            except grpc.RpcError as e:
-                err = error_from_rpc(e)
-            except (Unavailable, NotLeader) as e:
-                err = e
-            self._check_retry(module, group, err, deadline, delay)
-            refresh = True
-            await asyncio.sleep(delay)
-            delay = min(0.5, delay * 2)
+                with self._watching(r.key, ticket, generation, (asyncio.CancelledError, grpc.RpcError)):
+                    try:
+                        reply = await asyncio.wait_for(stream.request(request), r.remaining())
+                    except TimeoutError:
+                        stream.cancel()  # a reply may never come on it: the next request opens another
+                        raise Unavailable("DEADLINE_EXCEEDED", "no reply before the client's timeout") from None
+                return _checked(reply)
+            except (grpc.RpcError, Unavailable, NotLeader) as e:
+                err: Exception = e
+            await asyncio.sleep(r.backoff(err))
 
     # ------------------------------------------------------------------------ append_async hand-off
 
@@ -566,6 +488,64 @@ class Cluster:
             if b is None:
                 b = batchers[(module, group)] = _GroupBatcher(self, module, group)
             b.add(ack, depot, task, data, fut)
+
+
+class _Retry:
+    """One client call's retry budget: its deadline, whether to refresh the leader, and the backoff.
+
+    The blocking and the event-loop call loops both drive it and differ only
+    in how they wait.
+    """
+
+    __slots__ = ("c", "deadline", "delay", "key", "refresh")
+
+    def __init__(self, c: Cluster, module: str, group: int) -> None:
+        self.c = c
+        self.key = (module, group)
+        self.deadline = time.monotonic() + c.timeout_s
+        self.refresh = False
+        self.delay = 0.02
+
+    def _target(self) -> tuple[int, str | None]:
+        """The leader-move generation to watch, and the leader's address if cached (never blocks)."""
+        generation = self.c._generation[self.key]
+        return generation, None if self.refresh else self.c._cached_address(*self.key)
+
+    def leader(self) -> tuple[int, str]:
+        """The generation to watch and the leader's address, from ZooKeeper if not cached (blocks)."""
+        generation, address = self._target()
+        return generation, address or self.c._leader_address(*self.key, self.refresh)
+
+    async def leader_aio(self) -> tuple[int, str]:
+        """:meth:`leader` on the event loop (a ZooKeeper read goes to a thread)."""
+        generation, address = self._target()
+        if address is None:
+            address = await asyncio.to_thread(self.c._leader_address, *self.key, self.refresh)
+        return generation, address
+
+    def remaining(self) -> float:
+        return max(0.1, self.deadline - time.monotonic())
+
+    def backoff(self, exc: Exception) -> float:
+        """After a failed try: raise what is not worth another, else the seconds to wait before it.
+
+        Worth another: a moved or unreachable leader, with time left. StalledGroup
+        is not retried: the leader already waited the append timeout for its ISR.
+        """
+        err = error_from_rpc(exc) if isinstance(exc, grpc.RpcError) else exc
+        if not isinstance(err, NotLeader | Unavailable) or time.monotonic() + self.delay > self.deadline:
+            raise err
+        log.debug("%s/%s: %s; refreshing metadata and retrying", *self.key, err)
+        self.refresh = True
+        delay, self.delay = self.delay, min(0.5, self.delay * 2)
+        return delay
+
+
+def _checked(reply: pb.AppendReply) -> pb.AppendReply:
+    """An AppendStream reply, or the error it carries (streams answer errors in-band)."""
+    if reply.error:
+        raise error_from_json(reply.error)
+    return reply
 
 
 #: how often the client looks for blocking appends past their deadline
