@@ -647,8 +647,9 @@ class Replica:
         assert ls is not None
         if not self.session_ok:
             return
-        isr = self._effective_isr()
-        if len(isr) < self.config.effective_min_isr:
+        # min-ISR counts members the metastore has recorded: one whose join is still in flight holds the
+        # entries (the candidate waits for it) but is not electable yet, so it adds no durability.
+        if len(ls.isr) < self.config.effective_min_isr:
             return
         candidate = self._apply_candidate()
         if candidate is None or candidate <= self.apply_offset:
@@ -861,7 +862,13 @@ class Replica:
                 p.next = p.acked_end  # frames or acks were lost: go back
                 p.last_progress_ms = now
             lag = self.log_end - p.acked_end
-            if p.acked_end < self.log_start or (r in ls.osr and lag > cfg.max_near_sync_message_lag):
+            # A checkpoint holds the applied state only: for an OSR member it is worth its cost when it skips
+            # more than the near window. A group stalled below min-ISR applies nothing, so its checkpoints
+            # skip nothing and the follower must replay what it lacks to rejoin (found by the simulator
+            # once min-ISR could be raised live: offers of the same checkpoint forever, a stall forever).
+            skip = self.apply_offset + 1 - p.acked_end
+            near = cfg.max_near_sync_message_lag
+            if p.acked_end < self.log_start or (r in ls.osr and lag > near and skip > near):
                 if not p.far or now - p.far_since_ms >= cfg.far_horizon_retry_ms:
                     p.far = True
                     p.far_since_ms = now

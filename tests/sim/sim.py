@@ -31,6 +31,7 @@ from replog.messages import (
     Apply,
     ChangeIsr,
     ClientAppend,
+    ConfigChanged,
     Event,
     GroupState,
     HandOff,
@@ -168,8 +169,10 @@ class Sim:
     * apply offsets and epochs never go backwards on a replica (a restart resets to
       the durable values, which are >= what was durably applied);
     * an ``applied`` acknowledgement names entries of ``C`` with the client's payloads
-      and is only given while the leader's ISR and the metastore's ISR have >= min-ISR members;
-      an ``append`` acknowledgement names entries the leader holds durably.
+      and is only given while the leader's ISR has >= min-ISR members (the leader's
+      min-ISR: options change live) and each entry is on >= min-ISR disks, durably;
+      an ``append`` acknowledgement names entries the leader holds durably;
+    * an ISR shrink never goes below the min-ISR it was decided under.
     """
 
     def __init__(self, seed: int, *, nodes: int = 3, config: ReplicationConfig | None = None,
@@ -336,7 +339,8 @@ class Sim:
             disk.epoch_pairs = a.pairs
         elif isinstance(a, ChangeIsr):
             lo, hi = self.metastore_ms
-            self.at(self.now + self.rng.randint(lo, hi), self._cas, n.id, n.incarnation, a)
+            self.at(self.now + self.rng.randint(lo, hi), self._cas, n.id, n.incarnation, a,
+                    n.replica.config.effective_min_isr)
         elif isinstance(a, RoleChanged):
             self.note(f"{n.id} -> {a.role} epoch {a.epoch}")
             if a.role is Role.LEADER:
@@ -483,15 +487,23 @@ class Sim:
         if a.count != len(req.payloads):
             self.fail(f"reply for {a.count} entries to a request of {len(req.payloads)}")
         if req.ack is Ack.APPLIED:
-            min_isr = self.config.effective_min_isr
-            if len(n.replica.isr) < min_isr or len(self.znode.isr) < min_isr:
-                self.fail(f"{n.id} acknowledged applied with ISR {n.replica.isr} / znode {self.znode.isr} "
-                          f"below min-ISR {min_isr}")
+            # min-ISR is the leader's (options change live, and reach each node on its own schedule); what it
+            # promises is copies: every acknowledged entry is on at least that many disks, durably. (The
+            # metastore's ISR may already be smaller, by a shrink decided under a lower min-ISR; its members
+            # hold every applied entry: _check_isr_holds on each apply, _check_holds_committed on each join.)
+            min_isr = n.replica.config.effective_min_isr
+            if len(n.replica.isr) < min_isr:
+                self.fail(f"{n.id} acknowledged applied with ISR {n.replica.isr} below min-ISR {min_isr}")
             for i, p in enumerate(req.payloads):
                 o = a.first + i
                 if o >= len(self.committed) or self.committed[o][1] != p:
                     self.fail(f"{n.id} acknowledged {p} at {o} as applied, committed has "
                               f"{self.committed[o] if o < len(self.committed) else None}")
+                copies = [m.id for m in self.nodes.values()
+                          if o < m.disk.durable_end and m.disk.entries[o][1] == p]
+                if len(copies) < min_isr:
+                    self.fail(f"{n.id} acknowledged {p} at {o} as applied with {len(copies)} durable copies "
+                              f"({copies}), below min-ISR {min_isr}")
         elif req.ack is Ack.APPEND:
             d = n.disk
             for i, p in enumerate(req.payloads):
@@ -516,13 +528,12 @@ class Sim:
         for m in st.isr:
             if m not in old.isr:
                 self._check_holds_committed(self.nodes[m], "joined the ISR")
-        if len(st.isr) < self.config.effective_min_isr:
-            self.fail(f"ISR {st.isr} shrank below min-ISR {self.config.effective_min_isr}")
         for nid in self.ids:
             if self.nodes[nid].alive and self.nodes[nid].session_live:  # watches die with the session
                 self._notify(nid, st)
 
-    def _cas(self, nid: str, inc: int, a: ChangeIsr) -> None:
+    def _cas(self, nid: str, inc: int, a: ChangeIsr, min_isr: int) -> None:
+        """The leader's ISR change, decided under ``min_isr`` (its config when it asked: options change live)."""
         n = self.nodes[nid]
         lo, hi = self.metastore_ms
         back = self.now + self.rng.randint(lo, hi)
@@ -535,8 +546,27 @@ class Sim:
         else:
             if a.new.version != a.expected_version + 1 or a.new.epoch != self.znode.epoch:
                 self.fail(f"bad CAS from {nid}: {a}")
+            if len(a.new.isr) < min(min_isr, len(self.znode.isr)):  # growing back towards min-ISR is fine
+                self.fail(f"{nid} shrank the ISR to {a.new.isr}, below its min-ISR {min_isr}")
             self._write_znode(a.new)
             self.at(back, self._deliver, nid, inc, IsrChanged(a.new))
+
+    def set_config(self, config: ReplicationConfig) -> None:
+        """``conductor set-option``: the module znode changes; each node's watch fires on its own schedule.
+
+        A replica started later (a restart) reads the current options, as a
+        worker does when it opens the module.
+        """
+        self.note(f"config: min-ISR {config.effective_min_isr}, lag {config.max_time_lag_ms} ms, "
+                  f"near lag {config.max_near_sync_message_lag}, inflight {config.max_inflight_entries}")
+        self.config = config
+        lo, hi = self.metastore_ms
+        for nid in self.ids:
+            n = self.nodes[nid]
+            if n.alive and n.session_live:
+                t = max(self.now + self.rng.randint(lo, hi), n.last_notify_ms)
+                n.last_notify_ms = t
+                self.at(t, self._deliver, nid, n.incarnation, ConfigChanged(config))
 
     def request_resign(self, to: str) -> None:
         """The balancer asks the current leader to hand leadership to ``to`` (the resign znode + its watch)."""
@@ -784,6 +814,7 @@ def run_seed(seed: int, replica_cls: type[Replica] = Replica, fault_ms: int = 12
               metastore_ms=rng.choice([(1, 5), (1, 40)]))
     # Its own generator, so seeds recorded before retention existed still replay their runs.
     sim.retention = random.Random(seed ^ 0x7E7E).random() < 0.5
+    config_rng = random.Random(seed ^ 0xC0F1)  # likewise for live option changes
     slow = {nid for nid in sim.ids if rng.random() < faults.slow_disk}
     for nid in slow:
         sim.nodes[nid].flush_ms = faults.slow_flush_ms
@@ -792,9 +823,12 @@ def run_seed(seed: int, replica_cls: type[Replica] = Replica, fault_ms: int = 12
         _schedule_faults(sim, rng, fault_ms)
         _schedule_clients(sim, rng, fault_ms)
         _schedule_resigns(sim, balance_rng, fault_ms)
+        _schedule_config_changes(sim, config_rng, fault_ms)
         sim.run_until(fault_ms)
-        # heal: no more faults, everyone back, fast disks
+        # heal: no more faults, everyone back, fast disks, the options liveness is judged under
         sim.faults = replace(sim.faults, drop=0.0, duplicate=0.0)
+        if sim.config != config:
+            sim.set_config(config)
         sim.heal()
         for nid in sim.ids:
             sim.nodes[nid].flush_ms = 2
@@ -868,6 +902,25 @@ def _schedule_resigns(sim: Sim, rng: random.Random, until_ms: int) -> None:
         if t >= until_ms:
             return
         sim.at(int(t), resign)
+
+
+def _schedule_config_changes(sim: Sim, rng: random.Random, until_ms: int) -> None:
+    """On half of the seeds, an operator changes live options (``set-option``) a few times during the faults.
+
+    min-ISR moves anywhere in [1, replication factor] (lowering it is how an
+    operator unstalls a group); the lag, near-horizon and inflight limits move
+    within a factor of a few of the simulator's defaults.
+    """
+    if rng.random() < 0.5:
+        return
+    base = sim.config
+    rf = base.replication_factor
+    for _ in range(rng.randint(1, 4)):
+        cfg = replace(base, min_isr=rng.choice([None, *range(1, rf + 1)]),
+                      max_time_lag_ms=rng.choice([60, 150, 400]),
+                      max_near_sync_message_lag=rng.choice([10, 40, 200]),
+                      max_inflight_entries=rng.choice([8, 60, 500]))
+        sim.at(rng.randrange(until_ms), sim.set_config, cfg)
 
 
 def _schedule_clients(sim: Sim, rng: random.Random, until_ms: int) -> None:

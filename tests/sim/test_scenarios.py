@@ -403,3 +403,49 @@ def test_hand_off_to_a_follower_leaving_the_isr_is_given_up() -> None:
     after = sim.append(1, Ack.APPLIED)
     sim.run_until_true(lambda: after.outcome == "ok")
     sim.heal_and_settle()
+
+
+# ------------------------------------------------------------------------------------------------ live options
+
+
+def test_min_isr_changed_live_unstalls_and_stalls_the_group() -> None:
+    """`conductor set-option replication.min.isr`: with two of three replicas cut off the group stalls at
+    min-ISR 2; lowering it to 1 lets the leader shrink the ISR and apply alone; raising it to 3 stalls
+    the group again (nothing is applied with fewer copies). Once the followers return they install a
+    checkpoint of what was applied alone, then must *replay* the stalled entries (a checkpoint of a
+    stalled group skips nothing: offering it again forever was a livelock), rejoin, and it resumes."""
+    from dataclasses import replace
+
+    sim = scripted(3, min_isr=2, max_time_lag_ms=60, max_near_sync_message_lag=10)
+    sim.elect("a")
+    sim.run_for(30)
+    a = sim.nodes["a"]
+    first = sim.append(2, Ack.APPLIED)
+    sim.run_until_true(lambda: first.outcome == "ok")
+    sim.isolate("b")
+    sim.isolate("c")
+    stalled = sim.append(1, Ack.APPLIED)
+    sim.run_until_true(lambda: stalled.outcome != "pending", max_ms=1_000)
+    assert stalled.outcome == "StalledGroup" and len(sim.znode.isr) >= 2  # never below min-ISR 2
+    applied = a.replica.applied
+
+    sim.set_config(replace(sim.config, min_isr=1))
+    alone = [sim.append(1, Ack.APPLIED) for _ in range(15)]
+    sim.run_until_true(lambda: all(r.outcome != "pending" for r in alone), max_ms=1_000)
+    assert all(r.outcome == "ok" for r in alone) and sim.znode.isr == ("a",) and a.replica.applied > applied
+
+    sim.set_config(replace(sim.config, min_isr=3))
+    sim.run_for(10)
+    applied = a.replica.applied
+    for _ in range(15):
+        sim.append(1, Ack.APPLIED)
+        sim.run_for(2)
+    sim.run_for(60)
+    assert a.replica.applied == applied and a.replica.log_end > applied + 12  # stalled: one copy, min-ISR 3
+
+    sim.heal()
+    sim.run_until_true(lambda: set(sim.znode.isr) == {"a", "b", "c"} and a.replica.applied == a.replica.log_end - 1,
+                       max_ms=3_000)
+    assert sim.nodes["b"].disk.start > 0 or sim.nodes["c"].disk.start > 0  # a checkpoint was installed
+    sim.run_for(200)
+    sim.check_liveness()

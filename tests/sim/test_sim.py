@@ -80,3 +80,17 @@ def test_regression_seed_late_cas_answer_fences_new_leadership() -> None:
     (unit test: test_replica_leader.py::test_late_cas_answer_of_an_earlier_leadership_is_ignored)."""
     result = run_seed(4164, fault_ms=2000)
     assert result.error is None, result.error
+
+
+@pytest.mark.parametrize("seed", [37, 107, 931, 1082])
+def test_regression_seeds_live_option_changes(seed: int) -> None:
+    """Seeds that failed when the simulator started changing options live (`conductor set-option`).
+    107: after min-ISR was raised above the ISR, the leader counted a member whose join CAS was
+    still in flight towards min-ISR and applied with fewer electable copies. 37: with the group
+    stalled below min-ISR, an OSR follower was offered the same checkpoint of the stalled apply
+    offset forever instead of replaying the entries it needed to rejoin. 931 and 1082 made the
+    simulator's own checks precise: liveness is judged under the base options, and min-ISR
+    promises copies on disk (the metastore's ISR may already be smaller, by a shrink decided
+    under the lower min-ISR a moment before)."""
+    result = run_seed(seed)
+    assert result.error is None, result.error

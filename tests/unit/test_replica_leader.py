@@ -219,11 +219,23 @@ def test_caught_up_osr_member_rejoins_by_cas() -> None:
 def test_far_behind_osr_member_gets_far_horizon_catchup() -> None:
     r, _ = make_leader(GroupState("a", 1, ("a", "b"), ("c",), 1, 1), max_near_sync_message_lag=5)
     r.handle(ClientAppend(1, 20, 200, Ack.NONE), 0)
+    r.handle(LocalFlushed(20), 0)
+    ack(r, "b", 19, reset=True)  # applied through 19: a checkpoint now skips more than the near window
+    assert r.apply_offset == 19
     out = r.handle(ReplicateAck("c", "a", 1, -1, 0, True), 1)
-    assert of(out, StartFarHorizon) == [StartFarHorizon("c", 1, -1)]
+    assert of(out, StartFarHorizon) == [StartFarHorizon("c", 1, 19)]
     assert not [s for s in of(out, SendEntries) if s.dst == "c" and s.end > s.start]
     out = r.handle(ReplicateAck("c", "a", 1, 16, 17), 2)  # the checkpoint arrived
     assert [(s.start, s.end) for s in of(out, SendEntries) if s.dst == "c"] == [(17, 20)]
+
+
+def test_stalled_group_offers_no_checkpoint_that_skips_nothing() -> None:
+    """Below min-ISR nothing is applied, so a checkpoint holds nothing the follower lacks: it replays."""
+    r, _ = make_leader(GroupState("a", 1, ("a", "b"), ("c",), 1, 1), max_near_sync_message_lag=5)
+    r.handle(ClientAppend(1, 20, 200, Ack.NONE), 0)
+    out = r.handle(ReplicateAck("c", "a", 1, -1, 0, True), 1)
+    assert not of(out, StartFarHorizon)
+    assert [(s.start, s.end) for s in of(out, SendEntries) if s.dst == "c" and s.end > s.start]
 
 
 def test_epoch_request_is_answered_from_the_cache() -> None:
