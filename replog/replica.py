@@ -207,6 +207,8 @@ class Replica:
         self.reconciled = False
         self._requested_epoch: int | None = None
         self._request_sent_ms = 0
+        #: follower: when we last acknowledged (beats are answered at most once per heartbeat interval)
+        self._last_ack_ms = -(1 << 62)
         # leader state
         self._ls: _LeaderState | None = None
         self._out: list[Action] = []
@@ -482,6 +484,7 @@ class Replica:
 
     def _send_ack(self, reset: bool = False) -> None:
         assert self.leader is not None
+        self._last_ack_ms = self._now
         self._out.append(Send(ReplicateAck(self.node_id, self.leader, self.epoch, self.flushed_end - 1,
                                            self.log_end, reset)))
 
@@ -526,7 +529,12 @@ class Replica:
         if m.apply_offset > self.apply_offset:
             self.apply_offset = m.apply_offset
         self._follower_apply()
-        self._send_ack()
+        # A frame with entries (new, or resent because the leader missed our ack) is answered. A beat
+        # (apply offset or heartbeat only) tells the leader nothing it needs: answering each one cost a
+        # message each way per append. Once per heartbeat interval it is answered anyway, which repairs
+        # a lost ack (the leader's view of what we hold) even when no entries flow.
+        if n or self._now - self._last_ack_ms >= self.config.heartbeat_interval_ms:
+            self._send_ack()
 
     def _follower_apply(self) -> None:
         self._apply_to(min(self.apply_offset, self.flushed_end - 1))

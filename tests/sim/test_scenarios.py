@@ -264,6 +264,7 @@ def test_delayed_messages_from_an_old_epoch_are_dropped() -> None:
     sim.crash("a")
     sim.heal()
     sim.elect("b")
+    sim.run_until_true(lambda: sim.nodes["b"].replica.accepts_appends)
     new = sim.append(1, Ack.APPLIED, to="b")
     sim.run_until_true(lambda: new.outcome == "ok" and c.replica.applied == 1)
     before = list(c.disk.entries)
