@@ -231,8 +231,11 @@ def test_far_behind_osr_member_gets_far_horizon_catchup() -> None:
 
 def test_stalled_group_offers_no_checkpoint_that_skips_nothing() -> None:
     """Below min-ISR nothing is applied, so a checkpoint holds nothing the follower lacks: it replays."""
-    r, _ = make_leader(GroupState("a", 1, ("a", "b"), ("c",), 1, 1), max_near_sync_message_lag=5)
+    r, _ = make_leader(GroupState("a", 1, ("a", "b"), ("c",), 1, 1), max_near_sync_message_lag=5, min_isr=3)
     r.handle(ClientAppend(1, 20, 200, Ack.NONE), 0)
+    r.handle(LocalFlushed(20), 0)
+    ack(r, "b", 19, reset=True)  # every ISR member holds it all, but the ISR (2) is below min-ISR (3)
+    assert r.apply_offset == -1
     out = r.handle(ReplicateAck("c", "a", 1, -1, 0, True), 1)
     assert not of(out, StartFarHorizon)
     assert [(s.start, s.end) for s in of(out, SendEntries) if s.dst == "c" and s.end > s.start]
