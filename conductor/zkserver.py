@@ -181,27 +181,14 @@ class ZooKeeperServer:
         return True
 
     def four_letter(self, word: str, timeout_s: float = 1.0) -> str | None:
-        """Send one of ZooKeeper's four-letter commands; its answer, or None if the server did not answer."""
-        try:
-            with socket.create_connection((self.host, self.port), timeout=timeout_s) as s:
-                s.sendall(word.encode())
-                chunks = []
-                while chunk := s.recv(4096):
-                    chunks.append(chunk)
-                return b"".join(chunks).decode(errors="replace")
-        except OSError:
-            return None
+        return four_letter(self.host, self.port, word, timeout_s)
 
     def ruok(self) -> bool:
         """ZooKeeper's health check: the process answers (it says nothing about having a quorum)."""
         return self.four_letter("ruok") == "imok"
 
     def mode(self) -> str | None:
-        """'standalone', 'leader' or 'follower' while serving; None while it is not (no quorum, or down)."""
-        for line in (self.four_letter("srvr") or "").splitlines():
-            if line.startswith("Mode:"):
-                return line.split(":", 1)[1].strip()
-        return None
+        return server_mode(self.host, self.port)
 
     def kill(self) -> None:
         """SIGKILL and reap: a server lost without warning."""
@@ -236,6 +223,28 @@ class ZooKeeperServer:
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
+
+
+def four_letter(host: str, port: int, word: str, timeout_s: float = 1.0) -> str | None:
+    """Send one of ZooKeeper's four-letter commands; its answer, or None if the server did not answer."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as s:
+            s.sendall(word.encode())
+            chunks = []
+            while chunk := s.recv(4096):
+                chunks.append(chunk)
+            return b"".join(chunks).decode(errors="replace")
+    except OSError:
+        return None
+
+
+def server_mode(host: str, port: int) -> str | None:
+    """'standalone', 'leader' or 'follower' while the server serves; None while it does not (no quorum, or
+    down)."""
+    for line in (four_letter(host, port, "srvr") or "").splitlines():
+        if line.startswith("Mode:"):
+            return line.split(":", 1)[1].strip()
+    return None
 
 
 def _distinct_free_ports(n: int) -> list[int]:
@@ -279,6 +288,10 @@ class ZooKeeperEnsemble:
     @property
     def hosts(self) -> str:
         return ",".join(s.hosts for s in self.servers)
+
+    def named(self) -> dict[str, ZooKeeperServer]:
+        """Each server by its name, zk1..zkN (its folder under root)."""
+        return {s.data_dir.name: s for s in self.servers}
 
     def start(self, timeout_s: float = 60.0) -> ZooKeeperEnsemble:
         """Launch every server, then wait for each to serve; on failure stop them all and raise."""
