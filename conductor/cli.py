@@ -1,10 +1,10 @@
 """The `conductor` command line: the operator's way into a Millrace cluster.
 
-Commands (every one that talks to a cluster takes ``--zk HOST:PORT``; without
+Commands (every one that talks to a cluster takes ``--zk HOST:PORT[,HOST:PORT...]``; without
 it the address comes from ``MILLRACE_ZK``, else from ``.millrace-dev/cluster.json``
 written by ``conductor dev`` in the current directory):
 
-    conductor dev [--dir .millrace-dev] [--nodes 3] [--stop]
+    conductor dev [--dir .millrace-dev] [--nodes 3] [--zk-servers 1] [--stop]
     conductor deploy --module pkg.mod:Class --tasks N --threads N --workers N --replicationFactor N [--option k=v]
     conductor status [MODULE] [--watch] [--json]
     conductor set-option MODULE KEY VALUE
@@ -47,7 +47,7 @@ from rich.text import Text
 
 from conductor import status as cluster_status
 from conductor.controller import Conductor, Switch
-from conductor.devcluster import DevCluster, stop_from_state
+from conductor.devcluster import DevCluster, stop_from_state, zookeeper_pids
 from conductor.metastore import MetastoreError, MetastoreUnavailable, ModuleExists
 from conductor.module_spec import KNOWN_OPTIONS, SEGMENT_BYTES, ModuleSpec, SpecError, UnknownOption
 from conductor.runtime_env import EnvironmentBroken
@@ -64,13 +64,15 @@ err_console = Console(stderr=True)
 #: Where `conductor dev` keeps its state, relative to the current directory; other commands look here for
 #: the ZooKeeper address when neither --zk nor MILLRACE_ZK is given.
 DEV_DIR = Path(".millrace-dev")
-#: What a DevCluster stores under its root besides logs and cluster.json; only these are ever deleted.
-_DEV_DATA_DIRS = ("zookeeper/data", "nodes")
+#: What a DevCluster stores under its root besides logs and cluster.json (glob patterns); only these are
+#: ever deleted.
+_DEV_DATA_DIRS = ("zookeeper/zk*/data", "nodes")
 ZK_ENV = "MILLRACE_ZK"
 #: A CLI should fail fast on a wrong address rather than sit in kazoo's reconnect loop.
 CONNECT_TIMEOUT_S = 5.0
 
-ZK_OPTION_HELP = f"ZooKeeper HOST:PORT (default: ${ZK_ENV}, else the address in {DEV_DIR}/cluster.json)"
+ZK_OPTION_HELP = (f"ZooKeeper HOST:PORT, or several comma-separated (default: ${ZK_ENV}, else the address in "
+                  f"{DEV_DIR}/cluster.json)")
 
 
 class CliError(Exception):
@@ -180,7 +182,7 @@ def pid_running(pid: int | None) -> bool:
 def _dev_processes(state: dict[str, Any]) -> list[tuple[str, int, str | None]]:
     """(name, pid, log path) of every process in a `conductor dev` state file."""
     logs: dict[str, str] = state.get("logs", {})
-    procs = [("zookeeper", int(state["zk_pid"]), logs.get("zookeeper"))]
+    procs = [(f"zookeeper {n}", pid, logs.get(f"zookeeper {n}")) for n, pid in zookeeper_pids(state).items()]
     procs += [(f"conductor {n}", int(pid), logs.get(f"conductor {n}")) for n, pid in state["conductors"].items()]
     procs += [(f"node {n}", int(pid), logs.get(f"node {n}")) for n, pid in state["nodes"].items()]
     return procs
@@ -222,7 +224,7 @@ def _record_logs(dc: DevCluster) -> dict[str, Any]:
     """Add each process's log path to cluster.json, so a later `conductor dev` can show them again."""
     path = dc.root / "cluster.json"
     state: dict[str, Any] = json.loads(path.read_text())
-    logs = {"zookeeper": str(dc.zk.log_path)}
+    logs = {f"zookeeper {n}": str(s.log_path) for n, s in dc.zk.named().items()}
     logs.update({f"conductor {n}": str(p.log_path) for n, p in dc.conductors.items()})
     logs.update({f"node {n}": str(p.log_path) for n, p in dc.nodes.items()})
     state["logs"] = logs
@@ -235,9 +237,11 @@ def _record_logs(dc: DevCluster) -> dict[str, Any]:
 def dev(
     directory: Path = typer.Option(DEV_DIR, "--dir", help="where the cluster keeps data, logs and cluster.json"),
     nodes: int = typer.Option(3, "--nodes", min=1, help="number of worker nodes"),
+    zk_servers: int = typer.Option(1, "--zk-servers", min=1, max=7,
+                                   help="ZooKeeper servers; 3 form an ensemble that survives losing one"),
     stop: bool = typer.Option(False, "--stop", help="stop the cluster a previous `conductor dev` started"),
 ) -> None:
-    """Start a local ZooKeeper, a conductor and N worker nodes in the background (or --stop them).
+    """Start local ZooKeeper server(s), a conductor and N worker nodes in the background (or --stop them).
 
     The processes outlive this command (each runs in its own session) so the
     shell is free for `deploy` and `status`; they are stopped by the pids
@@ -280,14 +284,16 @@ def dev(
                 return
             console.print(f"[dim]the dev cluster recorded in {root} is no longer running; starting a new one[/dim]")
             state_file.unlink()
-        for leftover in _DEV_DATA_DIRS:
-            if (root / leftover).is_dir():
-                shutil.rmtree(root / leftover)
-                console.print(f"[dim]removed the previous dev cluster's data in {_short_path(str(root / leftover))}"
-                              "[/dim]")
-        dc = DevCluster(root, nodes=nodes)
+        for pattern in _DEV_DATA_DIRS:
+            for leftover in sorted(root.glob(pattern)):
+                if leftover.is_dir():
+                    shutil.rmtree(leftover)
+                    console.print(f"[dim]removed the previous dev cluster's data in {_short_path(str(leftover))}"
+                                  "[/dim]")
+        dc = DevCluster(root, nodes=nodes, zk_servers=zk_servers)
         try:
-            with console.status(f"starting ZooKeeper, a conductor and {nodes} worker node(s) in {root}"):
+            with console.status(f"starting {zk_servers} ZooKeeper server(s), a conductor and {nodes} worker node(s) "
+                                f"in {root}"):
                 dc.start()  # on failure it stops whatever it had started
         except (RuntimeError, TimeoutError) as e:  # includes EnvironmentBroken; the message has the log tail
             raise CliError(f"the dev cluster did not start: {e}\n(`conductor doctor` checks the installation)") \

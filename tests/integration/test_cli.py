@@ -280,7 +280,7 @@ def test_dev_starts_a_background_cluster_and_stop_ends_it(tmp_path: Path) -> Non
         started = conductor("dev", "--nodes", "2")
         assert started.returncode == 0, started.stdout + started.stderr
         state = json.loads((root / "cluster.json").read_text())
-        pids = [state["zk_pid"], *state["conductors"].values(), *state["nodes"].values()]
+        pids = [*state["zookeeper"].values(), *state["conductors"].values(), *state["nodes"].values()]
         assert len(pids) == 4
         assert all(running(p) for p in pids), "the cluster must outlive the `conductor dev` process"
         for fragment in (state["zk"], *map(str, pids), "node-n2.log", "conductor deploy", "conductor dev --stop"):
