@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from conductor.cli import pid_running
 from conductor.devcluster import stop_from_state
 from conductor.metastore import Metastore
 from conductor.zkserver import server_mode
@@ -19,13 +20,6 @@ from conductor.zkserver import server_mode
 REPO = Path(__file__).resolve().parents[2]
 #: DevCluster's default session timeout for its conductor and nodes.
 SESSION_TIMEOUT_S = 4.0
-
-
-def running(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_dev_runs_an_ensemble_that_survives_losing_one_server(tmp_path: Path) -> None:
@@ -42,7 +36,7 @@ def test_dev_runs_an_ensemble_that_survives_losing_one_server(tmp_path: Path) ->
         state = json.loads((root / "cluster.json").read_text())
         servers = state["zk"].split(",")
         assert len(servers) == 3 and sorted(state["zookeeper"]) == ["zk1", "zk2", "zk3"]
-        assert all(running(pid) for pid in state["zookeeper"].values())
+        assert all(pid_running(pid) for pid in state["zookeeper"].values())
         for name in ("zookeeper zk1", "zookeeper zk3"):
             assert name in started.stdout, started.stdout
 
@@ -58,12 +52,12 @@ def test_dev_runs_an_ensemble_that_survives_losing_one_server(tmp_path: Path) ->
             assert ms.live_nodes() == ["n1"]
         node_log = (root / "logs" / "node-n1.log").read_text()
         assert "lost; stepping down" not in node_log, node_log
-        assert running(state["nodes"]["n1"]) and running(state["conductors"]["c1"])
+        assert pid_running(state["nodes"]["n1"]) and pid_running(state["conductors"]["c1"])
 
         stopped = conductor("dev", "--stop", "--dir", str(root))
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
         pids = [*state["zookeeper"].values(), *state["conductors"].values(), *state["nodes"].values()]
-        assert [p for p in pids if running(p)] == []
+        assert [p for p in pids if pid_running(p)] == []
     finally:
         if (root / "cluster.json").exists():
             stop_from_state(root)

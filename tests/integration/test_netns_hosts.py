@@ -10,12 +10,13 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from conductor.cli import pid_running
 from tests.netns import Host, HostNetwork, claim_file, ip_json, namespace_pids, our_leftovers, sweep_stale
 
 pytestmark = pytest.mark.multihost
@@ -69,13 +70,6 @@ def eventually(check: Callable[[], bool], timeout_s: float, what: str) -> None:
 def leftovers_of(tag: str) -> list[str]:
     netnses, links = our_leftovers()
     return [n for n in [*netnses, *links] if n.startswith(tag)]
-
-
-def running(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_hosts_reach_each_other_and_the_host_namespace(host_network: Build, tmp_path: Path) -> None:
@@ -175,55 +169,49 @@ def test_teardown_removes_everything_even_when_the_body_raises(tmp_path: Path) -
         assert sleeper.pid in pids and len(leftovers_of(tag)) == 5  # 2 namespaces, 2 veths, 1 bridge
         raise RuntimeError("test body failed")
     assert leftovers_of(tag) == []
-    assert [p for p in pids if running(p)] == []
+    assert [p for p in pids if pid_running(p)] == []
     # the /24 stays claimed by this process (its unreachable route keeps late packets home) until it exits
     assert subnet is not None and json.loads(claim_file(subnet).read_text())["pid"] == os.getpid()
 
 
-def start_owner(tmp_path: Path) -> tuple[subprocess.Popen[str], dict[str, Any]]:
-    owner = subprocess.Popen([sys.executable, "-c", OWNER, str(tmp_path / "sleeper.log")], cwd=REPO,
-                             stdout=subprocess.PIPE, text=True, start_new_session=True)
-    assert owner.stdout is not None
-    made = json.loads(owner.stdout.readline())
-    assert len(leftovers_of(made["tag"])) == 5 and running(int(made["pid"]))
-    return owner, made
+@pytest.fixture
+def owner(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], dict[str, Any]]]:
+    """Another process that built a network with a process in it: (the process, what it made)."""
+    proc = subprocess.Popen([sys.executable, "-c", OWNER, str(tmp_path / "sleeper.log")], cwd=REPO,
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        made = json.loads(proc.stdout.readline())
+        assert len(leftovers_of(made["tag"])) == 5 and pid_running(made["pid"])
+        yield proc, made
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        sweep_stale()
 
 
 def assert_all_gone(made: dict[str, Any]) -> None:
     assert leftovers_of(made["tag"]) == []
-    assert not running(int(made["pid"]))
+    assert not pid_running(made["pid"])
     assert not claim_file(made["subnet"]).exists()
     assert [r for r in ip_json("-4", "route", "show", "table", "all") if r["dst"] == made["subnet"]] == []
 
 
-def test_sigterm_of_the_owner_removes_everything(tmp_path: Path) -> None:
-    owner, made = start_owner(tmp_path)
-    try:
-        owner.send_signal(signal.SIGTERM)
-        assert owner.wait(timeout=30) == -signal.SIGTERM
-        assert_all_gone(made)
-    finally:
-        if owner.poll() is None:
-            owner.kill()
-            owner.wait()
-        sweep_stale()
+def test_sigterm_of_the_owner_removes_everything(owner: tuple[subprocess.Popen[str], dict[str, Any]]) -> None:
+    proc, made = owner
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == -signal.SIGTERM
+    assert_all_gone(made)
 
 
-def test_a_later_run_sweeps_what_a_killed_owner_left(tmp_path: Path) -> None:
-    owner, made = start_owner(tmp_path)
-    try:
-        owner.kill()  # SIGKILL: no handler runs
-        owner.wait(timeout=30)
-        assert len(leftovers_of(made["tag"])) == 5 and running(int(made["pid"]))
-        removed = sweep_stale()
-        assert set(leftovers_of(made["tag"])) == set()
-        assert made["subnet"] in removed
-        assert_all_gone(made)
-    finally:
-        if owner.poll() is None:
-            owner.kill()
-            owner.wait()
-        sweep_stale()
+def test_a_later_run_sweeps_what_a_killed_owner_left(owner: tuple[subprocess.Popen[str], dict[str, Any]]) -> None:
+    proc, made = owner
+    proc.kill()  # SIGKILL: no handler runs
+    proc.wait(timeout=30)
+    assert len(leftovers_of(made["tag"])) == 5 and pid_running(made["pid"])
+    assert made["subnet"] in sweep_stale()
+    assert_all_gone(made)
 
 
 def test_without_root_building_fails_with_the_reason() -> None:
