@@ -57,6 +57,15 @@ def eventually(check: Callable[[], bool], timeout_s: float, what: str) -> None:
         time.sleep(0.1)
 
 
+def leader_of(ens: ZooKeeperEnsemble) -> ZooKeeperServer:
+    """The ensemble's leader (asked again while an election is on, or a busy server is slow to answer)."""
+    deadline = time.monotonic() + 20
+    while (leader := ens.leader()) is None:
+        assert time.monotonic() < deadline, "the ensemble has no leader after 20 s"
+        time.sleep(0.1)
+    return leader
+
+
 def client(hosts: str) -> KazooClient:
     """A client that tries `hosts` in the order given and reconnects forever, as conductor.metastore's does."""
     zk = KazooClient(hosts=hosts, timeout=SESSION_S, randomize_hosts=False,
@@ -107,8 +116,7 @@ class Writer(threading.Thread):
 @pytest.mark.parametrize("fault", ["kill", "link_down"])
 def test_losing_one_server_fails_no_operation(ensemble: tuple[HostNetwork, ZooKeeperEnsemble], fault: str) -> None:
     net, ens = ensemble
-    target = ens.leader()
-    assert target is not None, "a started ensemble has a leader"
+    target = leader_of(ens)
     others = [s for s in ens.servers if s is not target]
     zk = client(",".join(s.hosts for s in [target, *others]))  # connected to the leader: the worst server to lose
     writer = Writer(zk)
@@ -158,8 +166,7 @@ def test_losing_one_server_fails_no_operation(ensemble: tuple[HostNetwork, ZooKe
 
 def test_a_minority_partitioned_server_cannot_serve_writes(ensemble: tuple[HostNetwork, ZooKeeperEnsemble]) -> None:
     net, ens = ensemble
-    lone = ens.leader()  # a leader cut off into a minority must stop accepting writes, not just a follower
-    assert lone is not None
+    lone = leader_of(ens)  # a leader cut off into a minority must stop accepting writes, not just a follower
     majority = [s for s in ens.servers if s is not lone]
     on_lone = client(lone.hosts)
     on_majority = client(",".join(s.hosts for s in majority))
