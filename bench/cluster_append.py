@@ -95,10 +95,10 @@ from conductor.client import Cluster
 from conductor.controller import Conductor
 from conductor.devcluster import DevCluster
 from conductor.metastore import Metastore
-from conductor.module_spec import ModuleSpec
-from conductor.transport import GRPC_OPTIONS
-from proto import millrace_pb2 as pb
-from proto import millrace_pb2_grpc as pbg
+from conductor.metastore.module_spec import ModuleSpec
+from conductor.wire import millrace_pb2 as pb
+from conductor.wire import millrace_pb2_grpc as pbg
+from conductor.wire.options import GRPC_OPTIONS
 
 MODULE = "Clicks"
 MODULE_REF = "examples.clicks:Clicks"

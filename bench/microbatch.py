@@ -65,7 +65,7 @@ from conductor.client import Cluster
 from conductor.controller import Conductor
 from conductor.devcluster import DevCluster
 from conductor.metastore import Metastore
-from conductor.module_spec import ModuleSpec
+from conductor.metastore.module_spec import ModuleSpec
 
 MODULE = "Clicks"
 MODULE_REF = "examples.clicks:Clicks"
@@ -163,7 +163,7 @@ def fetch_decode_rate(hosts: str, records: int) -> float:
 
 def visibility_latencies(spark: Any, hosts: str, root: Path, samples: int) -> list[float]:
     """ms from `append(ack="applied")` of a marker to its microbatch effect being readable in the PState."""
-    from topology.microbatch import run_microbatch
+    from topology.spark.microbatch import run_microbatch
 
     c = Conductor(hosts, "bench-visibility")
     c.ms.start()
@@ -198,8 +198,8 @@ def visibility_latencies(spark: Any, hosts: str, root: Path, samples: int) -> li
 def run(args: argparse.Namespace, root: Path, console: Console) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
-    from conductor.spark_env import spark_session
     from topology.spark import export_depot_to_delta, register
+    from topology.spark.session import spark_session
 
     result: dict[str, Any] = {}
     with DevCluster(root / "cluster", nodes=3, session_timeout=6.0) as dc:

@@ -49,7 +49,7 @@ from conductor import status as cluster_status
 from conductor.controller import Conductor, Switch
 from conductor.devcluster import DevCluster, stop_from_state
 from conductor.metastore import MetastoreError, MetastoreUnavailable, ModuleExists
-from conductor.module_spec import KNOWN_OPTIONS, SEGMENT_BYTES, ModuleSpec, SpecError, UnknownOption
+from conductor.metastore.module_spec import KNOWN_OPTIONS, SEGMENT_BYTES, ModuleSpec, SpecError, UnknownOption
 from conductor.runtime_env import EnvironmentBroken
 from topology.module import ModuleDefinitionError, load_module
 

@@ -40,14 +40,14 @@ from kazoo.recipe.election import Election
 
 from conductor.metastore import (
     GroupNotFound,
+    GroupState,
     Metastore,
     MetastoreError,
     ModuleNotFound,
     VersionConflict,
 )
-from conductor.module_spec import ModuleSpec
+from conductor.metastore.module_spec import ModuleSpec
 from conductor.placement import (
-    GroupState,
     balance_leaders,
     fully_in_sync,
     leaderless_reason,

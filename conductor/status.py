@@ -25,12 +25,12 @@ from typing import Any
 
 import grpc
 
-from conductor.metastore import Metastore, ModuleNotFound
-from conductor.module_spec import MIN_ISR, ModuleSpec
-from conductor.placement import GroupState, leaderless_reason
-from conductor.transport import GRPC_OPTIONS
-from proto import millrace_pb2 as pb
-from proto import millrace_pb2_grpc as pbg
+from conductor.metastore import GroupState, Metastore, ModuleNotFound
+from conductor.metastore.module_spec import MIN_ISR, ModuleSpec
+from conductor.placement import leaderless_reason
+from conductor.wire import millrace_pb2 as pb
+from conductor.wire import millrace_pb2_grpc as pbg
+from conductor.wire.options import GRPC_OPTIONS
 
 #: How long one GroupStatus call may take before the leader is shown as unreachable. A stopped or
 #: partitioned node would otherwise hang the whole status view.

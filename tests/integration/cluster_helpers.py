@@ -13,11 +13,10 @@ import grpc
 
 from conductor.controller import Conductor
 from conductor.devcluster import DevCluster
-from conductor.metastore import Metastore
-from conductor.module_spec import ModuleSpec
-from conductor.placement import GroupState
-from proto import millrace_pb2 as pb
-from proto import millrace_pb2_grpc as pbg
+from conductor.metastore import GroupState, Metastore
+from conductor.metastore.module_spec import ModuleSpec
+from conductor.wire import millrace_pb2 as pb
+from conductor.wire import millrace_pb2_grpc as pbg
 from pstate import TaskGroupStore
 from replog.log import Log
 from topology import load_module

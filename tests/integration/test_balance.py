@@ -18,8 +18,8 @@ from conductor.cli import app
 from conductor.client import Cluster
 from conductor.controller import Conductor
 from conductor.devcluster import DevCluster
-from conductor.metastore import Metastore
-from conductor.placement import GroupState, balance_leaders
+from conductor.metastore import GroupState, Metastore
+from conductor.placement import balance_leaders
 from tests.integration.cluster_helpers import (
     Appender,
     assert_replicas_identical,

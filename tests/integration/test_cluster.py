@@ -14,8 +14,8 @@ import pytest
 from conductor.client import Cluster
 from conductor.devcluster import DevCluster
 from conductor.metastore import Metastore
-from proto import millrace_pb2 as pb
-from proto import millrace_pb2_grpc as pbg
+from conductor.wire import millrace_pb2 as pb
+from conductor.wire import millrace_pb2_grpc as pbg
 from replog.errors import StalledGroup
 from tests.integration.cluster_helpers import (
     Appender,

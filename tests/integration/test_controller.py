@@ -23,9 +23,8 @@ import pytest
 from kazoo.client import KazooClient
 
 from conductor.controller import Conductor
-from conductor.metastore import Metastore, ModuleExists
-from conductor.module_spec import ModuleSpec, NotEnoughNodes
-from conductor.placement import GroupState
+from conductor.metastore import GroupState, Metastore, ModuleExists
+from conductor.metastore.module_spec import ModuleSpec, NotEnoughNodes
 from conductor.zkserver import ZooKeeperServer
 
 REPO = Path(__file__).resolve().parents[2]

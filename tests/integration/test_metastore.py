@@ -13,6 +13,7 @@ from kazoo.client import KazooClient
 
 from conductor.metastore import (
     GroupNotFound,
+    GroupState,
     Metastore,
     ModuleExists,
     ModuleNotFound,
@@ -20,8 +21,8 @@ from conductor.metastore import (
     VersionConflict,
     group_path,
 )
-from conductor.module_spec import MIN_ISR, InvalidOption, ModuleSpec, UnknownOption
-from conductor.placement import GroupState, switch_leader
+from conductor.metastore.module_spec import MIN_ISR, InvalidOption, ModuleSpec, UnknownOption
+from conductor.placement import switch_leader
 from conductor.zkserver import ZooKeeperServer
 
 

@@ -6,7 +6,7 @@ import threading
 
 import grpc
 
-from conductor.client import Cluster, _frame_group
+from conductor.client.cluster import Cluster, _frame_group
 
 
 def test_frame_group_keeps_partitions_whole_and_splits_at_the_limit() -> None:

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from conductor.client import _Retry
-from conductor.wire_errors import Unavailable
+from conductor.client.cluster import _Retry
+from conductor.wire.errors import Unavailable
 from replog.errors import NotLeader, StalledGroup
 
 

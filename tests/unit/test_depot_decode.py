@@ -26,7 +26,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from proto import millrace_pb2 as pb
+from conductor.wire import millrace_pb2 as pb
 from topology.spark.depot_source import (
     FlatDecoder,
     MillraceSourceError,

@@ -9,9 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conductor.metastore import GroupState, InvalidGroupState
 from conductor.placement import (
-    GroupState,
-    InvalidGroupState,
     balance_leaders,
     elect_leader,
     fully_in_sync,

@@ -90,9 +90,10 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StringType, StructType
 
 from conductor.metastore import Metastore, MetastoreError, ModuleNotFound
-from conductor.wire_errors import Unavailable, error_from_rpc
-from proto import millrace_pb2 as pb
-from proto import millrace_pb2_grpc as pbg
+from conductor.wire import millrace_pb2 as pb
+from conductor.wire import millrace_pb2_grpc as pbg
+from conductor.wire.errors import Unavailable, error_from_rpc
+from conductor.wire.options import GRPC_OPTIONS
 from pstate.errors import DepotNotFound
 from replog.errors import NotLeader
 
@@ -271,12 +272,6 @@ def _parse_starting_json(raw: str) -> dict[int, int]:
 # ---------------------------------------------------------------------------------------------- metadata
 
 
-#: like conductor.transport's, without importing the node runtime into every Spark worker (~60 ms)
-GRPC_OPTIONS = [
-    ("grpc.max_send_message_length", 64 * 1024 * 1024),
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-    ("grpc.keepalive_time_ms", 10_000),
-]
 _CHANNELS: dict[str, grpc.Channel] = {}
 _CHANNELS_LOCK = threading.Lock()
 

@@ -37,10 +37,10 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
-from conductor.group_store import encode_query
-from proto import millrace_pb2 as pb
+from conductor.wire import millrace_pb2 as pb
 from pstate import P
 from pstate.errors import PStateNotFound
+from pstate.query import encode_query
 from topology.partitioners import task_for_key
 from topology.spark.depot_source import (
     ModuleMeta,

@@ -125,7 +125,7 @@ class RawReplicate:
 
 @dataclass(frozen=True)
 class FarHorizonOffer:
-    """Leader to follower: you are too far behind for entries; fetch my checkpoint (see conductor.far_horizon)."""
+    """Leader to follower: you are too far behind for entries; fetch my checkpoint (see conductor.worker.far_horizon)."""
 
     src: str
     epoch: int

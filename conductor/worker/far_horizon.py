@@ -19,7 +19,7 @@ round, its release call, or an idle timeout, so abandoned transfers do not pin
 old SST files forever.
 
 Install itself runs on the follower's task thread (it owns the store and the
-log): :meth:`conductor.replica_host.ReplicaHost.install_checkpoint`.
+log): :meth:`conductor.worker.replica_host.ReplicaHost.install_checkpoint`.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from typing import Any
 import crc32c
 import grpc
 
-from proto import millrace_pb2 as pb
-from proto import millrace_pb2_grpc as pbg
+from conductor.wire import millrace_pb2 as pb
+from conductor.wire import millrace_pb2_grpc as pbg
 from pstate.checkpoint import Manifest, ManifestFile
 
 log = logging.getLogger("millrace.far_horizon")

@@ -1,12 +1,12 @@
 """A Millrace worker node: hosts task-group replicas and serves the client and replication RPCs.
 
 Threads: the asyncio event loop runs gRPC (client API and replication
-streams); every replica has its own task thread (:mod:`conductor.replica_host`);
+streams); every replica has its own task thread (:mod:`conductor.worker.replica_host`);
 kazoo runs its own threads and hands callbacks to the metastore dispatcher,
 which forwards them to the task threads as events. Nothing but a task thread
 touches a replica's replog or store.
 
-Run as ``python -m conductor.node --zk HOST:PORT --node-id n1 --data-dir DIR``.
+Run as ``python -m conductor.worker --zk HOST:PORT --node-id n1 --data-dir DIR``.
 """
 
 from __future__ import annotations
@@ -32,8 +32,15 @@ import grpc
 import msgpack
 from prometheus_client import start_http_server
 
-from conductor import placement
-from conductor.far_horizon import (
+from conductor.metastore import MODULES_PATH, Metastore, MetastoreError, VersionConflict
+from conductor.metastore import group_state as znode
+from conductor.metastore.module_spec import SEGMENT_BYTES, ModuleSpec
+from conductor.wire import admin_pb2, admin_pb2_grpc
+from conductor.wire import millrace_pb2 as pb
+from conductor.wire import millrace_pb2_grpc as pbg
+from conductor.wire.errors import error_json, status_of
+from conductor.wire.options import GRPC_OPTIONS
+from conductor.worker.far_horizon import (
     INSTALL_TIMEOUT_S,
     Catchup,
     CatchupProgress,
@@ -43,16 +50,10 @@ from conductor.far_horizon import (
     replication_handler,
     stream_checkpoint,
 )
-from conductor.group_store import GroupStore
-from conductor.metastore import MODULES_PATH, Metastore, MetastoreError, VersionConflict
-from conductor.metrics import node_registry
-from conductor.module_spec import SEGMENT_BYTES, ModuleSpec
-from conductor.replica_host import PendingEntry, ReplicaHost
-from conductor.transport import GRPC_OPTIONS, PeerTransport, from_proto
-from conductor.wire_errors import error_json, status_of
-from proto import admin_pb2, admin_pb2_grpc
-from proto import millrace_pb2 as pb
-from proto import millrace_pb2_grpc as pbg
+from conductor.worker.metrics import node_registry
+from conductor.worker.replica_host import PendingEntry, ReplicaHost
+from conductor.worker.replica_store import ReplicaStore
+from conductor.worker.transport import PeerTransport, from_proto
 from pstate.checkpoint import Manifest
 from pstate.errors import PStateError
 from replog.config import ReplicationConfig
@@ -80,13 +81,13 @@ FOREIGN_BATCH_BYTES = 1 << 20
 _ACKS = {pb.ACK_NONE: Ack.NONE, pb.ACK_APPEND: Ack.APPEND, pb.ACK_APPLIED: Ack.APPLIED}
 
 
-def replog_state(st: placement.GroupState, version: int) -> GroupState:
+def replog_state(st: znode.GroupState, version: int) -> GroupState:
     """The metastore's znode as the state machine sees it."""
     return GroupState(st.leader, st.epoch, tuple(st.isr), tuple(st.osr), version, st.leader_session)
 
 
-def metastore_state(st: GroupState, replicas: tuple[str, ...]) -> placement.GroupState:
-    return placement.GroupState(leader=st.leader, epoch=st.epoch, isr=st.isr, osr=st.osr, replicas=replicas,
+def metastore_state(st: GroupState, replicas: tuple[str, ...]) -> znode.GroupState:
+    return znode.GroupState(leader=st.leader, epoch=st.epoch, isr=st.isr, osr=st.osr, replicas=replicas,
                                 leader_session=st.leader_session)
 
 
@@ -107,14 +108,16 @@ class ModuleRuntime:
         self.spec = spec
         self.definition = definition
         self.hosts: dict[int, ReplicaHost] = {}
-        self.stores: dict[int, GroupStore] = {}
+        self.stores: dict[int, ReplicaStore] = {}
         self.runners: dict[int, StreamRunner] = {}
         #: current leader of every group (hosted here or not), from metastore watches
         self.leaders: dict[int, str | None] = {}
         self.replicas: dict[int, tuple[str, ...]] = {}
 
 
-class Node:
+class Worker:
+    """One worker process: hosts task-group replicas, serves the client API and replication, follows ZooKeeper."""
+
     def __init__(self, zk_hosts: str, node_id: str, data_dir: Path, port: int = 0,
                  session_timeout: float = 6.0, metrics_port: int = 0) -> None:
         self.node_id = node_id
@@ -269,7 +272,7 @@ class Node:
                 continue
             rt.runners[g] = StreamRunner(definition, spec.tasks, spec.threads, g)
             gdir = self.data_dir / module / str(g)
-            store = GroupStore.open(gdir / "state", definition)
+            store = ReplicaStore.open(gdir / "state", definition)
             rt.stores[g] = store
             host = ReplicaHost(self.node_id, module, g, gdir, config, self.session or 0, store,
                                self._send, self._change_isr, hand_off=self._hand_off,
@@ -304,7 +307,7 @@ class Node:
         for host in rt.hosts.values():
             host.post(ConfigChanged(config))
 
-    def _on_group(self, rt: ModuleRuntime, g: int, st: placement.GroupState | None, version: int) -> None:
+    def _on_group(self, rt: ModuleRuntime, g: int, st: znode.GroupState | None, version: int) -> None:
         if st is None:
             return
         rt.leaders[g] = st.leader
@@ -346,7 +349,7 @@ class Node:
             if not progressed:
                 await asyncio.sleep(0.05)
 
-    async def _consume_one(self, rt: ModuleRuntime, host: ReplicaHost, store: GroupStore, runner: StreamRunner,
+    async def _consume_one(self, rt: ModuleRuntime, host: ReplicaHost, store: ReplicaStore, runner: StreamRunner,
                            topology: str, depot: str, task: int) -> bool:
         start = store.foreign_position(topology, depot, task)
         leader = rt.leaders.get(rt.spec.group_of(task))
@@ -403,7 +406,7 @@ class Node:
                         lambda st: ms.complete_resign(host.module, host.group, st, expected_version))
 
     def _group_cas(self, host: ReplicaHost, new: GroupState, what: str, done: str,
-                   write: Callable[[placement.GroupState], int]) -> None:
+                   write: Callable[[znode.GroupState], int]) -> None:
         """Run a replica's group-znode CAS off its task thread (on the metastore's) and post the outcome back."""
         assert self.metastore is not None
         ms = self.metastore
@@ -535,7 +538,7 @@ async def _abort(context: grpc.aio.ServicerContext, exc: Exception) -> None:
 
 
 class _AdminService(admin_pb2_grpc.AdminServicer):
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: Worker) -> None:
         self.node = node
 
     async def Ping(self, request: admin_pb2.PingRequest, context: Any) -> admin_pb2.PingReply:
@@ -543,7 +546,7 @@ class _AdminService(admin_pb2_grpc.AdminServicer):
 
 
 class _ReplicationService(pbg.ReplicationServicer):
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: Worker) -> None:
         self.node = node
 
     async def Deliver(self, request_iterator: AsyncIterator[pb.PeerFrame], context: Any) -> pb.DeliverSummary:
@@ -576,7 +579,7 @@ class _ReplicationService(pbg.ReplicationServicer):
 
 
 class _ClientService(pbg.ClientServicer):
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: Worker) -> None:
         self.node = node
 
     def _start_append(self, request: pb.AppendRequest) -> asyncio.Future[pb.AppendReply]:
@@ -651,7 +654,7 @@ class _ClientService(pbg.ClientServicer):
         finally:
             rtask.cancel()
 
-    def _leader_store(self, module: str, task: int) -> tuple[ReplicaHost, GroupStore]:
+    def _leader_store(self, module: str, task: int) -> tuple[ReplicaHost, ReplicaStore]:
         """The store of the local leader of the group owning `task` (reads see applied state only)."""
         rt = self.node.modules.get(module)
         if rt is None:
@@ -801,18 +804,18 @@ def _settle(fut: asyncio.Future[Any], result: Any, error: Exception | None) -> N
         fut.set_result(result)
 
 
-def _client_entry(store: GroupStore, appends: list[tuple[str, int, list[bytes]]],
+def _client_entry(store: ReplicaStore, appends: list[tuple[str, int, list[bytes]]],
                   runner: StreamRunner | None) -> tuple[Any, Any]:
     builder, firsts, acks = store.build_client_append(appends, runner)
     return builder, (firsts, acks)
 
 
-def _foreign_entry(store: GroupStore, runner: StreamRunner, topology: str, depot: str, task: int, start: int,
+def _foreign_entry(store: ReplicaStore, runner: StreamRunner, topology: str, depot: str, task: int, start: int,
                    records: list[Any], next_offset: int) -> tuple[Any, Any]:
     return store.build_foreign(runner, topology, depot, task, start, records, next_offset), None
 
 
-def _commit_entry(store: GroupStore, topology: str, batch_id: int, changes: list[Any]) -> tuple[Any, Any]:
+def _commit_entry(store: ReplicaStore, topology: str, batch_id: int, changes: list[Any]) -> tuple[Any, Any]:
     builder = store.build_batch_commit(topology, batch_id, changes)
     return builder, builder is None
 
@@ -821,7 +824,7 @@ def _commit_entry(store: GroupStore, topology: str, batch_id: int, changes: list
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m conductor.node", description="Run a Millrace worker node.")
+    p = argparse.ArgumentParser(prog="python -m conductor.worker", description="Run a Millrace worker.")
     p.add_argument("--zk", required=True, help="ZooKeeper connect string, e.g. 127.0.0.1:2181")
     p.add_argument("--node-id", required=True)
     p.add_argument("--data-dir", required=True, type=Path)
@@ -834,7 +837,7 @@ def main(argv: list[str] | None = None) -> None:
                         format=f"%(asctime)s {args.node_id} %(levelname)s %(name)s: %(message)s")
 
     async def run() -> None:
-        node = Node(args.zk, args.node_id, args.data_dir, args.port, args.session_timeout, args.metrics_port)
+        node = Worker(args.zk, args.node_id, args.data_dir, args.port, args.session_timeout, args.metrics_port)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -850,6 +853,3 @@ def main(argv: list[str] | None = None) -> None:
 
     asyncio.run(run())
 
-
-if __name__ == "__main__":
-    main()

@@ -54,8 +54,8 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.recipe.election import Election
 from kazoo.retry import KazooRetry, RetryFailedError
 
-from conductor.module_spec import NAME_RE, ModuleSpec
-from conductor.placement import GroupState
+from conductor.metastore.group_state import GroupState
+from conductor.metastore.module_spec import NAME_RE, ModuleSpec
 
 __all__ = [
     "DISALLOWED_PATH",

@@ -50,13 +50,12 @@ from typing import Any
 import grpc
 import msgpack
 
-from conductor.metastore import Metastore, MetastoreError
-from conductor.module_spec import ModuleSpec
-from conductor.placement import GroupState
-from conductor.transport import GRPC_OPTIONS
-from conductor.wire_errors import MillraceError, Unavailable, error_from_json, error_from_rpc
-from proto import millrace_pb2 as pb
-from proto import millrace_pb2_grpc as pbg
+from conductor.metastore import GroupState, Metastore, MetastoreError
+from conductor.metastore.module_spec import ModuleSpec
+from conductor.wire import millrace_pb2 as pb
+from conductor.wire import millrace_pb2_grpc as pbg
+from conductor.wire.errors import MillraceError, Unavailable, error_from_json, error_from_rpc
+from conductor.wire.options import GRPC_OPTIONS
 from replog.errors import Backpressure, NotLeader, StalledGroup
 from topology.module import ModuleDefinition, load_module
 from topology.partitioners import task_for_key
@@ -1027,7 +1026,7 @@ class PState:
         self.name = name
 
     def _query(self, key: Any, path: Sequence[Any], one: bool, task: int | None) -> Any:
-        from conductor.group_store import encode_query
+        from pstate.query import encode_query
 
         meta = self.c._module(self.module)
         if task is None:
