@@ -46,7 +46,7 @@ from conductor.metastore import (
     ModuleNotFound,
     VersionConflict,
 )
-from conductor.metastore.module_spec import ModuleSpec
+from conductor.metastore.module_spec import DEPOT_APPEND_TIMEOUT_MS, ModuleSpec
 from conductor.placement import (
     balance_leaders,
     fully_in_sync,
@@ -64,7 +64,6 @@ _MAX_CAS_ATTEMPTS = 10
 
 #: a resign request the leader has not served after its append timeout plus this margin was given up
 _RESIGN_GRACE_S = 5.0
-_APPEND_TIMEOUT = "replication.depot.append.timeout.millis"
 
 
 def _fmt(nodes: Iterable[str]) -> str:
@@ -360,7 +359,7 @@ class Conductor:
         """
         try:
             spec, _ = self.ms.get_module(module)
-            grace = spec.option(_APPEND_TIMEOUT) / 1000.0 + _RESIGN_GRACE_S
+            grace = spec.option(DEPOT_APPEND_TIMEOUT_MS) / 1000.0 + _RESIGN_GRACE_S
         except ModuleNotFound:
             return {}
         outstanding: dict[int, str] = {}

@@ -13,6 +13,8 @@ Safety rules encoded here (DESIGN.md section 4):
   deposed leader's messages are fenced;
 * if no ISR member is live the group stays leaderless, keeping its ISR, until
   an ISR member returns;
+* a new state carries the znode version it will have once written (the read
+  one plus one), as the replication state machine's proposals do;
 * leadership is bound to the ZooKeeper session of the elected node
   (``leader_session``): a node that restarted under the same id but a new
   session may have lost its unflushed tail, so it does not silently keep
@@ -30,7 +32,7 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import TypeVar
 
-from conductor.metastore.group_state import GroupState, InvalidGroupState
+from conductor.metastore import GroupState, InvalidGroupState
 
 K = TypeVar("K", bound=Hashable)
 
@@ -130,21 +132,22 @@ def next_leadership(state: GroupState, live_nodes: Iterable[str] | Mapping[str, 
         new_leader = elect_leader(state, live, disallowed=disallowed)
         if new_leader is None:
             return None
-        return replace(state, leader=new_leader, epoch=state.epoch + 1, leader_session=live[new_leader])
+        return replace(state, leader=new_leader, epoch=state.epoch + 1, version=state.version + 1,
+                       leader_session=live[new_leader])
     old = state.leader
     new_leader = elect_leader(state, live, exclude=[old], disallowed=disallowed)
     if new_leader is not None:
         return replace(
             state,
             leader=new_leader,
-            epoch=state.epoch + 1,
+            epoch=state.epoch + 1, version=state.version + 1,
             isr=tuple(x for x in state.isr if x != old),
             osr=tuple(x for x in state.replicas if x == old or x in state.osr),
             leader_session=live[new_leader],
         )
     if old in live:  # restarted, and the only live in-sync replica
-        return replace(state, epoch=state.epoch + 1, leader_session=live[old])
-    return replace(state, leader=None, epoch=state.epoch + 1, leader_session=0)
+        return replace(state, epoch=state.epoch + 1, version=state.version + 1, leader_session=live[old])
+    return replace(state, leader=None, epoch=state.epoch + 1, version=state.version + 1, leader_session=0)
 
 
 def leaderless_reason(state: GroupState, live_nodes: Iterable[str] | Mapping[str, int]) -> str | None:
@@ -176,7 +179,7 @@ def switch_leader(state: GroupState, to: str, session: int = 0) -> GroupState:
     """Hand leadership to an in-sync replica (balancing or a resign) under ``session``, bumping the epoch."""
     if to not in state.isr:
         raise InvalidGroupState(f"cannot hand leadership to {to}: not in the ISR {list(state.isr)}")
-    return replace(state, leader=to, epoch=state.epoch + 1, leader_session=session)
+    return replace(state, leader=to, epoch=state.epoch + 1, version=state.version + 1, leader_session=session)
 
 
 # ---- leader balancing ----------------------------------------------------------------------------

@@ -69,6 +69,7 @@ from replog.batch import (
     scan_frames,
     truncate_frame,
 )
+from replog.config import DEFAULT_SEGMENT_BYTES
 from replog.errors import CorruptLog, InvalidFrame, OffsetOutOfRange, UnexpectedOffset
 
 __all__ = ["Entry", "FsyncPolicy", "Log", "SegmentInfo"]
@@ -246,7 +247,7 @@ class Log:
         cls,
         directory: str | os.PathLike[str],
         *,
-        segment_bytes: int = 64 * MiB,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         fsync: FsyncPolicy = "batch",
         index_interval_bytes: int = 4096,
         fsync_interval_ms: int = 100,

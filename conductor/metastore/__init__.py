@@ -5,7 +5,6 @@ ZooKeeper only through this package, so the znode layout and its race rules
 (versioned compare-and-set, re-read after a lost reply) live in one place.
 """
 
-from conductor.metastore.group_state import GroupState, InvalidGroupState
 from conductor.metastore.module_spec import ModuleSpec, SpecError
 from conductor.metastore.store import (
     DISALLOWED_PATH,
@@ -24,6 +23,7 @@ from conductor.metastore.store import (
     VersionConflict,
     WatchHandle,
 )
+from replog.messages import GroupState, InvalidGroupState
 
 __all__ = [
     "DISALLOWED_PATH",

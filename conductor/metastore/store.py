@@ -54,8 +54,8 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.recipe.election import Election
 from kazoo.retry import KazooRetry, RetryFailedError
 
-from conductor.metastore.group_state import GroupState
 from conductor.metastore.module_spec import NAME_RE, ModuleSpec
+from replog.messages import GroupState
 
 __all__ = [
     "DISALLOWED_PATH",
@@ -511,7 +511,7 @@ class Metastore:
             data, stat = self._call(self.zk.get, group_path(module, group))
         except NoNodeError:
             raise GroupNotFound(module, group) from None
-        return GroupState.from_json(data), stat.version
+        return GroupState.from_json(data, stat.version), stat.version
 
     def list_groups(self, module: str) -> dict[int, tuple[GroupState, int]]:
         try:
@@ -596,7 +596,7 @@ class Metastore:
         def decode(data: bytes | None, stat: Any) -> tuple[GroupState | None, int]:
             if data is None or stat is None:
                 return None, -1
-            return GroupState.from_json(data), int(stat.version)
+            return GroupState.from_json(data, int(stat.version)), int(stat.version)
         return self._watch_data(group_path(module, group), decode, callback)
 
     # ---- leader hand-off (balancing) ----------------------------------------------------------------

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from pstate.checkpoint import Manifest
 from pstate.errors import PStateError
 from replog.batch import scan_frames, trim_frames
-from replog.config import ReplicationConfig
+from replog.config import DEFAULT_SEGMENT_BYTES, ReplicationConfig
 from replog.epoch_file import EpochFile
 from replog.errors import Backpressure, ReplogError
 from replog.log import Log
@@ -147,7 +147,7 @@ class ReplicaHost:
         change_isr: Callable[[ReplicaHost, int, GroupState], None],
         on_role: Callable[[ReplicaHost, RoleChanged], None] | None = None,
         on_far_horizon: Callable[[ReplicaHost, str, int], None] | None = None,
-        segment_bytes: int = 64 * 1024 * 1024,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         hand_off: Callable[[ReplicaHost, int, GroupState], None] | None = None,
     ) -> None:
         self.node_id = node_id

@@ -88,8 +88,7 @@ class ReplicaStore:
 
     def build_batch_commit(self, topology: str, batch_id: int, changes: Sequence[Any]) -> ChangeSetBuilder | None:
         """A microbatch's changes for this group as one change set tagged (topology, batch_id); None if done."""
-        last = self.store.last_batch(topology)
-        if last is not None and batch_id <= last:
+        if self.store.batch_committed(topology, batch_id):
             return None
         b = self.store.changes(topology, batch_id)
         for c in changes:
@@ -124,10 +123,9 @@ class ReplicaStore:
         """
         for offset, _type, payload in entries:
             cs = ChangeSet.decode(payload)
-            if cs.topology is not None and cs.batch_id is not None:
-                last = self.store.last_batch(cs.topology)
-                if last is not None and cs.batch_id <= last:
-                    continue  # apply will skip this replayed microbatch; so must the overlay
+            if cs.topology is not None and cs.batch_id is not None \
+                    and self.store.batch_committed(cs.topology, cs.batch_id):
+                continue  # apply will skip this replayed microbatch; so must the overlay
             b = self.store.changes()
             b.writes.extend(cs)
             self.store.stage(offset, b)

@@ -15,6 +15,7 @@ import argparse
 import array
 import asyncio
 import concurrent.futures
+import dataclasses
 import functools
 import logging
 import os
@@ -32,13 +33,13 @@ import grpc
 import msgpack
 from prometheus_client import start_http_server
 
+from conductor.client.router import LeaderRouter
 from conductor.metastore import MODULES_PATH, Metastore, MetastoreError, VersionConflict
-from conductor.metastore import group_state as znode
 from conductor.metastore.module_spec import SEGMENT_BYTES, ModuleSpec
 from conductor.wire import admin_pb2, admin_pb2_grpc
 from conductor.wire import millrace_pb2 as pb
 from conductor.wire import millrace_pb2_grpc as pbg
-from conductor.wire.errors import error_json, status_of
+from conductor.wire.errors import Unavailable, error_json, status_of
 from conductor.wire.options import GRPC_OPTIONS
 from conductor.worker.far_horizon import (
     INSTALL_TIMEOUT_S,
@@ -56,7 +57,6 @@ from conductor.worker.replica_store import ReplicaStore
 from conductor.worker.transport import PeerTransport, from_proto
 from pstate.checkpoint import Manifest
 from pstate.errors import PStateError
-from replog.config import ReplicationConfig
 from replog.errors import NotLeader, ReplogError
 from replog.messages import (
     Ack,
@@ -81,26 +81,6 @@ FOREIGN_BATCH_BYTES = 1 << 20
 _ACKS = {pb.ACK_NONE: Ack.NONE, pb.ACK_APPEND: Ack.APPEND, pb.ACK_APPLIED: Ack.APPLIED}
 
 
-def replog_state(st: znode.GroupState, version: int) -> GroupState:
-    """The metastore's znode as the state machine sees it."""
-    return GroupState(st.leader, st.epoch, tuple(st.isr), tuple(st.osr), version, st.leader_session)
-
-
-def metastore_state(st: GroupState, replicas: tuple[str, ...]) -> znode.GroupState:
-    return znode.GroupState(leader=st.leader, epoch=st.epoch, isr=st.isr, osr=st.osr, replicas=replicas,
-                                leader_session=st.leader_session)
-
-
-def replication_config(spec: ModuleSpec) -> ReplicationConfig:
-    return ReplicationConfig(
-        replication_factor=spec.replication_factor,
-        min_isr=spec.option("replication.min.isr"),
-        max_time_lag_ms=spec.option("replication.max.time.lag.millis"),
-        append_timeout_ms=spec.option("replication.depot.append.timeout.millis"),
-        max_near_sync_message_lag=spec.option("replication.max.near.sync.message.lag"),
-    )
-
-
 class ModuleRuntime:
     """What a node knows of one deployed module: its spec, its code's declarations, its local replicas."""
 
@@ -110,8 +90,6 @@ class ModuleRuntime:
         self.hosts: dict[int, ReplicaHost] = {}
         self.stores: dict[int, ReplicaStore] = {}
         self.runners: dict[int, StreamRunner] = {}
-        #: current leader of every group (hosted here or not), from metastore watches
-        self.leaders: dict[int, str | None] = {}
         self.replicas: dict[int, tuple[str, ...]] = {}
 
 
@@ -128,13 +106,14 @@ class Worker:
         self.metrics_port = metrics_port
         self.modules: dict[str, ModuleRuntime] = {}
         self._lock = threading.Lock()  # guards self.modules against metastore callbacks
-        self._addresses: dict[str, str] = {}
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._tasks: list[concurrent.futures.Future[None]] = []
         self._metrics_server: Any = None
         self.metrics_address = ""
         self.loop: asyncio.AbstractEventLoop | None = None
         self.metastore: Metastore | None = None
+        #: leaders of other groups (cross-group reads) and peers' addresses (replication)
+        self.router: LeaderRouter | None = None
         self.transport: PeerTransport | None = None
         self.server: grpc.aio.Server | None = None
         self.settler: LoopSettler | None = None
@@ -153,10 +132,10 @@ class Worker:
         self.server.add_generic_rpc_handlers((replication_handler(_ReplicationService(self)),))
         self.port = self.server.add_insecure_port(f"127.0.0.1:{self.port}")
         await self.server.start()
-        self.transport = PeerTransport(self.node_id, self.loop, self._resolve,
-                                       self._forget_address)
         self.metastore = Metastore(self.zk_hosts, session_timeout=self.session_timeout,
                                    step_down=self._on_session_lost)
+        self.router = LeaderRouter(self.metastore)
+        self.transport = PeerTransport(self.node_id, self.loop, self._resolve, self.router.forget)
         await asyncio.to_thread(self.metastore.start)
         self.metastore.add_state_listener(self._on_zk_state)
         await asyncio.to_thread(self.metastore.register_node, self.node_id, self.address)
@@ -217,19 +196,13 @@ class Worker:
     # ------------------------------------------------------------------------------ metastore
 
     def _resolve(self, node_id: str) -> str | None:
-        addr = self._addresses.get(node_id)
-        if addr is None and self.metastore is not None:
-            try:
-                info = self.metastore.get_node(node_id)
-            except MetastoreError:
-                return None
-            if info is not None:
-                addr = self._addresses[node_id] = info.address
-        return addr
-
-    def _forget_address(self, node_id: str) -> None:
-        """A stream to `node_id` broke: look its address up again (it may have restarted elsewhere)."""
-        self._addresses.pop(node_id, None)
+        """A peer's address (None while unknown or ZooKeeper is unreachable: callers try again later)."""
+        if self.router is None:
+            return None
+        try:
+            return self.router.address(node_id)
+        except MetastoreError:
+            return None
 
     def _on_modules(self, names: list[str]) -> bool:
         """ChildrenWatch on /millrace/modules: open replicas of new modules, close destroyed ones."""
@@ -252,22 +225,21 @@ class Worker:
                     log.exception("node %s could not open module %s; it stays unavailable here", self.node_id, m)
 
     def _open_module(self, module: str) -> None:
-        assert self.metastore is not None
+        assert self.metastore is not None and self.router is not None
         try:
-            spec, _ = self.metastore.get_module(module)
-            groups = self.metastore.list_groups(module)
+            routes = self.router.routes(module, refresh=True)  # also what cross-group reads route by
         except MetastoreError as e:
             log.info("module %s not readable yet (%s); waiting for its groups", module, e)
             return
+        spec, groups = routes.spec, routes.groups
         if len(groups) < spec.threads:
             # create_module is one transaction, so this means we raced its deletion
             return
         definition = load_module(spec.module_ref).build()
         rt = ModuleRuntime(spec, definition)
-        config = replication_config(spec)
-        for g, (st, _version) in sorted(groups.items()):
+        config = spec.replication_config()
+        for g, st in sorted(groups.items()):
             rt.replicas[g] = tuple(st.replicas)
-            rt.leaders[g] = st.leader
             if self.node_id not in st.replicas:
                 continue
             rt.runners[g] = StreamRunner(definition, spec.tasks, spec.threads, g)
@@ -297,8 +269,8 @@ class Worker:
         """`conductor set-option`: hand the replicas the new replication options (they apply at once)."""
         if spec is None or spec.module_ref != rt.spec.module_ref:
             return  # deleted (the modules watch closes it), or redeployed as another module (reopened)
-        config = replication_config(spec)
-        if config == replication_config(rt.spec):
+        config = spec.replication_config()
+        if config == rt.spec.replication_config():
             return
         changed = {k: v for k, v in spec.effective_options().items() if rt.spec.effective_options().get(k) != v}
         rt.spec = spec
@@ -307,13 +279,14 @@ class Worker:
         for host in rt.hosts.values():
             host.post(ConfigChanged(config))
 
-    def _on_group(self, rt: ModuleRuntime, g: int, st: znode.GroupState | None, version: int) -> None:
+    def _on_group(self, rt: ModuleRuntime, g: int, st: GroupState | None, version: int) -> None:
         if st is None:
             return
-        rt.leaders[g] = st.leader
+        if self.router is not None:
+            self.router.observe(rt.spec.name, g, st)
         host = rt.hosts.get(g)
         if host is not None:
-            host.post(MetastoreChanged(replog_state(st, version)))
+            host.post(MetastoreChanged(st))
 
     def _on_resign(self, rt: ModuleRuntime, g: int, request: dict[str, Any] | None) -> None:
         """The conductor asks group ``g``'s leader to hand off; the replica decides whether the request applies."""
@@ -352,9 +325,10 @@ class Worker:
     async def _consume_one(self, rt: ModuleRuntime, host: ReplicaHost, store: ReplicaStore, runner: StreamRunner,
                            topology: str, depot: str, task: int) -> bool:
         start = store.foreign_position(topology, depot, task)
-        leader = rt.leaders.get(rt.spec.group_of(task))
-        address = self._resolve(leader) if leader else None
-        if address is None:
+        assert self.router is not None
+        try:
+            address, _epoch = self.router.leader(rt.spec.name, rt.spec.group_of(task))
+        except (Unavailable, MetastoreError):
             return False
         stub = pbg.ClientStub(self._channel(address))
         reply = await stub.DepotRead(pb.DepotReadRequest(module=rt.spec.name, depot=depot, task=task, start=start,
@@ -385,6 +359,8 @@ class Worker:
             rt = self.modules.pop(module, None)
         if rt is None:
             return
+        if self.router is not None:
+            self.router.forget_module(module)
         for host in rt.hosts.values():
             host.stop()
         if delete_data:
@@ -406,7 +382,7 @@ class Worker:
                         lambda st: ms.complete_resign(host.module, host.group, st, expected_version))
 
     def _group_cas(self, host: ReplicaHost, new: GroupState, what: str, done: str,
-                   write: Callable[[znode.GroupState], int]) -> None:
+                   write: Callable[[GroupState], int]) -> None:
         """Run a replica's group-znode CAS off its task thread (on the metastore's) and post the outcome back."""
         assert self.metastore is not None
         ms = self.metastore
@@ -415,13 +391,13 @@ class Worker:
             rt = self.modules.get(host.module)
             replicas = rt.replicas[host.group] if rt else new.replicas
             try:
-                version = write(metastore_state(new, replicas))
+                # The state machine proposes the ISR change without the placement order: keep the stored one.
+                version = write(dataclasses.replace(new, placement=replicas))
                 assert version == new.version, (version, new.version)  # a CAS bumps the version by one
                 host.post(IsrChanged(new))
                 log.warning("%s: %s", host.name, done)
             except VersionConflict as e:
-                cur = replog_state(e.current, e.current_version) if e.current is not None else None
-                host.post(IsrChangeFailed("conflict", new, cur))
+                host.post(IsrChangeFailed("conflict", new, e.current))
             except MetastoreError as e:
                 log.warning("%s: %s failed: %s", host.name, what, e)
                 host.post(IsrChangeFailed("session_expired" if not ms.connected else "conflict", new, None))

@@ -159,7 +159,7 @@ def test_osr_member_never_elected_and_isr_member_leads_on_return(conductor: Cond
     state, version = ms.get_group("Orders", 0)
     assert state.leader == "n1"
     # n2 and n3 fell behind: the leader moved them to the OSR.
-    shrunk = GroupState(leader="n1", epoch=state.epoch, isr=("n1",), osr=("n2", "n3"), replicas=state.replicas)
+    shrunk = GroupState(leader="n1", epoch=state.epoch, isr=("n1",), osr=("n2", "n3"), placement=state.replicas)
     ms.cas_group("Orders", 0, shrunk, version)
     nodes.kill("n1")
     wait_for(lambda: ms.get_group("Orders", 0)[0].epoch == state.epoch + 1, what="the conductor to react to n1's loss")
@@ -304,7 +304,7 @@ def test_balance_moves_minimal_leaders_to_a_returned_node(conductor: Conductor, 
     for g, (state, version) in ms.list_groups("WordCount").items():
         if "n3" in state.osr:
             ms.cas_group("WordCount", g, GroupState(leader=state.leader, epoch=state.epoch,
-                                                    isr=(*state.isr, "n3"), osr=(), replicas=state.replicas),
+                                                    isr=(*state.isr, "n3"), osr=(), placement=state.replicas),
                          version)
     assert sorted(Counter(s.leader for s in groups_of(ms, "WordCount").values()).values()) == [1, 2]
     requested = conductor.balance()
@@ -358,7 +358,7 @@ def _rejoin_isr(ms: Metastore, module: str, node: str) -> None:
     for g, (state, version) in ms.list_groups(module).items():
         if node in state.osr:
             ms.cas_group(module, g, GroupState(leader=state.leader, epoch=state.epoch, isr=(*state.isr, node),
-                                               osr=(), replicas=state.replicas,
+                                               osr=(), placement=state.replicas,
                                                leader_session=state.leader_session), version)
 
 

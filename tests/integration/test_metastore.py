@@ -19,9 +19,9 @@ from conductor.metastore import (
     ModuleNotFound,
     NodeAlreadyRegistered,
     VersionConflict,
-    group_path,
 )
 from conductor.metastore.module_spec import MIN_ISR, InvalidOption, ModuleSpec, UnknownOption
+from conductor.metastore.store import group_path
 from conductor.placement import switch_leader
 from conductor.zkserver import ZooKeeperServer
 

@@ -89,6 +89,9 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StringType, StructType
 
+from conductor.client.handles import PartitionStatus
+from conductor.client.retry import Retry, retryable
+from conductor.client.router import LeaderRouter
 from conductor.metastore import Metastore, MetastoreError, ModuleNotFound
 from conductor.wire import millrace_pb2 as pb
 from conductor.wire import millrace_pb2_grpc as pbg
@@ -285,20 +288,6 @@ def _stub(address: str) -> pbg.ClientStub:
     return pbg.ClientStub(ch)
 
 
-def _retryable(err: Exception) -> bool:
-    return isinstance(err, NotLeader | Unavailable)
-
-
-@dataclass(frozen=True)
-class PartitionStatus:
-    """What a leader reports for one depot partition: records in [start, end) are applied."""
-
-    task: int
-    start: int
-    end: int
-    epoch: int
-
-
 _SESSIONS: dict[tuple[int, str], Metastore] = {}
 _SESSIONS_LOCK = threading.Lock()
 
@@ -362,13 +351,11 @@ class ModuleMeta:
         self.spec = spec
         self.tasks: int = spec.tasks
         self.groups: int = spec.threads
-        self._leaders: dict[int, tuple[str | None, int]] = {}
-        self._addresses: dict[str, str] = {}
-        self.refresh()
 
     def _spec(self) -> Any:
         try:
-            spec, _ = self._ms.get_module(self.module)
+            self.router = LeaderRouter(self._ms)
+            spec = self.router.routes(self.module).spec
         except ModuleNotFound:
             known = self._ms.list_modules()
             self.close()
@@ -390,44 +377,29 @@ class ModuleMeta:
         return int(self.spec.group_of(task))
 
     def refresh(self) -> None:
-        """Reload every group's leader and epoch (and forget node addresses, which may have moved)."""
+        """Reload every group's leader and epoch (and forget their addresses, which may have moved)."""
         try:
-            groups = self._ms.list_groups(self.module)
+            routes = self.router.routes(self.module, refresh=True)
         except MetastoreError as e:
             raise MillraceSourceError(f"cannot read the task groups of module {self.module}: {e}") from e
-        self._leaders = {g: (st.leader, st.epoch) for g, (st, _v) in groups.items()}
-        self._addresses.clear()
+        for st in routes.groups.values():
+            if st.leader is not None:
+                self.router.forget(st.leader)
 
     def leader(self, group: int) -> tuple[str, int]:
         """(gRPC address, epoch) of the group's leader; Unavailable while it has none."""
-        node, epoch = self._leaders.get(group, (None, 0))
-        if node is None:
-            raise Unavailable("UNAVAILABLE", f"task group {self.module}/{group} has no leader right now")
-        addr = self._addresses.get(node)
-        if addr is None:
-            info = self._ms.get_node(node)
-            if info is None:
-                raise Unavailable("UNAVAILABLE", f"leader {node} of {self.module}/{group} is not registered")
-            addr = self._addresses[node] = info.address
-        return addr, epoch
+        return self.router.leader(self.module, group)
 
     def call(self, group: int, method: str, request: Any, *, timeout_s: float = RPC_TIMEOUT_S) -> Any:
         """One unary RPC to the group's leader, following leader moves for up to ``RETRY_S``."""
-        deadline = time.monotonic() + RETRY_S
-        delay = 0.05
+        r = Retry(RETRY_S, f"{self.module}/{group}", first_delay=0.05, max_delay=1.0)
         while True:
             try:
                 address, _epoch = self.leader(group)
                 return getattr(_stub(address), method)(request, timeout=timeout_s)
-            except grpc.RpcError as e:
-                err: Exception = error_from_rpc(e)
-            except Unavailable as e:
-                err = e
-            if not _retryable(err) or time.monotonic() + delay > deadline:
-                raise err
-            log.info("%s/%s: %s; refreshing leaders and retrying", self.module, group, err)
-            time.sleep(delay)
-            delay = min(1.0, delay * 2)
+            except (grpc.RpcError, Unavailable) as e:
+                err: Exception = e
+            time.sleep(r.backoff(err))
             self.refresh()
 
     def depot_statuses(self, depot: str) -> dict[int, PartitionStatus]:
@@ -1239,7 +1211,7 @@ class _Fetcher:
                     requeue(r)
                     if isinstance(err, DepotNotFound):
                         raise SourceOptionError(f"module {p.module} has no depot {p.depot!r} (any more)") from None
-                    if not _retryable(err):
+                    if not retryable(err):
                         raise err from None
                     self._relocate(err, deadline)
                     continue
