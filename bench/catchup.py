@@ -11,7 +11,7 @@ page cache:
 
 * ``catchup`` (the figure under test): a ``grpc.aio`` server in a separate
   process (``--serve far``; leader and follower never share a GIL, as on two
-  nodes) whose ``FetchCheckpoint`` is :class:`conductor.worker.worker._ReplicationService`'s
+  nodes) whose ``FetchCheckpoint`` is :class:`conductor.worker.services.ReplicationService`'s
   handler minus the cluster: a :class:`~conductor.worker.far_horizon.CheckpointShelf`
   round (hard links of the checkpoint's files, as RocksDB's checkpoint makes),
   :func:`~conductor.worker.far_horizon.stream_checkpoint` with ``read_chunk_into`` offloaded
@@ -128,7 +128,7 @@ def warm(directory: Path) -> None:
 
 
 class _FarHorizonServicer(pbg.ReplicationServicer):
-    """``_ReplicationService.FetchCheckpoint`` without the node: same shelf, same stream, same read offload.
+    """``ReplicationService.FetchCheckpoint`` without the node: same shelf, same stream, same read offload.
 
     ``Worker.checkpoint_round`` makes a fresh RocksDB checkpoint per round; here
     the round hard-links the files of the checkpoint taken up front (what

@@ -1,4 +1,4 @@
-"""A Millrace worker node: hosts task-group replicas and serves the client and replication RPCs.
+"""The worker process (:class:`Worker`): hosts task-group replicas, follows ZooKeeper, serves gRPC.
 
 Threads: the asyncio event loop runs gRPC (client API and replication
 streams); every replica has its own task thread (:mod:`conductor.worker.replica_host`);
@@ -11,35 +11,26 @@ Run as ``python -m conductor.worker --zk HOST:PORT --node-id n1 --data-dir DIR``
 
 from __future__ import annotations
 
-import argparse
-import array
 import asyncio
 import concurrent.futures
 import dataclasses
 import functools
 import logging
-import os
 import shutil
-import signal
-import sys
 import threading
-import time
-from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import grpc
-import msgpack
 from prometheus_client import start_http_server
 
 from conductor.client.router import LeaderRouter
 from conductor.metastore import MODULES_PATH, Metastore, MetastoreError, VersionConflict
 from conductor.metastore.module_spec import SEGMENT_BYTES, ModuleSpec
-from conductor.wire import admin_pb2, admin_pb2_grpc
+from conductor.wire import admin_pb2_grpc
 from conductor.wire import millrace_pb2 as pb
 from conductor.wire import millrace_pb2_grpc as pbg
-from conductor.wire.errors import Unavailable, error_json, status_of
 from conductor.wire.options import GRPC_OPTIONS
 from conductor.worker.far_horizon import (
     INSTALL_TIMEOUT_S,
@@ -47,19 +38,17 @@ from conductor.worker.far_horizon import (
     CatchupProgress,
     CheckpointShelf,
     Shelved,
-    read_chunk_into,
     replication_handler,
-    stream_checkpoint,
 )
+from conductor.worker.foreign import ForeignConsumer
 from conductor.worker.metrics import node_registry
-from conductor.worker.replica_host import PendingEntry, ReplicaHost
+from conductor.worker.replica_host import ReplicaHost
 from conductor.worker.replica_store import ReplicaStore
+from conductor.worker.services import AdminService, ClientService, LoopSettler, ReplicationService
 from conductor.worker.transport import PeerTransport, from_proto
 from pstate.checkpoint import Manifest
-from pstate.errors import PStateError
-from replog.errors import NotLeader, ReplogError
+from replog.errors import NotLeader
 from replog.messages import (
-    Ack,
     ConfigChanged,
     GroupState,
     IsrChanged,
@@ -70,15 +59,9 @@ from replog.messages import (
     SessionStarted,
 )
 from topology.module import ModuleDefinition, load_module
-from topology.stream import StreamRunner, TopologyError
+from topology.stream import StreamRunner
 
 log = logging.getLogger("millrace.node")
-VERSION = "0.1.0"
-
-#: bytes of another group's depot records one foreign topology batch reads
-FOREIGN_BATCH_BYTES = 1 << 20
-
-_ACKS = {pb.ACK_NONE: Ack.NONE, pb.ACK_APPEND: Ack.APPEND, pb.ACK_APPLIED: Ack.APPLIED}
 
 
 class ModuleRuntime:
@@ -106,7 +89,6 @@ class Worker:
         self.metrics_port = metrics_port
         self.modules: dict[str, ModuleRuntime] = {}
         self._lock = threading.Lock()  # guards self.modules against metastore callbacks
-        self._channels: dict[str, grpc.aio.Channel] = {}
         self._tasks: list[concurrent.futures.Future[None]] = []
         self._metrics_server: Any = None
         self.metrics_address = ""
@@ -114,6 +96,7 @@ class Worker:
         self.metastore: Metastore | None = None
         #: leaders of other groups (cross-group reads) and peers' addresses (replication)
         self.router: LeaderRouter | None = None
+        self.foreign: ForeignConsumer | None = None
         self.transport: PeerTransport | None = None
         self.server: grpc.aio.Server | None = None
         self.settler: LoopSettler | None = None
@@ -127,14 +110,15 @@ class Worker:
         self.settler = LoopSettler(self.loop)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.server = grpc.aio.server(options=GRPC_OPTIONS)
-        admin_pb2_grpc.add_AdminServicer_to_server(_AdminService(self), self.server)
-        pbg.add_ClientServicer_to_server(_ClientService(self), self.server)
-        self.server.add_generic_rpc_handlers((replication_handler(_ReplicationService(self)),))
+        admin_pb2_grpc.add_AdminServicer_to_server(AdminService(self), self.server)
+        pbg.add_ClientServicer_to_server(ClientService(self), self.server)
+        self.server.add_generic_rpc_handlers((replication_handler(ReplicationService(self)),))
         self.port = self.server.add_insecure_port(f"127.0.0.1:{self.port}")
         await self.server.start()
         self.metastore = Metastore(self.zk_hosts, session_timeout=self.session_timeout,
                                    step_down=self._on_session_lost)
         self.router = LeaderRouter(self.metastore)
+        self.foreign = ForeignConsumer(self.router)
         self.transport = PeerTransport(self.node_id, self.loop, self._resolve, self.router.forget)
         await asyncio.to_thread(self.metastore.start)
         self.metastore.add_state_listener(self._on_zk_state)
@@ -188,8 +172,8 @@ class Worker:
         self.shelf.close()
         if self.transport is not None:
             await self.transport.close()
-        for ch in self._channels.values():
-            await ch.close(grace=None)
+        if self.foreign is not None:
+            await self.foreign.close()
         if self.server is not None:
             await self.server.stop(grace=0.5)
 
@@ -261,7 +245,10 @@ class Worker:
             self.metastore.watch_resign(module, g, functools.partial(self._on_resign, rt, g))
         if any(r.active for r in rt.runners.values()) and self.loop is not None:
             for g, host in rt.hosts.items():
-                self._tasks.append(asyncio.run_coroutine_threadsafe(self._consume_foreign(rt, g, host), self.loop))
+                assert self.foreign is not None
+                still_open = functools.partial(self._hosts_module, rt)
+                self._tasks.append(asyncio.run_coroutine_threadsafe(self.foreign.run(rt, g, host, still_open),
+                                                                    self.loop))
         log.warning("node %s hosts %d replica(s) of module %s: groups %s", self.node_id, len(rt.hosts), module,
                     sorted(rt.hosts))
 
@@ -300,59 +287,9 @@ class Worker:
             return
         host.post(ev)
 
-    async def _consume_foreign(self, rt: ModuleRuntime, g: int, host: ReplicaHost) -> None:
-        """While this replica leads group `g`, run its stream topologies over other groups' partitions.
-
-        One batch is in flight at a time per group: the next read starts from the
-        position the previous batch's entry saved, so nothing is skipped or run twice.
-        """
-        runner = rt.runners[g]
-        store = rt.stores[g]
-        topologies = [t for t in rt.definition.topologies.values() if t.kind == "stream"]
-        while self.modules.get(rt.spec.name) is rt and host.thread.is_alive():
-            progressed = False
-            if host.replica.is_leader:
-                for topo in topologies:
-                    for depot in topo.depots:
-                        for task in runner.foreign_tasks():
-                            try:
-                                progressed |= await self._consume_one(rt, host, store, runner, topo.name, depot, task)
-                            except (grpc.RpcError, ReplogError, PStateError, ValueError) as e:
-                                log.debug("%s: foreign read %s %s/%d failed: %s", host.name, topo.name, depot, task, e)
-            if not progressed:
-                await asyncio.sleep(0.05)
-
-    async def _consume_one(self, rt: ModuleRuntime, host: ReplicaHost, store: ReplicaStore, runner: StreamRunner,
-                           topology: str, depot: str, task: int) -> bool:
-        start = store.foreign_position(topology, depot, task)
-        assert self.router is not None
-        try:
-            address, _epoch = self.router.leader(rt.spec.name, rt.spec.group_of(task))
-        except (Unavailable, MetastoreError):
-            return False
-        stub = pbg.ClientStub(self._channel(address))
-        reply = await stub.DepotRead(pb.DepotReadRequest(module=rt.spec.name, depot=depot, task=task, start=start,
-                                                         max_bytes=FOREIGN_BATCH_BYTES), timeout=5)
-        if not reply.records:
-            return False
-        records = [msgpack.unpackb(r, raw=False, strict_map_key=False) for r in reply.records]
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Any] = loop.create_future()
-
-        def done(first: int, result: Any, error: Exception | None) -> None:
-            loop.call_soon_threadsafe(_settle, fut, result, error)
-
-        build = functools.partial(_foreign_entry, store, runner, topology, depot, task, reply.start, records,
-                                  reply.next)
-        host.post(PendingEntry(build, sum(len(r) for r in reply.records), Ack.APPLIED, done))
-        await fut
-        return True
-
-    def _channel(self, address: str) -> grpc.aio.Channel:
-        ch = self._channels.get(address)
-        if ch is None:
-            ch = self._channels[address] = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
-        return ch
+    def _hosts_module(self, rt: ModuleRuntime) -> bool:
+        """True while ``rt`` is still this worker's runtime of its module (not closed or reopened)."""
+        return self.modules.get(rt.spec.name) is rt
 
     def _close_module(self, module: str, delete_data: bool) -> None:
         with self._lock:
@@ -494,338 +431,3 @@ def _count_catchup(host: ReplicaHost, p: CatchupProgress) -> None:
     """A finished transfer's totals, for the node's metrics (its thread is the only writer of these keys)."""
     host.stats["far_horizon_bytes"] += p.copied_total
     host.stats["far_horizon_refetched_files"] += p.refetched
-
-
-# ------------------------------------------------------------------------------------ services
-
-
-def _lengths(records: list[bytes]) -> bytes:
-    """Record lengths as the little-endian uint32 array of ``DepotReadReply.lengths``."""
-    lengths = array.array("I", map(len, records))
-    if sys.byteorder != "little":
-        lengths.byteswap()
-    return lengths.tobytes()
-
-
-async def _abort(context: grpc.aio.ServicerContext, exc: Exception) -> None:
-    code, details, meta = status_of(exc)
-    context.set_trailing_metadata(meta)
-    await context.abort(code, details)
-
-
-class _AdminService(admin_pb2_grpc.AdminServicer):
-    def __init__(self, node: Worker) -> None:
-        self.node = node
-
-    async def Ping(self, request: admin_pb2.PingRequest, context: Any) -> admin_pb2.PingReply:
-        return admin_pb2.PingReply(payload=request.payload, node_id=self.node.node_id, version=VERSION)
-
-
-class _ReplicationService(pbg.ReplicationServicer):
-    def __init__(self, node: Worker) -> None:
-        self.node = node
-
-    async def Deliver(self, request_iterator: AsyncIterator[pb.PeerFrame], context: Any) -> pb.DeliverSummary:
-        n = 0
-        try:
-            async for frame in request_iterator:
-                self.node.deliver(frame)
-                n += 1
-        except asyncio.CancelledError:
-            pass  # the node is stopping: peers reconnect to whoever leads next
-        return pb.DeliverSummary(frames=n)
-
-    async def FetchCheckpoint(self, request: pb.FetchCheckpointRequest,
-                              context: Any) -> AsyncIterator[pb.CheckpointChunk | bytes]:
-        node = self.node
-        key = (request.module, request.group, request.follower)
-        if request.release:
-            node.shelf.release(key)
-            return
-        try:
-            shelved = await asyncio.to_thread(node.checkpoint_round, request)
-        except (ReplogError, PStateError, ValueError) as e:
-            await _abort(context, e)
-            return
-
-        async def read_into(path: Path, offset: int, buf: bytearray) -> int:
-            return await asyncio.to_thread(read_chunk_into, path, offset, buf)
-        async for chunk in stream_checkpoint(shelved, list(request.have), read_into):
-            yield chunk
-
-
-class _ClientService(pbg.ClientServicer):
-    def __init__(self, node: Worker) -> None:
-        self.node = node
-
-    def _start_append(self, request: pb.AppendRequest) -> asyncio.Future[pb.AppendReply]:
-        """Post `request` to its leader's task thread; the future gets the reply (or the error)."""
-        node = self.node
-        host = node.leader_host(request.module, request.group)
-        rt = node.modules[request.module]
-        appends = []
-        nbytes = 0
-        for d in request.appends:
-            if rt.spec.group_of(d.task) != request.group:
-                raise ValueError(f"task {d.task} of depot {d.depot} belongs to group {rt.spec.group_of(d.task)}, "
-                                 f"not {request.group}; refresh the module metadata")
-            records = list(d.records)
-            nbytes += sum(map(len, records))
-            appends.append((d.depot, d.task, records))
-        fut: asyncio.Future[pb.AppendReply] = asyncio.get_running_loop().create_future()
-        settle = node.settler.post if node.settler is not None else None
-        assert settle is not None
-
-        def done(first: int, result: Any, error: Exception | None) -> None:
-            settle(_resolve, fut, first, result, error, host.replica.epoch)
-
-        store = rt.stores[request.group]
-        runner = rt.runners.get(request.group)
-        host.post(PendingEntry(functools.partial(_client_entry, store, appends, runner), nbytes,
-                               _ACKS.get(request.ack, Ack.APPEND), done))
-        return fut
-
-    async def _append(self, request: pb.AppendRequest) -> pb.AppendReply:
-        return await self._start_append(request)
-
-    async def Append(self, request: pb.AppendRequest, context: Any) -> pb.AppendReply:
-        try:
-            return await self._append(request)
-        except (ReplogError, PStateError, TopologyError, ValueError) as e:
-            await _abort(context, e)
-            raise AssertionError("unreachable") from e
-
-    async def AppendStream(self, request_iterator: AsyncIterator[pb.AppendRequest], context: Any) -> AsyncIterator[pb.AppendReply]:
-        # Pipelined: every request is posted to its task thread as it is read (no task per request);
-        # replies go out in request order (clients match by order).
-        pending: asyncio.Queue[tuple[int, asyncio.Future[pb.AppendReply]] | None] = asyncio.Queue()
-        loop = asyncio.get_running_loop()
-
-        async def reader() -> None:
-            try:
-                async for req in request_iterator:
-                    try:
-                        fut = self._start_append(req)
-                    except (ReplogError, PStateError, TopologyError, ValueError) as e:
-                        fut = loop.create_future()
-                        fut.set_exception(e)
-                    pending.put_nowait((req.seq, fut))
-            finally:
-                pending.put_nowait(None)
-
-        rtask = asyncio.ensure_future(reader())
-        try:
-            while True:
-                item = await pending.get()
-                if item is None:
-                    break
-                seq, fut = item
-                try:
-                    reply = await fut
-                    reply.seq = seq
-                    yield reply
-                except (ReplogError, PStateError, TopologyError, ValueError) as e:
-                    yield pb.AppendReply(seq=seq, error=error_json(e))
-            await rtask  # the request stream's own error, if any
-        finally:
-            rtask.cancel()
-
-    def _leader_store(self, module: str, task: int) -> tuple[ReplicaHost, ReplicaStore]:
-        """The store of the local leader of the group owning `task` (reads see applied state only)."""
-        rt = self.node.modules.get(module)
-        if rt is None:
-            raise NotLeader(f"{module}/?", None, None)
-        if not 0 <= task < rt.spec.tasks:
-            raise ValueError(f"task {task} is outside [0, {rt.spec.tasks}) for module {module}")
-        group = rt.spec.group_of(task)
-        return self.node.leader_host(module, group), rt.stores[group]
-
-    async def Select(self, request: pb.SelectRequest, context: Any) -> pb.SelectReply:
-        try:
-            _host, store = self._leader_store(request.module, request.task)
-            values, applied = store.select(request.pstate, request.task, request.path, request.one)
-            return pb.SelectReply(values=values, applied_offset=max(applied, 0))
-        except (ReplogError, PStateError, ValueError) as e:
-            await _abort(context, e)
-            raise AssertionError("unreachable") from e
-
-    async def DepotRead(self, request: pb.DepotReadRequest, context: Any) -> pb.DepotReadReply:
-        try:
-            host, store = self._leader_store(request.module, request.task)
-            records, start, nxt = store.depot_read(request.depot, request.task, request.start,
-                                                   request.end or None, request.max_bytes or 1 << 20)
-            if request.packed:  # one bytes field instead of one per record: the reader slices it without copies
-                return pb.DepotReadReply(packed=b"".join(records), lengths=_lengths(records), start=start, next=nxt,
-                                         epoch=host.replica.epoch)
-            return pb.DepotReadReply(records=records, start=start, next=nxt, epoch=host.replica.epoch)
-        except (ReplogError, PStateError, ValueError) as e:
-            await _abort(context, e)
-            raise AssertionError("unreachable") from e
-
-    async def PartitionInfo(self, request: pb.PartitionInfoRequest, context: Any) -> pb.PartitionInfoReply:
-        try:
-            host, store = self._leader_store(request.module, request.task)
-            start, end = store.depot_info(request.depot, request.task)
-            return pb.PartitionInfoReply(start=start, end=end, epoch=host.replica.epoch)
-        except (ReplogError, PStateError, ValueError) as e:
-            await _abort(context, e)
-            raise AssertionError("unreachable") from e
-
-    async def CommitBatch(self, request: pb.CommitBatchRequest, context: Any) -> pb.CommitBatchReply:
-        """One task group's share of a Spark microbatch, applied once whatever the retries."""
-        try:
-            node = self.node
-            host = node.leader_host(request.module, request.group)
-            rt = node.modules[request.module]
-            for c in request.changes:
-                if rt.spec.group_of(c.task) != request.group:
-                    raise ValueError(f"change for task {c.task} sent to group {request.group}; route by task")
-            fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-            settle = node.settler.post if node.settler is not None else None
-            assert settle is not None
-
-            def done(first: int, result: Any, error: Exception | None) -> None:
-                settle(_settle, fut, (first, result), error)
-
-            build = functools.partial(_commit_entry, rt.stores[request.group], request.topology, request.batch_id,
-                                      list(request.changes))
-            host.post(PendingEntry(build, request.ByteSize(), Ack.APPLIED, done))
-            first, skipped = await fut
-            return pb.CommitBatchReply(skipped=bool(skipped), replog_offset=max(first, 0))
-        except (ReplogError, PStateError, ValueError) as e:
-            await _abort(context, e)
-            raise AssertionError("unreachable") from e
-
-    async def Progress(self, request: pb.ProgressRequest, context: Any) -> pb.ProgressReply:
-        try:
-            self.node.leader_host(request.module, request.group)  # only the leader answers (NotLeader otherwise)
-            last = self.node.modules[request.module].stores[request.group].store.last_batch(request.topology)
-            return pb.ProgressReply(last_batch=-1 if last is None else last)
-        except (ReplogError, PStateError, ValueError) as e:
-            await _abort(context, e)
-            raise AssertionError("unreachable") from e
-
-    async def GroupStatus(self, request: pb.GroupStatusRequest, context: Any) -> pb.GroupStatusReply:
-        host = self.node.host(request.module, request.group)
-        if host is None:
-            return pb.GroupStatusReply(role="none", apply_offset=-1, applied_offset=-1)
-        s = host.status()
-        c = s["catchup"]
-        catchup = None if c is None else pb.CatchupStatus(
-            leader=c.leader, round=c.round, bytes_done=c.bytes_done, bytes_total=c.bytes_total,
-            bytes_per_s=c.rate(), state=c.state)
-        return pb.GroupStatusReply(
-            role=s["role"], epoch=s["epoch"], log_start=s["log_start"], log_end=s["log_end"],
-            apply_offset=s["apply_offset"], applied_offset=s["applied"], follower_offsets=s["followers"],
-            catchup=catchup,
-        )
-
-
-class LoopSettler:
-    """Runs callbacks posted from task threads on the event loop, one loop wake-up per burst.
-
-    A task thread answers a whole group of appends at once (one `done` per
-    request); a ``call_soon_threadsafe`` each would cost a self-pipe write and a
-    loop iteration per request. Here the first post of a burst schedules one
-    drain and the others only append to the list.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self._items: deque[tuple[Callable[..., None], tuple[Any, ...]]] = deque()
-        self._lock = threading.Lock()
-        self._scheduled = False
-
-    def post(self, fn: Callable[..., None], *args: Any) -> None:
-        with self._lock:
-            self._items.append((fn, args))
-            if self._scheduled:
-                return
-            self._scheduled = True
-        try:
-            self.loop.call_soon_threadsafe(self._drain)
-        except RuntimeError:  # the loop is closed: the node is stopping, nobody awaits these
-            pass
-
-    def _drain(self) -> None:
-        with self._lock:
-            items = self._items
-            self._items = deque()
-            self._scheduled = False
-        for fn, args in items:
-            try:
-                fn(*args)
-            except Exception:
-                log.exception("a completion callback failed")
-
-
-def _resolve(fut: asyncio.Future[pb.AppendReply], first: int, result: Any, error: Exception | None,
-             epoch: int) -> None:
-    if fut.done():
-        return
-    if error is not None:
-        fut.set_exception(error)
-    else:
-        firsts, acks = result if isinstance(result, tuple) else ([], {})
-        fut.set_result(pb.AppendReply(replog_offset=first, first_offsets=firsts, epoch=epoch,
-                                      ack_values=msgpack.packb(acks, use_bin_type=True) if acks else b""))
-
-
-def _settle(fut: asyncio.Future[Any], result: Any, error: Exception | None) -> None:
-    if fut.done():
-        return
-    if error is not None:
-        fut.set_exception(error)
-    else:
-        fut.set_result(result)
-
-
-def _client_entry(store: ReplicaStore, appends: list[tuple[str, int, list[bytes]]],
-                  runner: StreamRunner | None) -> tuple[Any, Any]:
-    builder, firsts, acks = store.build_client_append(appends, runner)
-    return builder, (firsts, acks)
-
-
-def _foreign_entry(store: ReplicaStore, runner: StreamRunner, topology: str, depot: str, task: int, start: int,
-                   records: list[Any], next_offset: int) -> tuple[Any, Any]:
-    return store.build_foreign(runner, topology, depot, task, start, records, next_offset), None
-
-
-def _commit_entry(store: ReplicaStore, topology: str, batch_id: int, changes: list[Any]) -> tuple[Any, Any]:
-    builder = store.build_batch_commit(topology, batch_id, changes)
-    return builder, builder is None
-
-
-# ------------------------------------------------------------------------------------- main
-
-
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m conductor.worker", description="Run a Millrace worker.")
-    p.add_argument("--zk", required=True, help="ZooKeeper connect string, e.g. 127.0.0.1:2181")
-    p.add_argument("--node-id", required=True)
-    p.add_argument("--data-dir", required=True, type=Path)
-    p.add_argument("--port", type=int, default=0, help="gRPC port on 127.0.0.1 (0 = any free port)")
-    p.add_argument("--session-timeout", type=float, default=6.0, help="ZooKeeper session timeout, seconds")
-    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port on 127.0.0.1 (0 = free)")
-    p.add_argument("--log-level", default=os.environ.get("MILLRACE_LOG_LEVEL", "WARNING"))
-    args = p.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(),
-                        format=f"%(asctime)s {args.node_id} %(levelname)s %(name)s: %(message)s")
-
-    async def run() -> None:
-        node = Worker(args.zk, args.node_id, args.data_dir, args.port, args.session_timeout, args.metrics_port)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await node.start()
-        # Written last: tests and `conductor dev` wait for this file to know the node is serving.
-        (args.data_dir / "node.address").write_text(node.address)
-        await stop.wait()
-        log.warning("node %s stopping", args.node_id)
-        t0 = time.monotonic()
-        await node.stop()
-        log.warning("node %s stopped in %.1fs", args.node_id, time.monotonic() - t0)
-
-    asyncio.run(run())
-
