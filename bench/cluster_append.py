@@ -212,10 +212,10 @@ def deploy(hosts: str, tasks: int, threads: int, timeout_s: float = 30.0) -> dic
     with Metastore(hosts) as ms:
         while True:
             leaders: dict[int, tuple[str, str]] = {}
-            for g, (st, _v) in ms.list_groups(MODULE).items():
+            for g, (st, _v) in ms.groups.all(MODULE).items():
                 if st.leader is None or len(st.isr) < 3:
                     break
-                info = ms.get_node(st.leader)
+                info = ms.nodes.get(st.leader)
                 if info is None:
                     break
                 try:

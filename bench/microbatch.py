@@ -98,7 +98,7 @@ def deploy(hosts: str, tasks: int, threads: int, timeout_s: float = 60.0) -> Non
     deadline = time.monotonic() + timeout_s
     with Metastore(hosts) as ms:
         while True:
-            groups = ms.list_groups(MODULE)
+            groups = ms.groups.all(MODULE)
             if len(groups) == threads and all(st.leader and len(st.isr) == 3 for st, _v in groups.values()):
                 return
             if time.monotonic() > deadline:
@@ -136,13 +136,10 @@ def fetch_decode_rate(hosts: str, records: int) -> float:
     """The source's read path without Spark: every partition fetched and turned into Arrow, in this process."""
     from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
-    from topology.spark.depot_source import (
-        DepotOptions,
-        ModuleMeta,
-        RowBuilder,
-        plan_partitions,
-        read_partition,
-    )
+    from topology.spark.arrow import RowBuilder
+    from topology.spark.fetch import read_partition
+    from topology.spark.options import DepotOptions
+    from topology.spark.planning import ModuleMeta, plan_partitions
 
     schema = StructType([StructField("task", IntegerType()), StructField("offset", LongType()),
                          StructField("epoch", LongType()), StructField("user", StringType()),

@@ -183,7 +183,7 @@ class Cluster:
         return PState(self, module, name)
 
     def modules(self) -> list[str]:
-        return self._ms.list_modules()
+        return self._ms.modules.names()
 
     def module_info(self, module: str) -> ModuleInfo:
         meta = self._module(module)
@@ -213,7 +213,7 @@ class Cluster:
                 return m
             m = self._modules[module] = _Module(routes.spec, load_module(routes.spec.module_ref).build())
         for g in routes.groups:
-            self._ms.watch_group(module, g, functools.partial(self._on_group, module, g))
+            self._ms.groups.watch(module, g, functools.partial(self._on_group, module, g))
         return m
 
     def _routes(self, module: str) -> ModuleRoutes:
@@ -223,7 +223,7 @@ class Cluster:
             raise self._not_deployed(module, e) from e
 
     def _not_deployed(self, module: str, e: MetastoreError) -> ClientError:
-        return ClientError(f"module {module!r} is not deployed ({e}); deployed modules: {self._ms.list_modules()}")
+        return ClientError(f"module {module!r} is not deployed ({e}); deployed modules: {self._ms.modules.names()}")
 
     def _on_group(self, module: str, group: int, st: GroupState | None, _version: int) -> None:
         """Metastore watch: a leader change abandons in-flight calls to the old leader at once."""

@@ -47,8 +47,8 @@ class LeaderRouter:
         cached = self._modules.get(module)  # a dict read is atomic; writers hold the lock
         if cached is not None and not refresh:
             return cached
-        spec, _version = self.metastore.get_module(module)
-        groups = {g: st for g, (st, _v) in self.metastore.list_groups(module).items()}
+        spec, _version = self.metastore.modules.get(module)
+        groups = {g: st for g, (st, _v) in self.metastore.groups.all(module).items()}
         fresh = ModuleRoutes(spec, groups)
         with self._lock:
             self._modules[module] = fresh
@@ -97,7 +97,7 @@ class LeaderRouter:
         """The node's advertised gRPC address (None if it is not registered)."""
         address = None if refresh else self._addresses.get(node_id)
         if address is None:
-            info = self.metastore.get_node(node_id)
+            info = self.metastore.nodes.get(node_id)
             if info is None:
                 return None
             address = self._addresses[node_id] = info.address

@@ -122,7 +122,7 @@ class Worker:
         self.transport = PeerTransport(self.node_id, self.loop, self._resolve, self.router.forget)
         await asyncio.to_thread(self.metastore.start)
         self.metastore.add_state_listener(self._on_zk_state)
-        await asyncio.to_thread(self.metastore.register_node, self.node_id, self.address)
+        await asyncio.to_thread(self.metastore.nodes.register, self.node_id, self.address)
         self.metastore.zk.ChildrenWatch(MODULES_PATH, self._on_modules)
         self.metrics_address = self._start_metrics()
         self._sweeper = asyncio.create_task(self._sweep_checkpoints())
@@ -217,7 +217,7 @@ class Worker:
             return
         spec, groups = routes.spec, routes.groups
         if len(groups) < spec.threads:
-            # create_module is one transaction, so this means we raced its deletion
+            # modules.create is one transaction, so this means we raced its deletion
             return
         definition = load_module(spec.module_ref).build()
         rt = ModuleRuntime(spec, definition)
@@ -239,10 +239,10 @@ class Worker:
         for host in rt.hosts.values():
             host.start()
         for g in groups:
-            self.metastore.watch_group(module, g, functools.partial(self._on_group, rt, g))
-        self.metastore.watch_module(module, functools.partial(self._on_spec, rt))
+            self.metastore.groups.watch(module, g, functools.partial(self._on_group, rt, g))
+        self.metastore.modules.watch(module, functools.partial(self._on_spec, rt))
         for g in rt.hosts:
-            self.metastore.watch_resign(module, g, functools.partial(self._on_resign, rt, g))
+            self.metastore.resigns.watch(module, g, functools.partial(self._on_resign, rt, g))
         if any(r.active for r in rt.runners.values()) and self.loop is not None:
             for g, host in rt.hosts.items():
                 assert self.foreign is not None
@@ -309,14 +309,14 @@ class Worker:
         assert self.metastore is not None
         ms = self.metastore
         self._group_cas(host, new, "ISR change", f"ISR changed to {list(new.isr)} (OSR {list(new.osr)})",
-                        lambda st: ms.cas_group(host.module, host.group, st, expected_version))
+                        lambda st: ms.groups.cas(host.module, host.group, st, expected_version))
 
     def _hand_off(self, host: ReplicaHost, expected_version: int, new: GroupState) -> None:
         """HandOff action: the CAS to the successor plus the resign request's delete, in one transaction."""
         assert self.metastore is not None
         ms = self.metastore
         self._group_cas(host, new, "hand-off", f"handed leadership to {new.leader} in epoch {new.epoch}",
-                        lambda st: ms.complete_resign(host.module, host.group, st, expected_version))
+                        lambda st: ms.resigns.complete(host.module, host.group, st, expected_version))
 
     def _group_cas(self, host: ReplicaHost, new: GroupState, what: str, done: str,
                    write: Callable[[GroupState], int]) -> None:

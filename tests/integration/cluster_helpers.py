@@ -63,7 +63,7 @@ def group_status(dc: DevCluster, node_id: str, module: str, group: int) -> pb.Gr
 
 def groups_of(dc: DevCluster, module: str) -> dict[int, GroupState]:
     with Metastore(dc.hosts) as ms:
-        return {g: st for g, (st, _v) in ms.list_groups(module).items()}
+        return {g: st for g, (st, _v) in ms.groups.all(module).items()}
 
 
 def converged(dc: DevCluster, module: str, require_full_isr: bool = True) -> bool:

@@ -30,7 +30,8 @@ def metastore(leaders: dict[int, str | None]) -> Any:
         reads.append(f"node {node_id}")
         return SimpleNamespace(address=f"10.0.0.{node_id[1:]}:1") if node_id != "n9" else None
 
-    return SimpleNamespace(get_module=lambda m: (SPEC, 0), list_groups=list_groups, get_node=get_node, reads=reads)
+    return SimpleNamespace(modules=SimpleNamespace(get=lambda m: (SPEC, 0)), groups=SimpleNamespace(all=list_groups),
+                           nodes=SimpleNamespace(get=get_node), reads=reads)
 
 
 def test_moved_or_unreachable_leaders_are_retried_with_doubling_backoff() -> None:

@@ -27,14 +27,8 @@ from pyspark.sql.types import (
 )
 
 from conductor.wire import millrace_pb2 as pb
-from topology.spark.depot_source import (
-    FlatDecoder,
-    MillraceSourceError,
-    Raw,
-    RowBuilder,
-    ValueSchemaMismatch,
-    unpack_reply,
-)
+from topology.spark.arrow import FlatDecoder, Raw, RowBuilder, unpack_reply
+from topology.spark.errors import MillraceSourceError, ValueSchemaMismatch
 
 SCHEMA = StructType([
     StructField("task", IntegerType()), StructField("offset", LongType()), StructField("epoch", LongType()),
