@@ -59,6 +59,7 @@ conductor/wire/%_pb2.py: conductor/wire/%.proto $(STAMP)/venv
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy replog pstate topology conductor bench
+	$(VENV)/bin/lint-imports
 
 test: lint
 	$(PY) -m pytest -q

@@ -319,6 +319,32 @@ class Replicate:
 
 
 @dataclass(frozen=True, slots=True)
+class RawReplicate:
+    """A :class:`Replicate` as it crosses the network between workers: the leader's log frames, still encoded.
+
+    The worker decodes and validates the frames (CRC, offsets) on the
+    follower's task thread, not on the event loop that received them, and only
+    then feeds the state machine a :class:`Replicate`. Without frames it is a
+    heartbeat, like an empty Replicate.
+    """
+
+    src: str
+    epoch: int
+    start: int
+    frames: bytes
+    apply_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class FarHorizonOffer:
+    """Leader -> follower: you are too far behind for entries; fetch my checkpoint (the driver's answer to
+    :class:`StartFarHorizon`). The follower takes it only from the leader of its current epoch."""
+
+    src: str
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
 class ReplicateAck:
     """Follower -> leader: ``held`` is the highest durable offset, ``log_end`` the end of its log.
 

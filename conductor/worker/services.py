@@ -34,7 +34,8 @@ from conductor.worker.replica_store import ReplicaStore
 from pstate.errors import PStateError
 from replog.errors import NotLeader, ReplogError
 from replog.messages import Ack
-from topology.stream import StreamRunner, TopologyError
+from topology.errors import TopologyError
+from topology.stream import StreamRunner
 
 if TYPE_CHECKING:
     from conductor.worker.worker import Worker

@@ -21,8 +21,7 @@ import grpc
 from conductor.wire import millrace_pb2 as pb
 from conductor.wire import millrace_pb2_grpc as pbg
 from conductor.wire.options import GRPC_OPTIONS
-from conductor.worker.replica_host import FarHorizonOffer, RawReplicate
-from replog.messages import EpochRequest, EpochResponse, ReplicateAck
+from replog.messages import EpochRequest, EpochResponse, FarHorizonOffer, RawReplicate, ReplicateAck
 
 log = logging.getLogger("millrace.transport")
 

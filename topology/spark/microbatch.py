@@ -34,9 +34,9 @@ import msgpack
 
 from conductor.client import Cluster
 from conductor.wire import millrace_pb2 as pb
+from topology.errors import TopologyError
 from topology.module import ModuleDefinition, TopologyDecl
 from topology.partitioners import task_for_key
-from topology.stream import TopologyError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
