@@ -359,11 +359,7 @@ class TaskGroupStore:
         return None if raw is None else int(unpack(raw))
 
     def batch_committed(self, topology: str, batch_id: int) -> bool:
-        """The exactly-once rule: ``topology``'s batch ``batch_id`` is a replay if it is at or below the last.
-
-        Spark replays a microbatch after a crash with the same id, and batches
-        commit in id order, so one number per topology tells every replay apart.
-        """
+        """The exactly-once rule: a batch at or below ``topology``'s last is a replay (ids commit in order)."""
         last = self.last_batch(topology)
         return last is not None and batch_id <= last
 
