@@ -41,9 +41,9 @@ import functools
 import threading
 import time
 from collections import defaultdict, deque
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
@@ -69,6 +69,8 @@ from conductor.wire.options import GRPC_OPTIONS
 from replog.errors import NotLeader
 from topology.module import ModuleDefinition, load_module
 
+T = TypeVar("T")
+
 
 @dataclass(frozen=True)
 class _Module:
@@ -76,6 +78,16 @@ class _Module:
 
     spec: ModuleSpec
     definition: ModuleDefinition
+
+
+@dataclass(frozen=True, slots=True)
+class _Try:
+    """One try of a call loop: the group, the leader-move generation to watch, the leader, the budget."""
+
+    key: tuple[str, int]
+    generation: int
+    address: str
+    retry: Retry
 
 
 @dataclass(frozen=True)
@@ -340,22 +352,12 @@ class Cluster:
             raise ClientError("the cluster client is closed")
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
-    async def _call(self, module: str, group: int, method: str, request: Any) -> Any:
-        """One RPC to the group leader on the event loop, following leader moves until `timeout_s`."""
-        key = (module, group)
-        r = Retry(self.timeout_s, f"{module}/{group}")
-        while True:
-            try:
-                generation, address = await self._leader_aio(r, key)
-                call = getattr(self._stub(address), method)(request, timeout=r.remaining())
-                with self._watching(key, call, generation, (asyncio.CancelledError, grpc.RpcError)):
-                    return await call
-            except (grpc.RpcError, Unavailable, NotLeader) as e:
-                err: Exception = e
-            await asyncio.sleep(r.backoff(err))
+    def _retrying(self, module: str, group: int, attempt: Callable[[_Try], T]) -> T:
+        """The blocking call loop: ``attempt`` on the group leader until it answers, following leader moves.
 
-    def _call_sync(self, module: str, group: int, method: str, request: Any) -> Any:
-        """The same as :meth:`_call` as a synchronous gRPC call in the calling thread (blocking APIs)."""
+        Each try gets the leader-move generation to watch and the leader's
+        address; what is retried and for how long is :class:`Retry`'s decision.
+        """
         if self._closed:
             raise ClientError("the cluster client is closed")
         key = (module, group)
@@ -363,12 +365,40 @@ class Cluster:
         while True:
             try:
                 generation, address = self._leader(r, key)
-                fut = getattr(self._sync_stub(address), method).future(request, timeout=r.remaining())
-                with self._watching(key, fut, generation, (grpc.FutureCancelledError, grpc.RpcError)):
-                    return fut.result()
+                return attempt(_Try(key, generation, address, r))
             except (grpc.RpcError, Unavailable, NotLeader) as e:
                 err: Exception = e
             time.sleep(r.backoff(err))
+
+    async def _retrying_aio(self, module: str, group: int, attempt: Callable[[_Try], Awaitable[T]]) -> T:
+        """:meth:`_retrying` on the event loop (the waits are awaited, a ZooKeeper read goes to a thread)."""
+        key = (module, group)
+        r = Retry(self.timeout_s, f"{module}/{group}")
+        while True:
+            try:
+                generation, address = await self._leader_aio(r, key)
+                return await attempt(_Try(key, generation, address, r))
+            except (grpc.RpcError, Unavailable, NotLeader) as e:
+                err: Exception = e
+            await asyncio.sleep(r.backoff(err))
+
+    async def _call(self, module: str, group: int, method: str, request: Any) -> Any:
+        """One RPC to the group leader on the event loop, following leader moves until `timeout_s`."""
+        async def attempt(t: _Try) -> Any:
+            call = getattr(self._stub(t.address), method)(request, timeout=t.retry.remaining())
+            with self._watching(t.key, call, t.generation, (asyncio.CancelledError, grpc.RpcError)):
+                return await call
+
+        return await self._retrying_aio(module, group, attempt)
+
+    def _call_sync(self, module: str, group: int, method: str, request: Any) -> Any:
+        """The same as :meth:`_call` as a synchronous gRPC call in the calling thread (blocking APIs)."""
+        def attempt(t: _Try) -> Any:
+            fut = getattr(self._sync_stub(t.address), method).future(request, timeout=t.retry.remaining())
+            with self._watching(t.key, fut, t.generation, (grpc.FutureCancelledError, grpc.RpcError)):
+                return fut.result()
+
+        return self._retrying(module, group, attempt)
 
     def _append_stream(self, address: str, module: str, group: int) -> SyncAppendStream:
         key = (address, module, group)
@@ -399,44 +429,32 @@ class Cluster:
 
     def _append_sync(self, module: str, group: int, request: pb.AppendRequest) -> pb.AppendReply:
         """`_call_sync(..., "Append", request)` on the group leader's AppendStream: same retries and abandonment."""
-        if self._closed:
-            raise ClientError("the cluster client is closed")
-        key = (module, group)
-        r = Retry(self.timeout_s, f"{module}/{group}")
-        while True:
-            try:
-                generation, address = self._leader(r, key)
-                stream = self._append_stream(address, module, group)
-                ticket = StreamTicket(stream)  # one per request: abandonment is per request, cancelling the stream
-                with self._watching(key, ticket, generation, (grpc.RpcError,)):
-                    reply = stream.request(request, r.deadline)
-                return checked(reply)
-            except (grpc.RpcError, Unavailable, NotLeader) as e:
-                err: Exception = e
-            time.sleep(r.backoff(err))
+        def attempt(t: _Try) -> pb.AppendReply:
+            stream = self._append_stream(t.address, module, group)
+            ticket = StreamTicket(stream)  # one per request: abandonment is per request, cancelling the stream
+            with self._watching(t.key, ticket, t.generation, (grpc.RpcError,)):
+                reply = stream.request(request, t.retry.deadline)
+            return checked(reply)
+
+        return self._retrying(module, group, attempt)
 
     async def _append_aio(self, module: str, group: int, request: pb.AppendRequest) -> pb.AppendReply:
         """Event loop: `_call(..., "Append", request)` on the leader's AppendStream; same retries and abandonment."""
-        key = (module, group)
-        r = Retry(self.timeout_s, f"{module}/{group}")
-        while True:
-            try:
-                generation, address = await self._leader_aio(r, key)
-                skey = (address, module, group)
-                stream = self._aio_streams.get(skey)
-                if stream is None or stream.broken is not None:
-                    stream = self._aio_streams[skey] = AioAppendStream(self._stub(address))
-                ticket = AioStreamTicket(self._loop, stream)
-                with self._watching(key, ticket, generation, (asyncio.CancelledError, grpc.RpcError)):
-                    try:
-                        reply = await asyncio.wait_for(stream.request(request), r.remaining())
-                    except TimeoutError:
-                        stream.cancel()  # a reply may never come on it: the next request opens another
-                        raise Unavailable("DEADLINE_EXCEEDED", "no reply before the client's timeout") from None
-                return checked(reply)
-            except (grpc.RpcError, Unavailable, NotLeader) as e:
-                err: Exception = e
-            await asyncio.sleep(r.backoff(err))
+        async def attempt(t: _Try) -> pb.AppendReply:
+            skey = (t.address, module, group)
+            stream = self._aio_streams.get(skey)
+            if stream is None or stream.broken is not None:
+                stream = self._aio_streams[skey] = AioAppendStream(self._stub(t.address))
+            ticket = AioStreamTicket(self._loop, stream)
+            with self._watching(t.key, ticket, t.generation, (asyncio.CancelledError, grpc.RpcError)):
+                try:
+                    reply = await asyncio.wait_for(stream.request(request), t.retry.remaining())
+                except TimeoutError:
+                    stream.cancel()  # a reply may never come on it: the next request opens another
+                    raise Unavailable("DEADLINE_EXCEEDED", "no reply before the client's timeout") from None
+            return checked(reply)
+
+        return await self._retrying_aio(module, group, attempt)
 
     # ------------------------------------------------------------------------ append_async hand-off
 
