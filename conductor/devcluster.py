@@ -135,7 +135,7 @@ class DevCluster:
         d = self.node_dir(node_id)
         d.mkdir(parents=True, exist_ok=True)
         (d / "node.address").unlink(missing_ok=True)
-        p = ChildProcess(node_id, [PYTHON, "-m", "conductor.node", "--zk", self.hosts, "--node-id", node_id,
+        p = ChildProcess(node_id, [PYTHON, "-m", "conductor.worker", "--zk", self.hosts, "--node-id", node_id,
                                    "--data-dir", str(d), "--session-timeout", str(self.session_timeout),
                                    "--log-level", self.log_level],
                          self.root / "logs" / f"node-{node_id}.log")

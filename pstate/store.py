@@ -276,8 +276,7 @@ class TaskGroupStore:
             if cs.topology is not None:
                 if type(cs.batch_id) is not int:
                     raise CorruptStore("replog payload", f"batch id {cs.batch_id!r} is not an int")
-                last = self.last_batch(cs.topology)
-                skip = last is not None and cs.batch_id <= last
+                skip = self.batch_committed(cs.topology, cs.batch_id)
             if not skip:
                 handles = []
                 for name in cs.cfs:
@@ -358,6 +357,11 @@ class TaskGroupStore:
         """Last microbatch id committed by ``topology`` here (None if none)."""
         raw = self._reader.get(META, _BATCH + topology.encode())
         return None if raw is None else int(unpack(raw))
+
+    def batch_committed(self, topology: str, batch_id: int) -> bool:
+        """The exactly-once rule: a batch at or below ``topology``'s last is a replay (ids commit in order)."""
+        last = self.last_batch(topology)
+        return last is not None and batch_id <= last
 
     def progress(self, topology: str, *, staged: bool = False) -> Any:
         """Topology progress recorded with :meth:`ChangeSetBuilder.set_progress` (None if none).

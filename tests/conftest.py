@@ -41,7 +41,7 @@ def zk_hosts(zk_server: ZooKeeperServer) -> str:
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
     """A local[2] Spark session with Delta Lake from the cached jars (UI off)."""
-    from conductor.spark_env import spark_session
+    from topology.spark.session import spark_session
 
     warehouse: Path = tmp_path_factory.mktemp("spark-warehouse")
     try:

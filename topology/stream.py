@@ -34,26 +34,12 @@ from typing import Any
 from pstate import P
 from pstate.path import Path, Transform
 from pstate.store import ChangeSetBuilder
+from topology.errors import ForeignRead, TopologyError
 from topology.module import ModuleDefinition, TopologyDecl
 from topology.partitioners import random as random_partitioner
 from topology.partitioners import task_for_key
 
 log = logging.getLogger("millrace.topology")
-
-
-class TopologyError(Exception):
-    """A topology function failed or misused its context; the message names the topology and the fix."""
-
-    grpc_code = "FAILED_PRECONDITION"
-
-    def __init__(self, topology: str, message: str) -> None:
-        self.topology = topology
-        self.message = message
-        super().__init__(f"topology {topology}: {message}")
-
-
-class ForeignRead(TopologyError):
-    """A topology read a key owned by another task group."""
 
 
 @dataclass

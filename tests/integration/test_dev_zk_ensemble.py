@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from conductor.cli import pid_running
+from conductor.cli_views import pid_running
 from conductor.devcluster import stop_from_state
 from conductor.metastore import Metastore
 from conductor.zkserver import server_mode
@@ -49,7 +49,7 @@ def test_dev_runs_an_ensemble_that_survives_losing_one_server(tmp_path: Path) ->
         os.kill(state["zookeeper"][leader[0]], signal.SIGKILL)
         time.sleep(SESSION_TIMEOUT_S + 2)  # long enough for the node's session to expire, were it lost
         with Metastore(state["zk"]) as ms:
-            assert ms.live_nodes() == ["n1"]
+            assert ms.nodes.live() == ["n1"]
         node_log = (root / "logs" / "node-n1.log").read_text()
         assert "lost; stepping down" not in node_log, node_log
         assert pid_running(state["nodes"]["n1"]) and pid_running(state["conductors"]["c1"])

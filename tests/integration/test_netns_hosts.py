@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from conductor.cli import pid_running
+from conductor.cli_views import pid_running
 from tests.netns import Host, HostNetwork, claim_file, ip_json, namespace_pids, our_leftovers, sweep_stale
 
 pytestmark = pytest.mark.multihost

@@ -15,7 +15,9 @@ from typing import Any
 
 import grpc
 
+from pstate import errors as pstate_errors
 from replog import errors as replog_errors
+from topology import errors as topology_errors
 
 METADATA_KEY = "millrace-error"
 
@@ -34,12 +36,7 @@ class Unavailable(MillraceError):
 
 def _registry() -> dict[str, type[Exception]]:
     reg: dict[str, type[Exception]] = {}
-    modules: list[Any] = [replog_errors]
-    from pstate import errors as pstate_errors
-    from topology import stream as topology_stream
-
-    modules += [pstate_errors, topology_stream]
-    for mod in modules:
+    for mod in (replog_errors, pstate_errors, topology_errors):
         for name, obj in vars(mod).items():
             if isinstance(obj, type) and issubclass(obj, Exception) and hasattr(obj, "grpc_code"):
                 reg[name] = obj

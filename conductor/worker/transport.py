@@ -18,20 +18,15 @@ from typing import Any
 
 import grpc
 
-from conductor.replica_host import FarHorizonOffer, RawReplicate
-from proto import millrace_pb2 as pb
-from proto import millrace_pb2_grpc as pbg
-from replog.messages import EpochRequest, EpochResponse, ReplicateAck
+from conductor.wire import millrace_pb2 as pb
+from conductor.wire import millrace_pb2_grpc as pbg
+from conductor.wire.options import GRPC_OPTIONS
+from replog.messages import EpochRequest, EpochResponse, FarHorizonOffer, RawReplicate, ReplicateAck
 
 log = logging.getLogger("millrace.transport")
 
 MAX_QUEUED_MESSAGES = 10_000
 MAX_FRAME_BYTES = 3 * 1024 * 1024
-GRPC_OPTIONS = [
-    ("grpc.max_send_message_length", 64 * 1024 * 1024),
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-    ("grpc.keepalive_time_ms", 10_000),
-]
 
 
 def to_proto(module: str, group: int, msg: Any) -> pb.PeerMessage:

@@ -1,10 +1,9 @@
-"""The node's view of a replica's RocksDB store, and the wire form of queries.
+"""A worker's view of one replica's RocksDB store (:class:`ReplicaStore`).
 
 `pstate.TaskGroupStore` knows nothing of the network; this module adapts it to
 what the replica host and the gRPC services need: applying replog entries,
 building client-append change sets on the leader, and answering queries whose
-paths arrive as msgpack. Only data navigators travel: `filter` and `view` hold
-functions, and a node never runs code it received over the network.
+paths arrive in the wire format of :mod:`pstate.query`.
 """
 
 from __future__ import annotations
@@ -18,57 +17,20 @@ import msgpack
 from pstate import P, TaskGroupStore
 from pstate.changes import ChangeSet
 from pstate.checkpoint import Manifest, install
-from pstate.errors import InvalidPath
-from pstate.path import FILTER, VIEW, Path
+from pstate.query import decode_query
 from pstate.store import ChangeSetBuilder
 from topology.module import ModuleDefinition
 from topology.stream import StreamRunner
 
-_WIRE_FORBIDDEN = {FILTER: "filter", VIEW: "view"}
 
-
-def encode_query(key: Any, path: Sequence[Any] | Path | None = None) -> bytes:
-    """Client side: `key` (or a whole `P...` path) plus further navigators, as msgpack."""
-    if isinstance(key, Path):
-        navs = key.navs
-    else:
-        navs = P.key(key).navs
-    if isinstance(path, Path):
-        navs = navs + path.navs
-    elif path:
-        for p in path:
-            if not isinstance(p, Path):
-                raise InvalidPath("query", f"navigators after the key must be P... paths, got {p!r}")
-            navs = navs + p.navs
-    for kind, _a, _b in navs:
-        if kind in _WIRE_FORBIDDEN:
-            raise InvalidPath("query", f"{_WIRE_FORBIDDEN[kind]}() holds a function and cannot be sent to a node; "
-                              "select without it and filter the results in your app")
-    raw: bytes = msgpack.packb([list(n) for n in navs], use_bin_type=True)
-    return raw
-
-
-def decode_query(raw: bytes) -> Path:
-    try:
-        navs = msgpack.unpackb(raw, raw=False, strict_map_key=False, use_list=False)
-    except (ValueError, msgpack.ExtraData) as e:
-        raise InvalidPath("query", f"undecodable path: {e}") from e
-    out = []
-    for n in navs:
-        if not isinstance(n, tuple) or len(n) != 3 or not isinstance(n[0], int) or n[0] in _WIRE_FORBIDDEN:
-            raise InvalidPath("query", f"bad navigator {n!r}")
-        out.append((n[0], n[1], n[2]))
-    return Path(tuple(out))
-
-
-class GroupStore:
+class ReplicaStore:
     """One replica's store, shaped for the replica host (task thread) and the query services (event loop)."""
 
     def __init__(self, store: TaskGroupStore) -> None:
         self.store = store
 
     @classmethod
-    def open(cls, path: FsPath, definition: ModuleDefinition) -> GroupStore:
+    def open(cls, path: FsPath, definition: ModuleDefinition) -> ReplicaStore:
         path.parent.mkdir(parents=True, exist_ok=True)
         pstates = {name: decl.schema for name, decl in definition.pstates.items()}
         return cls(TaskGroupStore(path, pstates, definition.depot_names()))
@@ -126,8 +88,7 @@ class GroupStore:
 
     def build_batch_commit(self, topology: str, batch_id: int, changes: Sequence[Any]) -> ChangeSetBuilder | None:
         """A microbatch's changes for this group as one change set tagged (topology, batch_id); None if done."""
-        last = self.store.last_batch(topology)
-        if last is not None and batch_id <= last:
+        if self.store.batch_committed(topology, batch_id):
             return None
         b = self.store.changes(topology, batch_id)
         for c in changes:
@@ -162,10 +123,9 @@ class GroupStore:
         """
         for offset, _type, payload in entries:
             cs = ChangeSet.decode(payload)
-            if cs.topology is not None and cs.batch_id is not None:
-                last = self.store.last_batch(cs.topology)
-                if last is not None and cs.batch_id <= last:
-                    continue  # apply will skip this replayed microbatch; so must the overlay
+            if cs.topology is not None and cs.batch_id is not None \
+                    and self.store.batch_committed(cs.topology, cs.batch_id):
+                continue  # apply will skip this replayed microbatch; so must the overlay
             b = self.store.changes()
             b.writes.extend(cs)
             self.store.stage(offset, b)

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from pstate.checkpoint import Manifest
 from pstate.errors import PStateError
 from replog.batch import scan_frames, trim_frames
-from replog.config import ReplicationConfig
+from replog.config import DEFAULT_SEGMENT_BYTES, ReplicationConfig
 from replog.epoch_file import EpochFile
 from replog.errors import Backpressure, ReplogError
 from replog.log import Log
@@ -37,14 +37,15 @@ from replog.messages import (
     ClientAppend,
     ConfigChanged,
     Event,
+    FarHorizonOffer,
     GroupState,
     HandOff,
     LocalFlushed,
     LogStartAdvanced,
     MetastoreChanged,
     PersistEpochs,
+    RawReplicate,
     Replicate,
-    ReplicateAck,
     Reply,
     RoleChanged,
     Send,
@@ -54,8 +55,9 @@ from replog.messages import (
     Tick,
     Truncate,
 )
+from replog.outbox import Outbox
 from replog.replica import Replica
-from topology.stream import TopologyError
+from topology.errors import TopologyError
 
 log = logging.getLogger("millrace.node")
 
@@ -64,9 +66,6 @@ ENTRY_CLIENT_APPEND = 1
 #: largest replication message the driver builds; gRPC's default limit is 4 MiB
 MAX_FRAME_BYTES = 2 * 1024 * 1024
 TICK_MS = 50
-#: how long a leader may hold a frame without entries (apply offset / heartbeat) for a follower, so that
-#: the next entries for it carry it instead: under a steady stream of appends, one frame per batch, not two
-BEAT_HOLD_MS = 5
 #: how often a replica looks for replog segments that retention may delete
 RETAIN_INTERVAL_MS = 1_000
 
@@ -112,25 +111,6 @@ class PendingEntry:
     result: Any = None
 
 
-@dataclass
-class RawReplicate:
-    """A Replicate as received from the network; frames are validated in the task thread, not the event loop."""
-
-    src: str
-    epoch: int
-    start: int
-    frames: bytes
-    apply_offset: int
-
-
-@dataclass(frozen=True)
-class FarHorizonOffer:
-    """Leader to follower: you are too far behind for entries; fetch my checkpoint (see conductor.far_horizon)."""
-
-    src: str
-    epoch: int
-
-
 class ReplicaHost:
     """Owns one replica's disk state and task thread; every other thread talks to it through `post`."""
 
@@ -147,7 +127,7 @@ class ReplicaHost:
         change_isr: Callable[[ReplicaHost, int, GroupState], None],
         on_role: Callable[[ReplicaHost, RoleChanged], None] | None = None,
         on_far_horizon: Callable[[ReplicaHost, str, int], None] | None = None,
-        segment_bytes: int = 64 * 1024 * 1024,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         hand_off: Callable[[ReplicaHost, int, GroupState], None] | None = None,
     ) -> None:
         self.node_id = node_id
@@ -183,10 +163,8 @@ class ReplicaHost:
         self._next_request = 1
         self._stop = threading.Event()
         self._dirty = False
-        #: peer messages produced by this drain, shipped in one transport call (see `_ship`)
-        self._outbox: list[tuple[str, Any]] = []
-        #: leader: held frames without entries, per follower: (due ms, message); see `_hold_beats`
-        self._beats: dict[str, tuple[int, RawReplicate]] = {}
+        #: peer messages of this drain, shipped in one transport call, and held beats (replog.outbox's policy)
+        self.outbox = Outbox()
         #: follower: apply up to here once this drain's fsync and acks are out (see `_perform`)
         self._apply_later = -1
         self.thread = threading.Thread(target=self._run, name=f"task-{self.name}", daemon=True)
@@ -224,7 +202,8 @@ class ReplicaHost:
         try:
             while not self._stop.is_set():
                 now = _now_ms()
-                due = min(next_tick, min(d for d, _m in self._beats.values())) if self._beats else next_tick
+                beat = self.outbox.next_due()
+                due = next_tick if beat is None else min(next_tick, beat)
                 timeout = max(0.0, (due - now) / 1000)
                 items: list[Any] = []
                 try:
@@ -249,8 +228,8 @@ class ReplicaHost:
                     next_tick = now + TICK_MS
                 self._flush_if_dirty()
                 self._ship()
-                if self._beats:
-                    self._release_beats(_now_ms())
+                if self.outbox.beats:
+                    self._hand_over(self.outbox.due(_now_ms()))
                 self._apply_deferred()
                 if now >= self._next_retain_ms:
                     self._next_retain_ms = now + RETAIN_INTERVAL_MS
@@ -364,7 +343,7 @@ class ReplicaHost:
         elif isinstance(a, SendEntries):
             self._send_entries(a)
         elif isinstance(a, Send):
-            self._outbox.append((a.msg.dst, a.msg))
+            self.outbox.add(a.msg.dst, a.msg)
         elif isinstance(a, Reply):
             self._reply(a)
         elif isinstance(a, Apply):
@@ -401,7 +380,7 @@ class ReplicaHost:
             log.warning("%s: follower %s needs entries this replog no longer keeps, or is more than "
                         "replication.max.near.sync.message.lag entries behind: offering it a checkpoint",
                         self.name, a.follower)
-            self._outbox.append((a.follower, FarHorizonOffer(self.node_id, a.epoch)))
+            self.outbox.add(a.follower, FarHorizonOffer(self.node_id, a.epoch))
         else:  # pragma: no cover - the Action union is closed
             raise TypeError(f"unknown action {a!r}")
 
@@ -428,82 +407,29 @@ class ReplicaHost:
     def _send_entries(self, a: SendEntries) -> None:
         start = a.start
         if start >= a.end:
-            self._outbox.append((a.dst, RawReplicate(self.node_id, a.epoch, start, b"", a.apply_offset)))
+            self.outbox.add(a.dst, RawReplicate(self.node_id, a.epoch, start, b"", a.apply_offset))
             return
         while start < a.end:
             raw = self.log.read(start, MAX_FRAME_BYTES, end=a.end)
             frames = scan_frames(raw).frames
             first = frames[0].base_offset
-            self._outbox.append((a.dst, RawReplicate(self.node_id, a.epoch, first, raw, a.apply_offset)))
+            self.outbox.add(a.dst, RawReplicate(self.node_id, a.epoch, first, raw, a.apply_offset))
             start = frames[-1].next_offset
 
     def _ship(self, hold_acks: bool = False) -> None:
         """Hand the drain's peer messages to the transport in one call (one event-loop wake-up, not one each).
 
-        With `hold_acks` (an fsync follows), acknowledgements stay behind: the flush
-        produces a newer one that supersedes them, so followers send one ack per
-        replicated batch instead of two. Superseded acks are dropped (acks are
-        cumulative; a reset ack is never dropped). The state machines tolerate
-        reordered and lost messages, so neither changes what they decide.
+        What waits (acks before an fsync, a leader's beats) is :class:`replog.outbox.Outbox`'s decision.
         """
-        out = self._outbox
+        self._hand_over(self.outbox.take(_now_ms(), self.replica.is_leader, hold_acks))
+
+    def _hand_over(self, out: list[tuple[str, Any]]) -> None:
         if not out:
             return
-        if hold_acks:
-            held = [x for x in out if isinstance(x[1], ReplicateAck)]
-            if held:
-                self._outbox = held
-                out = [x for x in out if not isinstance(x[1], ReplicateAck)]
-                if not out:
-                    return
-            else:
-                self._outbox = []
-        else:
-            self._outbox = []
-            if len(out) > 1:
-                out = _coalesce_acks(out)
-        if self.replica.is_leader or self._beats:
-            out = self._hold_beats(out)
-            if not out:
-                return
         try:
             self._send(self.module, self.group, out)
         except Exception:  # the transport is closing: the protocol resends what matters
             log.debug("%s: could not hand %d message(s) to the transport", self.name, len(out), exc_info=True)
-
-    def _hold_beats(self, out: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
-        """Hold frames without entries for up to BEAT_HOLD_MS; a later frame to the same follower replaces them.
-
-        Such a frame carries only the epoch, the apply offset and where the leader
-        stands; any later frame of the same epoch carries the same, at least as new
-        (the apply offset only grows within an epoch). Under a stream of appends the
-        apply offset thus rides on the next entries instead of costing each follower
-        a frame, a task-thread wake-up and an ack per batch. A held frame is just a
-        slower network, which the protocol tolerates; heartbeats stay far inside
-        replication.request.timeout.millis.
-        """
-        keep: list[tuple[str, Any]] = []
-        beats = self._beats
-        for dst, m in out:
-            if isinstance(m, RawReplicate):
-                old = beats.pop(dst, None)
-                if not m.frames and self.replica.is_leader:
-                    beats[dst] = (old[0] if old is not None else _now_ms() + BEAT_HOLD_MS, m)
-                    continue
-                if old is not None and (old[1].epoch != m.epoch or old[1].apply_offset > m.apply_offset):
-                    keep.append((dst, old[1]))
-            keep.append((dst, m))
-        return keep
-
-    def _release_beats(self, now: int) -> None:
-        due = [(dst, m) for dst, (d, m) in self._beats.items() if d <= now]
-        if due:
-            for dst, _m in due:
-                del self._beats[dst]
-            try:
-                self._send(self.module, self.group, due)
-            except Exception:
-                log.debug("%s: could not hand %d message(s) to the transport", self.name, len(due), exc_info=True)
 
     def _apply_deferred(self) -> None:
         if self._apply_later >= 0:
@@ -607,8 +533,7 @@ class ReplicaHost:
         if why_not is not None:
             return why_not
         self._apply_later = -1
-        self._beats.clear()
-        self._outbox.clear()
+        self.outbox.clear()
         self.store.drop_staged()
         self.epoch_file.save(pairs)
         self.store.install_checkpoint(staging, manifest)
@@ -634,22 +559,6 @@ class ReplicaHost:
             "followers": r.follower_offsets(), "isr": list(r.isr), "stalled": r.stalled,
             "catchup": self.catchup.progress if self.catchup is not None and self.catchup.running else None,
         }
-
-
-def _coalesce_acks(out: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
-    """Drop every non-reset ReplicateAck followed by a later ack to the same peer in the same epoch."""
-    latest: dict[str, int] = {}
-    for i, (dst, m) in enumerate(out):
-        if isinstance(m, ReplicateAck):
-            latest[dst] = i
-    if not latest:
-        return out
-    keep = []
-    for i, (dst, m) in enumerate(out):
-        if isinstance(m, ReplicateAck) and not m.reset and latest[dst] != i and out[latest[dst]][1].epoch == m.epoch:
-            continue
-        keep.append((dst, m))
-    return keep
 
 
 def _now_ms() -> int:

@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 
 from conductor.client import Cluster
-from proto import millrace_pb2 as pb
+from conductor.wire import millrace_pb2 as pb
+from topology.errors import TopologyError
 from topology.module import ModuleDefinition, TopologyDecl
 from topology.partitioners import task_for_key
-from topology.stream import TopologyError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -204,8 +204,8 @@ def run_microbatch(spark: SparkSession, zk: str, module: str, topology: str, che
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m topology.microbatch --zk ... --module M --topology T --checkpoint DIR [--available-now]``."""
-    p = argparse.ArgumentParser(prog="python -m topology.microbatch",
+    """``python -m topology.spark.microbatch --zk ... --module M --topology T --checkpoint DIR [--available-now]``."""
+    p = argparse.ArgumentParser(prog="python -m topology.spark.microbatch",
                                 description="Run a Millrace microbatch topology on Spark (local[2]).")
     p.add_argument("--zk", required=True)
     p.add_argument("--module", required=True)
@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from conductor.spark_env import spark_session
+    from topology.spark.session import spark_session
 
     spark = spark_session(f"millrace-{args.module}-{args.topology}")
     trigger = {"availableNow": True} if args.available_now else {"processingTime": args.interval}

@@ -14,8 +14,8 @@ import pytest
 from conductor.client import Cluster
 from conductor.devcluster import DevCluster
 from conductor.metastore import Metastore
-from proto import millrace_pb2 as pb
-from proto import millrace_pb2_grpc as pbg
+from conductor.wire import millrace_pb2 as pb
+from conductor.wire import millrace_pb2_grpc as pbg
 from replog.errors import StalledGroup
 from tests.integration.cluster_helpers import (
     Appender,
@@ -203,7 +203,7 @@ def test_set_option_applies_live_lowering_min_isr_unstalls(dc: DevCluster) -> No
             dc.nodes[f].stop()
         wait_for(lambda: _stalled(raw), 30, "appends to fail with StalledGroup")
         with Metastore(dc.hosts) as ms:
-            ms.set_option("Clicks", "replication.min.isr", "1")
+            ms.modules.set_option("Clicks", "replication.min.isr", "1")
         assert wait_for(lambda: _try_append(raw, {"user": "a", "id": "live"}), 30,
                         "the running leader to apply under the new min-ISR")
         # *raw partitions at random: the group that applied it shrank its ISR to its leader alone (a group

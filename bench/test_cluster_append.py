@@ -11,11 +11,10 @@ from bench.cluster_append import (
     RECORD_SIZE,
     Pool,
     RssSampler,
-    _percentile,
     make_record,
     tasks_by_group,
-    transport_floor,
 )
+from bench.floor import percentile, transport_floor
 from conductor.devcluster import DevCluster
 
 
@@ -34,7 +33,7 @@ def test_rss_sampler_reads_proc_status_of_a_live_pid() -> None:
 
 
 def test_percentile_and_task_groups() -> None:
-    assert _percentile([1.0, 2.0, 3.0], 50) == 2.0
+    assert percentile([1.0, 2.0, 3.0], 50) == 2.0
     assert tasks_by_group(6, 3) == {0: [0, 3], 1: [1, 4], 2: [2, 5]}
 
 

@@ -20,6 +20,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from replog.config import DEFAULT_SEGMENT_BYTES, OPTION_NAMES, ReplicationConfig
+
 # Names become znode path segments and appear in logs and metrics labels, so
 # they must be free of "/" and whitespace; 64 characters keeps paths readable.
 NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
@@ -98,19 +100,35 @@ class OptionDef:
     doc: str
 
 
+#: replication defaults come from the state machine's own config, so they are defined once
+_REPLICATION_DEFAULTS = ReplicationConfig()
+
+
+def _replication_default(name: str) -> Callable[[ModuleSpec], int]:
+    value = getattr(_REPLICATION_DEFAULTS, OPTION_NAMES[name])
+    return lambda s: int(value)
+
+
+def _default_min_isr(spec: ModuleSpec) -> int:
+    return ReplicationConfig(replication_factor=spec.replication_factor).effective_min_isr
+
+
+#: the options a module spec carries that reach the replication state machines (ConfigChanged)
+REPLICATION_OPTIONS = (MIN_ISR, MAX_TIME_LAG_MS, DEPOT_APPEND_TIMEOUT_MS, MAX_NEAR_SYNC_MESSAGE_LAG)
+
 KNOWN_OPTIONS: dict[str, OptionDef] = {
     o.name: o
     for o in (
-        OptionDef(MIN_ISR, _positive_int, lambda s: max(1, s.replication_factor - 1),
+        OptionDef(MIN_ISR, _positive_int, _default_min_isr,
                   "replicas that must hold an entry before it is applied"),
-        OptionDef(MAX_TIME_LAG_MS, _positive_int, lambda s: 10_000,
+        OptionDef(MAX_TIME_LAG_MS, _positive_int, _replication_default(MAX_TIME_LAG_MS),
                   "an ISR member that has not confirmed an entry for this long moves to the OSR"),
-        OptionDef(DEPOT_APPEND_TIMEOUT_MS, _positive_int, lambda s: 30_000,
+        OptionDef(DEPOT_APPEND_TIMEOUT_MS, _positive_int, _replication_default(DEPOT_APPEND_TIMEOUT_MS),
                   "how long a depot append waits for its ack before failing (above the max lag, so a "
                   "follower loss delays appends instead of failing them)"),
-        OptionDef(MAX_NEAR_SYNC_MESSAGE_LAG, _positive_int, lambda s: 20_000,
+        OptionDef(MAX_NEAR_SYNC_MESSAGE_LAG, _positive_int, _replication_default(MAX_NEAR_SYNC_MESSAGE_LAG),
                   "followers further behind than this many entries use far-horizon catchup"),
-        OptionDef(SEGMENT_BYTES, _positive_int, lambda s: 64 * 1024 * 1024,
+        OptionDef(SEGMENT_BYTES, _positive_int, lambda s: DEFAULT_SEGMENT_BYTES,
                   "replog segment size; retention deletes whole segments, so it is also the granularity "
                   "of the replog's disk use"),
     )
@@ -181,6 +199,11 @@ class ModuleSpec:
         if key in self.options:
             return definition.parse(key, self.options[key])
         return definition.default(self)
+
+    def replication_config(self) -> ReplicationConfig:
+        """What the replicas of this module run with: the replication factor and the replication options."""
+        return ReplicationConfig(replication_factor=self.replication_factor,
+                                 **{OPTION_NAMES[k]: self.option(k) for k in REPLICATION_OPTIONS})
 
     def effective_options(self) -> dict[str, int]:
         """Every known option with its effective value (what `conductor status` shows)."""

@@ -7,8 +7,9 @@ fresh RocksDB checkpoint (hard links to immutable SST files, so it costs a
 memtable flush, not a copy) and streams, in large chunks, only the files the
 follower does not already hold: SST names are stable across checkpoints, so a
 second round copies just what was flushed or compacted during the first. Rounds
-go on until the checkpoint is within half the near-horizon window of the
-leader's log end (Rama restarts from scratch instead); then the follower
+go on until :func:`replog.catchup.round_is_last` says so (the checkpoint is
+within half the near-horizon window of the leader's log end; Rama restarts
+from scratch instead); then the follower
 installs the last checkpoint and replays entries from it like any follower.
 
 Every file is checked against the manifest's size and CRC32C as it arrives; a
@@ -19,7 +20,7 @@ round, its release call, or an idle timeout, so abandoned transfers do not pin
 old SST files forever.
 
 Install itself runs on the follower's task thread (it owns the store and the
-log): :meth:`conductor.replica_host.ReplicaHost.install_checkpoint`.
+log): :meth:`conductor.worker.replica_host.ReplicaHost.install_checkpoint`.
 """
 
 from __future__ import annotations
@@ -38,9 +39,10 @@ from typing import Any
 import crc32c
 import grpc
 
-from proto import millrace_pb2 as pb
-from proto import millrace_pb2_grpc as pbg
+from conductor.wire import millrace_pb2 as pb
+from conductor.wire import millrace_pb2_grpc as pbg
 from pstate.checkpoint import Manifest, ManifestFile
+from replog.catchup import MAX_ROUNDS, round_is_last
 
 log = logging.getLogger("millrace.far_horizon")
 
@@ -48,8 +50,6 @@ log = logging.getLogger("millrace.far_horizon")
 CHUNK_BYTES = 2 * 1024 * 1024
 #: test hook (leader side): damage the first N chunks this process sends, to prove they are detected and re-fetched
 CORRUPT_ENV = "MILLRACE_TEST_CORRUPT_TRANSFER"
-#: a follower that still lags after this many rounds installs anyway; the leader re-offers if it must
-MAX_ROUNDS = 20
 #: a checkpoint kept for a follower that has not come back for this long is released
 IDLE_TTL_S = 300.0
 #: how long the follower's install may wait for its task thread
@@ -401,7 +401,7 @@ class Catchup:
                 (self.staging / name).unlink(missing_ok=True)
             complete = all(verified.get(f.name) == f for f in manifest.files)
             behind = leader_end - 1 - manifest.applied_offset
-            if complete and (behind <= self.near_lag // 2 or rnd == MAX_ROUNDS):
+            if complete and round_is_last(behind, self.near_lag, rnd):
                 self.progress.state = "installing"
                 for fut in self._flushing.values():
                     fut.result()
