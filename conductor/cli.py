@@ -4,7 +4,7 @@ Commands (every one that talks to a cluster takes ``--zk HOST:PORT[,HOST:PORT...
 it the address comes from ``MILLRACE_ZK``, else from ``.millrace-dev/cluster.json``
 written by ``conductor dev`` in the current directory):
 
-    conductor dev [--dir .millrace-dev] [--nodes 3] [--zk-servers 1] [--stop]
+    conductor dev [--dir .millrace-dev] [--nodes 3] [--zk-servers 1] [--host H --advertise A] [--stop]
     conductor deploy --module pkg.mod:Class --tasks N --threads N --workers N --replicationFactor N [--option k=v]
     conductor status [MODULE] [--watch] [--json]
     conductor set-option MODULE KEY VALUE
@@ -60,6 +60,7 @@ from conductor.devcluster import DevCluster, stop_from_state
 from conductor.metastore import MetastoreError, MetastoreUnavailable, ModuleExists
 from conductor.metastore.module_spec import KNOWN_OPTIONS, SEGMENT_BYTES, ModuleSpec, SpecError, UnknownOption
 from conductor.runtime_env import EnvironmentBroken
+from conductor.settings import CONFIG_ENV, LOOPBACK, Listen, SettingsError, address_settings, resolve
 from topology.module import ModuleDefinitionError, load_module
 
 app = typer.Typer(
@@ -76,6 +77,9 @@ _DEV_DATA_DIRS = ("zookeeper/zk*/data", "nodes")
 #: A CLI should fail fast on a wrong address rather than sit in kazoo's reconnect loop.
 CONNECT_TIMEOUT_S = 5.0
 
+#: `conductor dev`'s bind and advertised address (ZooKeeper and every node)
+ADDRESS_SETTINGS = address_settings("ZooKeeper and the nodes")
+
 ZK_OPTION_HELP = (f"ZooKeeper HOST:PORT, or several comma-separated (default: ${ZK_ENV}, else the address in "
                   f"{DEV_DIR}/cluster.json)")
 
@@ -86,7 +90,7 @@ class CliError(Exception):
 
 # Errors whose messages are written for operators (they say what to do); anything else is a bug and keeps
 # its traceback.
-EXPECTED_ERRORS = (CliError, SpecError, MetastoreError, ModuleDefinitionError, EnvironmentBroken)
+EXPECTED_ERRORS = (CliError, SpecError, MetastoreError, ModuleDefinitionError, EnvironmentBroken, SettingsError)
 
 
 @app.callback()
@@ -181,6 +185,11 @@ def dev(
     nodes: int = typer.Option(3, "--nodes", min=1, help="number of worker nodes"),
     zk_servers: int = typer.Option(1, "--zk-servers", min=1, max=7,
                                    help="ZooKeeper servers; 3 form an ensemble that survives losing one"),
+    host: str | None = typer.Option(None, "--host", help="address ZooKeeper and the nodes bind "
+                                    f"(${ADDRESS_SETTINGS[0].env}, [dev] host in the config file; default {LOOPBACK})"),
+    advertise: str | None = typer.Option(None, "--advertise", help="address other machines reach them at "
+                                         f"(${ADDRESS_SETTINGS[1].env}; default: --host)"),
+    config: Path | None = typer.Option(None, "--config", help=f"TOML config file (also ${CONFIG_ENV})"),
     stop: bool = typer.Option(False, "--stop", help="stop the cluster a previous `conductor dev` started"),
 ) -> None:
     """Start local ZooKeeper server(s), a conductor and N worker nodes in the background (or --stop them).
@@ -196,6 +205,8 @@ def dev(
     root = directory.resolve()
     state_file = root / "cluster.json"
     with _operator_errors():
+        addresses = resolve({"host": host, "advertise": advertise}, ADDRESS_SETTINGS, "dev", config)
+        listen = Listen.of(addresses["host"], addresses["advertise"])
         if stop:
             if not state_file.exists():
                 console.print(f"[yellow]no dev cluster recorded in {root}[/yellow]; nothing to stop")
@@ -232,7 +243,7 @@ def dev(
                     shutil.rmtree(leftover)
                     console.print(f"[dim]removed the previous dev cluster's data in {short_path(str(leftover))}"
                                   "[/dim]")
-        dc = DevCluster(root, nodes=nodes, zk_servers=zk_servers)
+        dc = DevCluster(root, nodes=nodes, zk_servers=zk_servers, listen=listen)
         try:
             with console.status(f"starting {zk_servers} ZooKeeper server(s), a conductor and {nodes} worker node(s) "
                                 f"in {root}"):

@@ -55,6 +55,7 @@ from conductor.placement import (
     place,
     switch_leader,
 )
+from conductor.settings import REQUIRED, Setting, SettingsError, add_arguments, parse_seconds, resolve
 
 log = logging.getLogger("millrace.conductor")
 
@@ -486,31 +487,42 @@ class Conductor:
 # ---- entry point ------------------------------------------------------------------------------------
 
 
+SETTINGS = [
+    Setting("zk", REQUIRED, help="ZooKeeper connect string, HOST:PORT[,HOST:PORT...]"),
+    Setting("name", f"c-{socket.gethostname()}-{os.getpid()}", help="conductor name shown in logs and in the election"),
+    Setting("session_timeout", 10.0, parse_seconds,
+            help="ZooKeeper session timeout in seconds (failover takes about this long)"),
+    Setting("reconcile_interval", 5.0, parse_seconds, help="seconds between safety-net reconciles while active"),
+    Setting("balance_interval", 60.0, parse_seconds,
+            help="seconds between leadership-balancing rounds while active (0 disables them)"),
+    Setting("log_level", "INFO"),
+]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m conductor.controller --zk HOST:PORT [--name c1]``: run one conductor until SIGTERM/SIGINT."""
+    """``python -m conductor.controller --zk HOST:PORT [--name c1]``: run one conductor until SIGTERM/SIGINT.
+
+    A conductor listens on no port (it only talks to ZooKeeper), so it has no bind or advertised address.
+    Settings come from flags, ``MILLRACE_*`` variables or the ``[conductor]`` section of a TOML config file.
+    """
     parser = argparse.ArgumentParser(prog="python -m conductor.controller",
                                      description="Run a Millrace conductor (one of them is active at a time).")
-    parser.add_argument("--zk", required=True, help="ZooKeeper connect string, e.g. 127.0.0.1:2181")
-    parser.add_argument("--name", default=f"c-{socket.gethostname()}-{os.getpid()}",
-                        help="conductor name shown in logs and in the election")
-    parser.add_argument("--session-timeout", type=float, default=10.0,
-                        help="ZooKeeper session timeout in seconds (failover takes about this long)")
-    parser.add_argument("--reconcile-interval", type=float, default=5.0,
-                        help="seconds between safety-net reconciles while active")
-    parser.add_argument("--balance-interval", type=float, default=60.0,
-                        help="seconds between leadership-balancing rounds while active (0 disables them)")
-    parser.add_argument("--log-level", default="INFO")
+    add_arguments(parser, SETTINGS)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+    try:
+        s = resolve(vars(args), SETTINGS, "conductor", args.config)
+    except SettingsError as e:
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
+    logging.basicConfig(level=s["log_level"].upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
-    conductor = Conductor(args.zk, args.name, session_timeout=args.session_timeout,
-                          reconcile_interval=args.reconcile_interval, balance_interval=args.balance_interval)
+    conductor = Conductor(s["zk"], s["name"], session_timeout=s["session_timeout"],
+                          reconcile_interval=s["reconcile_interval"], balance_interval=s["balance_interval"])
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: conductor.request_stop())
     try:
         conductor.run_forever()
     except MetastoreError as e:
-        log.error("conductor %s cannot run: %s", args.name, e)
+        log.error("conductor %s cannot run: %s", s["name"], e)
         return 1
     return 0
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from conductor.settings import Listen
 from conductor.zkserver import ZooKeeperEnsemble
 
 PYTHON = sys.executable
@@ -83,17 +84,22 @@ class DevCluster:
     """`zk_servers` ZooKeeper servers + `conductors` conductor processes + `nodes` worker nodes under one folder.
 
     Every conductor and node gets the connect string naming all ZooKeeper servers, so with three of them
-    losing one changes nothing for the cluster.
+    losing one changes nothing for the cluster. ZooKeeper and the nodes bind `listen.host` and are reached
+    at `listen.advertise` (loopback by default; other machines can join a dev cluster that binds a
+    reachable address).
     """
 
     def __init__(self, root: Path, nodes: int = 3, conductors: int = 1, session_timeout: float = 4.0,
-                 log_level: str = "WARNING", balance_interval: float | None = None, zk_servers: int = 1) -> None:
+                 log_level: str = "WARNING", balance_interval: float | None = None, zk_servers: int = 1,
+                 listen: Listen = Listen()) -> None:
         self.root = Path(root)
+        self.listen = listen
         #: the conductors' --balance-interval (None: their default; 0: no periodic balancing)
         self.balance_interval = balance_interval
         self.session_timeout = session_timeout
         self.log_level = log_level
-        self.zk = ZooKeeperEnsemble(self.root / "zookeeper", zk_servers)
+        self.zk = ZooKeeperEnsemble(self.root / "zookeeper", zk_servers, hosts=[listen.host] * zk_servers,
+                                    advertise=[listen.advertise] * zk_servers)
         self.conductors: dict[str, ChildProcess] = {}
         self.nodes: dict[str, ChildProcess] = {}
         self._n_nodes = nodes
@@ -137,6 +143,7 @@ class DevCluster:
         (d / "node.address").unlink(missing_ok=True)
         p = ChildProcess(node_id, [PYTHON, "-m", "conductor.worker", "--zk", self.hosts, "--node-id", node_id,
                                    "--data-dir", str(d), "--session-timeout", str(self.session_timeout),
+                                   "--host", self.listen.host, "--advertise", self.listen.advertise,
                                    "--log-level", self.log_level],
                          self.root / "logs" / f"node-{node_id}.log")
         self.nodes[node_id] = p.start()

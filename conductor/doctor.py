@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from conductor.runtime_env import EnvironmentBroken, require_java17
+from conductor.settings import LOOPBACK
 
 
 @dataclass
@@ -88,10 +89,10 @@ def check_grpc(_: Path) -> str:
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
     admin_pb2_grpc.add_AdminServicer_to_server(Echo(), server)
-    port = server.add_insecure_port("127.0.0.1:0")
+    port = server.add_insecure_port(f"{LOOPBACK}:0")
     server.start()
     try:
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        with grpc.insecure_channel(f"{LOOPBACK}:{port}") as channel:
             stub = admin_pb2_grpc.AdminStub(channel)
             payload = os.urandom(1 << 20)
             reply = stub.Ping(admin_pb2.PingRequest(payload=payload), timeout=10)
@@ -99,7 +100,7 @@ def check_grpc(_: Path) -> str:
                 raise AssertionError("gRPC echo changed the payload")
     finally:
         server.stop(grace=None)
-    return f"gRPC: 1 MiB echo over 127.0.0.1:{port} came back byte-identical"
+    return f"gRPC: 1 MiB echo over {LOOPBACK}:{port} came back byte-identical"
 
 
 def check_spark_delta(work: Path) -> str:

@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conductor.settings import LOOPBACK
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUILD_DIR = Path(os.environ.get("MILLRACE_BUILD_DIR", REPO_ROOT / "build"))
 DELTA_JARS_DIR = BUILD_DIR / "jars"
@@ -27,10 +29,11 @@ class EnvironmentBroken(RuntimeError):
     """The machine lacks a piece Millrace needs; the message names the `make` step that installs it."""
 
 
-def free_port() -> int:
-    """A currently free TCP port on 127.0.0.1 (the OS picks it, so parallel runs do not collide)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+def free_port(host: str = LOOPBACK) -> int:
+    """A currently free TCP port on `host` (the OS picks it, so parallel runs do not collide)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
         port: int = s.getsockname()[1]
         return port
 

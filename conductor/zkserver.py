@@ -21,10 +21,10 @@ from pathlib import Path
 from types import TracebackType
 
 from conductor.runtime_env import EnvironmentBroken, free_port, zookeeper_classpath
+from conductor.settings import LOOPBACK, WILDCARDS, hostport
 
 log = logging.getLogger("millrace.zookeeper")
 
-LOOPBACK = "127.0.0.1"
 #: Ticks a follower may take to connect and sync to a leader (initLimit), and to stay in step (syncLimit);
 #: ZooKeeper's sample configuration values. A follower silent for SYNC_LIMIT ticks is dropped by the leader.
 INIT_LIMIT_TICKS = 10
@@ -47,19 +47,27 @@ class QuorumPeer:
 class ZooKeeperServer:
     """Owns one ZooKeeper JVM; `hosts` is its own connect string for kazoo.
 
-    Without `peers` it is a standalone server (ZooKeeperServerMain). With them it
-    is member `server_id` of that ensemble (QuorumPeerMain): it binds its client
-    port on `host` and its quorum and election ports on its own peer entry, and it
-    serves sessions only while it is in a quorum.
+    It binds its client port on `host` and is reached at `advertise` (default:
+    `host`; required when `host` is a wildcard like 0.0.0.0). Without `peers` it
+    is a standalone server (ZooKeeperServerMain). With them it is member
+    `server_id` of that ensemble (QuorumPeerMain): its peer entry names its
+    advertised address, it binds its quorum and election ports there (on every
+    interface if `host` is a wildcard), and it serves sessions only while it is
+    in a quorum.
     """
 
     def __init__(self, data_dir: Path, port: int | None = None, tick_ms: int = 500,
-                 max_session_timeout_ms: int = 60_000, *, host: str = LOOPBACK, server_id: int | None = None,
-                 peers: Sequence[QuorumPeer] = (), launch_prefix: Sequence[str] = ()) -> None:
+                 max_session_timeout_ms: int = 60_000, *, host: str = LOOPBACK, advertise: str | None = None,
+                 server_id: int | None = None, peers: Sequence[QuorumPeer] = (),
+                 launch_prefix: Sequence[str] = ()) -> None:
+        if advertise is None and host in WILDCARDS:
+            raise ValueError(f"ZooKeeper binding {host} (every interface) needs the address clients reach it at "
+                             "(advertise)")
+        advertise = advertise or host
         if peers:
             own = [p for p in peers if p.server_id == server_id]
-            if len(own) != 1 or own[0].host != host:
-                raise ValueError(f"server id {server_id} on {host} must be exactly one of the peers "
+            if len(own) != 1 or own[0].host != advertise:
+                raise ValueError(f"server id {server_id} at {advertise} must be exactly one of the peers "
                                  f"{[p.config_line() for p in peers]}")
             if len({p.server_id for p in peers}) != len(peers):
                 raise ValueError(f"peer server ids repeat: {[p.config_line() for p in peers]}")
@@ -70,6 +78,7 @@ class ZooKeeperServer:
         self.tick_ms = tick_ms
         self.max_session_timeout_ms = max_session_timeout_ms
         self.host = host
+        self.advertise = advertise
         self.server_id = server_id
         self.peers = tuple(peers)
         #: prepended to the java command line, e.g. ``("ip", "netns", "exec", "ns1")``; it must exec the
@@ -79,7 +88,7 @@ class ZooKeeperServer:
 
     @property
     def hosts(self) -> str:
-        return f"{self.host}:{self.port}"
+        return hostport(self.advertise, self.port)
 
     @property
     def log_path(self) -> Path:
@@ -115,6 +124,8 @@ class ZooKeeperServer:
             (data / "myid").write_text(f"{self.server_id}\n")
             lines += [f"initLimit={INIT_LIMIT_TICKS}", f"syncLimit={SYNC_LIMIT_TICKS}",
                       *(p.config_line() for p in self.peers)]
+            if self.host in WILDCARDS:
+                lines.append("quorumListenOnAllIPs=true")
         cfg.write_text("\n".join(lines) + "\n")
         return cfg
 
@@ -181,14 +192,14 @@ class ZooKeeperServer:
         return True
 
     def four_letter(self, word: str, timeout_s: float = 1.0) -> str | None:
-        return four_letter(self.host, self.port, word, timeout_s)
+        return four_letter(self.advertise, self.port, word, timeout_s)
 
     def ruok(self) -> bool:
         """ZooKeeper's health check: the process answers (it says nothing about having a quorum)."""
         return self.four_letter("ruok") == "imok"
 
     def mode(self) -> str | None:
-        return server_mode(self.host, self.port)
+        return server_mode(self.advertise, self.port)
 
     def kill(self) -> None:
         """SIGKILL and reap: a server lost without warning."""
@@ -260,28 +271,32 @@ def _distinct_free_ports(n: int) -> list[int]:
 class ZooKeeperEnsemble:
     """`size` ZooKeeper servers forming one quorum; `hosts` is the connect string naming every one.
 
-    Server i (1-based) keeps its files under ``root/zk<i>``, binds on ``hosts[i-1]`` (default loopback)
-    and is launched behind ``launch_prefixes[i-1]`` if given. Ports are free loopback ports, distinct
+    Server i (1-based) keeps its files under ``root/zk<i>``, binds on ``hosts[i-1]`` (default loopback),
+    is reached at ``advertise[i-1]`` (default: its bind address) and is launched behind
+    ``launch_prefixes[i-1]`` if given. Ports are free loopback ports, distinct
     across the ensemble so that several members can share one address. A size of 1 is a standalone
     server, so one code path serves `conductor dev` with one server or three.
     """
 
     def __init__(self, root: Path, size: int = 3, *, hosts: Sequence[str] | None = None,
-                 launch_prefixes: Sequence[Sequence[str]] | None = None, tick_ms: int = 500,
-                 max_session_timeout_ms: int = 60_000) -> None:
+                 advertise: Sequence[str] | None = None, launch_prefixes: Sequence[Sequence[str]] | None = None,
+                 tick_ms: int = 500, max_session_timeout_ms: int = 60_000) -> None:
         if size < 1:
             raise ValueError(f"an ensemble needs at least one server, got {size}")
         addrs = list(hosts) if hosts is not None else [LOOPBACK] * size
+        reached = list(advertise) if advertise is not None else addrs
         prefixes = [tuple(p) for p in launch_prefixes] if launch_prefixes is not None else [()] * size
-        if len(addrs) != size or len(prefixes) != size:
-            raise ValueError(f"{size} servers need {size} hosts and launch prefixes, got {addrs} and {prefixes}")
+        if len(addrs) != size or len(reached) != size or len(prefixes) != size:
+            raise ValueError(f"{size} servers need {size} hosts, advertised addresses and launch prefixes, got "
+                             f"{addrs}, {reached} and {prefixes}")
         self.root = Path(root)
         ports = _distinct_free_ports(3 * size)
-        peers = [QuorumPeer(i + 1, addrs[i], ports[3 * i + 1], ports[3 * i + 2]) for i in range(size)] \
+        peers = [QuorumPeer(i + 1, reached[i], ports[3 * i + 1], ports[3 * i + 2]) for i in range(size)] \
             if size > 1 else []
         self.servers = [
             ZooKeeperServer(self.root / f"zk{i + 1}", ports[3 * i], tick_ms, max_session_timeout_ms, host=addrs[i],
-                            server_id=i + 1 if peers else None, peers=peers, launch_prefix=prefixes[i])
+                            advertise=reached[i], server_id=i + 1 if peers else None, peers=peers,
+                            launch_prefix=prefixes[i])
             for i in range(size)
         ]
 

@@ -1,6 +1,6 @@
 """The Python client: append to depots and query PStates of a running Millrace cluster.
 
-    cluster = Cluster.connect("127.0.0.1:2181")
+    cluster = Cluster.connect("zk1:2181,zk2:2181,zk3:2181")
     cluster.depot("WordCount", "*sentences").append("the cat sat", ack="applied")
     cluster.pstate("WordCount", "$$counts").select_one("cat")
 

@@ -1,47 +1,75 @@
-"""``python -m conductor.worker``: run one worker process until SIGTERM or SIGINT."""
+"""``python -m conductor.worker``: run one worker process until SIGTERM or SIGINT.
+
+Settings come from flags, ``MILLRACE_*`` environment variables or the ``[worker]`` section of a TOML config
+file, in that order (:mod:`conductor.settings`).
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import logging
-import os
 import signal
 import time
 from pathlib import Path
 
+from conductor.settings import (
+    REQUIRED,
+    Listen,
+    Setting,
+    SettingsError,
+    add_arguments,
+    address_settings,
+    parse_port,
+    parse_seconds,
+    resolve,
+)
 from conductor.worker.worker import Worker
 
 log = logging.getLogger("millrace.node")
 
+SETTINGS = [
+    Setting("zk", REQUIRED, help="ZooKeeper connect string, HOST:PORT[,HOST:PORT...]"),
+    Setting("node_id", REQUIRED, help="this worker's name, unique in the cluster"),
+    Setting("data_dir", REQUIRED, Path, help="where this worker keeps its replicas and code artifacts"),
+    *address_settings("gRPC (clients, replication, Spark executors) and metrics"),
+    Setting("port", 0, parse_port, help="gRPC port (0: any free port)"),
+    Setting("metrics_host", None, help="address to bind the Prometheus endpoint on (default: --host)"),
+    Setting("metrics_port", 0, parse_port, help="Prometheus /metrics port (0: any free port)"),
+    Setting("session_timeout", 6.0, parse_seconds, help="ZooKeeper session timeout, seconds"),
+    Setting("log_level", "WARNING"),
+]
+
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m conductor.worker", description="Run a Millrace worker.")
-    p.add_argument("--zk", required=True, help="ZooKeeper connect string, e.g. 127.0.0.1:2181")
-    p.add_argument("--node-id", required=True)
-    p.add_argument("--data-dir", required=True, type=Path)
-    p.add_argument("--port", type=int, default=0, help="gRPC port on 127.0.0.1 (0 = any free port)")
-    p.add_argument("--session-timeout", type=float, default=6.0, help="ZooKeeper session timeout, seconds")
-    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port on 127.0.0.1 (0 = free)")
-    p.add_argument("--log-level", default=os.environ.get("MILLRACE_LOG_LEVEL", "WARNING"))
+    add_arguments(p, SETTINGS)
     args = p.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(),
-                        format=f"%(asctime)s {args.node_id} %(levelname)s %(name)s: %(message)s")
+    try:
+        s = resolve(vars(args), SETTINGS, "worker", args.config)
+        listen = Listen.of(s["host"], s["advertise"])
+        metrics = Listen.of(s["metrics_host"] or listen.host, listen.advertise)
+    except SettingsError as e:
+        p.exit(2, f"{p.prog}: error: {e}\n")
+    node_id, data_dir = s["node_id"], s["data_dir"]
+    logging.basicConfig(level=s["log_level"].upper(),
+                        format=f"%(asctime)s {node_id} %(levelname)s %(name)s: %(message)s")
 
     async def run() -> None:
-        node = Worker(args.zk, args.node_id, args.data_dir, args.port, args.session_timeout, args.metrics_port)
+        node = Worker(s["zk"], node_id, data_dir, s["port"], s["session_timeout"], s["metrics_port"],
+                      listen=listen, metrics_listen=metrics)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await node.start()
         # Written last: tests and `conductor dev` wait for this file to know the node is serving.
-        (args.data_dir / "node.address").write_text(node.address)
+        (data_dir / "node.address").write_text(node.address)
         await stop.wait()
-        log.warning("node %s stopping", args.node_id)
+        log.warning("node %s stopping", node_id)
         t0 = time.monotonic()
         await node.stop()
-        log.warning("node %s stopped in %.1fs", args.node_id, time.monotonic() - t0)
+        log.warning("node %s stopped in %.1fs", node_id, time.monotonic() - t0)
 
     asyncio.run(run())
 

@@ -6,7 +6,7 @@ kazoo runs its own threads and hands callbacks to the metastore dispatcher,
 which forwards them to the task threads as events. Nothing but a task thread
 touches a replica's replog or store.
 
-Run as ``python -m conductor.worker --zk HOST:PORT --node-id n1 --data-dir DIR``.
+Run as ``python -m conductor.worker --zk HOST:PORT --node-id n1 --data-dir DIR [--host H --advertise A]``.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from prometheus_client import start_http_server
 from conductor.client.router import LeaderRouter
 from conductor.metastore import MODULES_PATH, Metastore, MetastoreError, VersionConflict
 from conductor.metastore.module_spec import SEGMENT_BYTES, ModuleSpec
+from conductor.settings import Listen
 from conductor.wire import admin_pb2_grpc
 from conductor.wire import millrace_pb2 as pb
 from conductor.wire import millrace_pb2_grpc as pbg
@@ -80,10 +81,14 @@ class Worker:
     """One worker process: hosts task-group replicas, serves the client API and replication, follows ZooKeeper."""
 
     def __init__(self, zk_hosts: str, node_id: str, data_dir: Path, port: int = 0,
-                 session_timeout: float = 6.0, metrics_port: int = 0) -> None:
+                 session_timeout: float = 6.0, metrics_port: int = 0, *, listen: Listen = Listen(),
+                 metrics_listen: Listen | None = None) -> None:
         self.node_id = node_id
         self.data_dir = Path(data_dir)
         self.port = port
+        #: gRPC binds `listen.host` and registers `listen.advertise` in ZooKeeper (peers, clients, executors)
+        self.listen = listen
+        self.metrics_listen = metrics_listen or listen
         self.zk_hosts = zk_hosts
         self.session_timeout = session_timeout
         self.metrics_port = metrics_port
@@ -113,7 +118,14 @@ class Worker:
         admin_pb2_grpc.add_AdminServicer_to_server(AdminService(self), self.server)
         pbg.add_ClientServicer_to_server(ClientService(self), self.server)
         self.server.add_generic_rpc_handlers((replication_handler(ReplicationService(self)),))
-        self.port = self.server.add_insecure_port(f"127.0.0.1:{self.port}")
+        try:
+            bound = self.server.add_insecure_port(self.listen.bind(self.port))
+        except RuntimeError:
+            bound = 0
+        if bound == 0:
+            raise OSError(f"node {self.node_id} cannot bind gRPC on {self.listen.bind(self.port)}: the address "
+                          "is not on this machine or the port is taken (--host, --port)")
+        self.port = bound
         await self.server.start()
         self.metastore = Metastore(self.zk_hosts, session_timeout=self.session_timeout,
                                    step_down=self._on_session_lost)
@@ -131,17 +143,19 @@ class Worker:
                     self.metrics_address)
 
     def _start_metrics(self) -> str:
-        """Prometheus endpoint on 127.0.0.1 (`--metrics-port`, 0 = a free port); its address goes in node.metrics."""
-        server, _thread = start_http_server(self.metrics_port, addr="127.0.0.1",
+        """Prometheus endpoint on `--metrics-host` (`--metrics-port`, 0 = a free port); its advertised address
+        goes in node.metrics."""
+        server, _thread = start_http_server(self.metrics_port, addr=self.metrics_listen.host,
                                             registry=node_registry(self.node_id, self._all_hosts))
         self._metrics_server = server
-        address = f"127.0.0.1:{server.server_port}"
+        address = self.metrics_listen.advertised(server.server_port)
         (self.data_dir / "node.metrics").write_text(address)
         return address
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        """The gRPC address others reach this worker at (registered in ZooKeeper)."""
+        return self.listen.advertised(self.port)
 
     @property
     def session(self) -> int | None:

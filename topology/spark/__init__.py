@@ -5,19 +5,19 @@
 
     # a depot, streaming (or spark.read for everything applied now)
     clicks = (spark.readStream.format("millrace.depot")
-              .option("cluster", "127.0.0.1:2181").option("module", "Clicks").option("depot", "*clicks")
+              .option("cluster", "zk1:2181,zk2:2181").option("module", "Clicks").option("depot", "*clicks")
               .option("valueSchema", "user string, n long")     # or leave out: `value` = record as JSON
               .option("maxRecordsPerTrigger", "100000")         # optional admission control
               .load())                                          # task int, offset long, epoch long, user, n
 
     # a Map PState, as a table
     visits = (spark.read.format("millrace.pstate")
-              .option("cluster", "127.0.0.1:2181").option("module", "Clicks").option("pstate", "$$visits")
+              .option("cluster", "zk1:2181,zk2:2181").option("module", "Clicks").option("pstate", "$$visits")
               .load())                                          # task int, key string, value string (JSON)
 
     # a depot exported to Delta Lake exactly once, then queried with SQL
     from topology.spark import export_depot_to_delta, read_delta_sql
-    n = export_depot_to_delta(spark, "127.0.0.1:2181", "Clicks", "*clicks", "/data/clicks", "/data/clicks._ckpt",
+    n = export_depot_to_delta(spark, "zk1:2181,zk2:2181", "Clicks", "*clicks", "/data/clicks", "/data/clicks._ckpt",
                               value_schema="user string, n long")
     spark.sql(read_delta_sql("/data/clicks", "SELECT user, count(*) AS n FROM {table} GROUP BY user"))
 

@@ -1,6 +1,6 @@
 """Export a depot to a Delta Lake table, exactly once, and query it with Spark SQL.
 
-    rows = export_depot_to_delta(spark, "127.0.0.1:2181", "Clicks", "*clicks",
+    rows = export_depot_to_delta(spark, "zk1:2181,zk2:2181", "Clicks", "*clicks",
                                  "/data/clicks", "/data/clicks._checkpoint", value_schema="user string, n long")
     spark.sql(read_delta_sql("/data/clicks", "SELECT user, count(*) AS clicks FROM {table} GROUP BY user")).show()
     # which is simply: spark.sql("SELECT ... FROM delta.`/data/clicks` ...")

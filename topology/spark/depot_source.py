@@ -3,7 +3,7 @@
     from topology.spark import register
     register(spark)
     df = (spark.readStream.format("millrace.depot")
-          .option("cluster", "127.0.0.1:2181").option("module", "Clicks").option("depot", "*clicks")
+          .option("cluster", "zk1:2181,zk2:2181").option("module", "Clicks").option("depot", "*clicks")
           .option("valueSchema", "user string, n long")      # optional: record fields as columns
           .load())
 

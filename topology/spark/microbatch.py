@@ -1,6 +1,6 @@
 """Microbatch topologies: Spark Structured Streaming over depots, committed exactly once.
 
-    query = run_microbatch(spark, "127.0.0.1:2181", "WordCount", "lengths", checkpoint="/tmp/ckpt")
+    query = run_microbatch(spark, "zk1:2181,zk2:2181", "WordCount", "lengths", checkpoint="/tmp/ckpt")
 
 The user function (declared with ``@m.microbatch(depot)``) maps a batch
 DataFrame of depot records to a DataFrame of changes with columns

@@ -78,7 +78,7 @@ class DepotOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> DepotOptions:
-        cluster = required_option(options, "cluster", SOURCE_NAME, "127.0.0.1:2181")
+        cluster = required_option(options, "cluster", SOURCE_NAME, "zk1:2181,zk2:2181")
         module = required_option(options, "module", SOURCE_NAME, "Clicks")
         depot = required_option(options, "depot", SOURCE_NAME, "*clicks")
         if not depot.startswith("*"):

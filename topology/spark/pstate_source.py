@@ -3,7 +3,7 @@
     from topology.spark import register
     register(spark)
     counts = (spark.read.format("millrace.pstate")
-              .option("cluster", "127.0.0.1:2181").option("module", "WordCount").option("pstate", "$$counts")
+              .option("cluster", "zk1:2181,zk2:2181").option("module", "WordCount").option("pstate", "$$counts")
               .option("startKey", "a").option("endKey", "n")        # optional: start <= key < end
               .load())
 
@@ -107,7 +107,7 @@ class PStateDataSource(DataSource):
 
     def __init__(self, options: dict[str, str]) -> None:
         super().__init__(options)
-        self.cluster = required_option(options, "cluster", SOURCE_NAME, "127.0.0.1:2181")
+        self.cluster = required_option(options, "cluster", SOURCE_NAME, "zk1:2181,zk2:2181")
         self.module = required_option(options, "module", SOURCE_NAME, "WordCount")
         self.pstate = required_option(options, "pstate", SOURCE_NAME, "$$counts")
         if not self.pstate.startswith("$$"):

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from conductor.runtime_env import delta_jars, require_java17, venv_python
+from conductor.settings import LOOPBACK
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -26,7 +27,7 @@ def spark_session(app_name: str = "millrace", warehouse: Path | None = None, cor
     """A local[cores] Spark session with Delta configured, UI off, quiet logs, and our venv for workers."""
     require_java17()
     jars = ",".join(str(j) for j in delta_jars())
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # bind only to loopback
+    os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)  # bind only to loopback
     os.environ.setdefault("PYSPARK_PYTHON", venv_python())
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", venv_python())
     from pyspark.sql import SparkSession
@@ -38,8 +39,8 @@ def spark_session(app_name: str = "millrace", warehouse: Path | None = None, cor
         .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
         .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
         .config("spark.ui.enabled", "false")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", LOOPBACK)
+        .config("spark.driver.host", LOOPBACK)
         .config("spark.sql.shuffle.partitions", str(max(2, cores)))
         .config("spark.default.parallelism", str(max(2, cores)))
         .config("spark.driver.memory", "1g")
