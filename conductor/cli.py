@@ -5,7 +5,8 @@ it the address comes from ``MILLRACE_ZK``, else from ``.millrace-dev/cluster.jso
 written by ``conductor dev`` in the current directory):
 
     conductor dev [--dir .millrace-dev] [--nodes 3] [--zk-servers 1] [--host H --advertise A] [--stop]
-    conductor deploy --module pkg.mod:Class --tasks N --threads N --workers N --replicationFactor N [--option k=v]
+    conductor deploy --module pkg.mod:Class [--code WHEEL] --tasks N --threads N --workers N --replicationFactor N
+                     [--option k=v]
     conductor status [MODULE] [--watch] [--json]
     conductor set-option MODULE KEY VALUE
     conductor balance MODULE [--timeout 60]
@@ -61,7 +62,9 @@ from conductor.metastore import MetastoreError, MetastoreUnavailable, ModuleExis
 from conductor.metastore.module_spec import KNOWN_OPTIONS, SEGMENT_BYTES, ModuleSpec, SpecError, UnknownOption
 from conductor.runtime_env import EnvironmentBroken
 from conductor.settings import CONFIG_ENV, LOOPBACK, Listen, SettingsError, address_settings, resolve
-from topology.module import ModuleDefinitionError, load_module
+from conductor.shipping import CodeRefused, check_locally, deploy_code
+from topology.artifact import package_code
+from topology.module import ModuleDefinitionError
 
 app = typer.Typer(
     help="Millrace conductor: run a dev cluster, deploy modules, inspect task groups, check this machine.",
@@ -90,7 +93,8 @@ class CliError(Exception):
 
 # Errors whose messages are written for operators (they say what to do); anything else is a bug and keeps
 # its traceback.
-EXPECTED_ERRORS = (CliError, SpecError, MetastoreError, ModuleDefinitionError, EnvironmentBroken, SettingsError)
+EXPECTED_ERRORS = (CliError, SpecError, MetastoreError, ModuleDefinitionError, EnvironmentBroken, SettingsError,
+                   CodeRefused)
 
 
 @app.callback()
@@ -276,6 +280,8 @@ def _wait_serving_with_spinner(conductor: Conductor, module: str, timeout: float
 @app.command()
 def deploy(
     module_ref: str = typer.Option(..., "--module", "-m", help="the Module class, as package.module:ClassName"),
+    code: Path | None = typer.Option(None, "--code", help="a wheel with the module's code (default: its top-level "
+                                                          "package, zipped from this machine's import path)"),
     tasks: int = typer.Option(..., "--tasks", help="partitions of every depot and PState"),
     threads: int = typer.Option(..., "--threads", help="task groups (the unit of replication); task t is in group t % threads"),
     workers: int = typer.Option(..., "--workers", help="distinct worker nodes to spread the replicas over"),
@@ -285,19 +291,26 @@ def deploy(
     option: list[str] | None = typer.Option(None, "--option", "-o", help="a module option KEY=VALUE (repeatable)"),
     timeout: float = typer.Option(60.0, "--timeout", help="seconds to wait for every group's leader to serve"),
 ) -> None:
-    """Deploy a module and wait until every task group has a leader serving it."""
+    """Ship a module's code to the workers, deploy it, and wait until every task group has a leader serving it.
+
+    The code (the module's top-level package, or the wheel given with --code)
+    becomes an artifact named by its sha256. Every worker chosen for the
+    module fetches it, checks the hash and imports it from its own data folder;
+    if one cannot (a missing dependency, a syntax error, define() raising),
+    the deploy is refused with that worker's error and nothing is created.
+    """
     with _operator_errors():
         # Everything that can be checked without the cluster is checked first: a refused command is
         # cheaper than a half-deployed module.
         options = _parse_options(option)
-        module_cls = load_module(module_ref)
-        module_cls.build()  # a broken define() fails here, not on every worker
-        spec = ModuleSpec(name=module_cls.module_name(), module_ref=module_ref, tasks=tasks, threads=threads,
+        artifact = package_code(module_ref, code)
+        definition = check_locally(artifact, module_ref)  # a broken package or define() fails here
+        spec = ModuleSpec(name=definition.name, module_ref=module_ref, tasks=tasks, threads=threads,
                           workers=workers, replication_factor=replication_factor, options=options)
         with _connect(zk) as conductor:
             started = time.monotonic()
             try:
-                conductor.deploy(spec)
+                deploy_code(conductor, spec, artifact, on_step=lambda msg: console.print(f"[dim]{msg}[/dim]"))
             except ModuleExists:  # the metastore's message points at `conductor update`, which is not here yet
                 raise CliError(f"module {spec.name!r} is already deployed; `conductor status {spec.name}` shows it, "
                                f"`conductor destroy {spec.name}` removes it") from None

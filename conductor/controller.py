@@ -47,6 +47,7 @@ from conductor.metastore import (
     VersionConflict,
 )
 from conductor.metastore.module_spec import DEPOT_APPEND_TIMEOUT_MS, ModuleSpec
+from conductor.metastore.versions import CodeVersion
 from conductor.placement import (
     balance_leaders,
     fully_in_sync,
@@ -297,12 +298,9 @@ class Conductor:
 
     # ---- lifecycle of modules ---------------------------------------------------------------------
 
-    def deploy(self, spec: ModuleSpec) -> dict[int, GroupState]:
-        """Place the module's task groups on live nodes and create it atomically in the metastore.
-
-        The ``spec.workers`` least-loaded live nodes (by replicas of already
-        deployed modules) are used, so successive deployments spread out.
-        """
+    def place_module(self, spec: ModuleSpec) -> dict[int, GroupState]:
+        """Where the module's task groups would go now: the ``spec.workers`` least-loaded live nodes (by
+        replicas of already deployed modules), so successive deployments spread out."""
         sessions = self.ms.nodes.sessions()
         live = sorted(sessions)
         spec.check_placeable(live)
@@ -315,11 +313,19 @@ class Conductor:
                 continue
         nodes = sorted(live, key=lambda n: (load[n], n))[: spec.workers]
         placement = place(spec.threads, nodes, spec.replication_factor)
-        groups = {g: GroupState.initial(replicas, leader_session=sessions[replicas[0]])
-                  for g, replicas in placement.items()}
-        self.ms.modules.create(spec, groups)
-        log.info("deployed module %s (%s): %d tasks in %d task groups, RF %d, on %s", spec.name, spec.module_ref,
-                 spec.tasks, spec.threads, spec.replication_factor, _fmt(nodes))
+        return {g: GroupState.initial(replicas, leader_session=sessions[replicas[0]])
+                for g, replicas in placement.items()}
+
+    def deploy(self, spec: ModuleSpec, groups: dict[int, GroupState] | None = None,
+               version: CodeVersion | None = None) -> dict[int, GroupState]:
+        """Create the module atomically in the metastore, with its code version, on `groups` (default: placed
+        now by :meth:`place_module`). Shipping the code first is :func:`conductor.shipping.deploy_code`'s."""
+        groups = groups if groups is not None else self.place_module(spec)
+        self.ms.modules.create(spec, groups, version)
+        nodes = sorted({n for st in groups.values() for n in st.replicas})
+        log.info("deployed module %s (%s%s): %d tasks in %d task groups, RF %d, on %s", spec.name, spec.module_ref,
+                 f", code {spec.code[:12]}" if spec.code else "", spec.tasks, spec.threads, spec.replication_factor,
+                 _fmt(nodes))
         return groups
 
     def destroy(self, module: str) -> None:

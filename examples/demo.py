@@ -58,7 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     from conductor.controller import Conductor
     from conductor.devcluster import DevCluster
     from conductor.metastore.module_spec import ModuleSpec
+    from conductor.shipping import deploy_code
     from conductor.status import wait_serving
+    from topology.artifact import package_code
     from topology.spark import export_depot_to_delta, read_delta_sql
     from topology.spark.microbatch import run_microbatch
     from topology.spark.session import spark_session
@@ -72,12 +74,15 @@ def main(argv: list[str] | None = None) -> int:
     spark = None
     try:
         console.print(f"   ZooKeeper {dc.hosts}; nodes " + ", ".join(f"{n} (pid {p.pid})" for n, p in dc.nodes.items()))
-        step(2, "deploying examples.word_count:WordCount with --tasks 8 --threads 2 --replicationFactor 3")
+        step(2, "deploying examples.word_count:WordCount with --tasks 8 --threads 2 --replicationFactor 3 "
+                "(its code ships to the workers)")
         c = Conductor(dc.hosts, "demo")
         c.ms.start()
         try:
-            c.deploy(ModuleSpec(name="WordCount", module_ref="examples.word_count:WordCount", tasks=8, threads=2,
-                                workers=3, replication_factor=3, options={}))
+            ref = "examples.word_count:WordCount"
+            deploy_code(c, ModuleSpec(name="WordCount", module_ref=ref, tasks=8, threads=2, workers=3,
+                                      replication_factor=3, options={}), package_code(ref),
+                        on_step=lambda msg: console.print(f"   {msg}"))
             wait_serving(c.ms, "WordCount", timeout_s=30)
         finally:
             c.ms.close()

@@ -1,7 +1,7 @@
 """The public module API: a module declares depots, PStates and topologies in `define`.
 
-Module code is imported by reference (`pkg.mod:Class`) on every worker and on
-the client, never pickled, so what a module declares must be reproducible from
+Module code is imported by reference (`pkg.mod:Class`, from the code artifact
+the module was deployed with) on every worker and on the client, never pickled, so what a module declares must be reproducible from
 its code alone: `define` is called once per process and must be deterministic.
 """
 
@@ -137,16 +137,30 @@ class Module:
         return md
 
 
-def load_module(ref: str) -> type[Module]:
-    """Import `pkg.mod:Class`, the only way workers, the client and Spark obtain module code."""
+def split_module_ref(ref: str) -> tuple[str, str]:
+    """(module, class) of a reference ``pkg.mod:Class``."""
     mod_name, sep, cls_name = ref.partition(":")
     if not sep or not mod_name or not cls_name:
         raise ModuleDefinitionError(f"module reference {ref!r} must look like 'package.module:ClassName'")
+    return mod_name, cls_name
+
+
+def module_class(mod: Any, ref: str) -> type[Module]:
+    """The Module subclass `ref` names in the imported module `mod` (the class may be nested: ``Outer.Inner``)."""
+    obj: Any = mod
+    for part in split_module_ref(ref)[1].split("."):
+        obj = getattr(obj, part, None)
+    if not (isinstance(obj, type) and issubclass(obj, Module)):
+        raise ModuleDefinitionError(f"{ref!r} does not name a Module subclass in {split_module_ref(ref)[0]}")
+    return obj
+
+
+def load_module(ref: str) -> type[Module]:
+    """Import `pkg.mod:Class` from this interpreter's path (modules deployed without shipped code, and tools);
+    deployed code artifacts load through :mod:`topology.code_loader` instead."""
+    mod_name, _cls = split_module_ref(ref)
     try:
         mod = importlib.import_module(mod_name)
     except ImportError as e:
         raise ModuleDefinitionError(f"cannot import {mod_name!r} for module {ref!r}: {e}") from e
-    cls = getattr(mod, cls_name, None)
-    if not (isinstance(cls, type) and issubclass(cls, Module)):
-        raise ModuleDefinitionError(f"{ref!r} does not name a Module subclass in {mod_name}")
-    return cls
+    return module_class(mod, ref)

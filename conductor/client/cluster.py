@@ -48,6 +48,7 @@ from typing import Any, TypeVar
 import grpc
 
 from conductor.client.batching import GroupBatcher
+from conductor.client.code import CodeCache, default_cache, load_deployed
 from conductor.client.errors import ClientError
 from conductor.client.handles import Depot, PState
 from conductor.client.retry import Retry
@@ -67,7 +68,7 @@ from conductor.wire import millrace_pb2_grpc as pbg
 from conductor.wire.errors import Unavailable
 from conductor.wire.options import GRPC_OPTIONS
 from replog.errors import NotLeader
-from topology.module import ModuleDefinition, load_module
+from topology.module import ModuleDefinition
 
 T = TypeVar("T")
 
@@ -103,8 +104,11 @@ class Cluster:
     """A connection to one Millrace cluster (through its ZooKeeper)."""
 
     def __init__(self, zk_hosts: str, *, timeout_s: float = 45.0, linger_ms: float = 0.0,
-                 max_batch_records: int = 10_000, max_inflight_per_group: int = 8) -> None:
+                 max_batch_records: int = 10_000, max_inflight_per_group: int = 8,
+                 code_cache: CodeCache | None = None) -> None:
         self.zk_hosts = zk_hosts
+        #: where deployed modules' code is fetched to (default: ~/.cache/millrace/code)
+        self.code_cache = code_cache or default_cache()
         self.timeout_s = timeout_s
         self.linger_ms = linger_ms
         self.max_batch_records = max_batch_records
@@ -203,7 +207,8 @@ class Cluster:
                           meta.definition.pstate_names())
 
     def module_definition(self, module: str) -> ModuleDefinition:
-        """What the deployed module's code declares (loaded by its reference, as workers do)."""
+        """What the deployed module's code declares (its deployed code version, fetched from a worker that holds
+        it if this machine lacks it, as workers do)."""
         return self._module(module).definition
 
     def call_group(self, module: str, group: int, method: str, request: Any) -> concurrent.futures.Future[Any]:
@@ -223,7 +228,8 @@ class Cluster:
             m = self._modules.get(module)
             if m is not None:
                 return m
-            m = self._modules[module] = _Module(routes.spec, load_module(routes.spec.module_ref).build())
+            definition = load_deployed(self._ms, routes.spec, self.code_cache).build()
+            m = self._modules[module] = _Module(routes.spec, definition)
         for g in routes.groups:
             self._ms.groups.watch(module, g, functools.partial(self._on_group, module, g))
         return m

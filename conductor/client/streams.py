@@ -186,6 +186,11 @@ class AioAppendStream:
             return await fut
         finally:
             self.waiting.pop(seq, None)
+            if fut.done() and not fut.cancelled():
+                # Retrieved here when the write failed after `_fail` had set it: the error was raised already,
+                # and an unretrieved one is logged from the garbage collector (where Python 3.11's traceback
+                # formatting can break an ast.parse that the collection interrupted).
+                fut.exception()
 
     async def _read(self) -> None:
         err: BaseException

@@ -19,3 +19,7 @@ def group_path(module: str, group: int) -> str:
 
 def resign_path(module: str, group: int) -> str:
     return f"{MODULES_PATH}/{module}/resign/{group}"
+
+
+def version_path(module: str, sha256: str) -> str:
+    return f"{MODULES_PATH}/{module}/versions/{sha256}"

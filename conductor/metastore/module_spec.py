@@ -29,6 +29,8 @@ NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
 MODULE_REF_RE = re.compile(
     r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
 )
+#: a code version: the sha256 of the module's code artifact, in lowercase hex
+CODE_VERSION_RE = re.compile(r"^[0-9a-f]{64}$")
 
 MIN_ISR = "replication.min.isr"
 MAX_TIME_LAG_MS = "replication.max.time.lag.millis"
@@ -142,6 +144,9 @@ class ModuleSpec:
     ``threads`` is the number of task groups (the unit of replication); task
     ``t`` belongs to group ``t % threads``. ``workers`` is how many distinct
     nodes the module's replicas are spread over (at least the replication factor).
+    ``code`` is the version of the code artifact workers run (its sha256, see
+    ``/millrace/modules/<m>/versions``); None means the code is on every
+    worker's import path (modules deployed by tests from this repository).
     """
 
     name: str
@@ -151,6 +156,7 @@ class ModuleSpec:
     workers: int
     replication_factor: int
     options: dict[str, str] = field(default_factory=dict)
+    code: str | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -173,6 +179,8 @@ class ModuleSpec:
             raise InvalidSpec("workers", self.workers,
                               f"replicas of a group never share a node, so replication factor "
                               f"{self.replication_factor} needs at least that many workers")
+        if self.code is not None and not (isinstance(self.code, str) and CODE_VERSION_RE.match(self.code)):
+            raise InvalidSpec("code", self.code, "a code version is the artifact's sha256 in lowercase hex")
         if not isinstance(self.options, dict):
             raise InvalidSpec("options", self.options, "must be a mapping of option name to string value")
         for key, value in self.options.items():
@@ -248,6 +256,8 @@ class ModuleSpec:
             "replicationFactor": self.replication_factor,
             "options": dict(sorted(self.options.items())),
         }
+        if self.code is not None:
+            doc["code"] = self.code
         return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
@@ -271,4 +281,5 @@ class ModuleSpec:
             workers=doc["workers"],
             replication_factor=doc["replicationFactor"],
             options=dict(doc.get("options") or {}),
+            code=doc.get("code"),
         )

@@ -16,8 +16,9 @@ from kazoo.exceptions import (
 )
 
 from conductor.metastore.errors import GroupNotFound, ModuleExists, ModuleNotFound, raise_tx_failure
-from conductor.metastore.layout import MODULES_PATH, group_path, module_path
+from conductor.metastore.layout import MODULES_PATH, group_path, module_path, version_path
 from conductor.metastore.module_spec import ModuleSpec
+from conductor.metastore.versions import CodeVersion
 from conductor.metastore.watch import WatchHandle
 from replog.messages import GroupState
 
@@ -32,19 +33,25 @@ class Modules:
     def __init__(self, ms: Metastore) -> None:
         self.ms = ms
 
-    def create(self, spec: ModuleSpec, groups: dict[int, GroupState]) -> None:
-        """Create the module znode and all its group znodes in ONE transaction: all or nothing."""
+    def create(self, spec: ModuleSpec, groups: dict[int, GroupState], version: CodeVersion | None = None) -> None:
+        """Create the module znode, all its group znodes and its code version in ONE transaction: all or nothing."""
         if sorted(groups) != list(range(spec.threads)):
             raise ValueError(f"module {spec.name} has {spec.threads} task groups; got states for {sorted(groups)}")
         for g, state in groups.items():
             if len(state.replicas) != spec.replication_factor:
                 raise ValueError(f"group {g} has {len(state.replicas)} replicas but the replication factor "
                                  f"is {spec.replication_factor}")
+        if (version.sha256 if version else None) != spec.code:
+            raise ValueError(f"module {spec.name} runs code version {spec.code} but the version given is "
+                             f"{version.sha256 if version else None}")
         mpath = module_path(spec.name)
         tx = self.ms.zk.transaction()
         tx.create(mpath, spec.to_json())
         tx.create(f"{mpath}/groups", b"")
         tx.create(f"{mpath}/resign", b"")
+        if version is not None:
+            tx.create(f"{mpath}/versions", b"")
+            tx.create(version_path(spec.name, version.sha256), version.to_json())
         for g in sorted(groups):
             tx.create(group_path(spec.name, g), groups[g].to_json())
         try:
@@ -55,7 +62,7 @@ class Modules:
                 return
             if self.ms.call(self.ms.zk.exists, mpath) is not None:
                 raise ModuleExists(spec.name) from None
-            return self.create(spec, groups)
+            return self.create(spec, groups, version)
         raise_tx_failure(results, on_exists=lambda: ModuleExists(spec.name))
 
     def _matches(self, spec: ModuleSpec, groups: dict[int, GroupState]) -> bool:

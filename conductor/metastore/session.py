@@ -53,6 +53,7 @@ from conductor.metastore.layout import DISALLOWED_PATH, MODULES_PATH, NODES_PATH
 from conductor.metastore.modules import Modules
 from conductor.metastore.nodes import Nodes
 from conductor.metastore.resigns import Resigns
+from conductor.metastore.versions import Versions
 from conductor.metastore.watch import WatchHandle
 
 log = logging.getLogger("millrace.metastore")
@@ -126,6 +127,7 @@ class Metastore:
         #: one recipe per znode family (kazoo style): ``ms.groups.cas(...)``, ``ms.nodes.register(...)``
         self.nodes = Nodes(self)
         self.modules = Modules(self)
+        self.versions = Versions(self)
         self.groups = Groups(self)
         self.resigns = Resigns(self)
         self.drains = LeaderDrains(self)

@@ -25,14 +25,16 @@ from typing import Any
 import grpc
 from prometheus_client import start_http_server
 
+from conductor.client.code import CodeCache, CodeUnavailable, load_deployed
 from conductor.client.router import LeaderRouter
 from conductor.metastore import MODULES_PATH, Metastore, MetastoreError, VersionConflict
 from conductor.metastore.module_spec import SEGMENT_BYTES, ModuleSpec
 from conductor.settings import Listen
-from conductor.wire import admin_pb2_grpc
+from conductor.wire import admin_pb2_grpc, code_pb2_grpc
 from conductor.wire import millrace_pb2 as pb
 from conductor.wire import millrace_pb2_grpc as pbg
 from conductor.wire.options import GRPC_OPTIONS
+from conductor.worker.code_service import CodeService
 from conductor.worker.far_horizon import (
     INSTALL_TIMEOUT_S,
     Catchup,
@@ -59,10 +61,16 @@ from replog.messages import (
     SessionExpired,
     SessionStarted,
 )
-from topology.module import ModuleDefinition, load_module
+from topology.module import ModuleDefinition
 from topology.stream import StreamRunner
 
 log = logging.getLogger("millrace.node")
+
+#: a code version no deployed module keeps is deleted after this long (a deploy in flight stores its version
+#: on workers before the metastore names it)
+CODE_GRACE_S = 600.0
+#: seconds between attempts to open a module whose code no reachable worker could deliver yet
+CODE_RETRY_S = 5.0
 
 
 class ModuleRuntime:
@@ -107,6 +115,8 @@ class Worker:
         self.settler: LoopSettler | None = None
         #: leader side of far-horizon catchup: checkpoints kept for followers' transfers
         self.shelf = CheckpointShelf(self.data_dir / "checkpoints")
+        #: module code versions this worker runs and serves (module names start with a letter: no clash)
+        self.code = CodeCache(self.data_dir / "_code")
 
     # ------------------------------------------------------------------------------ lifecycle
 
@@ -116,6 +126,7 @@ class Worker:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.server = grpc.aio.server(options=GRPC_OPTIONS)
         admin_pb2_grpc.add_AdminServicer_to_server(AdminService(self), self.server)
+        code_pb2_grpc.add_CodeServicer_to_server(CodeService(self), self.server)
         pbg.add_ClientServicer_to_server(ClientService(self), self.server)
         self.server.add_generic_rpc_handlers((replication_handler(ReplicationService(self)),))
         try:
@@ -165,6 +176,17 @@ class Worker:
         while True:
             await asyncio.sleep(30)
             await asyncio.to_thread(self.shelf.sweep)
+            await asyncio.to_thread(self._sweep_code)
+
+    def _sweep_code(self) -> None:
+        """Delete code versions no deployed module keeps (a destroyed module's, a refused deploy's leftovers)."""
+        assert self.metastore is not None
+        try:
+            keep = self.metastore.versions.referenced()
+        except MetastoreError:
+            return  # ZooKeeper is away: keep everything until we know
+        for sha in self.code.sweep(keep, CODE_GRACE_S):
+            log.warning("node %s deleted code version %s: no deployed module uses it", self.node_id, sha[:12])
 
     async def stop(self) -> None:
         if self._metrics_server is not None:
@@ -219,8 +241,27 @@ class Worker:
             if not known:
                 try:
                     self._open_module(m)
+                except CodeUnavailable as e:
+                    log.warning("node %s cannot open module %s yet: %s; trying again in %.0fs", self.node_id, m, e,
+                                CODE_RETRY_S)
+                    self._retry_open(m)
                 except Exception:
                     log.exception("node %s could not open module %s; it stays unavailable here", self.node_id, m)
+
+    def _retry_open(self, module: str) -> None:
+        """Open `module` again later (on the metastore's thread), unless it is gone or open by then."""
+        def again() -> None:
+            if self.metastore is None or self.metastore.closed:
+                return
+            try:
+                names = set(self.metastore.modules.names())
+            except MetastoreError:
+                names = {module}
+            if module in names:
+                self.metastore.submit(lambda: self._sync_modules(names))
+        timer = threading.Timer(CODE_RETRY_S, again)
+        timer.daemon = True
+        timer.start()
 
     def _open_module(self, module: str) -> None:
         assert self.metastore is not None and self.router is not None
@@ -233,7 +274,7 @@ class Worker:
         if len(groups) < spec.threads:
             # modules.create is one transaction, so this means we raced its deletion
             return
-        definition = load_module(spec.module_ref).build()
+        definition = load_deployed(self.metastore, spec, self.code, exclude=self.node_id).build()
         rt = ModuleRuntime(spec, definition)
         config = spec.replication_config()
         for g, st in sorted(groups.items()):

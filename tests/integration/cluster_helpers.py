@@ -15,11 +15,13 @@ from conductor.controller import Conductor
 from conductor.devcluster import DevCluster
 from conductor.metastore import GroupState, Metastore
 from conductor.metastore.module_spec import ModuleSpec
+from conductor.shipping import deploy_code
 from conductor.wire import millrace_pb2 as pb
 from conductor.wire import millrace_pb2_grpc as pbg
 from pstate import TaskGroupStore
 from replog.log import Log
 from topology import load_module
+from topology.artifact import package_code
 
 MODULE_REF = "examples.clicks:Clicks"
 
@@ -42,7 +44,7 @@ def deploy(dc: DevCluster, name: str = "Clicks", tasks: int = 4, threads: int = 
     try:
         spec = ModuleSpec(name=name, module_ref=module_ref, tasks=tasks, threads=threads, workers=3,
                           replication_factor=3, options=options or {})
-        groups = c.deploy(spec)
+        groups = deploy_code(c, spec, package_code(module_ref))  # the code ships, as `conductor deploy` does
     finally:
         c.ms.close()
     for g, st in groups.items():

@@ -20,6 +20,7 @@ from typing import Any
 import grpc
 from pyspark.sql.datasource import InputPartition
 
+from conductor.client.code import default_cache, load_deployed
 from conductor.client.handles import PartitionStatus
 from conductor.client.retry import Retry
 from conductor.client.router import LeaderRouter
@@ -29,6 +30,7 @@ from conductor.wire import millrace_pb2_grpc as pbg
 from conductor.wire.errors import Unavailable
 from conductor.wire.options import GRPC_OPTIONS
 from pstate.errors import DepotNotFound
+from topology.module import ModuleDefinition
 from topology.spark.errors import DepotOffsetOutOfRange, MillraceSourceError, SourceOptionError
 from topology.spark.options import EARLIEST, LATEST, DepotOptions
 
@@ -203,15 +205,17 @@ class ModuleMeta:
             out[task] = PartitionStatus(task, int(r.start), int(r.end), int(r.epoch))
         return out
 
-    def _known(self, what: str) -> list[str]:
-        """Depot or PState names for an error message (needs the module code importable here)."""
-        try:
-            from topology.module import load_module
+    def definition(self) -> ModuleDefinition:
+        """What the module's deployed code declares (fetched from a worker if this machine lacks it)."""
+        return load_deployed(self._ms, self.spec, default_cache()).build()
 
-            d = load_module(self.spec.module_ref).build()
+    def _known(self, what: str) -> list[str]:
+        """Depot or PState names for an error message."""
+        try:
+            d = self.definition()
             return list(d.depot_names() if what == "depots" else d.pstate_names())
-        except Exception:
-            return [f"(unknown: module code {self.spec.module_ref} is not importable here)"]
+        except Exception as e:
+            return [f"(unknown: the code of {self.spec.module_ref} cannot be loaded here: {e})"]
 
 
 def validate_offsets(module: str, depot: str, committed: Mapping[int, tuple[int, int]],

@@ -91,9 +91,8 @@ def _key_type(meta: ModuleMeta, pstate: str) -> type | None:
     """The Python type of the PState's keys, if the module code can be loaded here (else keys stay strings)."""
     try:
         from pstate.schema import Map, Scalar
-        from topology.module import load_module
 
-        schema = load_module(meta.spec.module_ref).build().pstates[pstate].schema
+        schema = meta.definition().pstates[pstate].schema
     except Exception:
         return None
     if isinstance(schema, Map):

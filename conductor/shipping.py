@@ -1,0 +1,147 @@
+"""Deploying a module with its code: every chosen worker proves it can run the code before the module exists.
+
+    groups = deploy_code(conductor, spec, package_code("examples.word_count:WordCount"))
+
+Steps (Rama ships a jar the same way, minus the proof):
+
+1. place the module's task groups (nothing written yet);
+2. put the artifact on one chosen worker (the first that takes it);
+3. ask every chosen worker, in parallel, to *prepare* it: fetch it from that
+   worker over gRPC, check its sha256, import it in isolation, build the
+   module's definition;
+4. if any worker refused or did not answer, discard the version on every
+   chosen worker and raise :class:`CodeRefused`, naming each worker and its
+   error: nothing of the module is in ZooKeeper, and no worker keeps its code;
+5. otherwise create the module, its groups and its code version (with the
+   workers that hold it) in one ZooKeeper transaction.
+
+A crash between 2 and 5 leaves an unreferenced version on some workers; they
+delete it after a grace period (``Worker._sweep_code``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+
+from conductor.client.code import CodeCache
+from conductor.controller import Conductor
+from conductor.metastore import GroupState, ModuleSpec
+from conductor.metastore.versions import CodeVersion
+from conductor.wire import code_pb2
+from conductor.wire import code_pb2_grpc as codeg
+from conductor.wire.options import GRPC_OPTIONS
+from topology.artifact import Artifact
+from topology.code_loader import unload
+from topology.module import ModuleDefinition
+
+log = logging.getLogger("millrace.conductor")
+
+#: one worker's PutArtifact or Discard
+TRANSFER_TIMEOUT_S = 60.0
+#: one worker's Prepare: a fetch, an import and a define()
+PREPARE_TIMEOUT_S = 120.0
+
+
+class CodeRefused(Exception):
+    """A worker chosen for the module cannot run its code; the deploy changed nothing (the message lists why)."""
+
+    def __init__(self, module: str, refusals: dict[str, str]) -> None:
+        self.module = module
+        self.refusals = dict(refusals)
+        reasons = "; ".join(f"worker {n}: {why}" for n, why in sorted(refusals.items()))
+        super().__init__(f"module {module} was not deployed: {len(refusals)} worker(s) cannot run its code. "
+                         f"{reasons}. Install what the code needs on those workers (or ship it in a wheel with "
+                         "--code), then deploy again; nothing was left in ZooKeeper or on the workers")
+
+
+def check_locally(artifact: Artifact, module_ref: str) -> ModuleDefinition:
+    """Import the artifact here, in isolation, exactly as a worker will, and build the module's definition:
+    a broken package or define() is refused before the cluster is touched."""
+    with tempfile.TemporaryDirectory(prefix="millrace-code-") as tmp:
+        cache = CodeCache(Path(tmp))
+        cache.put(artifact.sha256, artifact.chunks())
+        try:
+            return cache.load(artifact.sha256, module_ref).build()
+        finally:
+            unload(artifact.sha256)
+
+
+def deploy_code(conductor: Conductor, spec: ModuleSpec, artifact: Artifact,
+                on_step: Callable[[str], None] | None = None) -> dict[int, GroupState]:
+    """Ship `artifact` to the workers chosen for `spec` and deploy it (see the module docstring)."""
+    step = on_step or (lambda _msg: None)
+    spec = dataclasses.replace(spec, code=artifact.sha256)
+    groups = conductor.place_module(spec)
+    nodes = sorted({n for st in groups.values() for n in st.replicas})
+    addresses = {n: info.address for n in nodes if (info := conductor.ms.nodes.get(n)) is not None}
+    channels = {n: grpc.insecure_channel(a, options=GRPC_OPTIONS) for n, a in addresses.items()}
+    try:
+        step(f"shipping code {artifact.sha256[:12]} ({artifact.size:,} bytes) to {', '.join(nodes)}")
+        holder, refusals = _put(channels, nodes, artifact)
+        if holder is not None:
+            step(f"each worker fetches it from {holder}, checks its hash and imports it")
+            refusals.update(_prepare(channels, spec, [addresses[holder]]))
+        refusals.update({n: "not registered in ZooKeeper any more (stopped?)" for n in nodes if n not in addresses})
+        if refusals:
+            raise CodeRefused(spec.name, refusals)
+        version = CodeVersion(artifact.sha256, artifact.size, artifact.kind, spec.module_ref, artifact.origin,
+                              tuple(nodes))
+        return conductor.deploy(spec, groups, version)
+    except BaseException:
+        _discard(channels, artifact.sha256)
+        raise
+    finally:
+        for ch in channels.values():
+            ch.close()
+
+
+def _put(channels: dict[str, grpc.Channel], nodes: list[str],
+         artifact: Artifact) -> tuple[str | None, dict[str, str]]:
+    """Put the artifact on the first worker that takes it; (that worker, or None, and why others did not)."""
+    failed: dict[str, str] = {}
+    for n in nodes:
+        if n not in channels:
+            continue
+        chunks = (code_pb2.ArtifactChunk(sha256=artifact.sha256 if i == 0 else "", size=artifact.size, data=c)
+                  for i, c in enumerate(artifact.chunks()))
+        try:
+            codeg.CodeStub(channels[n]).PutArtifact(chunks, timeout=TRANSFER_TIMEOUT_S)
+            return n, {}
+        except grpc.RpcError as e:
+            failed[n] = f"could not receive the code: {e.code().name} {e.details()}"
+    return None, failed
+
+
+def _prepare(channels: dict[str, grpc.Channel], spec: ModuleSpec, sources: list[str]) -> dict[str, str]:
+    """Every worker's refusal (an import error, a define() that raised, no answer), by worker."""
+    assert spec.code is not None
+    req = code_pb2.PrepareRequest(module=spec.name, module_ref=spec.module_ref, sha256=spec.code, sources=sources)
+    futures = {n: codeg.CodeStub(ch).Prepare.future(req, timeout=PREPARE_TIMEOUT_S) for n, ch in channels.items()}
+    refusals = {}
+    for n, fut in futures.items():
+        try:
+            reply = fut.result()
+        except grpc.RpcError as e:
+            refusals[n] = f"did not answer whether it can run the code ({e.code().name} {e.details()})"
+            continue
+        if not reply.ok:
+            refusals[n] = reply.error
+    return refusals
+
+
+def _discard(channels: dict[str, grpc.Channel], sha256: str) -> None:
+    """Remove the version from every chosen worker (each keeps it if a deployed module uses it)."""
+    futures = {n: codeg.CodeStub(ch).Discard.future(code_pb2.DiscardRequest(sha256=sha256),
+                                                     timeout=TRANSFER_TIMEOUT_S) for n, ch in channels.items()}
+    for n, fut in futures.items():
+        try:
+            fut.result()
+        except grpc.RpcError as e:
+            log.warning("could not discard code version %s on worker %s (%s); it deletes it itself later",
+                        sha256[:12], n, e.code().name)
