@@ -18,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -187,11 +188,26 @@ def test_status_watch_refreshes_until_ctrl_c(cluster: DevCluster, clicks: Result
     exe = str(Path(sys.executable).parent / "conductor")
     proc = subprocess.Popen([exe, "status", "Clicks", "--watch", "--zk", cluster.hosts], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, cwd=REPO)
-    time.sleep(2.5)
-    proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=15)
+    # Piped, it prints one snapshot per second: wait for the second one (a loaded machine starts the CLI
+    # slowly, so a fixed sleep is not enough), then interrupt it as a person would.
+    lines: list[str] = []
+    stdout = proc.stdout
+    assert stdout is not None
+    reader = threading.Thread(target=lambda: lines.extend(iter(stdout.readline, "")), daemon=True)
+    try:
+        reader.start()
+        deadline = time.monotonic() + 60
+        while sum("2/2 task groups serving" in line for line in list(lines)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=15)
+        reader.join(timeout=5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = "".join(lines)
     assert proc.returncode == 0, out
-    assert out.count("2/2 task groups serving") >= 2, out  # piped: one snapshot per second
+    assert out.count("2/2 task groups serving") >= 2, out
     assert "Traceback" not in out
 
 
