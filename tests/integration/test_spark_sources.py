@@ -49,7 +49,7 @@ def dc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
     cluster.start()
     try:
         deploy(cluster, "Clicks", tasks=4, threads=2)
-        deploy(cluster, "Words", tasks=4, threads=2, module_ref="examples.word_count:WordCount")
+        deploy(cluster, "WordCount", tasks=4, threads=2, module_ref="examples.word_count:WordCount")
         yield cluster
     finally:
         cluster.stop()
@@ -288,15 +288,15 @@ def test_pstate_source_on_an_empty_pstate(spark: Any, dc: DevCluster) -> None:
 
 
 def test_pstate_source_scans_a_pstate_a_topology_filled(spark: Any, dc: DevCluster, client: Cluster) -> None:
-    client.depot("Words", "*sentences").append_many(SENTENCES * 25, ack="applied")
+    client.depot("WordCount", "*sentences").append_many(SENTENCES * 25, ack="applied")
     from examples.word_count import words
 
     expected = Counter(w for s in SENTENCES * 25 for w in words(s))
-    counts = client.pstate("Words", "$$counts")
+    counts = client.pstate("WordCount", "$$counts")
     wait_for(lambda: all(counts.select_one(w) == n for w, n in expected.items()), 30, "word counts to apply")
 
     def scan(**options: str) -> list[Any]:
-        r = (spark.read.format("millrace.pstate").option("cluster", dc.hosts).option("module", "Words")
+        r = (spark.read.format("millrace.pstate").option("cluster", dc.hosts).option("module", "WordCount")
              .option("pstate", "$$counts"))
         for k, v in options.items():
             r = r.option(k, v)
