@@ -21,6 +21,7 @@ from pstate.checkpoint import Manifest, install
 from pstate.errors import InvalidPath
 from pstate.path import FILTER, VIEW, Path
 from pstate.store import ChangeSetBuilder
+from topology.dataflow.entries import build_client_append
 from topology.module import ModuleDefinition
 from topology.stream import StreamRunner
 
@@ -86,43 +87,8 @@ class GroupStore:
 
     def build_client_append(self, appends: Iterable[tuple[str, int, Sequence[bytes]]],
                             runner: StreamRunner | None = None) -> tuple[ChangeSetBuilder, list[int], dict[str, list[Any]]]:
-        """Leader: one change set appending every record plus the colocated topologies' effects.
-
-        Returns the builder, each partition's first depot offset, and the
-        topologies' ack values (per topology, in record order).
-        """
-        b = self.store.changes()
-        firsts = []
-        acks: dict[str, list[Any]] = {}
-        for depot, task, records in appends:
-            # Decoding validates each record (one msgpack object, nothing after it); the bytes are stored as sent.
-            values = [msgpack.unpackb(r, raw=False, strict_map_key=False) for r in records]
-            offsets = b.depot_append_encoded(depot, task, records)
-            firsts.append(offsets[0] if offsets else 0)
-            if runner is not None and runner.active:
-                for topo, vals in runner.run(b, depot, task, values, strict=True).items():
-                    acks.setdefault(topo, []).extend(vals)
-        return b, firsts, acks
-
-    def build_foreign(self, runner: StreamRunner, topology: str, depot: str, task: int, start: int,
-                      records: list[Any], next_offset: int) -> ChangeSetBuilder | None:
-        """A group's run of `topology` over another group's applied records, with its new read position.
-
-        None when the batch is stale (read before a failover or a concurrent batch moved the position):
-        the next round reads again from the saved position.
-        """
-        progress = dict(self.store.progress(topology, staged=True) or {})
-        key = f"{depot}/{task}"
-        if progress.get(key, 0) != start:
-            return None
-        b = self.store.changes()
-        runner.run(b, depot, task, records, strict=False, only=topology)
-        progress[key] = next_offset
-        b.set_progress(topology, progress)
-        return b
-
-    def foreign_position(self, topology: str, depot: str, task: int) -> int:
-        return int((self.store.progress(topology, staged=True) or {}).get(f"{depot}/{task}", 0))
+        """Leader: one change set appending every record plus the topologies' effects and hops (see entries)."""
+        return build_client_append(self.store, runner, appends)
 
     def build_batch_commit(self, topology: str, batch_id: int, changes: Sequence[Any]) -> ChangeSetBuilder | None:
         """A microbatch's changes for this group as one change set tagged (topology, batch_id); None if done."""

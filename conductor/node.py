@@ -74,9 +74,6 @@ from topology.stream import StreamRunner, TopologyError
 log = logging.getLogger("millrace.node")
 VERSION = "0.1.0"
 
-#: bytes of another group's depot records one foreign topology batch reads
-FOREIGN_BATCH_BYTES = 1 << 20
-
 _ACKS = {pb.ACK_NONE: Ack.NONE, pb.ACK_APPEND: Ack.APPEND, pb.ACK_APPLIED: Ack.APPLIED}
 
 
@@ -284,9 +281,6 @@ class Node:
         self.metastore.watch_module(module, functools.partial(self._on_spec, rt))
         for g in rt.hosts:
             self.metastore.watch_resign(module, g, functools.partial(self._on_resign, rt, g))
-        if any(r.active for r in rt.runners.values()) and self.loop is not None:
-            for g, host in rt.hosts.items():
-                self._tasks.append(asyncio.run_coroutine_threadsafe(self._consume_foreign(rt, g, host), self.loop))
         log.warning("node %s hosts %d replica(s) of module %s: groups %s", self.node_id, len(rt.hosts), module,
                     sorted(rt.hosts))
 
@@ -323,53 +317,6 @@ class Node:
             log.error("%s: ignoring a malformed resign request %r", host.name, request)
             return
         host.post(ev)
-
-    async def _consume_foreign(self, rt: ModuleRuntime, g: int, host: ReplicaHost) -> None:
-        """While this replica leads group `g`, run its stream topologies over other groups' partitions.
-
-        One batch is in flight at a time per group: the next read starts from the
-        position the previous batch's entry saved, so nothing is skipped or run twice.
-        """
-        runner = rt.runners[g]
-        store = rt.stores[g]
-        topologies = [t for t in rt.definition.topologies.values() if t.kind == "stream"]
-        while self.modules.get(rt.spec.name) is rt and host.thread.is_alive():
-            progressed = False
-            if host.replica.is_leader:
-                for topo in topologies:
-                    for depot in topo.depots:
-                        for task in runner.foreign_tasks():
-                            try:
-                                progressed |= await self._consume_one(rt, host, store, runner, topo.name, depot, task)
-                            except (grpc.RpcError, ReplogError, PStateError, ValueError) as e:
-                                log.debug("%s: foreign read %s %s/%d failed: %s", host.name, topo.name, depot, task, e)
-            if not progressed:
-                await asyncio.sleep(0.05)
-
-    async def _consume_one(self, rt: ModuleRuntime, host: ReplicaHost, store: GroupStore, runner: StreamRunner,
-                           topology: str, depot: str, task: int) -> bool:
-        start = store.foreign_position(topology, depot, task)
-        leader = rt.leaders.get(rt.spec.group_of(task))
-        address = self._resolve(leader) if leader else None
-        if address is None:
-            return False
-        stub = pbg.ClientStub(self._channel(address))
-        reply = await stub.DepotRead(pb.DepotReadRequest(module=rt.spec.name, depot=depot, task=task, start=start,
-                                                         max_bytes=FOREIGN_BATCH_BYTES), timeout=5)
-        if not reply.records:
-            return False
-        records = [msgpack.unpackb(r, raw=False, strict_map_key=False) for r in reply.records]
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Any] = loop.create_future()
-
-        def done(first: int, result: Any, error: Exception | None) -> None:
-            loop.call_soon_threadsafe(_settle, fut, result, error)
-
-        build = functools.partial(_foreign_entry, store, runner, topology, depot, task, reply.start, records,
-                                  reply.next)
-        host.post(PendingEntry(build, sum(len(r) for r in reply.records), Ack.APPLIED, done))
-        await fut
-        return True
 
     def _channel(self, address: str) -> grpc.aio.Channel:
         ch = self._channels.get(address)
@@ -805,11 +752,6 @@ def _client_entry(store: GroupStore, appends: list[tuple[str, int, list[bytes]]]
                   runner: StreamRunner | None) -> tuple[Any, Any]:
     builder, firsts, acks = store.build_client_append(appends, runner)
     return builder, (firsts, acks)
-
-
-def _foreign_entry(store: GroupStore, runner: StreamRunner, topology: str, depot: str, task: int, start: int,
-                   records: list[Any], next_offset: int) -> tuple[Any, Any]:
-    return store.build_foreign(runner, topology, depot, task, start, records, next_offset), None
 
 
 def _commit_entry(store: GroupStore, topology: str, batch_id: int, changes: list[Any]) -> tuple[Any, Any]:

@@ -174,6 +174,32 @@ class Writes:
                 for j in range(0, len(items), 2):
                     self.delete_range(cf, items[j], items[j + 1])
 
+    def savepoint(self) -> tuple[int, int, int]:
+        """A mark that :meth:`rollback` returns to: O(1), so a unit of work can take one for free.
+
+        A stream topology runs each record (or hop message) as one unit inside a
+        bigger entry; when user code fails halfway, the unit's writes must go
+        and its neighbours' must stay.
+        """
+        return len(self.runs), len(self.runs[-1][2]) if self.runs else 0, len(self.cfs)
+
+    def rollback(self, mark: tuple[int, int, int]) -> None:
+        """Forget every write made since ``mark`` (which must come from this object's :meth:`savepoint`)."""
+        nruns, nitems, ncfs = mark
+        assert nruns <= len(self.runs) and ncfs <= len(self.cfs), (mark, len(self.runs), len(self.cfs))
+        del self.runs[nruns:]
+        if nruns:
+            del self.runs[nruns - 1][2][nitems:]
+        for cf in self.cfs[ncfs:]:
+            del self._cf_index[cf]
+        del self.cfs[ncfs:]
+        self._last = None  # the next write opens a run of its own: never appends into a cut run
+        # The overlay keeps only each key's latest value, so writes synced into it cannot be taken out one
+        # by one: a rollback past what it saw rebuilds it lazily (failures are rare; savepoints are not).
+        if (self._synced_run, self._synced_item) > (max(nruns - 1, 0), nitems if nruns else 0):
+            self._overlay = Overlay()
+            self._synced_run = self._synced_item = 0
+
     def __len__(self) -> int:
         return sum(len(items) if op == OP_DELETE else len(items) // 2 for op, _, items in self.runs)
 

@@ -51,6 +51,8 @@ from pstate.path import KEY, P, Path, Transform, as_transform
 from pstate.schema import Map, Scalar, Set, check_top_level
 
 META = "_meta"
+#: envelopes a task group sends to others (see pstate.outbox); its own family, so trims never touch _meta
+OUTBOX = "_outbox"
 _APPLIED = b"applied"
 _BATCH = b"b:"
 _PROGRESS = b"t:"
@@ -179,7 +181,7 @@ class TaskGroupStore:
         self._lock = threading.RLock()
         self._closed = False
         opts = self._options(write_buffer_size)
-        names = [META] + [pstate_cf(n) for n in self.schemas] + [depot_cf(d) for d in self.depots]
+        names = [META, OUTBOX] + [pstate_cf(n) for n in self.schemas] + [depot_cf(d) for d in self.depots]
         with rocks_errors("open", self.path):
             existing = rocksdict.Rdict.list_cf(self.path, rocksdict.Options(raw_mode=True)) \
                 if os.path.exists(os.path.join(self.path, "CURRENT")) else []
@@ -330,6 +332,10 @@ class TaskGroupStore:
     def leader_reader(self) -> Reader:
         return self._reader if self._pending.is_empty() else LayeredReader(self._pending, self._reader)
 
+    def applied_reader(self) -> DbReader:
+        """Applied state only: what may leave the group (outbox envelopes, depot records for Spark)."""
+        return self._reader
+
     # -- leader side -----------------------------------------------------------
     def changes(self, topology: str | None = None, batch_id: int | None = None) -> ChangeSetBuilder:
         """Start a ChangeSet (one replog entry); tag it ``(topology, batch_id)`` for exactly-once microbatches."""
@@ -464,7 +470,6 @@ class DepotView:
                 break
         return out
 
-
     def read_raw(self, partition: int, start: int, end: int | None = None,
                  max_bytes: int = 1 << 20) -> tuple[int, int, list[bytes]]:
         """Like :meth:`read` but the records as stored (msgpack bytes): ``(first, next, records)``.
@@ -547,6 +552,11 @@ class ChangeSetBuilder:
         self._reader = LayeredReader(self.writes, store.leader_reader())
         self._engines: dict[str, Engine] = {}
         self._fast: dict[str, tuple[str, type | None, type | None]] = {}
+
+    @property
+    def reader(self) -> Reader:
+        """Applied state + staged entries + this builder's writes: what the entry being built sees."""
+        return self._reader
 
     def _fast_info(self, pstate: str) -> tuple[str, type | None, type | None]:
         s = self._store.schemas.get(pstate)
@@ -684,12 +694,5 @@ class ChangeSetBuilder:
         return len(self.writes)
 
 
-__all__ = [
-    "META",
-    "ChangeSetBuilder",
-    "DepotView",
-    "PStateError",
-    "PStateView",
-    "PartitionInfo",
-    "TaskGroupStore",
-]
+__all__ = ["META", "OUTBOX", "ChangeSetBuilder", "DepotView", "PStateError", "PStateView", "PartitionInfo",
+           "TaskGroupStore"]
