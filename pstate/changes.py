@@ -108,6 +108,8 @@ class Writes:
         ov = self._overlay
         runs = self.runs
         r, j = self._synced_run, self._synced_item
+        if r == len(runs) - 1 and j == len(runs[r][2]):
+            return ov  # up to date (the common case: a read right after a read)
         while r < len(runs):
             op, ci, items = runs[r]
             cf = self.cfs[ci]

@@ -1,8 +1,8 @@
 """The task-group store: one RocksDB per replica, atomic apply of replog entries.
 
 Column families: one per PState (``pstate:$$name``), one per depot
-(``depot:*name``) and ``_meta`` (applied offset, depot partition bounds,
-microbatch commits, topology progress).
+(``depot:*name``), ``_meta`` (applied offset, depot partition bounds,
+microbatch commits, dataflow positions) and ``_outbox`` (:mod:`pstate.outbox`).
 
 Durability model.  The replog is the write-ahead log, so RocksDB's own WAL is
 OFF (``WriteOptions.disable_wal``): writing it twice would halve throughput
@@ -27,7 +27,7 @@ import os
 import shutil
 import threading
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -55,7 +55,6 @@ META = "_meta"
 OUTBOX = "_outbox"
 _APPLIED = b"applied"
 _BATCH = b"b:"
-_PROGRESS = b"t:"
 _DEPOT_META = b"d:"
 _U32 = 1 << 32
 _U64 = 1 << 64
@@ -149,6 +148,13 @@ class DbReader:
             if k < lo:
                 return
             yield k, v
+
+
+def _top_key(kt: type | None, key: Any) -> bytes:
+    """A top-level map key of a scalar type, encoded as the engine does (str inline: the hottest case)."""
+    if kt is str:
+        return b"\x02\x05" + cast(str, key).encode("utf-8", "surrogatepass").replace(b"\x00", b"\x00\xff") + b"\x00\x01"
+    return b"\x02" + encode_key(key)
 
 
 def _check_partition(partition: int) -> bytes:
@@ -332,8 +338,7 @@ class TaskGroupStore:
     def leader_reader(self) -> Reader:
         return self._reader if self._pending.is_empty() else LayeredReader(self._pending, self._reader)
 
-    def applied_reader(self) -> DbReader:
-        """Applied state only: what may leave the group (outbox envelopes, depot records for Spark)."""
+    def applied_reader(self) -> DbReader:  # what may leave the group: outbox envelopes, depot records
         return self._reader
 
     # -- leader side -----------------------------------------------------------
@@ -364,16 +369,6 @@ class TaskGroupStore:
         """Last microbatch id committed by ``topology`` here (None if none)."""
         raw = self._reader.get(META, _BATCH + topology.encode())
         return None if raw is None else int(unpack(raw))
-
-    def progress(self, topology: str, *, staged: bool = False) -> Any:
-        """Topology progress recorded with :meth:`ChangeSetBuilder.set_progress` (None if none).
-
-        ``staged=True`` (leader): include entries appended but not yet applied, so a
-        consumer never re-reads a batch whose progress is still in flight.
-        """
-        reader = self.leader_reader() if staged else self._reader
-        raw = reader.get(META, _PROGRESS + topology.encode())
-        return None if raw is None else unpack(raw)
 
     def engine(self, name: str, reader: Reader, writes: Writes | None) -> Engine:
         s = self.schemas.get(name)
@@ -554,8 +549,7 @@ class ChangeSetBuilder:
         self._fast: dict[str, tuple[str, type | None, type | None]] = {}
 
     @property
-    def reader(self) -> Reader:
-        """Applied state + staged entries + this builder's writes: what the entry being built sees."""
+    def reader(self) -> Reader:  # applied state + staged entries + this builder's writes
         return self._reader
 
     def _fast_info(self, pstate: str) -> tuple[str, type | None, type | None]:
@@ -582,11 +576,7 @@ class ChangeSetBuilder:
         cf, kt, vt = fast
         if type(key) is kt and type(value) is vt and (vt is not float or value == value):
             # scalar key and value of exactly the schema's types: nothing left to validate
-            if kt is str:
-                ek = b"\x02\x05" + cast(str, key).encode("utf-8", "surrogatepass").replace(b"\x00", b"\x00\xff") + b"\x00\x01"
-            else:
-                ek = b"\x02" + encode_key(key)
-            self.writes.put(cf, ek, _packb(value))
+            self.writes.put(cf, _top_key(kt, key), _packb(value))
             return
         eng = self._engines.get(pstate)
         if eng is None:
@@ -598,6 +588,20 @@ class ChangeSetBuilder:
             self.writes.put(eng.cf, b"\x02" + encode_key(key), encode_value(s.value, value))
         else:
             self.transform(pstate, P.key(key).set(value))
+
+    def update(self, pstate: str, key: Any, fn: Callable[[Any], Any]) -> None:
+        """``transform(pstate, P.key(key).update(fn))``: one read and one write for a map of scalars (counters)."""
+        cf, kt, vt = self._fast.get(pstate) or self._fast.setdefault(pstate, self._fast_info(pstate))
+        if type(key) is not kt:
+            return self.transform(pstate, P.key(key).update(fn))
+        ek = _top_key(kt, key)
+        raw = self._reader.get(cf, ek)
+        old = None if raw is None else unpack(raw)
+        new = fn(old)
+        if type(new) is vt and (vt is not float or new == new):
+            self.writes.put(cf, ek, _packb(new))
+        elif new is not old:
+            self.transform(pstate, P.key(key).set(new))  # validates (or removes) as update would
 
     def set_many(self, pstate: str, items: Iterable[tuple[Any, Any]]) -> None:
         """Many top-level ``set``s; validated all first, so a mismatch writes none of them."""
@@ -674,10 +678,6 @@ class ChangeSetBuilder:
             return
         self.writes.delete_range(depot_cf(depot), p + info.start.to_bytes(8, "big"), p + new_start.to_bytes(8, "big"))
         self.writes.put(META, _depot_meta_key(depot, p), new_start.to_bytes(8, "big") + info.end.to_bytes(8, "big"))
-
-    def set_progress(self, topology: str, value: Any) -> None:
-        """Record a topology's progress (e.g. depot offsets consumed) with this entry."""
-        self.writes.put(META, _PROGRESS + topology.encode(), pack(value))
 
     def select(self, pstate: str, path: Path = P) -> list[Any]:
         """Read through this builder's pending writes (what a transform would see)."""

@@ -37,11 +37,15 @@ Execution model (why it looks like this):
 * Reads (``select_one``, ``select``) see the group's state, including what this
   record wrote so far; a read of a key another group owns raises
   :class:`ForeignRead` (hop there with ``ctx.send`` instead).
-* A record or message and the local hops it causes are one *unit*: if user code
-  raises anywhere in it, none of its writes or messages are kept
-  (:class:`HopFailed` says which hop failed). On the home group a failing
-  record refuses the client's append; anywhere else the unit is retried with
-  backoff, then moved to the dead-letter depot (:mod:`topology.dataflow.poison`).
+* Failures, the same wherever keys live. A topology function that raises on
+  the record's home group refuses the client's append (:class:`HopFailed`:
+  nothing of the record is stored, the appender is told). Every hop (a handler,
+  or a write to a key) is a unit of its own: if it raises, its writes and sends
+  are undone and it is retried on its own with backoff, then moved to the
+  dead-letter depot with the error (:mod:`topology.dataflow.poison`). A hop
+  that fails on the sender's own group takes the same path, as a message the
+  group sends itself; so whether a record is refused or a hop dead-lettered
+  never depends on where a key lives.
 """
 
 from __future__ import annotations
@@ -99,29 +103,39 @@ class HopFailed(TopologyError):
 
 
 class _Unit:
-    """One record or message and the local hops it causes: they succeed or fail together."""
+    """One record or message, the hops it sends, and the local ones it runs (each may fail on its own)."""
 
     __slots__ = ("hop", "local", "out", "steps", "task")
 
     def __init__(self) -> None:
-        self.local: deque[tuple[Any, int, Any, tuple[Any, ...]]] = deque()
+        #: local hops to run: (handler, task, key, values, the packed message should it have to be sent after all)
+        self.local: deque[tuple[str, int, Any, tuple[Any, ...], bytes]] = deque()
         self.out: Outbound = {}
         self.steps = 0
         self.hop = ""
         self.task = -1
 
+    def send(self, group: int, raw: bytes) -> None:
+        out = self.out.get(group)
+        if out is None:
+            self.out[group] = [raw]
+        else:
+            out.append(raw)
+
 
 class StreamContext:
     """What a topology or handler function receives as `ctx`."""
 
-    __slots__ = ("_b", "_hop", "_r", "_task", "_unit")
+    __slots__ = ("_b", "_hop", "_key", "_r", "_task", "_unit")
 
-    def __init__(self, runner: StreamRunner, builder: ChangeSetBuilder, unit: _Unit, hop: str, task: int) -> None:
+    def __init__(self, runner: StreamRunner, builder: ChangeSetBuilder, unit: _Unit, hop: str, task: int,
+                 key: Any = None) -> None:
         self._r = runner
         self._b = builder
         self._unit = unit
         self._hop = hop
         self._task = task
+        self._key = key  # a handler's key: writes to it need no hash (the common case)
 
     @property
     def task(self) -> int:
@@ -131,6 +145,12 @@ class StreamContext:
     @property
     def tasks(self) -> int:
         return self._r.tasks
+
+    def _task_of(self, key: Any) -> int:
+        k = self._key
+        if type(key) is type(k) and key == k and k is not None:
+            return self._task
+        return self._r.task_of(key, self._hop)
 
     # ---- hops ----
 
@@ -144,25 +164,28 @@ class StreamContext:
         self._hop_to(name, key, values)
 
     def _hop_to(self, name: str, key: Any, values: tuple[Any, ...]) -> None:
-        task = self._r.task_of(key, self._hop)
+        task = self._task_of(key)
         group = task % self._r.groups
-        if group == self._r.group:
-            self._unit.local.append((name, task, key, values))
+        raw = self._pack([name, task, key, list(values)])  # also for a local hop: a value that cannot travel fails
+        if group == self._r.group:                        # here whatever group owns the key
+            self._unit.local.append((name, task, key, values, raw))
         else:
-            self._emit(group, [name, task, key, list(values)])
+            self._unit.send(group, raw)
 
-    def _emit(self, group: int, message: list[Any]) -> None:
+    def _pack(self, message: list[Any]) -> bytes:
         try:
-            raw = env.pack_message(message)
+            return env.pack_message(message)
         except (TypeError, ValueError, OverflowError) as e:
             raise TopologyError(self._hop, f"a hop to {message[0]} holds a value that cannot be sent ({e}); "
                                 "send plain values: str, int, float, bytes, bool, None, lists, dicts, "
                                 "tuples, sets") from e
-        out = self._unit.out.get(group)
-        if out is None:
-            self._unit.out[group] = [raw]
-        else:
-            out.append(raw)
+
+    def _emit(self, group: int, message: list[Any]) -> None:
+        self._unit.send(group, self._pack(message))
+
+    def _write_failed(self, message: list[Any]) -> None:
+        """A write to a local key raised (in user code or the schema): retry it on its own, as a remote one is."""
+        self._unit.send(self._r.group, self._pack(message))
 
     # ---- writes (local, or hops to the group that owns the key) ----
 
@@ -174,27 +197,42 @@ class StreamContext:
         """
         t = as_transform(t)
         full = Transform(Path(((KEY, key, None), *t.path.navs)), t.term, t.arg)
+        # functions must have a name to travel by, wherever the key lives: checked (and encoded) now
+        wire = self._wire(pstate, full) if env.has_functions(full) else None
+        self._r.check_pstate(self._hop, pstate)
+        task = self._task_of(key)
+        group = task % self._r.groups
+        if group != self._r.group:
+            self._emit(group, [env.TRANSFORM, task, key, [pstate, wire or self._wire(pstate, full)]])
+            return
         try:
-            wire = env.encode_transform(full, f"ctx.transform({pstate!r}, ...)")
+            self._b.transform(pstate, full)  # atomic: writes nothing if it raises
+        except _INFRA:
+            raise
+        except Exception:
+            self._write_failed([env.TRANSFORM, task, key, [pstate, wire or self._wire(pstate, full)]])
+
+    def _wire(self, pstate: str, t: Transform) -> list[Any]:
+        try:
+            return env.encode_transform(t, f"ctx.transform({pstate!r}, ...)")
         except UnsendableFunction as e:
             raise TopologyError(self._hop, str(e)) from None
-        self._r.check_pstate(self._hop, pstate)
-        task = self._r.task_of(key, self._hop)
-        group = task % self._r.groups
-        if group == self._r.group:
-            self._b.transform(pstate, full)
-        else:
-            self._emit(group, [env.TRANSFORM, task, key, [pstate, wire]])
 
     def set(self, pstate: str, key: Any, value: Any) -> None:
         """``pstate[key] = value`` where ``key`` lives."""
         self._r.check_pstate(self._hop, pstate)
-        task = self._r.task_of(key, self._hop)
+        task = self._task_of(key)
         group = task % self._r.groups
-        if group == self._r.group:
+        message = [env.SET, task, key, [pstate, value]]
+        if group != self._r.group:
+            self._emit(group, message)
+            return
+        try:
             self._b.set(pstate, key, value)
-        else:
-            self._emit(group, [env.SET, task, key, [pstate, value]])
+        except _INFRA:
+            raise
+        except Exception:
+            self._write_failed(message)
 
     def update(self, pstate: str, key: Any, fn: Callable[..., Any], *args: Any) -> None:
         """``pstate[key] = fn(old, *args)`` (``old`` None when absent), run where ``key`` lives.
@@ -207,12 +245,17 @@ class StreamContext:
         except UnsendableFunction as e:
             raise TopologyError(self._hop, str(e)) from None
         self._r.check_pstate(self._hop, pstate)
-        task = self._r.task_of(key, self._hop)
+        task = self._task_of(key)
         group = task % self._r.groups
-        if group == self._r.group:
-            self._b.transform(pstate, P.key(key).update(_bind(fn, args)))
-        else:
+        if group != self._r.group:
             self._emit(group, [env.UPDATE, task, key, [pstate, ref, list(args)]])
+            return
+        try:
+            self._b.update(pstate, key, _bind(fn, args))
+        except _INFRA:
+            raise
+        except Exception:
+            self._write_failed([env.UPDATE, task, key, [pstate, ref, list(args)]])
 
     def remove(self, pstate: str, key: Any) -> None:
         """Remove ``key`` from ``pstate`` where it lives."""
@@ -239,7 +282,7 @@ class StreamContext:
     def select(self, pstate: str, key: Any, path: Path | None = None) -> list[Any]:
         """Every value ``path`` reaches under ``key`` (e.g. ``P.all()`` for a set's members), in order."""
         self._r.check_pstate(self._hop, pstate)
-        if self._r.task_of(key, self._hop) % self._r.groups != self._r.group:
+        if self._task_of(key) % self._r.groups != self._r.group:
             raise ForeignRead(self._hop, f"read of {pstate}[{key!r}] on a task group that does not own it; "
                               "hop to the key's task with ctx.send(handler, key, ...) and read there")
         full = P.key(key) if path is None else Path((*P.key(key).navs, *path.navs))
@@ -333,7 +376,7 @@ class StreamRunner:
                     unit.hop, unit.task = topo.name, task
                     topo.fn(StreamContext(self, builder, unit, topo.name, task), record)
             else:
-                unit.local.append((name, task, key, tuple(args)))
+                self._step(builder, unit, name, task, key, args)
             self._drain(builder, unit)
         except _INFRA:
             raise
@@ -342,26 +385,50 @@ class StreamRunner:
             raise _failed(unit, e, f"message {message!r:.200}") from e
         return unit.out
 
+    def _step(self, builder: ChangeSetBuilder, unit: _Unit, name: str, task: int, key: Any,
+              args: list[Any] | tuple[Any, ...]) -> None:
+        unit.hop, unit.task = name, task
+        ctx = StreamContext(self, builder, unit, name, task, key)
+        builtin = self._builtins.get(name)
+        if builtin is not None:
+            builtin(ctx, key, list(args))
+            return
+        decl = self.definition.handlers.get(name)
+        if decl is None:
+            raise TopologyError(name, f"no handler {name!r} in module {self.definition.name} (is every "
+                                "worker running the same module version?)")
+        decl.fn(ctx, key, *args)
+
     def _drain(self, builder: ChangeSetBuilder, unit: _Unit) -> None:
-        """Run the unit's local hops in send order, each after the function that sent it."""
+        """Run the unit's local hops in send order, each after the function that sent it, each failing alone.
+
+        A hop that raises is undone (its writes, and what it sent or queued) and
+        goes out as a message to this group instead, to be retried and
+        dead-lettered like a hop to any other group.
+        """
         local = unit.local
         while local:
             unit.steps += 1
             if unit.steps > MAX_LOCAL_STEPS:
                 raise TopologyError(unit.hop, f"more than {MAX_LOCAL_STEPS:,} local hops for one input: a handler "
                                     "sends to itself without end")
-            name, task, key, args = local.popleft()
-            unit.hop, unit.task = name, task
-            ctx = StreamContext(self, builder, unit, name, task)
-            builtin = self._builtins.get(name)
-            if builtin is not None:
-                builtin(ctx, key, list(args))
-                continue
-            decl = self.definition.handlers.get(name)
-            if decl is None:
-                raise TopologyError(name, f"no handler {name!r} in module {self.definition.name} (is every "
-                                    "worker running the same module version?)")
-            decl.fn(ctx, key, *args)
+            name, task, key, args, raw = local.popleft()
+            mark, queued = builder.writes.savepoint(), len(local)
+            sent = {g: len(msgs) for g, msgs in unit.out.items()}
+            try:
+                self._step(builder, unit, name, task, key, args)
+            except _INFRA:
+                raise
+            except Exception:
+                builder.writes.rollback(mark)
+                while len(local) > queued:
+                    local.pop()
+                for g in list(unit.out):
+                    n = sent.get(g, 0)
+                    del unit.out[g][n:]
+                    if not n:
+                        del unit.out[g]
+                unit.send(self.group, raw)
 
 
 def _failed(unit: _Unit, e: Exception, what: str) -> HopFailed:
@@ -376,7 +443,7 @@ def _failed(unit: _Unit, e: Exception, what: str) -> HopFailed:
 
 def _run_update(ctx: StreamContext, key: Any, args: list[Any]) -> None:
     pstate, ref, extra = args
-    ctx._b.transform(pstate, P.key(key).update(_bind(resolve(ref), extra)))
+    ctx._b.update(pstate, key, _bind(resolve(ref), extra))
 
 
 def _run_set(ctx: StreamContext, key: Any, args: list[Any]) -> None:

@@ -129,15 +129,16 @@ def test_inlet_accepts_in_order_and_pulls_with_a_window() -> None:
 def test_shipper_sends_applied_envelopes_within_the_latest_pull() -> None:
     s = Shipper()
     assert s.pulled(Pull(A, B, 2, 0, 100, (0, ())), "stream-1")
-    assert s.due({B: 0}) == []  # nothing applied yet: the pull waits
-    assert s.due({B: 3}) == [(B, "stream-1", 0, 3, 100)]
+    assert s.due({B: (0, 0)}) == []  # nothing applied yet: the pull waits
+    assert s.due({B: (0, 3)}) == [(B, "stream-1", 0, 3, 100)]
     s.shipped(B, 3, 100)
-    assert s.due({B: 5}) == []  # window spent until B pulls again
+    assert s.due({B: (0, 5)}) == []  # window spent until B pulls again
     assert not s.pulled(Pull(A, B, 1, 0, 100, (0, ())), "stale")  # a deposed leader of B
     assert s.pulled(Pull(A, B, 2, 2, 100, (0, ())), "stream-2")  # resend from 2
-    assert s.due({B: 5}) == [(B, "stream-2", 2, 5, 100)]
+    assert s.due({B: (0, 5)}) == [(B, "stream-2", 2, 5, 100)]
+    assert s.due({B: (4, 5)}) == [(B, "stream-2", 4, 5, 100)]  # 2 and 3 were completed and trimmed meanwhile
     s.disconnected("stream-2")
-    assert s.due({B: 5}) == []
+    assert s.due({B: (4, 5)}) == []
 
 
 def test_trims_are_batched_except_the_one_that_empties_the_outbox() -> None:

@@ -281,3 +281,54 @@ def test_envelopes_round_trip_values_and_split_by_size() -> None:
     assert out == [["h", 1, ("a", 2), [{"s": {1, 2}}, b"x" * 400, 2**70, None]]] * 10
     with pytest.raises(ValueError, match="not a dataflow envelope"):
         env.decode_envelope(b"\x01")
+
+
+class Flaky(Module):
+    def define(self, m):
+        m.depot("*events", hash_by(lambda e: e["user"]))
+        m.pstate("$$n", Map(str, int))
+
+        @m.stream("*events")
+        def on_event(ctx, e):
+            ctx.send(boom, e["key"])
+            ctx.update("$$n", e["key"], explode)
+            ctx.update("$$n", e["key"], add, 1)
+            return "ok"
+
+        @m.handler
+        def boom(ctx, key):
+            ctx.update("$$n", key, add, 100)
+            ctx.send(boom2, key)
+            raise RuntimeError("handler failed")
+
+        @m.handler
+        def boom2(ctx, key):
+            ctx.update("$$n", key, add, 1000)
+
+
+def explode(old: int | None) -> int:
+    raise KeyError("update failed")
+
+
+def test_a_failing_hop_fails_alone_and_locally_becomes_a_message_to_retry(store: TaskGroupStore) -> None:
+    """Whether a hop fails here or on another group, the record is accepted and the hop retried on its own."""
+    runner = StreamRunner(Flaky.build(), TASKS, GROUPS, 0)
+    for key, group in ((HERE, 0), (THERE, 1)):
+        b = store.changes()
+        acks: dict[str, list[Any]] = {}
+        out = runner.run_record(b, "*events", 0, {"user": "u", "key": key}, acks)
+        assert acks == {"on_event": ["ok"]}
+        assert sorted(out) == [group]
+        msgs = [env.decode_envelope(raw)[1][0] for raw in env.encode_envelopes([], out[group], max_bytes=1)]
+        if group == 1:  # sent in call order
+            assert [m[0] for m in msgs] == ["boom", env.UPDATE, env.UPDATE]
+            continue
+        # here: the failed update is sent at once, the failed handler when it has run (after on_event)
+        assert [m[0] for m in msgs] == [env.UPDATE, "boom"]
+        store.apply(store.applied_offset + 1, b.encode())
+        assert store.select_one("$$n", key) == 1  # the good update stayed; boom's +100 and boom2 are gone
+        with pytest.raises(HopFailed, match="RuntimeError: handler failed") as e:
+            runner.run_message(store.changes(), msgs[1])  # the retry fails as the hop itself
+        assert e.value.hop == "boom"
+        with pytest.raises(HopFailed, match="KeyError"):
+            runner.run_message(store.changes(), msgs[0])

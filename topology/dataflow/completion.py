@@ -71,16 +71,24 @@ class CompletionTracker:
         on its own behalf that is still pending); otherwise its offset comes
         out of :meth:`take_roots_done` once it is.
         """
+        waiting: list[Parent] = []
         for dst, seq, flat in sent:
             parents = tuple((ROOT, offset) if flat[i] == ROOT else (flat[i], flat[i + 1])
                             for i in range(0, len(flat), 2))
-            self._send(dst, seq, parents)
+            self._send(dst, seq, parents, waiting)
+        # envelopes consumed by this entry that now wait for children, in order (they come from all destinations)
+        for src, seq in sorted(waiting):
+            q = self._waiting.get(src)
+            if q is None:
+                q = self._waiting[src] = deque()
+            assert not q or q[-1] < seq, (src, seq, q[-1])
+            q.append(seq)
         for src, pos in consumed.items():
             assert pos >= self._consumed.get(src, 0), (src, pos, self._consumed.get(src))
             self._consumed[src] = pos
         return (ROOT, offset) not in self._children
 
-    def _send(self, dst: int, seq: int, parents: tuple[Parent, ...]) -> None:
+    def _send(self, dst: int, seq: int, parents: tuple[Parent, ...], waiting: list[Parent]) -> None:
         heard = self._heard.get(dst)
         if heard is not None and seq < heard[0] and seq not in heard[1]:
             return  # already reported complete (a new leader's report can overtake its apply)
@@ -93,11 +101,7 @@ class CompletionTracker:
             n = self._children.get(p, 0)
             self._children[p] = n + 1
             if n == 0 and p[0] != ROOT:
-                waiting = self._waiting.get(p[0])
-                if waiting is None:
-                    waiting = self._waiting[p[0]] = deque()
-                assert not waiting or waiting[-1] < p[1], (p, waiting[-1])
-                waiting.append(p[1])
+                waiting.append(p)
 
     def reported(self, dst: int, position: int, incomplete: Iterable[int] = ()) -> bool:
         """``dst`` says: every envelope we sent it below ``position`` is complete, except ``incomplete``.

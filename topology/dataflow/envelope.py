@@ -145,6 +145,11 @@ def envelope_parents(raw: bytes) -> list[int]:
 # -------------------------------------------------------------------------------- transforms
 
 
+def has_functions(t: Transform) -> bool:
+    """True when ``t`` holds a function (``update``, ``filter``, ``view``) that would travel by name."""
+    return t.term == T_UPDATE or any(kind in (FILTER, VIEW) for kind, _a, _b in t.path.navs)
+
+
 def encode_transform(t: Transform, what: str) -> list[Any]:
     """A path transform as plain values; its functions (filter, view, update) by name."""
     navs = []

@@ -127,11 +127,17 @@ class Shipper:
         self._subs[p.dst] = _Sub(peer, p.epoch, p.position, p.window)
         return True
 
-    def due(self, outbox_end: dict[int, int]) -> list[tuple[int, Any, int, int, int]]:
-        """Reads to make now: ``(dst, peer, start, end, max_bytes)`` for each destination that has room."""
+    def due(self, live: dict[int, tuple[int, int]]) -> list[tuple[int, Any, int, int, int]]:
+        """Reads to make now: ``(dst, peer, start, end, max_bytes)`` for each destination that has room.
+
+        ``live`` is each outbox's applied ``(start, end)``. A pull from below the
+        start (a late duplicate: those envelopes were completed and trimmed)
+        is answered from the start; the destination drops what it holds.
+        """
         out = []
         for dst, s in self._subs.items():
-            end = outbox_end.get(dst, 0)
+            start, end = live.get(dst, (0, 0))
+            s.next = max(s.next, start)
             if s.next < end and s.credit > 0:
                 out.append((dst, s.peer, s.next, end, s.credit))
         return out
