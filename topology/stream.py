@@ -342,48 +342,52 @@ class StreamRunner:
 
         Each topology's return value is appended to ``acks[topology]``.
         """
-        unit = _Unit()
-        mark = builder.writes.savepoint()
         values: list[tuple[str, Any]] = []
-        try:
-            for topo in self.by_depot.get(depot, ()):
-                unit.hop, unit.task = topo.name, task
-                values.append((topo.name, topo.fn(StreamContext(self, builder, unit, topo.name, task), record)))
-            self._drain(builder, unit)
-        except _INFRA:
-            raise
-        except Exception as e:
-            builder.writes.rollback(mark)
-            raise _failed(unit, e, f"record {record!r:.200} of {depot}[{task}]") from e
+        out = self._unit(builder, lambda unit: self._topologies(builder, unit, depot, task, record, values),
+                         lambda: f"record {record!r:.200} of {depot}[{task}]")
         if acks is not None:
             for name, v in values:
                 acks.setdefault(name, []).append(v)
-        return unit.out
+        return out
 
     def run_message(self, builder: ChangeSetBuilder, message: list[Any]) -> Outbound:
         """Run one hop message that another group (or this one) sent here."""
+        return self._unit(builder, lambda unit: self._message(builder, unit, message),
+                          lambda: f"message {message!r:.200}")
+
+    def _unit(self, builder: ChangeSetBuilder, body: Callable[[_Unit], None], what: Callable[[], str]) -> Outbound:
+        """Run one unit, then its local hops; if it fails, nothing it wrote or sent is kept."""
         unit = _Unit()
         mark = builder.writes.savepoint()
         try:
-            name, task, key, args = message
-            if not self.owns_task(task):
-                raise TopologyError(name, f"message for task {task} reached group {self.group}; "
-                                    f"it belongs to group {task % self.groups}")
-            if name == env.APPEND:
-                depot, record = args
-                builder.depot_append(depot, task, [record])
-                for topo in self.by_depot.get(depot, ()):
-                    unit.hop, unit.task = topo.name, task
-                    topo.fn(StreamContext(self, builder, unit, topo.name, task), record)
-            else:
-                self._step(builder, unit, name, task, key, args)
+            body(unit)
             self._drain(builder, unit)
         except _INFRA:
             raise
         except Exception as e:
             builder.writes.rollback(mark)
-            raise _failed(unit, e, f"message {message!r:.200}") from e
+            raise _failed(unit, e, what()) from e
         return unit.out
+
+    def _topologies(self, builder: ChangeSetBuilder, unit: _Unit, depot: str, task: int, record: Any,
+                    values: list[tuple[str, Any]] | None = None) -> None:
+        for topo in self.by_depot.get(depot, ()):
+            unit.hop, unit.task = topo.name, task
+            v = topo.fn(StreamContext(self, builder, unit, topo.name, task), record)
+            if values is not None:
+                values.append((topo.name, v))
+
+    def _message(self, builder: ChangeSetBuilder, unit: _Unit, message: list[Any]) -> None:
+        name, task, key, args = message
+        if not self.owns_task(task):
+            raise TopologyError(name, f"message for task {task} reached group {self.group}; "
+                                f"it belongs to group {task % self.groups}")
+        if name == env.APPEND:  # a record some code appended: it runs through its depot's topologies
+            depot, record = args
+            builder.depot_append(depot, task, [record])
+            self._topologies(builder, unit, depot, task, record)
+        else:
+            self._step(builder, unit, name, task, key, args)
 
     def _step(self, builder: ChangeSetBuilder, unit: _Unit, name: str, task: int, key: Any,
               args: list[Any] | tuple[Any, ...]) -> None:
