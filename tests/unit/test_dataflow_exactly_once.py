@@ -1,8 +1,8 @@
 """Exactly once across hops, seeded: task groups on real RocksDB, a lossy network, leaders that crash.
 
-Each task group is a real :class:`TaskGroupStore` and the dataflow's own rules
-(entry builders, completion tracker, pull/window shipping, retries); what a
-worker adds (replication, gRPC) is modelled: an entry is *pending* until it is
+Each task group is a real :class:`TaskGroupStore` driven by the worker's own
+:class:`GroupDataflow` (entry builders, completion tracker, pull/window
+shipping, retries, trims); what a worker adds (replication, gRPC) is modelled: an entry is *pending* until it is
 applied, and a leader crash drops a random suffix of the pending entries (never
 replicated) and keeps the rest (a new leader inherits and applies them), loses
 everything in memory (tracker, queues, pulls, retry counts) and sometimes
@@ -25,7 +25,7 @@ import os
 import random
 import shutil
 import tempfile
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,17 +36,10 @@ import pytest
 from pstate import Map, TaskGroupStore, outbox
 from pstate.changes import ChangeSet
 from topology import Module, hash_by, task_for_key
-from topology.dataflow.completion import CompletionTracker
-from topology.dataflow.entries import (
-    Inbound,
-    build_client_append,
-    build_inbound,
-    rebuild_tracker,
-    track_applied,
-    trim_outbox,
-)
+from topology.dataflow.entries import build_client_append
+from topology.dataflow.group import GroupDataflow
 from topology.dataflow.poison import RetryBook
-from topology.dataflow.shipping import Inlet, Pull, Shipper, trim_due
+from topology.dataflow.shipping import Pull
 from topology.module import DEAD_LETTERS
 from topology.stream import StreamRunner
 
@@ -110,18 +103,13 @@ def expected_hits(r: dict[str, Any]) -> set[str]:
 
 @dataclass
 class Group:
-    """A task group's leader as far as the dataflow sees it; everything but the store is lost in a crash."""
+    """A task group: its store survives a crash; its leader's dataflow state and unapplied tail may not."""
 
     g: int
     store: TaskGroupStore
-    runner: StreamRunner
+    flow: GroupDataflow
     pending: list[tuple[int, bytes, list[int]]] = field(default_factory=list)  # (offset, payload, root record ids)
     epoch: int = 0
-    tracker: CompletionTracker = field(default_factory=CompletionTracker)
-    inlet: Inlet | None = None
-    shipper: Shipper = field(default_factory=Shipper)
-    queued: dict[int, list[tuple[int, bytes]]] = field(default_factory=lambda: defaultdict(list))
-    retries: RetryBook = field(default_factory=lambda: RetryBook(attempts=3, backoff_ms=5, factor=2))
 
     @property
     def next_offset(self) -> int:
@@ -139,7 +127,7 @@ class World:
         self.groups = [self._open(g) for g in range(GROUPS)]
         for grp in self.groups:
             self._take_over(grp)
-        self.net: list[tuple[int, int, str, Any]] = []  # (deliver at, dst group, kind, payload)
+        self.net: list[tuple[int, int, Any]] = []  # (deliver at, destination group, Pull or Batch)
         self.records: dict[int, dict[str, Any]] = {}
         self.next_id = 0
         self.loss = self.rng.choice([0.0, 0.05, 0.2])
@@ -151,25 +139,23 @@ class World:
 
     def _open(self, g: int) -> Group:
         store = TaskGroupStore(self.root / str(g), self.schemas, self.md.depot_names())
-        return Group(g, store, StreamRunner(self.md, TASKS, GROUPS, g))
+        return Group(g, store, self._flow(store, g))
+
+    def _flow(self, store: TaskGroupStore, g: int) -> GroupDataflow:
+        return GroupDataflow(store, StreamRunner(self.md, TASKS, GROUPS, g), window=4096, keepalive_ms=50,
+                             trim_min=3, retries=RetryBook(attempts=3, backoff_ms=5, factor=2))
 
     # ------------------------------------------------------------------ leadership
 
     def _take_over(self, grp: Group) -> None:
-        """A new leader: stage the inherited tail, rebuild the tracker, pull from its staged positions."""
+        """A new leader: stage the inherited tail, then the dataflow rebuilds from the store."""
         grp.epoch += 1
         grp.store.drop_staged()
         for off, payload, _ids in grp.pending:
             b = grp.store.changes()
             b.writes.extend(ChangeSet.decode(payload))
             grp.store.stage(off, b)
-        grp.tracker = rebuild_tracker(grp.store)
-        grp.inlet = Inlet(grp.g, grp.epoch, window=4096, keepalive_ms=50)
-        reader = grp.store.leader_reader()
-        grp.inlet.start({src: outbox.inbox_position(reader, src) for src in range(GROUPS)})
-        grp.shipper = Shipper()
-        grp.queued = defaultdict(list)
-        grp.retries = RetryBook(attempts=3, backoff_ms=5, factor=2)
+        grp.flow.lead(grp.epoch)
 
     def crash_group(self, grp: Group) -> None:
         keep = self.rng.randrange(len(grp.pending) + 1)
@@ -178,9 +164,11 @@ class World:
                 self.records.pop(i, None)  # never applied: the appender was not answered and gives up
             assert off >= grp.store.applied_offset
         grp.pending = grp.pending[:keep]
+        grp.flow.follow()
         if self.rng.random() < 0.3:
             grp.store.close()
             grp.store = TaskGroupStore(self.root / str(grp.g), self.schemas, self.md.depot_names())
+            grp.flow = self._flow(grp.store, grp.g)
         self._take_over(grp)
 
     # ------------------------------------------------------------------ entries
@@ -203,38 +191,20 @@ class World:
             r["side"] = True
         task = self.md.depots["*in"].partitioner(r, TASKS)
         grp = self.groups[task % GROUPS]
-        b, _firsts, acks = build_client_append(grp.store, grp.runner, [("*in", task, [msgpack.packb(r)])])
+        b, _firsts, acks = build_client_append(grp.store, grp.flow.runner, [("*in", task, [msgpack.packb(r)])])
         assert acks == {"fan": [rid]}
         self.records[rid] = r
         self._append_entry(grp, b, [rid])
 
     def consume(self, grp: Group) -> None:
-        batch = [Inbound(src, seq, raw) for src in sorted(grp.queued) for seq, raw in grp.queued[src]]
-        if not batch:
-            return
-        res = build_inbound(grp.store, grp.runner, batch, grp.retries, self.now)
-        reader = grp.store.leader_reader() if res.builder is None else None
-        for src in list(grp.queued):
-            pos = res.consumed.get(src)
-            if pos is None:
-                pos = outbox.inbox_position(reader or res.builder.reader, src)  # type: ignore[union-attr]
-            done = [(s, raw) for s, raw in grp.queued[src] if s < pos]
-            grp.queued[src] = [(s, raw) for s, raw in grp.queued[src] if s >= pos]
-            assert grp.inlet is not None
-            grp.inlet.consumed(src, sum(len(raw) for _s, raw in done))
-        if res.builder is not None:
-            self._append_entry(grp, res.builder, [])
+        if grp.flow.inbound_due(self.now):
+            b = grp.flow.build_inbound(self.now)
+            if b is not None:
+                self._append_entry(grp, b, [])
 
     def trim(self, grp: Group) -> None:
-        reader = grp.store.leader_reader()
-        upto = {}
-        for dst, bounds in outbox.destinations(reader).items():
-            at = trim_due(bounds.start, bounds.end, grp.tracker.complete_prefix(dst), min_envelopes=3)
-            if at is not None:
-                upto[dst] = at
-        if upto:
-            b = grp.store.changes()
-            trim_outbox(b, upto)
+        b = grp.flow.build_trim()
+        if b is not None:
             self._append_entry(grp, b, [])
 
     def apply_one(self, grp: Group) -> None:
@@ -243,13 +213,13 @@ class World:
         off, payload, ids = grp.pending.pop(0)
         cs = ChangeSet.decode(payload)
         grp.store.apply(off, cs)
-        if track_applied(grp.tracker, off, cs) and ids:
+        grp.flow.applied(off, cs)
+        if ids and grp.flow.root_complete(off):
             self.check_complete(ids, f"entry {off} of group {grp.g} (sent nothing pending)")
-        grp.tracker.settle_self(grp.g)
         self.collect_roots(grp)
 
     def collect_roots(self, grp: Group) -> None:
-        for off in grp.tracker.take_roots_done():
+        for off in grp.flow.completed_roots():
             ids = self.root_ids.get((grp.g, grp.epoch, off))
             if ids:
                 self.check_complete(ids, f"root entry {off} of group {grp.g}")
@@ -267,45 +237,24 @@ class World:
 
     # ------------------------------------------------------------------ network
 
-    def send(self, dst: int, kind: str, payload: Any) -> None:
-        if self.rng.random() < self.loss:
-            return
-        for _ in range(2 if self.rng.random() < self.dup else 1):
-            self.net.append((self.now + self.rng.randint(0, 20), dst, kind, payload))
-
-    def pull(self, grp: Group) -> None:
-        assert grp.inlet is not None
-        for p in grp.inlet.pulls(self.now, grp.tracker.reports()):
-            self.send(p.src, "pull", p)
-
-    def ship(self, grp: Group) -> None:
-        reader = grp.store.applied_reader()
-        live = {dst: (b.start, b.end) for dst, b in outbox.destinations(reader).items()}
-        for dst, _peer, start, end, credit in grp.shipper.due(live):
-            envs = outbox.read_envelopes(reader, dst, start, end, max_bytes=credit)
-            grp.shipper.shipped(dst, envs[-1][0] + 1, sum(len(r) for _s, r in envs))
-            self.send(dst, "batch", (grp.g, envs))
+    def send(self, grp: Group) -> None:
+        for dst, msg in grp.flow.outgoing(self.now):
+            if self.rng.random() < self.loss:
+                continue
+            for _ in range(2 if self.rng.random() < self.dup else 1):
+                self.net.append((self.now + self.rng.randint(0, 20), dst, msg))
 
     def deliver(self) -> None:
         if not self.net:
             return
         i = self.rng.randrange(len(self.net))
-        at, dst, kind, payload = self.net[i]
+        at, dst, msg = self.net[i]
         if at > self.now and self.rng.random() < 0.8:
             return
         self.net.pop(i)
         grp = self.groups[dst]
-        if kind == "pull":
-            p: Pull = payload
-            if grp.shipper.pulled(p, peer=p.dst):
-                grp.tracker.reported(p.dst, p.report[0], p.report[1])
-                self.collect_roots(grp)
-        else:
-            src, envs = payload
-            assert grp.inlet is not None
-            for seq, raw in envs:
-                if grp.inlet.accept(src, seq, len(raw)):
-                    grp.queued[src].append((seq, raw))
+        grp.flow.received(msg, peer=msg.dst if isinstance(msg, Pull) else None)
+        self.collect_roots(grp)
 
     # ------------------------------------------------------------------ run
 
@@ -321,10 +270,8 @@ class World:
             self.apply_one(grp)
         elif x < 0.45:
             self.consume(grp)
-        elif x < 0.55:
-            self.pull(grp)
         elif x < 0.65:
-            self.ship(grp)
+            self.send(grp)
         elif x < 0.68:
             self.trim(grp)
         else:
@@ -338,22 +285,20 @@ class World:
             for grp in self.groups:
                 while grp.pending:
                     self.apply_one(grp)
-                self.pull(grp)
+                self.send(grp)
             while self.net:
                 self.now += 1
                 self.net.sort(key=lambda m: m[0])
-                _at, dst, kind, payload = self.net.pop(0)
-                self.net.insert(0, (self.now, dst, kind, payload))
+                _at, dst, msg = self.net.pop(0)
+                self.net.insert(0, (self.now, dst, msg))
                 self.deliver()
             for grp in self.groups:
-                self.ship(grp)
                 self.consume(grp)
                 self.trim(grp)
-            busy = any(grp.pending or any(grp.queued.values()) or grp.tracker.in_flight() for grp in self.groups)
-            if not busy and not self.net:
+            if not self.net and not any(grp.pending or grp.flow.busy() for grp in self.groups):
                 return
         raise AssertionError(f"seed {self.seed}: did not settle: "
-                             + ", ".join(f"g{g.g} pending={len(g.pending)} in flight={g.tracker.in_flight()}"
+                             + ", ".join(f"g{g.g} pending={len(g.pending)} in flight={g.flow.tracker.in_flight()}"
                                          for g in self.groups))
 
     def check_exactly_once(self) -> None:
