@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 BUILD := build
 JARS := $(BUILD)/jars
 STAMP := $(BUILD)/stamps
-PROTOS := $(wildcard proto/*.proto)
+PROTOS := $(wildcard conductor/wire/*.proto)
 PROTO_OUT := $(PROTOS:.proto=_pb2.py)
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
@@ -53,12 +53,13 @@ $(STAMP)/jars: tools/delta-jars.pom.xml tools/select_jars.sh $(STAMP)/venv $(STA
 	@touch $@
 
 proto: $(PROTO_OUT)
-proto/%_pb2.py: proto/%.proto $(STAMP)/venv
+conductor/wire/%_pb2.py: conductor/wire/%.proto $(STAMP)/venv
 	$(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. $<
 
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy replog pstate topology conductor bench
+	$(VENV)/bin/lint-imports
 
 test: lint
 	$(PY) -m pytest -q
@@ -80,4 +81,4 @@ bench: setup
 	$(PY) -m bench.catchup --quick
 
 clean:
-	rm -rf $(BUILD) $(VENV) proto/*_pb2*.py proto/*_pb2.pyi
+	rm -rf $(BUILD) $(VENV) conductor/wire/*_pb2*.py conductor/wire/*_pb2*.pyi

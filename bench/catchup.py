@@ -11,13 +11,13 @@ page cache:
 
 * ``catchup`` (the figure under test): a ``grpc.aio`` server in a separate
   process (``--serve far``; leader and follower never share a GIL, as on two
-  nodes) whose ``FetchCheckpoint`` is :class:`conductor.node._ReplicationService`'s
-  handler minus the cluster: a :class:`~conductor.far_horizon.CheckpointShelf`
+  nodes) whose ``FetchCheckpoint`` is :class:`conductor.worker.services.ReplicationService`'s
+  handler minus the cluster: a :class:`~conductor.worker.far_horizon.CheckpointShelf`
   round (hard links of the checkpoint's files, as RocksDB's checkpoint makes),
-  :func:`~conductor.far_horizon.stream_checkpoint` with ``read_chunk_into`` offloaded
+  :func:`~conductor.worker.far_horizon.stream_checkpoint` with ``read_chunk_into`` offloaded
   to a thread per chunk, served through ``replication_handler`` (data chunks
   pre-encoded). The client is the production
-  :class:`~conductor.far_horizon.Catchup` thread (CRC32C per file as it
+  :class:`~conductor.worker.far_horizon.Catchup` thread (CRC32C per file as it
   arrives), whose ``install`` callback runs the production
   :func:`pstate.checkpoint.install` into a fresh store directory (checksums
   again, hard-links the SSTs, fsyncs every file and the directory, swaps the
@@ -63,7 +63,10 @@ import grpc
 from rich.console import Console
 from rich.table import Table
 
-from conductor.far_horizon import (
+from conductor.wire import millrace_pb2 as pb
+from conductor.wire import millrace_pb2_grpc as pbg
+from conductor.wire.options import GRPC_OPTIONS
+from conductor.worker.far_horizon import (
     CHUNK_BYTES,
     Catchup,
     CheckpointShelf,
@@ -72,9 +75,6 @@ from conductor.far_horizon import (
     replication_handler,
     stream_checkpoint,
 )
-from conductor.transport import GRPC_OPTIONS
-from proto import millrace_pb2 as pb
-from proto import millrace_pb2_grpc as pbg
 from pstate import Map, TaskGroupStore
 from pstate.checkpoint import Manifest, fsync_dir, install, read_manifest
 
@@ -128,9 +128,9 @@ def warm(directory: Path) -> None:
 
 
 class _FarHorizonServicer(pbg.ReplicationServicer):
-    """``_ReplicationService.FetchCheckpoint`` without the node: same shelf, same stream, same read offload.
+    """``ReplicationService.FetchCheckpoint`` without the node: same shelf, same stream, same read offload.
 
-    ``Node.checkpoint_round`` makes a fresh RocksDB checkpoint per round; here
+    ``Worker.checkpoint_round`` makes a fresh RocksDB checkpoint per round; here
     the round hard-links the files of the checkpoint taken up front (what
     RocksDB's checkpoint does for SSTs) and reuses its manifest, so the rounds
     of a run serve identical bytes. The checkpoint's own cost is timed apart.

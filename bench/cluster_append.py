@@ -71,8 +71,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import queue
 import shutil
 import signal
 import statistics
@@ -91,14 +89,15 @@ import msgpack
 from rich.console import Console
 from rich.table import Table
 
+from bench.floor import percentile, transport_floor
 from conductor.client import Cluster
 from conductor.controller import Conductor
 from conductor.devcluster import DevCluster
 from conductor.metastore import Metastore
-from conductor.module_spec import ModuleSpec
-from conductor.transport import GRPC_OPTIONS
-from proto import millrace_pb2 as pb
-from proto import millrace_pb2_grpc as pbg
+from conductor.metastore.module_spec import ModuleSpec
+from conductor.wire import millrace_pb2 as pb
+from conductor.wire import millrace_pb2_grpc as pbg
+from conductor.wire.options import GRPC_OPTIONS
 
 MODULE = "Clicks"
 MODULE_REF = "examples.clicks:Clicks"
@@ -212,10 +211,10 @@ def deploy(hosts: str, tasks: int, threads: int, timeout_s: float = 30.0) -> dic
     with Metastore(hosts) as ms:
         while True:
             leaders: dict[int, tuple[str, str]] = {}
-            for g, (st, _v) in ms.list_groups(MODULE).items():
+            for g, (st, _v) in ms.groups.all(MODULE).items():
                 if st.leader is None or len(st.isr) < 3:
                     break
-                info = ms.get_node(st.leader)
+                info = ms.nodes.get(st.leader)
                 if info is None:
                     break
                 try:
@@ -241,15 +240,6 @@ def tasks_by_group(tasks: int, threads: int) -> dict[int, list[int]]:
 # ------------------------------------------------------------------------------------ workloads
 
 
-def _percentile(sorted_values: list[float], q: float) -> float:
-    if not sorted_values:
-        return float("nan")
-    k = (len(sorted_values) - 1) * q / 100
-    lo = int(k)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (k - lo)
-
-
 def sequential(cluster: Cluster, pool: Pool, count: int, warmup: int) -> dict[str, float]:
     depot = cluster.depot(MODULE, DEPOT)
     n = len(pool.dicts)
@@ -262,7 +252,7 @@ def sequential(cluster: Cluster, pool: Pool, count: int, warmup: int) -> dict[st
         depot.append(pool.dicts[i % n], ack="applied")
         samples.append((perf() - t0) * 1000)
     samples.sort()
-    return {"p50_ms": _percentile(samples, 50), "p99_ms": _percentile(samples, 99),
+    return {"p50_ms": percentile(samples, 50), "p99_ms": percentile(samples, 99),
             "mean_ms": statistics.fmean(samples), "max_ms": samples[-1], "acked": float(warmup + count)}
 
 
@@ -412,7 +402,7 @@ def sequential_wire(leaders: dict[int, tuple[str, str]], groups: dict[int, list[
             if i >= 100:
                 samples.append((perf() - t0) * 1000)
     samples.sort()
-    return {"p50_ms": _percentile(samples, 50), "p99_ms": _percentile(samples, 99), "acked": float(count + 100)}
+    return {"p50_ms": percentile(samples, 50), "p99_ms": percentile(samples, 99), "acked": float(count + 100)}
 
 
 def pipelined_client(cluster: Cluster, pool: Pool, seconds: float, window: int) -> dict[str, Any]:
@@ -536,54 +526,6 @@ def run_jetstream(quick: bool, skip: bool) -> dict[str, Any]:
     except Exception as e:  # the Millrace figures still print; the goal that needs the peer is then unmet
         return {"jetstream_error": f"{type(e).__name__}: {e}"}
     return res
-
-
-FLOOR_PROBE_MODULE = "<floor probe: no such module>"
-
-
-def transport_floor(address: str, directory: Path, count: int) -> dict[str, float]:
-    """The least a sequential RF=3 append can cost on this box with this stack, measured, no work done.
-
-    Its critical path is a client round trip to the leader, a leader round trip
-    to a follower and the follower's fsync (the leader's own overlaps). Round
-    trip: one `AppendRequest` on a sync `AppendStream`, as the client sends it,
-    for a module no node hosts, which the node answers at once with NotLeader
-    (no task thread, no disk). fsync: a 100-byte write and fdatasync in the
-    cluster's directory, as a replog flush does. Peer messages use the same
-    gRPC streams, so one round trip stands for each hop.
-    """
-    perf = time.perf_counter
-    outbox: queue.SimpleQueue[pb.AppendRequest | None] = queue.SimpleQueue()
-    rtts = []
-    with grpc.insecure_channel(address, options=GRPC_OPTIONS) as ch:
-        replies = pbg.ClientStub(ch).AppendStream(iter(outbox.get, None))
-        req = pb.AppendRequest(module=FLOOR_PROBE_MODULE, group=0, ack=pb.ACK_APPLIED)
-        for i in range(count + 100):
-            t0 = perf()
-            outbox.put(req)
-            reply = next(replies)
-            if i >= 100:
-                rtts.append((perf() - t0) * 1000)
-        outbox.put(None)
-        if not reply.error:
-            raise RuntimeError(f"the floor probe expected NotLeader for {FLOOR_PROBE_MODULE!r}, got {reply}")
-    syncs = []
-    path = directory / "fsync-probe"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        for i in range(count // 4 + 20):
-            os.pwrite(fd, b"x" * 100, i * 100)
-            t0 = perf()
-            os.fdatasync(fd)
-            if i >= 20:
-                syncs.append((perf() - t0) * 1000)
-    finally:
-        os.close(fd)
-        path.unlink()
-    rtts.sort()
-    syncs.sort()
-    rtt, sync = _percentile(rtts, 50), _percentile(syncs, 50)
-    return {"rtt_p50_ms": rtt, "fsync_p50_ms": sync, "p50_ms": 2 * rtt + sync}
 
 
 def _interrupt(signum: int, frame: Any) -> None:

@@ -65,7 +65,7 @@ from conductor.client import Cluster
 from conductor.controller import Conductor
 from conductor.devcluster import DevCluster
 from conductor.metastore import Metastore
-from conductor.module_spec import ModuleSpec
+from conductor.metastore.module_spec import ModuleSpec
 
 MODULE = "Clicks"
 MODULE_REF = "examples.clicks:Clicks"
@@ -98,7 +98,7 @@ def deploy(hosts: str, tasks: int, threads: int, timeout_s: float = 60.0) -> Non
     deadline = time.monotonic() + timeout_s
     with Metastore(hosts) as ms:
         while True:
-            groups = ms.list_groups(MODULE)
+            groups = ms.groups.all(MODULE)
             if len(groups) == threads and all(st.leader and len(st.isr) == 3 for st, _v in groups.values()):
                 return
             if time.monotonic() > deadline:
@@ -136,13 +136,10 @@ def fetch_decode_rate(hosts: str, records: int) -> float:
     """The source's read path without Spark: every partition fetched and turned into Arrow, in this process."""
     from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
-    from topology.spark.depot_source import (
-        DepotOptions,
-        ModuleMeta,
-        RowBuilder,
-        plan_partitions,
-        read_partition,
-    )
+    from topology.spark.arrow import RowBuilder
+    from topology.spark.fetch import read_partition
+    from topology.spark.options import DepotOptions
+    from topology.spark.planning import ModuleMeta, plan_partitions
 
     schema = StructType([StructField("task", IntegerType()), StructField("offset", LongType()),
                          StructField("epoch", LongType()), StructField("user", StringType()),
@@ -163,7 +160,7 @@ def fetch_decode_rate(hosts: str, records: int) -> float:
 
 def visibility_latencies(spark: Any, hosts: str, root: Path, samples: int) -> list[float]:
     """ms from `append(ack="applied")` of a marker to its microbatch effect being readable in the PState."""
-    from topology.microbatch import run_microbatch
+    from topology.spark.microbatch import run_microbatch
 
     c = Conductor(hosts, "bench-visibility")
     c.ms.start()
@@ -198,8 +195,8 @@ def visibility_latencies(spark: Any, hosts: str, root: Path, samples: int) -> li
 def run(args: argparse.Namespace, root: Path, console: Console) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
-    from conductor.spark_env import spark_session
     from topology.spark import export_depot_to_delta, register
+    from topology.spark.session import spark_session
 
     result: dict[str, Any] = {}
     with DevCluster(root / "cluster", nodes=3, session_timeout=6.0) as dc:

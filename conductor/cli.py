@@ -1,10 +1,10 @@
 """The `conductor` command line: the operator's way into a Millrace cluster.
 
-Commands (every one that talks to a cluster takes ``--zk HOST:PORT``; without
+Commands (every one that talks to a cluster takes ``--zk HOST:PORT[,HOST:PORT...]``; without
 it the address comes from ``MILLRACE_ZK``, else from ``.millrace-dev/cluster.json``
 written by ``conductor dev`` in the current directory):
 
-    conductor dev [--dir .millrace-dev] [--nodes 3] [--stop]
+    conductor dev [--dir .millrace-dev] [--nodes 3] [--zk-servers 1] [--stop]
     conductor deploy --module pkg.mod:Class --tasks N --threads N --workers N --replicationFactor N [--option k=v]
     conductor status [MODULE] [--watch] [--json]
     conductor set-option MODULE KEY VALUE
@@ -36,20 +36,29 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import typer
-from rich import filesize
-from rich.console import Console, Group, RenderableType
+from rich.console import Console, RenderableType
 from rich.live import Live
-from rich.panel import Panel
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
 from conductor import status as cluster_status
+from conductor.cli_views import (
+    DEV_DIR,
+    ZK_ENV,
+    deploy_summary,
+    dev_panel,
+    dev_processes,
+    module_view,
+    node_list,
+    overview_view,
+    pid_running,
+    short_path,
+)
 from conductor.controller import Conductor, Switch
 from conductor.devcluster import DevCluster, stop_from_state
 from conductor.metastore import MetastoreError, MetastoreUnavailable, ModuleExists
-from conductor.module_spec import KNOWN_OPTIONS, SEGMENT_BYTES, ModuleSpec, SpecError, UnknownOption
+from conductor.metastore.module_spec import KNOWN_OPTIONS, SEGMENT_BYTES, ModuleSpec, SpecError, UnknownOption
 from conductor.runtime_env import EnvironmentBroken
 from topology.module import ModuleDefinitionError, load_module
 
@@ -61,16 +70,14 @@ app = typer.Typer(
 console = Console()
 err_console = Console(stderr=True)
 
-#: Where `conductor dev` keeps its state, relative to the current directory; other commands look here for
-#: the ZooKeeper address when neither --zk nor MILLRACE_ZK is given.
-DEV_DIR = Path(".millrace-dev")
-#: What a DevCluster stores under its root besides logs and cluster.json; only these are ever deleted.
-_DEV_DATA_DIRS = ("zookeeper/data", "nodes")
-ZK_ENV = "MILLRACE_ZK"
+#: What a DevCluster stores under its root besides logs and cluster.json (glob patterns); only these are
+#: ever deleted.
+_DEV_DATA_DIRS = ("zookeeper/zk*/data", "nodes")
 #: A CLI should fail fast on a wrong address rather than sit in kazoo's reconnect loop.
 CONNECT_TIMEOUT_S = 5.0
 
-ZK_OPTION_HELP = f"ZooKeeper HOST:PORT (default: ${ZK_ENV}, else the address in {DEV_DIR}/cluster.json)"
+ZK_OPTION_HELP = (f"ZooKeeper HOST:PORT, or several comma-separated (default: ${ZK_ENV}, else the address in "
+                  f"{DEV_DIR}/cluster.json)")
 
 
 class CliError(Exception):
@@ -152,77 +159,14 @@ def _parse_options(raw: list[str] | None) -> dict[str, str]:
     return options
 
 
-def _nodes(names: list[str]) -> str:
-    return ",".join(names) if names else "-"
-
-
 # ---- conductor dev -------------------------------------------------------------------------------------
-
-
-def pid_running(pid: int | None) -> bool:
-    """True if ``pid`` is a live process; a zombie (exited, not yet reaped by its parent) counts as gone."""
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        # /proc/<pid>/stat is "pid (comm) STATE ..."; comm may contain spaces, so split after the last ')'.
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
-def _dev_processes(state: dict[str, Any]) -> list[tuple[str, int, str | None]]:
-    """(name, pid, log path) of every process in a `conductor dev` state file."""
-    logs: dict[str, str] = state.get("logs", {})
-    procs = [("zookeeper", int(state["zk_pid"]), logs.get("zookeeper"))]
-    procs += [(f"conductor {n}", int(pid), logs.get(f"conductor {n}")) for n, pid in state["conductors"].items()]
-    procs += [(f"node {n}", int(pid), logs.get(f"node {n}")) for n, pid in state["nodes"].items()]
-    return procs
-
-
-def _short_path(path: str) -> str:
-    """A path relative to the current directory when it is under it: shorter to read and to paste."""
-    try:
-        return str(Path(path).relative_to(Path.cwd()))
-    except ValueError:
-        return path
-
-
-def _dev_panel(state: dict[str, Any], title: str, root: Path, style: str = "green") -> Panel:
-    table = Table(box=None, pad_edge=False, show_header=True, header_style="bold")
-    table.add_column("process", no_wrap=True)
-    table.add_column("pid", justify="right", no_wrap=True)
-    table.add_column("state", no_wrap=True)
-    table.add_column("log", overflow="fold")
-    for name, pid, log_path in _dev_processes(state):
-        running = pid_running(pid)
-        table.add_row(name, str(pid), "[green]running[/green]" if running else "[red]exited[/red]",
-                      _short_path(log_path) if log_path else "-")
-    zk = state["zk"]
-    stop = "conductor dev --stop" + ("" if root.resolve() == DEV_DIR.resolve() else f" --dir {root}")
-    nxt = Text.assemble(
-        ("next:\n", "bold"),
-        "  conductor deploy --module examples.clicks:Clicks --tasks 4 --threads 2 \\\n",
-        "      --workers 3 --replicationFactor 3\n",
-        "  conductor status Clicks --watch\n",
-        f"  {stop}\n",
-        (f"from another directory: export {ZK_ENV}={zk}", "dim"),
-    )
-    head = Text.assemble(("ZooKeeper ", "bold"), zk, ("   state ", "bold"), _short_path(str(root / "cluster.json")))
-    return Panel(Group(head, Text(""), table, Text(""), nxt), title=title, border_style=style, expand=False)
 
 
 def _record_logs(dc: DevCluster) -> dict[str, Any]:
     """Add each process's log path to cluster.json, so a later `conductor dev` can show them again."""
     path = dc.root / "cluster.json"
     state: dict[str, Any] = json.loads(path.read_text())
-    logs = {"zookeeper": str(dc.zk.log_path)}
+    logs = {f"zookeeper {n}": str(s.log_path) for n, s in dc.zk.named().items()}
     logs.update({f"conductor {n}": str(p.log_path) for n, p in dc.conductors.items()})
     logs.update({f"node {n}": str(p.log_path) for n, p in dc.nodes.items()})
     state["logs"] = logs
@@ -235,9 +179,11 @@ def _record_logs(dc: DevCluster) -> dict[str, Any]:
 def dev(
     directory: Path = typer.Option(DEV_DIR, "--dir", help="where the cluster keeps data, logs and cluster.json"),
     nodes: int = typer.Option(3, "--nodes", min=1, help="number of worker nodes"),
+    zk_servers: int = typer.Option(1, "--zk-servers", min=1, max=7,
+                                   help="ZooKeeper servers; 3 form an ensemble that survives losing one"),
     stop: bool = typer.Option(False, "--stop", help="stop the cluster a previous `conductor dev` started"),
 ) -> None:
-    """Start a local ZooKeeper, a conductor and N worker nodes in the background (or --stop them).
+    """Start local ZooKeeper server(s), a conductor and N worker nodes in the background (or --stop them).
 
     The processes outlive this command (each runs in its own session) so the
     shell is free for `deploy` and `status`; they are stopped by the pids
@@ -260,60 +206,45 @@ def dev(
                 console.print(f"[green]stopped[/green] {', '.join(stopped)}")
             else:
                 console.print(f"its processes had already exited; removed {state_file}")
-            console.print(f"[dim]logs stay in {_short_path(str(root / 'logs'))}; the next `conductor dev` "
+            console.print(f"[dim]logs stay in {short_path(str(root / 'logs'))}; the next `conductor dev` "
                           "starts with empty data[/dim]")
             return
         if state_file.exists():
             try:
                 state = json.loads(state_file.read_text())
-                procs = _dev_processes(state)
+                procs = dev_processes(state)
             except (ValueError, KeyError, TypeError) as e:
                 raise CliError(f"{state_file} is unreadable ({e}); stop leftover processes by hand and delete it") \
                     from None
             running = [p for p in procs if pid_running(p[1])]
             if running:
                 title = f"a dev cluster is already running ({len(running)}/{len(procs)} processes up)"
-                console.print(_dev_panel(state, title, root, style="yellow"))
+                console.print(dev_panel(state, title, root, style="yellow"))
                 if len(running) < len(procs):
                     console.print("[yellow]some processes exited[/yellow]: check their logs, then "
                                   "`conductor dev --stop` and `conductor dev` to restart")
                 return
             console.print(f"[dim]the dev cluster recorded in {root} is no longer running; starting a new one[/dim]")
             state_file.unlink()
-        for leftover in _DEV_DATA_DIRS:
-            if (root / leftover).is_dir():
-                shutil.rmtree(root / leftover)
-                console.print(f"[dim]removed the previous dev cluster's data in {_short_path(str(root / leftover))}"
-                              "[/dim]")
-        dc = DevCluster(root, nodes=nodes)
+        for pattern in _DEV_DATA_DIRS:
+            for leftover in sorted(root.glob(pattern)):
+                if leftover.is_dir():
+                    shutil.rmtree(leftover)
+                    console.print(f"[dim]removed the previous dev cluster's data in {short_path(str(leftover))}"
+                                  "[/dim]")
+        dc = DevCluster(root, nodes=nodes, zk_servers=zk_servers)
         try:
-            with console.status(f"starting ZooKeeper, a conductor and {nodes} worker node(s) in {root}"):
+            with console.status(f"starting {zk_servers} ZooKeeper server(s), a conductor and {nodes} worker node(s) "
+                                f"in {root}"):
                 dc.start()  # on failure it stops whatever it had started
         except (RuntimeError, TimeoutError) as e:  # includes EnvironmentBroken; the message has the log tail
             raise CliError(f"the dev cluster did not start: {e}\n(`conductor doctor` checks the installation)") \
                 from None
         state = _record_logs(dc)
-        console.print(_dev_panel(state, "Millrace dev cluster running", root))
+        console.print(dev_panel(state, "Millrace dev cluster running", root))
 
 
 # ---- conductor deploy ----------------------------------------------------------------------------------
-
-
-def _deploy_summary(st: dict[str, Any], seconds: float) -> RenderableType:
-    table = Table(title=f"{st['module']}: {st['serving']}/{len(st['groups'])} task groups serving",
-                  title_justify="left")
-    for col in ("group", "leader", "address", "epoch", "replicas"):
-        table.add_column(col)
-    for g in st["groups"]:
-        style = "" if g["serving"] else "red"
-        table.add_row(str(g["group"]), g["leader"] or "none",
-                      g["leader_address"] or "-", str(g["epoch"]), _nodes(g["replicas"]), style=style)
-    head = Text.assemble(
-        ("deployed ", "green"), (st["module"], "bold"),
-        f" ({st['module_ref']}): {st['tasks']} tasks in {st['group_count']} task groups "
-        f"(task t in group t % {st['group_count']}), replication factor {st['replication_factor']}, "
-        f"min ISR {st['min_isr']}, serving after {seconds:.1f}s")
-    return Group(head, table, Text(f"next: conductor status {st['module']}", style="dim"))
 
 
 def _wait_serving_with_spinner(conductor: Conductor, module: str, timeout: float) -> dict[str, Any]:
@@ -365,119 +296,21 @@ def deploy(
                 raise CliError(f"stopped waiting; {spec.name} is deployed, follow it with "
                                f"`conductor status {spec.name} --watch`") from None
         if st["serving"] < len(st["groups"]):
-            console.print(_module_view(st))
+            console.print(module_view(st))
             waiting = "; ".join(f"group {g['group']}: {g['problem']}" for g in st["groups"] if not g["serving"])
             raise CliError(f"{spec.name} is deployed but not every group serves after {timeout:.0f}s ({waiting}); "
                            "check the node logs, then `conductor status` (or `conductor destroy` to undo)")
-        console.print(_deploy_summary(st, time.monotonic() - started))
+        console.print(deploy_summary(st, time.monotonic() - started))
 
 
 # ---- conductor status ----------------------------------------------------------------------------------
 
 
-def _overview_view(ov: dict[str, Any]) -> RenderableType:
-    head = Text.assemble(("ZooKeeper ", "bold"), ov["zk"], f", {len(ov['nodes'])} live worker node(s)")
-    nodes = Table(box=None, header_style="bold", pad_edge=False)
-    for col in ("node", "address", "pid", "leaders"):
-        nodes.add_column(col, no_wrap=True)
-    for n in ov["nodes"]:
-        nodes.add_row(n["node"], n["address"], str(n["pid"]),
-                      "allowed" if n["leaders_allowed"] else "[yellow]disallowed[/yellow]")
-    if not ov["modules"]:
-        return Group(head, nodes, Text(""),
-                     Text("no modules deployed; `conductor deploy --help` shows how", style="dim"))
-    table = Table(box=None, header_style="bold", pad_edge=False)
-    for col, just in (("module", "left"), ("code", "left"), ("tasks", "right"), ("groups", "right"),
-                      ("RF", "right"), ("min ISR", "right"), ("workers", "right"), ("led", "right"),
-                      ("state", "left"), ("options", "left")):
-        table.add_column(col, justify=just, overflow="fold",  # type: ignore[arg-type]
-                         no_wrap=col in ("module", "code"))
-    for m in ov["modules"]:
-        led = f"{m['groups_led']}/{m['groups_total']}"
-        opts = "\n".join(f"{k}={v}" for k, v in m["options"].items()) or "-"
-        table.add_row(m["module"], m["module_ref"], str(m["tasks"]), str(m["group_count"]),
-                      str(m["replication_factor"]), str(m["min_isr"]), str(m["workers"]),
-                      led if m["groups_led"] == m["groups_total"] else f"[red]{led}[/red]",
-                      _state_cell(m["state"]), opts)
-    return Group(head, nodes, Text(""), table,
-                 Text("led: groups with a live leader; `conductor status MODULE` shows each task group", style="dim"))
-
-
-def _state_cell(state: str) -> str:
-    return state if state == cluster_status.RUNNING else f"[yellow]{state}[/yellow]"
-
-
-def _lag_cell(g: dict[str, Any]) -> Text:
-    cell = Text()
-    for i, f in enumerate(g["followers"]):
-        if i:
-            cell.append("  ")
-        # A follower's last reported offset says nothing once its node is gone: say it is down instead.
-        lag = "down" if not f["live"] else ("?" if f["lag"] is None else str(f["lag"]))
-        style = "red" if not f["live"] else ("yellow" if f["lag"] or not f["in_isr"] else "")
-        cell.append(f"{f['node']} {lag}", style=style)
-    return cell if g["followers"] else Text("-")
-
-
-def _catchup_bar(group: int, c: dict[str, Any]) -> RenderableType:
-    """A far-horizon transfer as a progress bar: bytes of this round, rate and ETA."""
-    done, total, rate = c["bytes_done"], c["bytes_total"], c["bytes_per_s"]
-    eta = "-" if rate <= 0 else f"{max(0.0, (total - done) / rate):.0f}s"
-    bar = Table.grid(padding=(0, 1))
-    bar.add_row(
-        Text(f"group {group}: {c['node']} far-horizon from {c['leader']}, round {c['round']}", style="cyan"),
-        ProgressBar(total=max(total, 1), completed=min(done, total), width=30),
-        Text(f"{filesize.decimal(done)}/{filesize.decimal(total)}  {filesize.decimal(int(rate))}/s  "
-             f"ETA {eta}  ({c['state']})"))
-    return bar
-
-
-def _module_view(st: dict[str, Any]) -> RenderableType:
-    opts = " ".join(f"{k}={v}" for k, v in st["options"].items())
-    head = Text.assemble(
-        (st["module"], "bold"), f"  {st['module_ref']}  {st['tasks']} tasks in {st['group_count']} task groups "
-        f"(task t in group t % {st['group_count']}), RF {st['replication_factor']} on {st['workers']} workers, "
-        f"min ISR {st['min_isr']}  ",
-        Text.from_markup(_state_cell(st["state"])),
-        (f"  options {opts}" if opts else "", "dim"),
-        (f"  leaders disallowed on {_nodes(st['disallowed_leaders'])}" if st["disallowed_leaders"] else "", "yellow"))
-    table = Table(box=None, header_style="bold", pad_edge=False)
-    for col, just in (("group", "right"), ("leader", "left"), ("epoch", "right"),
-                      ("ISR", "left"), ("OSR", "left"), ("log end", "right"), ("apply offset", "right"),
-                      ("follower lag", "left")):
-        table.add_column(col, justify=just, overflow="fold",  # type: ignore[arg-type]
-                         min_width=len("unreachable") if col == "log end" else None)
-    notes: list[RenderableType] = []
-    for g in st["groups"]:
-        replica = g["replica"]
-        if replica and replica["reachable"]:
-            log_end, apply_offset = str(replica["log_end"]), str(replica["apply_offset"])
-        elif g["leaderless_reason"] is None:
-            log_end, apply_offset = "[yellow]unreachable[/yellow]", ""
-        else:
-            log_end, apply_offset = "-", "-"
-        leader = g["leader"] if g["leaderless_reason"] is None else "[bold red]none[/bold red]"
-        if g["handing_off_to"] and g["leaderless_reason"] is None:
-            leader += f" [yellow]-> {g['handing_off_to']}[/yellow]"
-        style = "red" if g["leaderless_reason"] else ("" if g["serving"] else "yellow")
-        table.add_row(str(g["group"]), leader, str(g["epoch"]), _nodes(g["isr"]),
-                      _nodes(g["osr"]), log_end, apply_offset, _lag_cell(g), style=style)
-        if g["problem"]:
-            notes.append(Text(f"group {g['group']}: {g['problem']}", style="red" if g["leaderless_reason"] else "yellow"))
-        for c in g.get("catchups", []):
-            notes.append(_catchup_bar(g["group"], c))
-    total = len(st["groups"])
-    foot = Text(f"{st['serving']}/{total} task groups serving, live nodes {_nodes(st['live_nodes'])}, "
-                f"checked {time.strftime('%H:%M:%S', time.localtime(st['checked_at']))}",
-                style="green" if st["serving"] == total else "red")
-    return Group(head, table, *notes, foot)
-
-
 def _render_status(ms: Any, module: str | None) -> RenderableType:
     try:
         if module is None:
-            return _overview_view(cluster_status.cluster_overview(ms))
-        return _module_view(cluster_status.module_status(ms, module))
+            return overview_view(cluster_status.cluster_overview(ms))
+        return module_view(cluster_status.module_status(ms, module))
     except MetastoreError as e:  # while watching, a ZooKeeper hiccup or a destroy is shown, not fatal
         return Text(f"{e} (retrying every second; Ctrl-C to stop)", style="red")
 
@@ -506,8 +339,8 @@ def status(
                 typer.echo(json.dumps(data, indent=2, sort_keys=True))
                 return
             if not watch:
-                console.print(_overview_view(cluster_status.cluster_overview(ms)) if module is None
-                              else _module_view(cluster_status.module_status(ms, module)))
+                console.print(overview_view(cluster_status.cluster_overview(ms)) if module is None
+                              else module_view(cluster_status.module_status(ms, module)))
                 return
             try:
                 if not console.is_terminal:  # piped to a file or a pager: append a snapshot per second
@@ -534,11 +367,11 @@ def destroy(
 ) -> None:
     """Remove a module: its metadata, and on every worker its replicas and their data."""
     with _operator_errors(), _connect(zk) as conductor:
-        spec, _ = conductor.ms.get_module(module)
-        replicas = sorted({n for st, _ in conductor.ms.list_groups(module).values() for n in st.replicas})
+        spec, _ = conductor.ms.modules.get(module)
+        replicas = sorted({n for st, _ in conductor.ms.groups.all(module).values() for n in st.replicas})
         if not yes:
             question = (f"Destroy module {module} ({spec.tasks} tasks in {spec.threads} task groups on "
-                        f"{_nodes(replicas)})? Workers delete its depots and PStates")
+                        f"{node_list(replicas)})? Workers delete its depots and PStates")
             try:
                 confirmed = typer.confirm(question, default=False)
             except typer.Abort:  # no answer (stdin closed): end the prompt line before saying so
@@ -547,7 +380,7 @@ def destroy(
             if not confirmed:
                 raise CliError(f"not confirmed; {module} is untouched (pass --yes to skip the question)")
         conductor.destroy(module)
-        console.print(f"[green]destroyed[/green] [bold]{module}[/bold]; workers {_nodes(replicas)} "
+        console.print(f"[green]destroyed[/green] [bold]{module}[/bold]; workers {node_list(replicas)} "
                       "close its replicas and delete their data")
 
 
@@ -569,9 +402,9 @@ def set_option(
         if key not in KNOWN_OPTIONS:  # before connecting: a typo needs no cluster to be refused
             raise UnknownOption(key)
         with _connect(zk) as conductor:
-            spec, _ = conductor.ms.get_module(module)
+            spec, _ = conductor.ms.modules.get(module)
             old = f"{spec.option(key)}" + ("" if key in spec.options else " (default)")
-            updated = conductor.ms.set_option(module, key, value)
+            updated = conductor.ms.modules.set_option(module, key, value)
         console.print(Text.assemble((module, "bold"), f" {key}: {old} -> ", (str(updated.option(key)), "bold green")))
         when = ("workers apply it when they next open the module (restart)" if key == SEGMENT_BYTES
                 else "running workers apply it now")
@@ -580,7 +413,7 @@ def set_option(
 
 def _per_node(ms: Any, modules: list[str]) -> str:
     """Leaders per node over ``modules``, for the line under a balancing table."""
-    groups = [st for m in modules for st, _ in ms.list_groups(m).values()]
+    groups = [st for m in modules for st, _ in ms.groups.all(m).values()]
     leaders = Counter(st.leader for st in groups if st.leader is not None)
     return ", ".join(f"{n} {leaders[n]}" for n in sorted({r for st in groups for r in st.replicas}))
 
@@ -615,7 +448,7 @@ def _run_switches(conductor: Conductor, modules: list[str], timeout: float, titl
                    "ISR stalled); request withdrawn, run balance again[/yellow]",
     }
     for sw in switches:
-        now = ms.get_group(sw.module, sw.group)[0]
+        now = ms.groups.get(sw.module, sw.group)[0]
         table.add_row(sw.module, str(sw.group), sw.source or "none", sw.to, str(now.epoch), results[outcomes[sw]])
     console.print(table)
     console.print(f"leaders per node: {_per_node(ms, modules)}")
@@ -636,7 +469,7 @@ def balance(
     their leaders first. The active conductor also balances periodically.
     """
     with _operator_errors(), _connect(zk) as conductor:
-        conductor.ms.get_module(module)  # ModuleNotFound here rather than a silent "nothing to do"
+        conductor.ms.modules.get(module)  # ModuleNotFound here rather than a silent "nothing to do"
         _run_switches(conductor, [module], timeout, module)
 
 
@@ -654,9 +487,9 @@ def disallow_leaders(
     with _operator_errors(), _connect(zk) as conductor:
         conductor.disallow_leaders(node)
         console.print(f"[yellow]{node}[/yellow] may no longer lead task groups; moving its leaders away")
-        modules = conductor.ms.list_modules()
+        modules = conductor.ms.modules.names()
         _run_switches(conductor, modules, timeout, "all modules")
-        stuck = [f"{m}/{g}" for m in modules for g, (st, _) in conductor.ms.list_groups(m).items()
+        stuck = [f"{m}/{g}" for m in modules for g, (st, _) in conductor.ms.groups.all(m).items()
                  if st.leader == node]
         if stuck:
             console.print(f"[yellow]{node} still leads {', '.join(stuck)}: no other in-sync replica is live "

@@ -40,14 +40,14 @@ from kazoo.recipe.election import Election
 
 from conductor.metastore import (
     GroupNotFound,
+    GroupState,
     Metastore,
     MetastoreError,
     ModuleNotFound,
     VersionConflict,
 )
-from conductor.module_spec import ModuleSpec
+from conductor.metastore.module_spec import DEPOT_APPEND_TIMEOUT_MS, ModuleSpec
 from conductor.placement import (
-    GroupState,
     balance_leaders,
     fully_in_sync,
     leaderless_reason,
@@ -64,7 +64,6 @@ _MAX_CAS_ATTEMPTS = 10
 
 #: a resign request the leader has not served after its append timeout plus this margin was given up
 _RESIGN_GRACE_S = 5.0
-_APPEND_TIMEOUT = "replication.depot.append.timeout.millis"
 
 
 def _fmt(nodes: Iterable[str]) -> str:
@@ -148,7 +147,7 @@ class Conductor:
         self._started = True
         self.ms.start()
         # Any membership change wakes the active term; the callback runs on the metastore's thread.
-        self.ms.watch_nodes(lambda _nodes: self._kick.set())
+        self.ms.nodes.watch(lambda _nodes: self._kick.set())
         self._thread = threading.Thread(target=self._campaign, name=f"conductor-{self.name}", daemon=True)
         self._thread.start()
         log.info("conductor %s started (ZooKeeper %s); campaigning for leadership", self.name, self.hosts)
@@ -196,7 +195,7 @@ class Conductor:
             with self._election_lock:
                 if self._stopping.is_set():
                     return
-                election = self._election = self.ms.election(self.name)
+                election = self._election = self.ms.conductors.election(self.name)
             try:
                 election.run(self._lead)
             except CancelledError:
@@ -238,7 +237,7 @@ class Conductor:
 
     def reconcile(self) -> None:
         """Bring every group in line with the live nodes (elect, fence, recover leaderless groups)."""
-        sessions = self.ms.live_sessions()
+        sessions = self.ms.nodes.sessions()
         live = set(sessions)
         previous = self._known_live
         if previous is not None:
@@ -247,10 +246,10 @@ class Conductor:
             for node in sorted(live - previous):
                 log.info("node %s joined", node)
         self._known_live = live
-        disallowed = self.ms.disallowed_nodes()
-        for module in self.ms.list_modules():
+        disallowed = self.ms.drains.nodes()
+        for module in self.ms.modules.names():
             try:
-                groups = self.ms.list_groups(module)
+                groups = self.ms.groups.all(module)
             except ModuleNotFound:
                 continue  # destroyed meanwhile
             for g, (state, version) in groups.items():
@@ -266,7 +265,7 @@ class Conductor:
             if new is None:
                 return
             try:
-                self.ms.cas_group(module, g, new, version)
+                self.ms.groups.cas(module, g, new, version)
             except VersionConflict as c:
                 if c.current is None:
                     return
@@ -303,13 +302,13 @@ class Conductor:
         The ``spec.workers`` least-loaded live nodes (by replicas of already
         deployed modules) are used, so successive deployments spread out.
         """
-        sessions = self.ms.live_sessions()
+        sessions = self.ms.nodes.sessions()
         live = sorted(sessions)
         spec.check_placeable(live)
         load: Counter[str] = Counter()
-        for module in self.ms.list_modules():
+        for module in self.ms.modules.names():
             try:
-                for state, _ in self.ms.list_groups(module).values():
+                for state, _ in self.ms.groups.all(module).values():
                     load.update(state.replicas)
             except ModuleNotFound:
                 continue
@@ -317,21 +316,21 @@ class Conductor:
         placement = place(spec.threads, nodes, spec.replication_factor)
         groups = {g: GroupState.initial(replicas, leader_session=sessions[replicas[0]])
                   for g, replicas in placement.items()}
-        self.ms.create_module(spec, groups)
+        self.ms.modules.create(spec, groups)
         log.info("deployed module %s (%s): %d tasks in %d task groups, RF %d, on %s", spec.name, spec.module_ref,
                  spec.tasks, spec.threads, spec.replication_factor, _fmt(nodes))
         return groups
 
     def destroy(self, module: str) -> None:
         """Remove a module and all its coordination state (workers drop their replicas on the watch)."""
-        self.ms.delete_module(module)
+        self.ms.modules.delete(module)
         log.info("destroyed module %s", module)
 
     def status(self, module: str) -> list[dict[str, Any]]:
         """Per-group leadership for ``conductor status``, with the reason when a group has no leader."""
-        live = self.ms.live_sessions()
+        live = self.ms.nodes.sessions()
         rows = []
-        for g, (state, version) in self.ms.list_groups(module).items():
+        for g, (state, version) in self.ms.groups.all(module).items():
             rows.append({"group": g, **state.to_dict(), "version": version,
                          "leaderless_reason": leaderless_reason(state, live)})
         return rows
@@ -343,7 +342,7 @@ class Conductor:
         if self.balance_interval <= 0 or time.monotonic() < self._next_balance:
             return
         self._next_balance = time.monotonic() + self.balance_interval
-        for module in self.ms.list_modules():
+        for module in self.ms.modules.names():
             if self._stopping.is_set() or self._term_over.is_set():
                 return
             try:
@@ -359,16 +358,16 @@ class Conductor:
         in place it would show the module as balancing forever.
         """
         try:
-            spec, _ = self.ms.get_module(module)
-            grace = spec.option(_APPEND_TIMEOUT) / 1000.0 + _RESIGN_GRACE_S
+            spec, _ = self.ms.modules.get(module)
+            grace = spec.option(DEPOT_APPEND_TIMEOUT_MS) / 1000.0 + _RESIGN_GRACE_S
         except ModuleNotFound:
             return {}
         outstanding: dict[int, str] = {}
-        for g, req in self.ms.list_resigns(module).items():
+        for g, req in self.ms.resigns.all(module).items():
             st = states.get(g)
             age = time.time() - float(req.get("requested", 0))
             if st is None or st[0].epoch != req.get("epoch") or age > grace:
-                self.ms.delete_resign(module, g)
+                self.ms.resigns.delete(module, g)
                 log.info("balance: withdrew a stale resign request of %s/%d (%s)", module, g, req)
             else:
                 outstanding[g] = str(req.get("to"))
@@ -387,12 +386,12 @@ class Conductor:
         periodic round) a module is left alone unless every group is fully in
         sync and no hand-off is outstanding, so balancing never fights failover.
         """
-        live = self.ms.live_sessions()
-        banned = self.ms.disallowed_nodes() if disallowed is None else set(disallowed)
+        live = self.ms.nodes.sessions()
+        banned = self.ms.drains.nodes() if disallowed is None else set(disallowed)
         states: dict[tuple[str, int], tuple[GroupState, int]] = {}
-        for module in modules if modules is not None else self.ms.list_modules():
+        for module in modules if modules is not None else self.ms.modules.names():
             try:
-                groups = self.ms.list_groups(module)
+                groups = self.ms.groups.all(module)
             except ModuleNotFound:
                 continue
             outstanding = self.withdraw_stale_resigns(module, groups)
@@ -406,15 +405,15 @@ class Conductor:
             state, version = states[(module, g)]
             if direct:
                 try:
-                    # complete_resign also clears a pending request for this group (or is a plain CAS).
-                    self.ms.complete_resign(module, g, switch_leader(state, to, live[to]), version)
+                    # resigns.complete also clears a pending request for this group (or is a plain CAS).
+                    self.ms.resigns.complete(module, g, switch_leader(state, to, live[to]), version)
                 except (VersionConflict, GroupNotFound) as e:
                     log.info("balance: skipped %s/%d (%s)", module, g, e)
                     continue
                 log.info("balance: group %s/%d leader %s -> %s, epoch %d -> %d", module, g, state.leader, to,
                          state.epoch, state.epoch + 1)
             else:
-                self.ms.request_resign(module, g, to, state.epoch, live[to])
+                self.ms.resigns.request(module, g, to, state.epoch, live[to])
                 log.info("balance: asked %s to hand group %s/%d to %s (epoch %d)", state.leader, module, g, to,
                          state.epoch)
             switches.append(Switch(module, g, state.leader, to, state.epoch))
@@ -438,7 +437,7 @@ class Conductor:
             outcomes: dict[Switch, str] = {}
             for sw in switches:
                 try:
-                    now: GroupState | None = self.ms.get_group(sw.module, sw.group)[0]
+                    now: GroupState | None = self.ms.groups.get(sw.module, sw.group)[0]
                 except GroupNotFound:
                     now = None
                 outcomes[sw] = sw.outcome(now)
@@ -449,16 +448,16 @@ class Conductor:
                 return outcomes
             if time.monotonic() >= deadline:
                 for sw in pending:
-                    self.ms.delete_resign(sw.module, sw.group)
+                    self.ms.resigns.delete(sw.module, sw.group)
                 return outcomes
             time.sleep(poll_s)
 
     def known_nodes(self) -> set[str]:
         """Live nodes plus every node holding a replica of some task group."""
-        known = set(self.ms.live_nodes())
-        for module in self.ms.list_modules():
+        known = set(self.ms.nodes.live())
+        for module in self.ms.modules.names():
             try:
-                for st, _ in self.ms.list_groups(module).values():
+                for st, _ in self.ms.groups.all(module).values():
                     known.update(st.replicas)
             except ModuleNotFound:
                 continue
@@ -469,17 +468,17 @@ class Conductor:
         known = self.known_nodes()
         if node_id not in known:
             raise UnknownNode(node_id, known)
-        self.ms.disallow_leaders(node_id)
+        self.ms.drains.disallow(node_id)
         log.info("node %s may no longer lead task groups", node_id)
 
     def allow_leaders(self, node_id: str) -> bool:
         """Undo ``disallow_leaders``; False if the node was not drained."""
-        if node_id not in self.ms.disallowed_nodes():
+        if node_id not in self.ms.drains.nodes():
             known = self.known_nodes()
             if node_id not in known:
                 raise UnknownNode(node_id, known)
             return False
-        self.ms.allow_leaders(node_id)
+        self.ms.drains.allow(node_id)
         log.info("node %s may lead task groups again", node_id)
         return True
 

@@ -1,4 +1,4 @@
-"""A local cluster of real processes: ZooKeeper, conductor(s) and worker nodes.
+"""A local cluster of real processes: ZooKeeper (one server or an ensemble), conductor(s) and worker nodes.
 
 `conductor dev` and the integration tests use the same class, so what the
 tests prove is what a developer runs. Every process is a child started in its
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conductor.zkserver import ZooKeeperServer
+from conductor.zkserver import ZooKeeperEnsemble
 
 PYTHON = sys.executable
 
@@ -80,16 +80,20 @@ class ChildProcess:
 
 
 class DevCluster:
-    """ZooKeeper + `conductors` conductor processes + `nodes` worker nodes under one folder."""
+    """`zk_servers` ZooKeeper servers + `conductors` conductor processes + `nodes` worker nodes under one folder.
+
+    Every conductor and node gets the connect string naming all ZooKeeper servers, so with three of them
+    losing one changes nothing for the cluster.
+    """
 
     def __init__(self, root: Path, nodes: int = 3, conductors: int = 1, session_timeout: float = 4.0,
-                 log_level: str = "WARNING", balance_interval: float | None = None) -> None:
+                 log_level: str = "WARNING", balance_interval: float | None = None, zk_servers: int = 1) -> None:
         self.root = Path(root)
         #: the conductors' --balance-interval (None: their default; 0: no periodic balancing)
         self.balance_interval = balance_interval
         self.session_timeout = session_timeout
         self.log_level = log_level
-        self.zk = ZooKeeperServer(self.root / "zookeeper")
+        self.zk = ZooKeeperEnsemble(self.root / "zookeeper", zk_servers)
         self.conductors: dict[str, ChildProcess] = {}
         self.nodes: dict[str, ChildProcess] = {}
         self._n_nodes = nodes
@@ -131,7 +135,7 @@ class DevCluster:
         d = self.node_dir(node_id)
         d.mkdir(parents=True, exist_ok=True)
         (d / "node.address").unlink(missing_ok=True)
-        p = ChildProcess(node_id, [PYTHON, "-m", "conductor.node", "--zk", self.hosts, "--node-id", node_id,
+        p = ChildProcess(node_id, [PYTHON, "-m", "conductor.worker", "--zk", self.hosts, "--node-id", node_id,
                                    "--data-dir", str(d), "--session-timeout", str(self.session_timeout),
                                    "--log-level", self.log_level],
                          self.root / "logs" / f"node-{node_id}.log")
@@ -152,7 +156,7 @@ class DevCluster:
 
     def write_state(self) -> None:
         state: dict[str, Any] = {
-            "zk": self.hosts, "zk_pid": self.zk.pid, "root": str(self.root),
+            "zk": self.hosts, "zookeeper": {n: s.pid for n, s in self.zk.named().items()}, "root": str(self.root),
             "conductors": {n: p.pid for n, p in self.conductors.items()},
             "nodes": {n: p.pid for n, p in self.nodes.items()},
         }
@@ -200,6 +204,13 @@ def _stop_pids(pids: list[tuple[str, int]], timeout_s: float) -> list[str]:
     return stopped
 
 
+def zookeeper_pids(state: dict[str, Any]) -> dict[str, int]:
+    """The ZooKeeper servers a `conductor dev` state file records (one `zk_pid` before ensembles existed)."""
+    if "zookeeper" in state:
+        return {n: int(pid) for n, pid in state["zookeeper"].items()}
+    return {"zk1": int(state["zk_pid"])}
+
+
 def stop_from_state(root: Path) -> list[str]:
     """`conductor dev --stop`: stop what a previous `conductor dev` started, by the pids it recorded.
 
@@ -208,6 +219,6 @@ def stop_from_state(root: Path) -> list[str]:
     """
     state = json.loads((root / "cluster.json").read_text())
     stopped = _stop_pids([*state["nodes"].items(), *state["conductors"].items()], 15)
-    stopped += _stop_pids([("zookeeper", state["zk_pid"])], 15)
+    stopped += _stop_pids([(f"zookeeper {n}", pid) for n, pid in zookeeper_pids(state).items()], 15)
     (root / "cluster.json").unlink(missing_ok=True)
     return stopped

@@ -80,7 +80,7 @@ def check_rocksdb(work: Path) -> str:
 def check_grpc(_: Path) -> str:
     import grpc
 
-    from proto import admin_pb2, admin_pb2_grpc
+    from conductor.wire import admin_pb2, admin_pb2_grpc
 
     class Echo(admin_pb2_grpc.AdminServicer):
         def Ping(self, request: admin_pb2.PingRequest, context: grpc.ServicerContext) -> admin_pb2.PingReply:
@@ -103,7 +103,7 @@ def check_grpc(_: Path) -> str:
 
 
 def check_spark_delta(work: Path) -> str:
-    from conductor.spark_env import spark_session
+    from topology.spark.session import spark_session
 
     spark = spark_session("millrace-doctor", warehouse=work / "warehouse")
     try:

@@ -13,6 +13,8 @@ Safety rules encoded here (DESIGN.md section 4):
   deposed leader's messages are fenced;
 * if no ISR member is live the group stays leaderless, keeping its ISR, until
   an ISR member returns;
+* a new state carries the znode version it will have once written (the read
+  one plus one), as the replication state machine's proposals do;
 * leadership is bound to the ZooKeeper session of the elected node
   (``leader_session``): a node that restarted under the same id but a new
   session may have lost its unflushed tail, so it does not silently keep
@@ -25,91 +27,14 @@ session check happen.
 
 from __future__ import annotations
 
-import json
 from collections import Counter, deque
 from collections.abc import Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from dataclasses import replace
+from typing import TypeVar
+
+from conductor.metastore import GroupState, InvalidGroupState
 
 K = TypeVar("K", bound=Hashable)
-
-
-class InvalidGroupState(ValueError):
-    """A group state breaks an invariant (e.g. a leader outside the ISR); refuse it rather than store it."""
-
-
-@dataclass(frozen=True)
-class GroupState:
-    """Leadership and membership of one task group, as stored at ``.../groups/<g>``.
-
-    ``replicas`` is the placement in preference order (the first is the
-    preferred leader); ``isr`` and ``osr`` partition it. ``leader`` is None
-    while no in-sync replica is live. ``leader_session`` is the ZooKeeper
-    session id the leader was elected under (0: unknown or no leader); a
-    replica only leads while it owns that session.
-    """
-
-    leader: str | None
-    epoch: int
-    isr: tuple[str, ...]
-    osr: tuple[str, ...]
-    replicas: tuple[str, ...]
-    leader_session: int = 0
-
-    def __post_init__(self) -> None:
-        # Accept lists from callers but store tuples so states are hashable and immutable.
-        for name in ("isr", "osr", "replicas"):
-            value = getattr(self, name)
-            if not isinstance(value, tuple):
-                object.__setattr__(self, name, tuple(value))
-        self.validate()
-
-    def validate(self) -> None:
-        if isinstance(self.epoch, bool) or not isinstance(self.epoch, int) or self.epoch < 0:
-            raise InvalidGroupState(f"epoch must be a whole number >= 0, got {self.epoch!r}")
-        if not self.replicas:
-            raise InvalidGroupState("a task group needs at least one replica")
-        if len(set(self.replicas)) != len(self.replicas):
-            raise InvalidGroupState(f"replicas of a group must be on distinct nodes, got {list(self.replicas)}")
-        if not self.isr:
-            raise InvalidGroupState("the ISR can never be empty (it keeps its last members while leaderless)")
-        if set(self.isr) & set(self.osr):
-            raise InvalidGroupState(f"ISR {list(self.isr)} and OSR {list(self.osr)} overlap")
-        if set(self.isr) | set(self.osr) != set(self.replicas) or len(self.isr) + len(self.osr) != len(
-                self.replicas):
-            raise InvalidGroupState(
-                f"ISR {list(self.isr)} and OSR {list(self.osr)} must partition the replicas {list(self.replicas)}")
-        if self.leader is not None and self.leader not in self.isr:
-            raise InvalidGroupState(f"leader {self.leader} is not in the ISR {list(self.isr)}")
-        if isinstance(self.leader_session, bool) or not isinstance(self.leader_session, int) \
-                or self.leader_session < 0:
-            raise InvalidGroupState(f"leader_session must be a session id >= 0, got {self.leader_session!r}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"leader": self.leader, "epoch": self.epoch, "isr": list(self.isr), "osr": list(self.osr),
-                "replicas": list(self.replicas), "leader_session": self.leader_session}
-
-    def to_json(self) -> bytes:
-        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()
-
-    @classmethod
-    def from_json(cls, raw: bytes | str) -> GroupState:
-        try:
-            doc = json.loads(raw)
-            return cls(leader=doc["leader"], epoch=doc["epoch"], isr=tuple(doc["isr"]), osr=tuple(doc["osr"]),
-                       replicas=tuple(doc["replicas"]), leader_session=int(doc.get("leader_session", 0)))
-        except (ValueError, KeyError, TypeError) as e:
-            raise InvalidGroupState(f"malformed group state {raw!r}: {e}") from None
-
-    @classmethod
-    def initial(cls, replicas: Sequence[str], leader_session: int = 0) -> GroupState:
-        """A freshly placed group: every replica in sync (they are all empty), first one leads, epoch 1.
-
-        Replicas start at epoch 0 with an empty epoch cache; leadership is always a move to a
-        *higher* epoch, so the first leader's epoch is 1 (a replica ignores a znode at its own epoch).
-        """
-        return cls(leader=replicas[0], epoch=1, isr=tuple(replicas), osr=(), replicas=tuple(replicas),
-                   leader_session=leader_session)
 
 
 # ---- placement ------------------------------------------------------------------------------
@@ -207,21 +132,22 @@ def next_leadership(state: GroupState, live_nodes: Iterable[str] | Mapping[str, 
         new_leader = elect_leader(state, live, disallowed=disallowed)
         if new_leader is None:
             return None
-        return replace(state, leader=new_leader, epoch=state.epoch + 1, leader_session=live[new_leader])
+        return replace(state, leader=new_leader, epoch=state.epoch + 1, version=state.version + 1,
+                       leader_session=live[new_leader])
     old = state.leader
     new_leader = elect_leader(state, live, exclude=[old], disallowed=disallowed)
     if new_leader is not None:
         return replace(
             state,
             leader=new_leader,
-            epoch=state.epoch + 1,
+            epoch=state.epoch + 1, version=state.version + 1,
             isr=tuple(x for x in state.isr if x != old),
             osr=tuple(x for x in state.replicas if x == old or x in state.osr),
             leader_session=live[new_leader],
         )
     if old in live:  # restarted, and the only live in-sync replica
-        return replace(state, epoch=state.epoch + 1, leader_session=live[old])
-    return replace(state, leader=None, epoch=state.epoch + 1, leader_session=0)
+        return replace(state, epoch=state.epoch + 1, version=state.version + 1, leader_session=live[old])
+    return replace(state, leader=None, epoch=state.epoch + 1, version=state.version + 1, leader_session=0)
 
 
 def leaderless_reason(state: GroupState, live_nodes: Iterable[str] | Mapping[str, int]) -> str | None:
@@ -253,7 +179,7 @@ def switch_leader(state: GroupState, to: str, session: int = 0) -> GroupState:
     """Hand leadership to an in-sync replica (balancing or a resign) under ``session``, bumping the epoch."""
     if to not in state.isr:
         raise InvalidGroupState(f"cannot hand leadership to {to}: not in the ISR {list(state.isr)}")
-    return replace(state, leader=to, epoch=state.epoch + 1, leader_session=session)
+    return replace(state, leader=to, epoch=state.epoch + 1, version=state.version + 1, leader_session=session)
 
 
 # ---- leader balancing ----------------------------------------------------------------------------

@@ -25,12 +25,12 @@ from typing import Any
 
 import grpc
 
-from conductor.metastore import Metastore, ModuleNotFound
-from conductor.module_spec import MIN_ISR, ModuleSpec
-from conductor.placement import GroupState, leaderless_reason
-from conductor.transport import GRPC_OPTIONS
-from proto import millrace_pb2 as pb
-from proto import millrace_pb2_grpc as pbg
+from conductor.metastore import GroupState, Metastore, ModuleNotFound
+from conductor.metastore.module_spec import MIN_ISR, ModuleSpec
+from conductor.placement import leaderless_reason
+from conductor.wire import millrace_pb2 as pb
+from conductor.wire import millrace_pb2_grpc as pbg
+from conductor.wire.options import GRPC_OPTIONS
 
 #: How long one GroupStatus call may take before the leader is shown as unreachable. A stopped or
 #: partitioned node would otherwise hang the whole status view.
@@ -100,7 +100,7 @@ def resigning_groups(ms: Metastore, module: str, groups: dict[int, tuple[GroupSt
     (leadership moved anyway) and the conductor withdraws it.
     """
     out = {}
-    for g, req in ms.list_resigns(module).items():
+    for g, req in ms.resigns.all(module).items():
         st = groups.get(g)
         if st is not None and st[0].epoch == req.get("epoch"):
             out[g] = str(req.get("to"))
@@ -110,9 +110,9 @@ def resigning_groups(ms: Metastore, module: str, groups: dict[int, tuple[GroupSt
 def nodes_overview(ms: Metastore) -> list[dict[str, Any]]:
     """Live worker nodes with their gRPC address and pid, sorted by id; ``leaders_allowed`` False when drained."""
     out = []
-    drained = ms.disallowed_nodes()
-    for node_id in ms.live_nodes():
-        info = ms.get_node(node_id)
+    drained = ms.drains.nodes()
+    for node_id in ms.nodes.live():
+        info = ms.nodes.get(node_id)
         if info is not None:  # it may have left between the two reads
             out.append({"node": node_id, "address": info.address, "pid": info.pid, "started": info.started,
                         "leaders_allowed": node_id not in drained})
@@ -124,12 +124,12 @@ def modules_overview(ms: Metastore) -> list[dict[str, Any]]:
 
     Only the metastore is read (no RPCs), so this stays cheap with many modules.
     """
-    live = ms.live_sessions()
+    live = ms.nodes.sessions()
     rows = []
-    for name in ms.list_modules():
+    for name in ms.modules.names():
         try:
-            spec, _ = ms.get_module(name)
-            groups = ms.list_groups(name)
+            spec, _ = ms.modules.get(name)
+            groups = ms.groups.all(name)
         except ModuleNotFound:
             continue  # destroyed while we listed
         led = sum(1 for state, _ in groups.values() if leaderless_reason(state, live) is None)
@@ -184,9 +184,9 @@ def module_status(ms: Metastore, module: str, rpc_timeout_s: float = RPC_TIMEOUT
     Raises ``ModuleNotFound`` if the module is not deployed; an unreachable
     leader only marks its group (``serving: False`` and a ``problem``).
     """
-    spec, _ = ms.get_module(module)
-    groups = ms.list_groups(module)
-    live = ms.live_sessions()
+    spec, _ = ms.modules.get(module)
+    groups = ms.groups.all(module)
+    live = ms.nodes.sessions()
     addresses: dict[str, str | None] = {}
     for state, _ in groups.values():
         if state.leader is not None and state.leader in live:
@@ -218,12 +218,12 @@ def module_status(ms: Metastore, module: str, rpc_timeout_s: float = RPC_TIMEOUT
     return {**_spec_summary(spec), "live_nodes": sorted(live), "groups": rows,
             "serving": sum(1 for r in rows if r["serving"]), "checked_at": time.time(),
             "state": LEADERSHIP_BALANCING if resigning else RUNNING,
-            "disallowed_leaders": sorted(ms.disallowed_nodes())}
+            "disallowed_leaders": sorted(ms.drains.nodes())}
 
 
 def _address(ms: Metastore, known: dict[str, str | None], node: str) -> str | None:
     if node not in known:
-        info = ms.get_node(node)
+        info = ms.nodes.get(node)
         known[node] = info.address if info else None
     return known[node]
 

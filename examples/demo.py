@@ -57,11 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     from conductor.client import Cluster
     from conductor.controller import Conductor
     from conductor.devcluster import DevCluster
-    from conductor.module_spec import ModuleSpec
-    from conductor.spark_env import spark_session
+    from conductor.metastore.module_spec import ModuleSpec
     from conductor.status import wait_serving
-    from topology.microbatch import run_microbatch
     from topology.spark import export_depot_to_delta, read_delta_sql
+    from topology.spark.microbatch import run_microbatch
+    from topology.spark.session import spark_session
 
     t_start = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="millrace-demo-"))

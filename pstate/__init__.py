@@ -18,7 +18,13 @@ Quick tour::
 
 See :mod:`pstate.path` for navigators, :mod:`pstate.store` for durability and
 :mod:`pstate.checkpoint` for far-horizon catchup.
+
+The RocksDB side (:mod:`pstate.store`) is imported on first use of one of its
+names, so that code needing only schemas, paths or the query wire format (the
+app client, Spark executors) never loads RocksDB.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from pstate.changes import ChangeSet
 from pstate.checkpoint import Manifest, ManifestFile, install, read_manifest
@@ -36,7 +42,20 @@ from pstate.errors import (
 from pstate.keys import decode_key, encode_key
 from pstate.path import REMOVED, P, Path, Transform
 from pstate.schema import Fixed, List, Map, Optional, Record, Schema, Set, Tuple
-from pstate.store import ChangeSetBuilder, DepotView, PartitionInfo, PStateView, TaskGroupStore
+
+if TYPE_CHECKING:
+    from pstate.store import ChangeSetBuilder, DepotView, PartitionInfo, PStateView, TaskGroupStore
+
+_STORE_NAMES = frozenset({"ChangeSetBuilder", "DepotView", "PartitionInfo", "PStateView", "TaskGroupStore"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _STORE_NAMES:
+        from pstate import store
+
+        return getattr(store, name)
+    raise AttributeError(f"module 'pstate' has no attribute {name!r}")
+
 
 __all__ = [
     "REMOVED",

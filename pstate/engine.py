@@ -78,6 +78,14 @@ _ELEM = b"\x02"
 _SUB = b"\x03"
 
 
+def top_key(kt: type | None, key: Any) -> bytes:
+    """The RocksDB key of top-level map entry ``key`` of scalar type ``kt`` (str inline: the hottest case)."""
+    if kt is str:
+        text: str = key
+        return _ELEM + b"\x05" + text.encode("utf-8", "surrogatepass").replace(b"\x00", b"\x00\xff") + b"\x00\x01"
+    return _ELEM + encode_key(key)
+
+
 def unpack(raw: bytes) -> Any:
     return msgpack.unpackb(raw, raw=False, strict_map_key=False, ext_hook=_ext_hook)
 

@@ -22,19 +22,28 @@ atomically.)
 
 from __future__ import annotations
 
-import itertools
 import os
 import shutil
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import rocksdict
 
 from pstate.changes import OP_DELETE, OP_DELETE_RANGE, OP_PUT, ChangeSet, Overlay, Writes, decode_any
-from pstate.engine import Engine, LayeredReader, Reader, _packb, decode_value, encode_value, pack, unpack
+from pstate.engine import (
+    Engine,
+    LayeredReader,
+    Reader,
+    _packb,
+    decode_value,
+    encode_value,
+    pack,
+    top_key,
+    unpack,
+)
 from pstate.errors import (
     CorruptStore,
     DepotNotFound,
@@ -48,6 +57,7 @@ from pstate.errors import (
 )
 from pstate.keys import encode_key
 from pstate.path import KEY, P, Path, Transform, as_transform
+from pstate.reader import DbReader
 from pstate.schema import Map, Scalar, Set, check_top_level
 
 META = "_meta"
@@ -74,87 +84,6 @@ class PartitionInfo:
 
     start: int
     end: int
-
-
-class DbReader:
-    """Reads committed (applied) state straight from RocksDB."""
-
-    def __init__(self, cfs: dict[str, rocksdict.Rdict], path: str) -> None:
-        self._cfs = cfs
-        self._path = path
-
-    def get(self, cf: str, key: bytes) -> bytes | None:
-        try:
-            r: bytes | None = self._cfs[cf].get(key)
-        except Exception as exc:
-            raise translate(exc, "get", self._path) from exc
-        return r
-
-    def scan(self, cf: str, lo: bytes, hi: bytes | None, reverse: bool = False) -> Iterator[tuple[bytes, bytes]]:
-        # The generators below keep ``ro`` alive while rocksdict's iterator runs: rocksdict does
-        # not, and an iterator outliving its ReadOptions reads past a freed upper bound (found by
-        # the crash test as scans returning keys beyond their range).
-        ro = rocksdict.ReadOptions()
-        if hi is not None:
-            ro.set_iterate_upper_bound(hi)
-        db: Any = self._cfs[cf]  # raw mode: keys and values are bytes (the stubs cannot say so)
-        try:
-            if reverse:
-                return self._reverse(db.items(backwards=True, read_opt=ro), lo, ro)
-            return self._forward(db.items(from_key=lo, read_opt=ro), ro)
-        except Exception as exc:
-            raise translate(exc, "scan", self._path) from exc
-
-    def values(self, cf: str, lo: bytes, hi: bytes, limit: int, max_bytes: int) -> list[bytes]:
-        """Values of keys in ``[lo, hi)``, at most ``limit``, stopping once ``max_bytes`` are read.
-
-        The keys are not built as Python objects and the loop runs in C, a
-        chunk at a time: a depot read serving Spark spends a third of its node
-        time on keys it only needs to count.
-        """
-        ro = rocksdict.ReadOptions()
-        ro.set_iterate_upper_bound(hi)
-        db: Any = self._cfs[cf]
-        out: list[bytes] = []
-        total = 0
-        try:
-            it = db.values(from_key=lo, read_opt=ro)
-            while len(out) < limit and total < max_bytes:
-                chunk = list(itertools.islice(it, min(_VALUES_CHUNK, limit - len(out))))
-                if not chunk:
-                    break
-                size = sum(map(len, chunk))
-                if total + size >= max_bytes:  # keep up to the record that reaches max_bytes, as scan() readers do
-                    cut = next(i for i, c in enumerate(itertools.accumulate(map(len, chunk), initial=total))
-                               if c >= max_bytes)
-                    chunk = chunk[:max(1, cut)]
-                    size = sum(map(len, chunk))
-                out.extend(chunk)
-                total += size
-        except Exception as exc:
-            raise translate(exc, "scan", self._path) from exc
-        del ro  # rocksdict's iterator does not keep its ReadOptions (and upper bound) alive: we do, until here
-        return out
-
-    @staticmethod
-    def _forward(items: Iterator[tuple[bytes, bytes]], ro: rocksdict.ReadOptions) -> Iterator[tuple[bytes, bytes]]:
-        yield from items
-        del ro
-
-    @staticmethod
-    def _reverse(items: Iterator[tuple[bytes, bytes]], lo: bytes,
-                 ro: rocksdict.ReadOptions) -> Iterator[tuple[bytes, bytes]]:
-        for k, v in items:
-            if k < lo:
-                return
-            yield k, v
-
-
-def _top_key(kt: type | None, key: Any) -> bytes:
-    """A top-level map key of a scalar type, encoded as the engine does (str inline: the hottest case)."""
-    if kt is str:
-        return b"\x02\x05" + cast(str, key).encode("utf-8", "surrogatepass").replace(b"\x00", b"\x00\xff") + b"\x00\x01"
-    return b"\x02" + encode_key(key)
 
 
 def _check_partition(partition: int) -> bytes:
@@ -284,8 +213,7 @@ class TaskGroupStore:
             if cs.topology is not None:
                 if type(cs.batch_id) is not int:
                     raise CorruptStore("replog payload", f"batch id {cs.batch_id!r} is not an int")
-                last = self.last_batch(cs.topology)
-                skip = last is not None and cs.batch_id <= last
+                skip = self.batch_committed(cs.topology, cs.batch_id)
             if not skip:
                 handles = []
                 for name in cs.cfs:
@@ -369,6 +297,11 @@ class TaskGroupStore:
         """Last microbatch id committed by ``topology`` here (None if none)."""
         raw = self._reader.get(META, _BATCH + topology.encode())
         return None if raw is None else int(unpack(raw))
+
+    def batch_committed(self, topology: str, batch_id: int) -> bool:
+        """The exactly-once rule: a batch at or below ``topology``'s last is a replay (ids commit in order)."""
+        last = self.last_batch(topology)
+        return last is not None and batch_id <= last
 
     def engine(self, name: str, reader: Reader, writes: Writes | None) -> Engine:
         s = self.schemas.get(name)
@@ -511,10 +444,6 @@ class DepotView:
         return first, nxt, out
 
 
-#: values fetched per C call by :meth:`DbReader.values`
-_VALUES_CHUNK = 4096
-
-
 def _depot_meta_key(name: str, p: bytes) -> bytes:
     return _DEPOT_META + name.encode() + b"\x00" + p
 
@@ -576,7 +505,7 @@ class ChangeSetBuilder:
         cf, kt, vt = fast
         if type(key) is kt and type(value) is vt and (vt is not float or value == value):
             # scalar key and value of exactly the schema's types: nothing left to validate
-            self.writes.put(cf, _top_key(kt, key), _packb(value))
+            self.writes.put(cf, top_key(kt, key), _packb(value))
             return
         eng = self._engines.get(pstate)
         if eng is None:
@@ -594,7 +523,7 @@ class ChangeSetBuilder:
         cf, kt, vt = self._fast.get(pstate) or self._fast.setdefault(pstate, self._fast_info(pstate))
         if type(key) is not kt:
             return self.transform(pstate, P.key(key).update(fn))
-        ek = _top_key(kt, key)
+        ek = top_key(kt, key)
         raw = self._reader.get(cf, ek)
         old = None if raw is None else unpack(raw)
         new = fn(old)

@@ -12,6 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+#: ``replog.segment.bytes``: retention deletes whole segments, so this is also the granularity of disk use
+DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
+
 #: dotted option name -> field of :class:`ReplicationConfig`
 OPTION_NAMES: dict[str, str] = {
     "replication.factor": "replication_factor",

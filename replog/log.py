@@ -51,25 +51,38 @@ import fcntl
 import itertools
 import logging
 import os
-import re
 import time
-from array import array
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Literal, NamedTuple
+from typing import Literal
 
 from replog.batch import (
     HEADER_SIZE,
     Batch,
     FrameHeader,
-    ScanResult,
     TypesArg,
     encode_parts,
     scan_frames,
     truncate_frame,
 )
+from replog.config import DEFAULT_SEGMENT_BYTES
 from replog.errors import CorruptLog, InvalidFrame, OffsetOutOfRange, UnexpectedOffset
+from replog.segment import (
+    SWAP_SUFFIX,
+    Segment,
+    SegmentInfo,
+    ensure_indexed,
+    find_frame,
+    fsync_dir,
+    pread_exact,
+    recover,
+    scan_into,
+    segment_name,
+    sync_data,
+    write_all,
+)
+from replog.tail_cache import TailCache
 
 __all__ = ["Entry", "FsyncPolicy", "Log", "SegmentInfo"]
 
@@ -81,120 +94,12 @@ _POLICIES = ("batch", "none", "interval")
 MiB = 1024 * 1024
 #: bytes of the newest frames a log keeps in memory for reads of its tail (see ``Log.read``)
 TAIL_CACHE_BYTES = 4 * MiB
-_SUFFIX = ".log"
-_SWAP_SUFFIX = ".swap"
-_NAME = re.compile(r"^(\d{20})\.log$")
 _LOCK_NAME = "LOCK"
-_SCAN_CHUNK = 4 * MiB  # read size when scanning a segment
 _COPY_CHUNK = 4 * MiB
 
-_sync = getattr(os, "fdatasync", os.fsync)  # data + size, not mtime: enough to read the data back
 
 Entry = tuple[int, int, int, bytes]
 """``(offset, epoch, type, payload)`` as returned by :meth:`Log.read_entries`."""
-
-
-class SegmentInfo(NamedTuple):
-    """A segment as seen from outside: for metrics, far-horizon catchup and tests."""
-
-    base_offset: int
-    path: str
-    size_bytes: int
-
-
-def _segment_name(base_offset: int) -> str:
-    return f"{base_offset:020d}{_SUFFIX}"
-
-
-def _fsync_dir(path: Path) -> None:
-    """Make creations, renames and deletions in ``path`` durable (they live in the directory, not the file)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _pread_exact(fd: int, n: int, pos: int) -> bytes:
-    """``pread`` that does not return short unless at end of file."""
-    data = os.pread(fd, n, pos)
-    if len(data) == n or not data:
-        return data
-    parts = [data]
-    got = len(data)
-    while got < n:
-        more = os.pread(fd, n - got, pos + got)
-        if not more:
-            break
-        parts.append(more)
-        got += len(more)
-    return b"".join(parts)
-
-
-def _write_all(fd: int, parts: Sequence[bytes | memoryview]) -> None:
-    """``writev`` every byte of ``parts`` (a short write continues where it stopped)."""
-    written = os.writev(fd, parts)
-    total = sum(map(len, parts))
-    if written == total:
-        return
-    rest = memoryview(b"".join(parts))[written:]  # rare: only after a short write
-    while rest:
-        rest = rest[os.write(fd, rest) :]
-
-
-class _Segment:
-    """One segment file and its in-memory sparse index.
-
-    ``indexed`` is False for a sealed segment nobody has read since open: its size
-    and end offset are then taken from the directory listing (the next segment's
-    base) and checked when the index is built.
-    """
-
-    __slots__ = (
-        "base",
-        "end_offset",
-        "idx_offsets",
-        "idx_positions",
-        "indexed",
-        "last_epoch",
-        "last_idx_pos",
-        "path",
-        "size",
-    )
-
-    def __init__(self, path: Path, base: int, size: int, end_offset: int, *, indexed: bool) -> None:
-        self.path = path
-        self.base = base
-        self.size = size
-        self.end_offset = end_offset
-        self.indexed = indexed
-        self.last_epoch: int | None = None
-        self.idx_offsets = array("Q")
-        self.idx_positions = array("Q")
-        self.last_idx_pos = -(1 << 62)
-
-    def clear_index(self) -> None:
-        self.idx_offsets = array("Q")
-        self.idx_positions = array("Q")
-        self.last_idx_pos = -(1 << 62)
-        self.size = 0
-        self.end_offset = self.base
-        self.last_epoch = None
-
-    def add(self, base: int, epoch: int, count: int, start: int, end: int, interval: int) -> None:
-        """Record a frame written (or found) at ``[start, end)``."""
-        assert start == self.size, f"frame at byte {start} but segment {self.path} ends at {self.size}"
-        assert base == self.end_offset, f"frame base {base} but segment {self.path} ends at {self.end_offset}"
-        if start - self.last_idx_pos >= interval:
-            self.idx_offsets.append(base)
-            self.idx_positions.append(start)
-            self.last_idx_pos = start
-        self.size = end
-        self.end_offset = base + count
-        self.last_epoch = epoch
-
-    def info(self) -> SegmentInfo:
-        return SegmentInfo(self.base, str(self.path), self.size)
 
 
 class Log:
@@ -207,7 +112,7 @@ class Log:
     def __init__(
         self,
         directory: Path,
-        segments: list[_Segment],
+        segments: list[Segment],
         lock_fd: int,
         *,
         segment_bytes: int,
@@ -234,9 +139,7 @@ class Log:
         self._closed = False
         #: the most recently written frames, newest last: (base offset, next offset, frame bytes); reads of
         #: the tail (replication and apply, right after the append) are served from here, not the disk
-        self._tail_bases: list[int] = []
-        self._tail: list[tuple[int, int, bytes | memoryview]] = []
-        self._tail_bytes = 0
+        self._tail = TailCache(TAIL_CACHE_BYTES)
         self._check_invariants()
 
     # ------------------------------------------------------------------ open
@@ -246,7 +149,7 @@ class Log:
         cls,
         directory: str | os.PathLike[str],
         *,
-        segment_bytes: int = 64 * MiB,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         fsync: FsyncPolicy = "batch",
         index_interval_bytes: int = 4096,
         fsync_interval_ms: int = 100,
@@ -280,7 +183,7 @@ class Log:
                 f"replog directory {path} is already open by another Log; close that one first",
             ) from None
         try:
-            segments = cls._recover(path, index_interval_bytes, fsync != "none")
+            segments = recover(path, index_interval_bytes, fsync != "none")
             log = cls(
                 path,
                 segments,
@@ -300,58 +203,6 @@ class Log:
                 log.close()
                 raise
         return log
-
-    @classmethod
-    def _recover(cls, path: Path, interval: int, durable: bool) -> list[_Segment]:
-        for leftover in path.glob("*" + _SWAP_SUFFIX):
-            # An interrupted mid-batch truncation: the segment it was replacing is intact.
-            _log.warning("replog %s: removing leftover %s of an interrupted truncation", path, leftover.name)
-            leftover.unlink()
-        bases = sorted(int(m.group(1)) for m in map(_NAME.match, os.listdir(path)) if m)
-        if not bases:
-            (path / _segment_name(0)).touch()
-            if durable:
-                _fsync_dir(path)
-            bases = [0]
-        segments = [
-            _Segment(path / _segment_name(b), b, (path / _segment_name(b)).stat().st_size, nxt, indexed=False)
-            for b, nxt in itertools.pairwise(bases)
-        ]
-        tail = _Segment(path / _segment_name(bases[-1]), bases[-1], 0, bases[-1], indexed=True)
-        cls._recover_tail(tail, interval)
-        segments.append(tail)
-        return segments
-
-    @classmethod
-    def _recover_tail(cls, seg: _Segment, interval: int) -> None:
-        """Index the tail segment, cutting a torn tail; raise if the damage is not at the tail."""
-        fd = os.open(seg.path, os.O_RDWR)
-        try:
-            size = os.fstat(fd).st_size
-            result = _scan_into(seg, fd, size, interval)
-            if result.error is None:
-                return
-            bad = result.end
-            rest = _pread_exact(fd, size - bad, bad)
-            if not result.torn and _is_misplaced(result.error):
-                raise CorruptLog(str(seg.path), bad, result.error)
-            found = _find_valid_frame(rest, seg.end_offset)
-            if found is not None:
-                raise CorruptLog(
-                    str(seg.path), bad, f"{result.error}, yet a valid frame follows at byte {bad + found}"
-                )
-            _log.warning(
-                "replog %s: cutting torn tail at byte %d (offset %d): %s; %d byte(s) dropped",
-                seg.path,
-                bad,
-                seg.end_offset,
-                result.error,
-                size - bad,
-            )
-            os.ftruncate(fd, bad)
-            _sync(fd)
-        finally:
-            os.close(fd)
 
     def _open_active(self) -> int:
         fd = os.open(self._segments[-1].path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -388,7 +239,7 @@ class Log:
         roll or a truncation to a segment boundary).
         """
         for seg in reversed(self._segments):
-            self._ensure_indexed(seg)
+            ensure_indexed(seg, self._index_interval)
             if seg.last_epoch is not None:
                 return seg.last_epoch
         return None
@@ -423,7 +274,7 @@ class Log:
         start = seg.size
         self._write(parts, start)
         seg.add(base, epoch, len(payloads), start, start + size, self._index_interval)
-        self._remember(base, base + len(payloads), b"".join(parts))
+        self._tail.remember(base, base + len(payloads), b"".join(parts))
         self._after_write()
         return base
 
@@ -478,62 +329,14 @@ class Log:
             seg.add(
                 f.base_offset, f.epoch, f.entry_count, f.start + delta, f.end + delta, self._index_interval
             )
-            self._remember(f.base_offset, f.next_offset, view[f.start : f.end])
+            self._tail.remember(f.base_offset, f.next_offset, view[f.start : f.end])
 
     # --------------------------------------------------------------- tail cache
-
-    def _remember(self, base: int, next_offset: int, frame: bytes | memoryview) -> None:
-        """Keep a frame just written for reads of the tail; the oldest go beyond TAIL_CACHE_BYTES."""
-        if self._tail and self._tail[-1][1] != base:
-            self._forget_tail()  # not contiguous with what is cached (never expected): start over
-        self._tail_bases.append(base)
-        self._tail.append((base, next_offset, frame))
-        self._tail_bytes += len(frame)
-        if self._tail_bytes > 2 * TAIL_CACHE_BYTES:
-            drop = 0
-            while self._tail_bytes > TAIL_CACHE_BYTES:
-                self._tail_bytes -= len(self._tail[drop][2])
-                drop += 1
-            del self._tail[:drop]
-            del self._tail_bases[:drop]
-
-    def _forget_tail(self, from_offset: int | None = None) -> None:
-        """Drop cached frames holding any entry at or past `from_offset` (all of them by default)."""
-        if from_offset is None:
-            self._tail.clear()
-            self._tail_bases.clear()
-            self._tail_bytes = 0
-            return
-        while self._tail and self._tail[-1][1] > from_offset:
-            self._tail_bytes -= len(self._tail.pop()[2])
-            self._tail_bases.pop()
-        if self._tail and self._tail[-1][1] != from_offset:  # a cut inside a batch: its kept prefix is not here
-            self._forget_tail()
-
-    def _read_tail(self, start: int, end: int, max_bytes: int) -> bytes | None:
-        """`read` from the cache: whole frames from the one holding `start`; None if it is not cached."""
-        bases = self._tail_bases
-        # Only a cache that reaches the log end (what a read of the tail wants) is used.
-        if not bases or start < bases[0] or self._tail[-1][1] != self.end_offset:
-            return None
-        i = bisect.bisect_right(bases, start) - 1
-        tail = self._tail
-        out = [tail[i][2]]
-        size = len(out[0])
-        i += 1
-        while i < len(tail) and tail[i][0] < end:
-            n = len(tail[i][2])
-            if size + n > max_bytes:
-                break
-            out.append(tail[i][2])
-            size += n
-            i += 1
-        return bytes(out[0]) if len(out) == 1 else b"".join(out)
 
     def _write(self, parts: Sequence[bytes | memoryview], pos: int) -> None:
         """Write at the end of the active segment; on failure, cut back so no partial frame stays behind."""
         try:
-            _write_all(self._fd, list(parts))
+            write_all(self._fd, list(parts))
         except OSError:
             with contextlib.suppress(OSError):
                 os.ftruncate(self._fd, pos)
@@ -546,7 +349,7 @@ class Log:
             self._sync_active()
 
     def _sync_active(self) -> None:
-        _sync(self._fd)
+        sync_data(self._fd)
         self._flushed = self.end_offset
         self._last_sync = time.monotonic()
 
@@ -558,10 +361,10 @@ class Log:
         if self._fsync == "none":
             self._unsynced_sealed.append(seg.path)
         else:
-            _sync(self._fd)
+            sync_data(self._fd)
         os.close(self._fd)
-        new = _Segment(
-            self._dir / _segment_name(seg.end_offset), seg.end_offset, 0, seg.end_offset, indexed=True
+        new = Segment(
+            self._dir / segment_name(seg.end_offset), seg.end_offset, 0, seg.end_offset, indexed=True
         )
         self._segments.append(new)
         self._bases.append(new.base)
@@ -572,7 +375,7 @@ class Log:
             self._dir_dirty = True
 
     def _sync_dir(self) -> None:
-        _fsync_dir(self._dir)
+        fsync_dir(self._dir)
         self._dir_dirty = False
 
     def flush(self) -> None:
@@ -624,7 +427,7 @@ class Log:
         end = log_end if end is None else min(end, log_end)
         if end <= start:
             return b""
-        cached = self._read_tail(start, end, max_bytes)
+        cached = self._tail.read(start, end, max_bytes, self.end_offset)
         if cached is not None:
             return cached
         out: list[bytes] = []
@@ -633,12 +436,12 @@ class Log:
         i = bisect.bisect_right(self._bases, offset) - 1
         while offset < end:
             seg = self._segments[i]
-            self._ensure_indexed(seg)
+            ensure_indexed(seg, self._index_interval)
             assert seg.base <= offset < seg.end_offset, (seg.path, offset)
             with self._reader(seg) as fd:
-                pos, first = self._find_frame(seg, fd, offset)
+                pos, first = find_frame(seg, fd, offset)
                 want = max(first.end - pos, min(budget, seg.size - pos))
-                buf = _pread_exact(fd, want, pos)
+                buf = pread_exact(fd, want, pos)
             result = scan_frames(buf, expect_offset=first.base_offset)
             if result.error is not None and not (result.torn and result.frames and pos + len(buf) < seg.size):
                 raise CorruptLog(str(seg.path), pos + result.end, result.error)
@@ -684,7 +487,7 @@ class Log:
         return out
 
     @contextlib.contextmanager
-    def _reader(self, seg: _Segment) -> Iterator[int]:
+    def _reader(self, seg: Segment) -> Iterator[int]:
         """A file descriptor to read ``seg``: the active one, or a short-lived one for a sealed segment."""
         if seg is self._segments[-1]:
             yield self._fd
@@ -695,61 +498,11 @@ class Log:
         finally:
             os.close(fd)
 
-    def _find_frame(self, seg: _Segment, fd: int, offset: int) -> tuple[int, FrameHeader]:
-        """Byte position and header of the frame of ``seg`` holding ``offset`` (index lookup, then a short walk)."""
-        i = bisect.bisect_right(seg.idx_offsets, offset) - 1
-        assert i >= 0, f"offset {offset} below segment {seg.path}"
-        pos = seg.idx_positions[i]
-        while True:
-            hdr = _pread_exact(fd, HEADER_SIZE, pos)
-            if len(hdr) < HEADER_SIZE:
-                raise CorruptLog(str(seg.path), pos, f"short frame header while looking for offset {offset}")
-            batch = Batch(hdr)  # a header-only view: ``batch.end`` is the frame size
-            frame = FrameHeader(batch.base_offset, batch.epoch, batch.count, pos, pos + batch.end)
-            if frame.next_offset > offset:
-                if frame.base_offset > offset:
-                    raise CorruptLog(
-                        str(seg.path), pos, f"offset {offset} missing: frame starts at {frame.base_offset}"
-                    )
-                return pos, frame
-            if frame.end >= seg.size:
-                raise CorruptLog(
-                    str(seg.path), pos, f"offset {offset} not found before the end of the segment"
-                )
-            pos = frame.end
-
-    def _ensure_indexed(self, seg: _Segment) -> None:
-        """Build a sealed segment's index on first use, checking every frame (:class:`CorruptLog`)."""
-        if seg.indexed:
-            return
-        expected_end = seg.end_offset
-        seg.clear_index()
-        fd = os.open(seg.path, os.O_RDONLY)
-        try:
-            size = os.fstat(fd).st_size
-            result = _scan_into(seg, fd, size, self._index_interval)
-        finally:
-            os.close(fd)
-        if result.error is not None:
-            seg.clear_index()
-            seg.end_offset = expected_end
-            raise CorruptLog(str(seg.path), result.end, result.error)
-        if seg.end_offset != expected_end:
-            got = seg.end_offset
-            seg.clear_index()
-            seg.end_offset = expected_end
-            raise CorruptLog(
-                str(seg.path),
-                size,
-                f"segment ends at offset {got} but the next segment starts at {expected_end}",
-            )
-        seg.indexed = True
-
     def verify(self) -> None:
         """Check every segment now (CRC, layout, contiguity); raise :class:`CorruptLog` at the first problem."""
         self._check_open()
         for seg in self._segments:
-            self._ensure_indexed(seg)
+            ensure_indexed(seg, self._index_interval)
 
     # ------------------------------------------------------ truncation/retention
 
@@ -771,20 +524,20 @@ class Log:
         if offset <= self.start_offset:
             self.reset(offset)
             return
-        self._forget_tail(offset)
+        self._tail.forget(offset)
         i = bisect.bisect_right(self._bases, offset) - 1
         if self._segments[i].base == offset:
             i -= 1  # the cut falls on a segment boundary: segment i-1 ends exactly there
         self._drop_segments_after(i)
         seg = self._segments[i]
-        self._ensure_indexed(seg)
+        ensure_indexed(seg, self._index_interval)
         if seg.end_offset > offset:
-            pos, frame = self._find_frame(seg, self._fd, offset)
+            pos, frame = find_frame(seg, self._fd, offset)
             if frame.base_offset == offset:
                 os.ftruncate(self._fd, pos)
-                _sync(self._fd)
+                sync_data(self._fd)
             else:
-                raw = _pread_exact(self._fd, frame.size, pos)
+                raw = pread_exact(self._fd, frame.size, pos)
                 self._replace_tail(seg, pos, truncate_frame(raw, offset - frame.base_offset))
             self._reindex_active()
         self._flushed = min(self._flushed, offset)
@@ -803,22 +556,22 @@ class Log:
         self._sync_dir()
         self._unsynced_sealed = [p for p in self._unsynced_sealed if p.exists()]
         seg = self._segments[i]
-        self._ensure_indexed(seg)
+        ensure_indexed(seg, self._index_interval)
         self._fd = self._open_active()
 
-    def _replace_tail(self, seg: _Segment, pos: int, new_tail: bytes) -> None:
+    def _replace_tail(self, seg: Segment, pos: int, new_tail: bytes) -> None:
         """Atomically replace ``seg``'s bytes from ``pos`` on with ``new_tail`` (copy, fsync, rename)."""
-        swap = seg.path.with_name(seg.path.name + _SWAP_SUFFIX)
+        swap = seg.path.with_name(seg.path.name + SWAP_SUFFIX)
         out = os.open(swap, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             copied = 0
             while copied < pos:
-                chunk = _pread_exact(self._fd, min(_COPY_CHUNK, pos - copied), copied)
+                chunk = pread_exact(self._fd, min(_COPY_CHUNK, pos - copied), copied)
                 if not chunk:
                     raise CorruptLog(str(seg.path), copied, "segment shorter than its index says")
-                _write_all(out, [chunk])
+                write_all(out, [chunk])
                 copied += len(chunk)
-            _write_all(out, [new_tail])
+            write_all(out, [new_tail])
             os.fsync(out)
         finally:
             os.close(out)
@@ -836,7 +589,7 @@ class Log:
         seg = self._segments[-1]
         seg.clear_index()
         size = os.fstat(self._fd).st_size
-        result = _scan_into(seg, self._fd, size, self._index_interval)
+        result = scan_into(seg, self._fd, size, self._index_interval)
         if result.error is not None:
             raise CorruptLog(str(seg.path), result.end, result.error)
         seg.indexed = True
@@ -851,12 +604,12 @@ class Log:
         self._check_open()
         if offset < 0:
             raise ValueError(f"offset {offset} is negative")
-        self._forget_tail()
+        self._tail.forget()
         os.close(self._fd)
         for seg in reversed(self._segments):
             seg.path.unlink()
         self._unsynced_sealed.clear()
-        fresh = _Segment(self._dir / _segment_name(offset), offset, 0, offset, indexed=True)
+        fresh = Segment(self._dir / segment_name(offset), offset, 0, offset, indexed=True)
         self._segments = [fresh]
         self._bases = [offset]
         self._fd = self._open_active()
@@ -899,7 +652,7 @@ class Log:
             self.flush()
         finally:
             self._closed = True
-            self._forget_tail()
+            self._tail.forget()
             os.close(self._fd)
             os.close(self._lock_fd)
 
@@ -932,65 +685,3 @@ class Log:
         assert (active.size == 0) == (active.end_offset == active.base)
         assert self._flushed <= self.end_offset
 
-
-def _scan_into(seg: _Segment, fd: int, size: int, interval: int, *, start: int = 0) -> ScanResult:
-    """Scan ``seg``'s file from byte ``start`` (its running state must already match ``start``) and index every valid frame.
-
-    Reads in chunks, growing a chunk when a single frame is larger.  Returns where
-    the valid frames end and why scanning stopped there (``error is None``: clean end).
-    """
-    pos = start
-    chunk = _SCAN_CHUNK
-    while pos < size:
-        n = min(chunk, size - pos)
-        buf = _pread_exact(fd, n, pos)
-        result = scan_frames(buf, expect_offset=seg.end_offset, min_epoch=seg.last_epoch or 0)
-        for f in result.frames:
-            seg.add(f.base_offset, f.epoch, f.entry_count, pos + f.start, pos + f.end, interval)
-        if result.error is None:
-            pos += result.end
-            chunk = _SCAN_CHUNK
-            continue
-        if result.torn and pos + n < size:
-            # The frame at ``pos + result.end`` continues past this chunk: read on, with a bigger chunk if needed.
-            if result.end == 0:
-                chunk *= 2
-            pos += result.end
-            continue
-        return ScanResult([], pos + result.end, result.error, result.torn)
-    return ScanResult([], pos, None, False)
-
-
-def _is_misplaced(error: str) -> bool:
-    """A CRC-valid frame with the wrong offset or epoch: never the product of a torn write."""
-    return error.startswith(("base offset", "leader epoch"))
-
-
-def _find_valid_frame(rest: bytes, expected: int) -> int | None:
-    """Position in ``rest`` (after its first byte) where a CRC-valid frame starts, or ``None``.
-
-    Decides whether a bad frame is a torn tail (nothing valid after it) or damage in
-    the middle.  A regex finds candidate headers in C: the base offset must lie in
-    ``[expected, expected + len(rest) // 5 + 1]`` (an entry takes at least 5 bytes),
-    so its high-order bytes are fixed, and the entry count must be non-zero; only
-    candidates get a Python-level CRC check.
-    """
-    if len(rest) <= HEADER_SIZE:
-        return None
-    lo = expected.to_bytes(8, "little")
-    hi = min(expected + len(rest) // 5 + 1, (1 << 64) - 1).to_bytes(8, "little")
-    fixed = 0
-    while fixed < 8 and lo[7 - fixed] == hi[7 - fixed]:
-        fixed += 1
-    pattern = re.compile(
-        b"(?=.{%d}%s.{4}(?!\\x00\\x00\\x00\\x00).{12})" % (8 - fixed, re.escape(lo[8 - fixed :])), re.DOTALL
-    )
-    for m in pattern.finditer(rest, 1):
-        q = m.start()
-        body_len = int.from_bytes(rest[q + 16 : q + 20], "little")
-        end = q + HEADER_SIZE + body_len
-        if end > len(rest):
-            continue
-        if scan_frames(rest, q, end).error is None:
-            return q
-    return None

@@ -84,8 +84,11 @@ applied=<_meta.applied>)`` and then fed ``MetastoreChanged(<current znode>)``.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from replog.config import ReplicationConfig
 from replog.errors import ReplogError
@@ -107,25 +110,97 @@ class Role(StrEnum):
     UNATTACHED = "unattached"
 
 
+class InvalidGroupState(ValueError):
+    """A group state breaks an invariant (e.g. a leader outside the ISR); refuse it rather than store it."""
+
+
 @dataclass(frozen=True, slots=True)
 class GroupState:
-    """The task group's znode ``{leader, epoch, isr, osr}`` with its version.
+    """A task group's leadership and membership: the znode ``.../groups/<g>`` and its version.
 
+    The one description of a group's state, shared by the state machine, the
+    metastore, the conductor and the client. ``isr`` and ``osr`` partition the
+    replicas; ``leader`` is None while no in-sync replica is live.
     ``leader_session`` binds the leadership to the ZooKeeper session that was
-    elected: a replica that restarted (new session) must not resume leading an
-    epoch whose unflushed tail it may have lost.
+    elected (0: unknown or no leader): a replica that restarted (new session)
+    must not resume leading an epoch whose unflushed tail it may have lost.
+    ``version`` is the znode's version when read (it is not stored in the
+    znode). ``placement`` is the replicas in preference order, the first one
+    the preferred leader; a state the replication state machine proposes leaves
+    it empty, and the metastore keeps the stored order when it writes one.
+    Construction validates, so no process can store or act on a broken state.
     """
 
     leader: str | None
     epoch: int
     isr: tuple[str, ...]
     osr: tuple[str, ...]
-    version: int
+    version: int = 0
     leader_session: int = 0
+    placement: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        # Accept lists from callers but store tuples, so states are hashable and immutable.
+        for name in ("isr", "osr", "placement"):
+            value = getattr(self, name)
+            if not isinstance(value, tuple):
+                object.__setattr__(self, name, tuple(value))
+        self.validate()
 
     @property
     def replicas(self) -> tuple[str, ...]:
-        return self.isr + self.osr
+        """Every replica of the group, in preference order when the placement is known."""
+        return self.placement or self.isr + self.osr
+
+    def validate(self) -> None:
+        """Raise InvalidGroupState naming the first broken invariant."""
+        for name in ("epoch", "version", "leader_session"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidGroupState(f"{name} must be a whole number >= 0, got {value!r}")
+        replicas = self.replicas
+        if len(set(replicas)) != len(replicas):
+            raise InvalidGroupState(f"replicas of a group must be on distinct nodes, got {list(replicas)}")
+        if not self.isr:
+            raise InvalidGroupState("the ISR can never be empty (it keeps its last members while leaderless)")
+        if set(self.isr) & set(self.osr):
+            raise InvalidGroupState(f"ISR {list(self.isr)} and OSR {list(self.osr)} overlap")
+        if set(self.isr) | set(self.osr) != set(replicas) or len(self.isr) + len(self.osr) != len(replicas):
+            raise InvalidGroupState(
+                f"ISR {list(self.isr)} and OSR {list(self.osr)} must partition the replicas {list(replicas)}")
+        if self.leader is not None and self.leader not in self.isr:
+            raise InvalidGroupState(f"leader {self.leader} is not in the ISR {list(self.isr)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The znode's document (the version is the znode's own, not part of it)."""
+        return {"leader": self.leader, "epoch": self.epoch, "isr": list(self.isr), "osr": list(self.osr),
+                "replicas": list(self.replicas), "leader_session": self.leader_session}
+
+    def to_json(self) -> bytes:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes | str, version: int = 0) -> GroupState:
+        """Parse a znode's document read at ``version``; InvalidGroupState if malformed or broken."""
+        try:
+            doc = json.loads(raw)
+            return cls(leader=doc["leader"], epoch=doc["epoch"], isr=tuple(doc["isr"]), osr=tuple(doc["osr"]),
+                       version=version, leader_session=int(doc.get("leader_session", 0)),
+                       placement=tuple(doc["replicas"]))
+        except (ValueError, KeyError, TypeError) as e:
+            raise InvalidGroupState(f"malformed group state {raw!r}: {e}") from None
+
+    @classmethod
+    def initial(cls, replicas: Sequence[str], leader_session: int = 0) -> GroupState:
+        """A freshly placed group: every replica in sync (they are all empty), first one leads, epoch 1.
+
+        Replicas start at epoch 0 with an empty epoch cache; leadership is always a move to a
+        *higher* epoch, so the first leader's epoch is 1 (a replica ignores a znode at its own epoch).
+        """
+        if not replicas:
+            raise InvalidGroupState("a task group needs at least one replica")
+        return cls(leader=replicas[0], epoch=1, isr=tuple(replicas), osr=(), leader_session=leader_session,
+                   placement=tuple(replicas))
 
 
 # ----------------------------------------------------------------------------------------------- events
@@ -241,6 +316,32 @@ class Replicate:
     entry_epochs: tuple[int, ...]
     apply_offset: int
     data: object = None
+
+
+@dataclass(frozen=True, slots=True)
+class RawReplicate:
+    """A :class:`Replicate` as it crosses the network between workers: the leader's log frames, still encoded.
+
+    The worker decodes and validates the frames (CRC, offsets) on the
+    follower's task thread, not on the event loop that received them, and only
+    then feeds the state machine a :class:`Replicate`. Without frames it is a
+    heartbeat, like an empty Replicate.
+    """
+
+    src: str
+    epoch: int
+    start: int
+    frames: bytes
+    apply_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class FarHorizonOffer:
+    """Leader -> follower: you are too far behind for entries; fetch my checkpoint (the driver's answer to
+    :class:`StartFarHorizon`). The follower takes it only from the leader of its current epoch."""
+
+    src: str
+    epoch: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,11 +58,12 @@ from pstate import P
 from pstate.errors import CorruptStore, StorageError, StoreClosed
 from pstate.path import KEY, Path, Transform, as_transform
 from pstate.store import ChangeSetBuilder
-from topology.dataflow import envelope as env
-from topology.dataflow.refs import UnsendableFunction, fn_ref, resolve
+from topology import envelope as env
+from topology.errors import ForeignRead, HopFailed, TopologyError
 from topology.module import ModuleDefinition, TopologyDecl
 from topology.partitioners import random as random_partitioner
 from topology.partitioners import task_for_key
+from topology.refs import UnsendableFunction, fn_ref, resolve
 
 #: local steps (handlers run on this group) one record or message may cause: a guard against send loops
 MAX_LOCAL_STEPS = 100_000
@@ -71,35 +72,6 @@ MAX_LOCAL_STEPS = 100_000
 _INFRA = (StorageError, StoreClosed, CorruptStore)
 
 Outbound = dict[int, list[bytes]]  # destination group -> packed messages
-
-
-class TopologyError(Exception):
-    """A topology function failed or misused its context; the message names the topology and the fix."""
-
-    grpc_code = "FAILED_PRECONDITION"
-
-    def __init__(self, topology: str, message: str) -> None:
-        self.topology = topology
-        self.message = message
-        super().__init__(f"topology {topology}: {message}")
-
-
-class ForeignRead(TopologyError):
-    """A topology read a key owned by another task group."""
-
-
-class HopFailed(TopologyError):
-    """User code raised while a record or hop message ran; none of the unit's writes or messages were kept.
-
-    ``hop`` is the topology or handler that raised (possibly a local hop deep in
-    the unit), ``task`` the task it ran on, ``error`` the exception as text.
-    """
-
-    def __init__(self, hop: str, task: int, error: str, what: str) -> None:
-        self.hop = hop
-        self.task = task
-        self.error = error
-        super().__init__(hop, f"{error} (task {task}, {what}); fix the code or the input")
 
 
 class _Unit:

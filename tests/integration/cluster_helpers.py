@@ -13,11 +13,10 @@ import grpc
 
 from conductor.controller import Conductor
 from conductor.devcluster import DevCluster
-from conductor.metastore import Metastore
-from conductor.module_spec import ModuleSpec
-from conductor.placement import GroupState
-from proto import millrace_pb2 as pb
-from proto import millrace_pb2_grpc as pbg
+from conductor.metastore import GroupState, Metastore
+from conductor.metastore.module_spec import ModuleSpec
+from conductor.wire import millrace_pb2 as pb
+from conductor.wire import millrace_pb2_grpc as pbg
 from pstate import TaskGroupStore
 from replog.log import Log
 from topology import load_module
@@ -64,7 +63,7 @@ def group_status(dc: DevCluster, node_id: str, module: str, group: int) -> pb.Gr
 
 def groups_of(dc: DevCluster, module: str) -> dict[int, GroupState]:
     with Metastore(dc.hosts) as ms:
-        return {g: st for g, (st, _v) in ms.list_groups(module).items()}
+        return {g: st for g, (st, _v) in ms.groups.all(module).items()}
 
 
 def converged(dc: DevCluster, module: str, require_full_isr: bool = True) -> bool:

@@ -18,8 +18,8 @@ from conductor.cli import app
 from conductor.client import Cluster
 from conductor.controller import Conductor
 from conductor.devcluster import DevCluster
-from conductor.metastore import Metastore
-from conductor.placement import GroupState, balance_leaders
+from conductor.metastore import GroupState, Metastore
+from conductor.placement import balance_leaders
 from tests.integration.cluster_helpers import (
     Appender,
     assert_replicas_identical,
@@ -72,8 +72,8 @@ def test_balance_after_kill_and_restart_hands_off_minimal_switches_losing_nothin
             wait_for(lambda: in_every_isr(dc, victim), 60, f"{victim} to rejoin every ISR")
 
             with Metastore(dc.hosts) as ms:
-                before = {g: st for g, (st, _v) in ms.list_groups("Clicks").items()}
-                expected = balance_leaders(before, ms.live_sessions(), ms.disallowed_nodes())
+                before = {g: st for g, (st, _v) in ms.groups.all("Clicks").items()}
+                expected = balance_leaders(before, ms.nodes.sessions(), ms.drains.nodes())
             assert leaders_per_node(before, nodes)[victim] == 0
             assert expected and all(to == victim for to in expected.values()), expected
 
@@ -103,7 +103,7 @@ def test_balance_after_kill_and_restart_hands_off_minimal_switches_losing_nothin
         assert st.epoch == before[g].epoch + (1 if g in expected else 0), (g, before[g], st)
         assert set(st.isr) == set(st.replicas)
     with Metastore(dc.hosts) as ms:
-        assert ms.list_resigns("Clicks") == {}, "a served hand-off withdraws its request"
+        assert ms.resigns.all("Clicks") == {}, "a served hand-off withdraws its request"
     wait_for(lambda: converged(dc, "Clicks"), 60, "every replica to catch up")
     assert_replicas_identical(dc, "Clicks", appender.acked)
 

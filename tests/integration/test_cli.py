@@ -207,7 +207,7 @@ def test_set_option_validates_and_prints_old_and_new(cluster: DevCluster, clicks
     assert result.exit_code == 0, result.output
     assert "replication.min.isr: 2 (default) -> 1" in result.stdout
     with Metastore(cluster.hosts) as ms:
-        assert ms.get_module("Clicks")[0].options == {"replication.min.isr": "1"}
+        assert ms.modules.get("Clicks")[0].options == {"replication.min.isr": "1"}
 
     bad_key = cli(cluster, "set-option", "Clicks", "replication.min.isrr", "1")
     assert_one_red_line(bad_key, "unknown module option 'replication.min.isrr'", "known options:",
@@ -215,7 +215,7 @@ def test_set_option_validates_and_prints_old_and_new(cluster: DevCluster, clicks
     assert_one_red_line(cli(cluster, "set-option", "Clicks", "replication.min.isr", "4"),
                         "cannot exceed the replication factor 3")
     with Metastore(cluster.hosts) as ms:  # the refused values never reached ZooKeeper
-        assert ms.get_module("Clicks")[0].options == {"replication.min.isr": "1"}
+        assert ms.modules.get("Clicks")[0].options == {"replication.min.isr": "1"}
 
 
 def test_balance_moves_leadership_back_after_a_failover(cluster: DevCluster, clicks: Result) -> None:
@@ -241,13 +241,13 @@ def test_destroy_asks_unless_yes_and_removes_the_module(cluster: DevCluster, cli
     declined = cli(cluster, "destroy", "Clicks", input="n\n")
     assert_one_red_line(declined, "not confirmed", "--yes")
     with Metastore(cluster.hosts) as ms:
-        assert ms.list_modules() == ["Clicks"]
+        assert ms.modules.names() == ["Clicks"]
 
     result = cli(cluster, "destroy", "Clicks", "--yes")
     assert result.exit_code == 0, result.output
     assert "destroyed Clicks" in result.stdout
     with Metastore(cluster.hosts) as ms:
-        assert ms.list_modules() == []
+        assert ms.modules.names() == []
     assert_one_red_line(cli(cluster, "status", "Clicks"), "not deployed")
     assert "no modules deployed" in cli(cluster, "status").stdout
 
@@ -280,13 +280,13 @@ def test_dev_starts_a_background_cluster_and_stop_ends_it(tmp_path: Path) -> Non
         started = conductor("dev", "--nodes", "2")
         assert started.returncode == 0, started.stdout + started.stderr
         state = json.loads((root / "cluster.json").read_text())
-        pids = [state["zk_pid"], *state["conductors"].values(), *state["nodes"].values()]
+        pids = [*state["zookeeper"].values(), *state["conductors"].values(), *state["nodes"].values()]
         assert len(pids) == 4
         assert all(running(p) for p in pids), "the cluster must outlive the `conductor dev` process"
         for fragment in (state["zk"], *map(str, pids), "node-n2.log", "conductor deploy", "conductor dev --stop"):
             assert fragment in started.stdout, (fragment, started.stdout)
         with Metastore(state["zk"]) as ms:
-            assert ms.live_nodes() == ["n1", "n2"]
+            assert ms.nodes.live() == ["n1", "n2"]
 
         again = conductor("dev")
         assert again.returncode == 0, again.stdout + again.stderr
@@ -303,7 +303,7 @@ def test_dev_starts_a_background_cluster_and_stop_ends_it(tmp_path: Path) -> Non
         restarted = conductor("dev", "--nodes", "2")
         assert restarted.returncode == 0, restarted.stdout + restarted.stderr
         with Metastore(json.loads((root / "cluster.json").read_text())["zk"]) as ms:
-            assert ms.live_nodes() == ["n1", "n2"]
+            assert ms.nodes.live() == ["n1", "n2"]
     finally:
         if (root / "cluster.json").exists():
             stop_from_state(root)

@@ -23,9 +23,8 @@ import pytest
 from kazoo.client import KazooClient
 
 from conductor.controller import Conductor
-from conductor.metastore import Metastore, ModuleExists
-from conductor.module_spec import ModuleSpec, NotEnoughNodes
-from conductor.placement import GroupState
+from conductor.metastore import GroupState, Metastore, ModuleExists
+from conductor.metastore.module_spec import ModuleSpec, NotEnoughNodes
 from conductor.zkserver import ZooKeeperServer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -65,7 +64,7 @@ class Nodes:
     def add(self, *node_ids: str) -> None:
         for node_id in node_ids:
             ms = Metastore(self.hosts, session_timeout=self.session_timeout).start()
-            ms.register_node(node_id, f"127.0.0.1:{7000 + len(self.sessions)}")
+            ms.nodes.register(node_id, f"127.0.0.1:{7000 + len(self.sessions)}")
             self.sessions[node_id] = ms
 
     def kill(self, node_id: str) -> None:
@@ -101,7 +100,7 @@ def spec(name: str, threads: int = 3, rf: int = 3, workers: int = 3) -> ModuleSp
 
 
 def groups_of(ms: Metastore, module: str) -> dict[int, GroupState]:
-    return {g: s for g, (s, _) in ms.list_groups(module).items()}
+    return {g: s for g, (s, _) in ms.groups.all(module).items()}
 
 
 def test_deploy_places_groups_visibly_in_zookeeper(conductor: Conductor, nodes: Nodes) -> None:
@@ -109,7 +108,7 @@ def test_deploy_places_groups_visibly_in_zookeeper(conductor: Conductor, nodes: 
     with pytest.raises(NotEnoughNodes, match="replication factor 4 needs 4 distinct live node"):
         conductor.deploy(ModuleSpec(name="Big", module_ref="a.b:C", tasks=4, threads=2, workers=4,
                                     replication_factor=4))
-    assert conductor.ms.list_modules() == []  # refused before anything was written
+    assert conductor.ms.modules.names() == []  # refused before anything was written
     created = conductor.deploy(spec("WordCount", threads=6))
     stored = groups_of(conductor.ms, "WordCount")
     assert stored == created and sorted(stored) == list(range(6))
@@ -120,11 +119,11 @@ def test_deploy_places_groups_visibly_in_zookeeper(conductor: Conductor, nodes: 
         assert state.leader is not None
         leaders[state.leader] += 1
     assert leaders == {"n1": 2, "n2": 2, "n3": 2}
-    assert conductor.ms.get_module("WordCount")[0] == spec("WordCount", threads=6)
+    assert conductor.ms.modules.get("WordCount")[0] == spec("WordCount", threads=6)
     with pytest.raises(ModuleExists):
         conductor.deploy(spec("WordCount", threads=6))
     conductor.destroy("WordCount")
-    assert conductor.ms.list_modules() == []
+    assert conductor.ms.modules.names() == []
 
 
 def test_node_loss_elects_from_isr_and_bumps_epoch(conductor: Conductor, nodes: Nodes,
@@ -157,22 +156,22 @@ def test_osr_member_never_elected_and_isr_member_leads_on_return(conductor: Cond
     nodes.add("n1", "n2", "n3")
     conductor.deploy(spec("Orders", threads=1))
     ms = conductor.ms
-    state, version = ms.get_group("Orders", 0)
+    state, version = ms.groups.get("Orders", 0)
     assert state.leader == "n1"
     # n2 and n3 fell behind: the leader moved them to the OSR.
-    shrunk = GroupState(leader="n1", epoch=state.epoch, isr=("n1",), osr=("n2", "n3"), replicas=state.replicas)
-    ms.cas_group("Orders", 0, shrunk, version)
+    shrunk = GroupState(leader="n1", epoch=state.epoch, isr=("n1",), osr=("n2", "n3"), placement=state.replicas)
+    ms.groups.cas("Orders", 0, shrunk, version)
     nodes.kill("n1")
-    wait_for(lambda: ms.get_group("Orders", 0)[0].epoch == state.epoch + 1, what="the conductor to react to n1's loss")
-    down = ms.get_group("Orders", 0)[0]
+    wait_for(lambda: ms.groups.get("Orders", 0)[0].epoch == state.epoch + 1, what="the conductor to react to n1's loss")
+    down = ms.groups.get("Orders", 0)[0]
     assert down.leader is None and down.isr == ("n1",) and down.osr == ("n2", "n3")
     reason = conductor.status("Orders")[0]["leaderless_reason"]
     assert "never elected" in reason and "['n2', 'n3']" in reason
     time.sleep(1.5)  # several reconciles later it is still leaderless: the live OSR is never elected
-    assert ms.get_group("Orders", 0)[0] == down
+    assert ms.groups.get("Orders", 0)[0] == down
     nodes.add("n1")  # n1's worker restarts with its data
-    wait_for(lambda: ms.get_group("Orders", 0)[0].leader == "n1", what="n1 to lead again")
-    assert ms.get_group("Orders", 0)[0].epoch == state.epoch + 2
+    wait_for(lambda: ms.groups.get("Orders", 0)[0].leader == "n1", what="n1 to lead again")
+    assert ms.groups.get("Orders", 0)[0].epoch == state.epoch + 2
 
 
 def test_standby_takes_over_after_active_crashes(hosts: str, nodes: Nodes, tmp_path: Path) -> None:
@@ -189,27 +188,27 @@ def test_standby_takes_over_after_active_crashes(hosts: str, nodes: Nodes, tmp_p
         wait_for(lambda: "conductor c1 is now active" in log_path.read_text(), timeout=20,
                  what="c1 to become active")
         standby = Conductor(hosts, "c2", session_timeout=2.0, reconcile_interval=0.5).start()
-        assert standby.ms.conductor_contenders()[0] == "c1"
+        assert standby.ms.conductors.contenders()[0] == "c1"
         assert not standby.wait_active(1.0)
         before = standby.deploy(spec("WordCount", threads=3))
 
         # c1 handles a loss while active.
         nodes.kill("n3")
         g3 = next(g for g, s in before.items() if s.leader == "n3")
-        wait_for(lambda: standby.ms.get_group("WordCount", g3)[0].leader not in (None, "n3"),
+        wait_for(lambda: standby.ms.groups.get("WordCount", g3)[0].leader not in (None, "n3"),
                  what="c1 to fail over n3's group")
         assert f"node n3 lost: group WordCount/{g3} leader n3 ->" in log_path.read_text()
 
         os.kill(proc.pid, signal.SIGKILL)  # a crash: no clean session close, ZooKeeper must expire it
         proc.wait(timeout=10)
         assert standby.wait_active(15), "c2 must take over once c1's session expires"
-        assert standby.ms.conductor_contenders()[0] == "c2"
+        assert standby.ms.conductors.contenders()[0] == "c2"
 
         nodes.kill("n1")
         g1 = next(g for g, s in before.items() if s.leader == "n1")
-        wait_for(lambda: standby.ms.get_group("WordCount", g1)[0].epoch == before[g1].epoch + 1,
+        wait_for(lambda: standby.ms.groups.get("WordCount", g1)[0].epoch == before[g1].epoch + 1,
                  what="c2 to handle n1's loss")
-        s1 = standby.ms.get_group("WordCount", g1)[0]
+        s1 = standby.ms.groups.get("WordCount", g1)[0]
         # n2 is the only live ISR member; n3 (a dead follower here) is left for the leader to shrink out.
         assert s1.leader == "n2" and s1.isr == ("n2", "n3") and s1.osr == ("n1",)
     finally:
@@ -261,7 +260,7 @@ def test_conductor_stays_active_through_brief_zookeeper_outage(tmp_path: Path) -
         assert c1.is_active  # SUSPENDED is not LOST: the session and election znode survived
         nodes.kill("n2")
         g2 = next(g for g, s in before.items() if s.leader == "n2")
-        wait_for(lambda: c1.ms.get_group("WordCount", g2)[0].leader not in (None, "n2"), timeout=15,
+        wait_for(lambda: c1.ms.groups.get("WordCount", g2)[0].leader not in (None, "n2"), timeout=15,
                  what="failover after the outage")
     finally:
         c1.stop()
@@ -284,7 +283,7 @@ def test_session_loss_demotes_and_reruns_election(hosts: str, nodes: Nodes) -> N
         twin.close()
         assert c2.wait_active(10), "c2 must take over when c1's session is lost"
         wait_for(lambda: not c1.is_active, what="c1 to stand down")
-        wait_for(lambda: c2.ms.conductor_contenders() == ["c2", "c1"], what="c1 to campaign again")
+        wait_for(lambda: c2.ms.conductors.contenders() == ["c2", "c1"], what="c1 to campaign again")
         nodes.kill("n2")
         wait_for(lambda: all(s.leader == "n1" for s in groups_of(c2.ms, "Small").values()),
                  what="failover by the new active conductor")
@@ -302,20 +301,20 @@ def test_balance_moves_minimal_leaders_to_a_returned_node(conductor: Conductor, 
     wait_for(lambda: all(s.leader != "n3" for s in groups_of(ms, "WordCount").values()), what="failover")
     nodes.add("n3")
     # n3 caught up: its leaders add it back to their ISR (a CAS, as the replication layer does).
-    for g, (state, version) in ms.list_groups("WordCount").items():
+    for g, (state, version) in ms.groups.all("WordCount").items():
         if "n3" in state.osr:
-            ms.cas_group("WordCount", g, GroupState(leader=state.leader, epoch=state.epoch,
-                                                    isr=(*state.isr, "n3"), osr=(), replicas=state.replicas),
+            ms.groups.cas("WordCount", g, GroupState(leader=state.leader, epoch=state.epoch,
+                                                    isr=(*state.isr, "n3"), osr=(), placement=state.replicas),
                          version)
     assert sorted(Counter(s.leader for s in groups_of(ms, "WordCount").values()).values()) == [1, 2]
     requested = conductor.balance()
     assert len(requested) == 1 and next(iter(requested.values())) == "n3"
     (module, g), _ = next(iter(requested.items()))
-    request = ms.get_resign(module, g)
+    request = ms.resigns.get(module, g)
     assert request is not None and request["to"] == "n3"
     moved = conductor.balance(direct=True)
     assert moved == requested
-    assert ms.get_resign(module, g) is None  # the direct switch also served the pending request
+    assert ms.resigns.get(module, g) is None  # the direct switch also served the pending request
     leaders = Counter(s.leader for s in groups_of(ms, "WordCount").values())
     assert leaders == {"n1": 1, "n2": 1, "n3": 1}
     assert conductor.balance() == {}
@@ -341,25 +340,25 @@ def test_leadership_bound_to_session_and_restart_seen_by_next_conductor(hosts: s
     try:
         assert c2.wait_active(10)
         g1 = next(g for g, s in before.items() if s.leader == "n1")
-        wait_for(lambda: c2.ms.get_group("WordCount", g1)[0].epoch == before[g1].epoch + 1,
+        wait_for(lambda: c2.ms.groups.get("WordCount", g1)[0].epoch == before[g1].epoch + 1,
                  what="c2 to re-elect n1's group")
-        after = c2.ms.get_group("WordCount", g1)[0]
+        after = c2.ms.groups.get("WordCount", g1)[0]
         assert after.leader != "n1" and after.leader is not None and after.osr == ("n1",)
         assert after.leader_session == nodes.sessions[after.leader].session_id
         assert f"node n1 restarted (new session): group WordCount/{g1} leader n1 -> {after.leader}" in caplog.text
         for g, s in before.items():  # the other groups were fine and stay untouched
             if g != g1:
-                assert c2.ms.get_group("WordCount", g)[0] == s
+                assert c2.ms.groups.get("WordCount", g)[0] == s
     finally:
         c2.stop()
 
 
 def _rejoin_isr(ms: Metastore, module: str, node: str) -> None:
     """What a leader does once ``node`` caught up: add it back to the ISR with a CAS."""
-    for g, (state, version) in ms.list_groups(module).items():
+    for g, (state, version) in ms.groups.all(module).items():
         if node in state.osr:
-            ms.cas_group(module, g, GroupState(leader=state.leader, epoch=state.epoch, isr=(*state.isr, node),
-                                               osr=(), replicas=state.replicas,
+            ms.groups.cas(module, g, GroupState(leader=state.leader, epoch=state.epoch, isr=(*state.isr, node),
+                                               osr=(), placement=state.replicas,
                                                leader_session=state.leader_session), version)
 
 
@@ -376,12 +375,12 @@ def test_periodic_balancing_waits_for_full_isr_then_requests_hand_offs(hosts: st
         wait_for(lambda: all(s.leader != "n3" for s in groups_of(ms, "WordCount").values()), what="failover")
         nodes.add("n3")
         time.sleep(1.5)  # several rounds: n3 is live but out of sync, so nothing may be requested
-        assert ms.list_resigns("WordCount") == {}
+        assert ms.resigns.all("WordCount") == {}
         assert module_status(ms, "WordCount")["state"] == RUNNING
         _rejoin_isr(ms, "WordCount", "n3")
-        wait_for(lambda: ms.list_resigns("WordCount") != {}, what="a resign request from the periodic round")
-        (g, request), = ms.list_resigns("WordCount").items()
-        state, version = ms.get_group("WordCount", g)
+        wait_for(lambda: ms.resigns.all("WordCount") != {}, what="a resign request from the periodic round")
+        (g, request), = ms.resigns.all("WordCount").items()
+        state, version = ms.groups.get("WordCount", g)
         assert request["to"] == "n3" and request["epoch"] == state.epoch
         assert request["to_session"] == nodes.sessions["n3"].session_id
         st = module_status(ms, "WordCount", rpc_timeout_s=0.2)
@@ -389,11 +388,11 @@ def test_periodic_balancing_waits_for_full_isr_then_requests_hand_offs(hosts: st
         # The leader hands off (what its replica does once n3 holds everything): CAS + request delete.
         from conductor.placement import switch_leader
 
-        ms.complete_resign("WordCount", g, switch_leader(state, "n3", request["to_session"]), version)
+        ms.resigns.complete("WordCount", g, switch_leader(state, "n3", request["to_session"]), version)
         assert module_status(ms, "WordCount", rpc_timeout_s=0.2)["state"] == RUNNING
         assert sorted(Counter(s.leader for s in groups_of(ms, "WordCount").values()).values()) == [1, 1, 1]
         time.sleep(1.0)
-        assert ms.list_resigns("WordCount") == {}, "a balanced module gets no more requests"
+        assert ms.resigns.all("WordCount") == {}, "a balanced module gets no more requests"
     finally:
         c.stop()
 
@@ -405,18 +404,18 @@ def test_stale_resign_requests_are_withdrawn_and_drains_validated(conductor: Con
     nodes.add("n1", "n2", "n3")
     conductor.deploy(spec("WordCount", threads=3))
     ms = conductor.ms
-    state, _ = ms.get_group("WordCount", 0)
-    ms.request_resign("WordCount", 0, "n2", state.epoch - 1, 1)  # leadership moved on since
+    state, _ = ms.groups.get("WordCount", 0)
+    ms.resigns.request("WordCount", 0, "n2", state.epoch - 1, 1)  # leadership moved on since
     assert module_status(ms, "WordCount", rpc_timeout_s=0.2)["state"] == RUNNING  # a stale one is not balancing
     assert conductor.request_switches(["WordCount"]) == []
-    assert ms.list_resigns("WordCount") == {}
+    assert ms.resigns.all("WordCount") == {}
     with pytest.raises(UnknownNode, match=r"unknown node 'n7'.*known nodes: n1, n2, n3"):
         conductor.disallow_leaders("n7")
     conductor.disallow_leaders("n1")
-    assert ms.disallowed_nodes() == {"n1"}
+    assert ms.drains.nodes() == {"n1"}
     moves = conductor.balance(["WordCount"])
     leaders = {g: s.leader for g, s in groups_of(ms, "WordCount").items()}
     assert set(moves) == {("WordCount", g) for g, leader in leaders.items() if leader == "n1"}
     assert all(to != "n1" for to in moves.values())
     assert conductor.allow_leaders("n1") and not conductor.allow_leaders("n1")
-    assert ms.disallowed_nodes() == set()
+    assert ms.drains.nodes() == set()

@@ -11,7 +11,7 @@ import pytest
 
 from conductor.client import Cluster
 from conductor.devcluster import DevCluster
-from conductor.far_horizon import CORRUPT_ENV
+from conductor.worker.far_horizon import CORRUPT_ENV
 from replog.log import Log
 from tests.integration.cluster_helpers import (
     converged,

@@ -13,15 +13,16 @@ from kazoo.client import KazooClient
 
 from conductor.metastore import (
     GroupNotFound,
+    GroupState,
     Metastore,
     ModuleExists,
     ModuleNotFound,
     NodeAlreadyRegistered,
     VersionConflict,
-    group_path,
 )
-from conductor.module_spec import MIN_ISR, InvalidOption, ModuleSpec, UnknownOption
-from conductor.placement import GroupState, switch_leader
+from conductor.metastore.layout import group_path
+from conductor.metastore.module_spec import MIN_ISR, InvalidOption, ModuleSpec, UnknownOption
+from conductor.placement import switch_leader
 from conductor.zkserver import ZooKeeperServer
 
 
@@ -62,87 +63,87 @@ def initial_groups(threads: int = 2) -> dict[int, GroupState]:
 def test_module_crud_and_options(ms: Metastore) -> None:
     name = unique("Crud")
     spec = make_spec(name)
-    ms.create_module(spec, initial_groups())
-    assert name in ms.list_modules()
-    got, version = ms.get_module(name)
+    ms.modules.create(spec, initial_groups())
+    assert name in ms.modules.names()
+    got, version = ms.modules.get(name)
     assert got == spec and version == 0
-    assert ms.get_group(name, 1) == (GroupState.initial(("n2", "n3", "n1")), 0)
-    assert sorted(ms.list_groups(name)) == [0, 1]
+    assert ms.groups.get(name, 1) == (GroupState.initial(("n2", "n3", "n1")), 0)
+    assert sorted(ms.groups.all(name)) == [0, 1]
     with pytest.raises(ModuleExists):
-        ms.create_module(make_spec(name, threads=1), initial_groups(1))
-    assert ms.get_module(name)[0] == spec  # the refused create changed nothing
+        ms.modules.create(make_spec(name, threads=1), initial_groups(1))
+    assert ms.modules.get(name)[0] == spec  # the refused create changed nothing
 
-    updated = ms.set_option(name, MIN_ISR, "3")
-    assert updated.option(MIN_ISR) == 3 and ms.get_module(name) == (updated, 1)
+    updated = ms.modules.set_option(name, MIN_ISR, "3")
+    assert updated.option(MIN_ISR) == 3 and ms.modules.get(name) == (updated, 1)
     with pytest.raises(InvalidOption):
-        ms.set_option(name, MIN_ISR, "4")
+        ms.modules.set_option(name, MIN_ISR, "4")
     with pytest.raises(UnknownOption):
-        ms.set_option(name, "replication.bogus", "1")
+        ms.modules.set_option(name, "replication.bogus", "1")
 
-    ms.request_resign(name, 0, "n2", epoch=0)
-    ms.delete_module(name)
-    assert name not in ms.list_modules()
+    ms.resigns.request(name, 0, "n2", epoch=0)
+    ms.modules.delete(name)
+    assert name not in ms.modules.names()
     with pytest.raises(ModuleNotFound):
-        ms.get_module(name)
+        ms.modules.get(name)
     with pytest.raises(GroupNotFound):
-        ms.get_group(name, 0)
+        ms.groups.get(name, 0)
     with pytest.raises(ModuleNotFound):
-        ms.delete_module(name)
+        ms.modules.delete(name)
 
 
 def test_create_module_rejects_mismatched_groups(ms: Metastore) -> None:
     name = unique("Bad")
     with pytest.raises(ValueError, match="2 task groups"):
-        ms.create_module(make_spec(name), initial_groups(1))
-    assert name not in ms.list_modules()
+        ms.modules.create(make_spec(name), initial_groups(1))
+    assert name not in ms.modules.names()
 
 
 def test_cas_conflict_between_sessions(zk_hosts: str, ms: Metastore) -> None:
     name = unique("Cas")
-    ms.create_module(make_spec(name), initial_groups())
+    ms.modules.create(make_spec(name), initial_groups())
     other = Metastore(zk_hosts, session_timeout=2.0).start()
     try:
-        state, version = ms.get_group(name, 0)
-        stale_state, stale_version = other.get_group(name, 0)
-        new_version = ms.cas_group(name, 0, switch_leader(state, "n2"), version)
+        state, version = ms.groups.get(name, 0)
+        stale_state, stale_version = other.groups.get(name, 0)
+        new_version = ms.groups.cas(name, 0, switch_leader(state, "n2"), version)
         assert new_version == version + 1
         with pytest.raises(VersionConflict) as err:
-            other.cas_group(name, 0, switch_leader(stale_state, "n3"), stale_version)
+            other.groups.cas(name, 0, switch_leader(stale_state, "n3"), stale_version)
         assert err.value.current == switch_leader(state, "n2")
         assert err.value.current_version == new_version
         # The loser retries from the state the conflict handed it.
-        assert other.cas_group(name, 0, switch_leader(err.value.current, "n3"), err.value.current_version) == 2
-        assert ms.get_group(name, 0)[0].leader == "n3" and ms.get_group(name, 0)[0].epoch == state.epoch + 2
+        assert other.groups.cas(name, 0, switch_leader(err.value.current, "n3"), err.value.current_version) == 2
+        assert ms.groups.get(name, 0)[0].leader == "n3" and ms.groups.get(name, 0)[0].epoch == state.epoch + 2
     finally:
         other.close()
-        ms.delete_module(name)
+        ms.modules.delete(name)
 
 
 def test_ephemeral_node_disappears_when_session_closes(zk_hosts: str, ms: Metastore) -> None:
     node = unique("node")
     seen: list[list[str]] = []
-    handle = ms.watch_nodes(seen.append)
+    handle = ms.nodes.watch(seen.append)
     worker = Metastore(zk_hosts, session_timeout=2.0).start()
     try:
-        info = worker.register_node(node, "127.0.0.1:7001")
-        assert node in ms.live_nodes()
-        got = ms.get_node(node)
+        info = worker.nodes.register(node, "127.0.0.1:7001")
+        assert node in ms.nodes.live()
+        got = ms.nodes.get(node)
         assert got is not None and got.address == "127.0.0.1:7001" and got.pid == info.pid
         wait_for(lambda: any(node in s for s in seen), what="watch to report the node")
         with pytest.raises(NodeAlreadyRegistered, match="already registered by ZooKeeper session"):
-            ms.register_node(node, "127.0.0.1:7002")
-        worker.register_node(node, "127.0.0.1:7001")  # re-registering in the same session is fine
+            ms.nodes.register(node, "127.0.0.1:7002")
+        worker.nodes.register(node, "127.0.0.1:7001")  # re-registering in the same session is fine
     finally:
         worker.close()
-    assert node not in ms.live_nodes()
-    assert ms.get_node(node) is None
+    assert node not in ms.nodes.live()
+    assert ms.nodes.get(node) is None
     wait_for(lambda: node not in seen[-1], what="watch to report the node gone")
     handle.cancel()
 
 
 def test_watch_group_reports_changes(ms: Metastore) -> None:
     name = unique("Watch")
-    ms.create_module(make_spec(name), initial_groups())
+    ms.modules.create(make_spec(name), initial_groups())
     events: list[tuple[GroupState | None, int]] = []
     callback_threads: set[str] = set()
 
@@ -150,30 +151,30 @@ def test_watch_group_reports_changes(ms: Metastore) -> None:
         callback_threads.add(threading.current_thread().name)
         events.append((state, version))
 
-    ms.watch_group(name, 0, on_change)
+    ms.groups.watch(name, 0, on_change)
     wait_for(lambda: len(events) == 1, what="initial group event")
-    state, version = ms.get_group(name, 0)
-    ms.cas_group(name, 0, switch_leader(state, "n3"), version)
+    state, version = ms.groups.get(name, 0)
+    ms.groups.cas(name, 0, switch_leader(state, "n3"), version)
     wait_for(lambda: len(events) == 2, what="group change event")
     assert events[1] == (switch_leader(state, "n3"), 1)
-    ms.delete_module(name)
+    ms.modules.delete(name)
     wait_for(lambda: events[-1] == (None, -1), what="group deletion event")
     assert all(t.startswith("metastore-callbacks") for t in callback_threads)  # never kazoo's thread
 
 
 def test_resign_hand_off_is_one_transaction(ms: Metastore) -> None:
     name = unique("Resign")
-    ms.create_module(make_spec(name), initial_groups())
-    state, version = ms.get_group(name, 0)
-    ms.request_resign(name, 0, "n2", epoch=state.epoch)
-    request = ms.get_resign(name, 0)
+    ms.modules.create(make_spec(name), initial_groups())
+    state, version = ms.groups.get(name, 0)
+    ms.resigns.request(name, 0, "n2", epoch=state.epoch)
+    request = ms.resigns.get(name, 0)
     assert request is not None and request["to"] == "n2" and request["epoch"] == state.epoch
     with pytest.raises(VersionConflict):
-        ms.complete_resign(name, 0, switch_leader(state, "n2"), version + 5)
-    assert ms.get_resign(name, 0) is not None  # the failed transaction deleted nothing
-    assert ms.complete_resign(name, 0, switch_leader(state, "n2"), version) == version + 1
-    assert ms.get_resign(name, 0) is None and ms.get_group(name, 0)[0].leader == "n2"
-    ms.delete_module(name)
+        ms.resigns.complete(name, 0, switch_leader(state, "n2"), version + 5)
+    assert ms.resigns.get(name, 0) is not None  # the failed transaction deleted nothing
+    assert ms.resigns.complete(name, 0, switch_leader(state, "n2"), version) == version + 1
+    assert ms.resigns.get(name, 0) is None and ms.groups.get(name, 0)[0].leader == "n2"
+    ms.modules.delete(name)
 
 
 def test_connection_hooks_pause_step_down_and_reregister(tmp_path: Path) -> None:
@@ -188,13 +189,13 @@ def test_connection_hooks_pause_step_down_and_reregister(tmp_path: Path) -> None
                    resume=hook("resume"))
     try:
         ms.start()
-        ms.register_node("w1", "127.0.0.1:7001")
+        ms.nodes.register("w1", "127.0.0.1:7001")
         server.stop()
         wait_for(lambda: ("pause" in [c[0] for c in calls]), what="pause_writes on SUSPENDED")
         server.start()
         wait_for(lambda: [c[0] for c in calls][-1:] == ["resume"], timeout=15, what="resume on CONNECTED")
         assert "step_down" not in [c[0] for c in calls]  # a brief outage keeps the session
-        assert ms.live_nodes() == ["w1"]
+        assert ms.nodes.live() == ["w1"]
 
         # Expire the session from outside (same session id, then close it): kazoo reports LOST.
         session_id = ms.session_id
@@ -203,7 +204,7 @@ def test_connection_hooks_pause_step_down_and_reregister(tmp_path: Path) -> None
         twin.stop()
         twin.close()
         wait_for(lambda: "step_down" in [c[0] for c in calls], timeout=15, what="step_down on LOST")
-        wait_for(lambda: ms.session_id != session_id and ms.live_nodes() == ["w1"], timeout=15,
+        wait_for(lambda: ms.session_id != session_id and ms.nodes.live() == ["w1"], timeout=15,
                  what="node re-registered in the new session")
         assert ms.zk.get("/millrace/nodes/w1")[1].ephemeralOwner == ms.session_id
         assert all(t.startswith("metastore-callbacks") for _, t in calls)

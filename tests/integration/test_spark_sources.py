@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from conductor.client import Cluster
+from conductor.client import Cluster, PartitionStatus
 from conductor.devcluster import DevCluster
 from conductor.metastore import Metastore
 from tests.integration.cluster_helpers import deploy, wait_for
@@ -26,17 +26,16 @@ from topology.spark import (
     read_delta_sql,
     register,
 )
-from topology.spark.depot_source import (
-    DepotOptions,
+from topology.spark.arrow import RowBuilder
+from topology.spark.depot_source import DepotStreamReader
+from topology.spark.fetch import read_partition
+from topology.spark.options import DepotOptions
+from topology.spark.planning import (
     DepotPartition,
-    DepotStreamReader,
-    PartitionStatus,
-    RowBuilder,
     TaskRange,
-    _split,
     apply_limit,
     offsets_from_json,
-    read_partition,
+    split_ranges,
     validate_offsets,
 )
 
@@ -157,9 +156,9 @@ def test_a_partition_planned_at_a_non_leader_finds_the_leader_through_zookeeper(
     from pyspark.sql.types import StructType
 
     with Metastore(dc.hosts) as ms:
-        st, _v = ms.get_group("Clicks", 0)
+        st, _v = ms.groups.get("Clicks", 0)
         follower = next(r for r in st.replicas if r != st.leader)
-        info = ms.get_node(follower)
+        info = ms.nodes.get(follower)
         assert info is not None
     depot = client.depot("Clicks", "*clicks")
     ranges = [TaskRange(t, 0, depot.partition_status(t).end, st.epoch) for t in (0, 2)]  # group 0's tasks
@@ -244,11 +243,11 @@ def test_offset_validation_rules() -> None:
 
 def test_partition_planning_splits_a_groups_ranges_evenly_and_completely() -> None:
     ranges = [TaskRange(0, 5, 105, 1), TaskRange(2, 0, 50, 1)]
-    pieces = _split(ranges, 3)
+    pieces = split_ranges(ranges, 3)
     assert [sum(r.end - r.start for r in p) for p in pieces] == [50, 50, 50]
     covered = sorted((r.task, o) for p in pieces for r in p for o in range(r.start, r.end))
     assert covered == sorted([(0, o) for o in range(5, 105)] + [(2, o) for o in range(50)])
-    assert _split(ranges, 1) == [ranges]
+    assert split_ranges(ranges, 1) == [ranges]
 
 
 def test_stream_reader_checks_committed_offsets_against_the_leaders(spark: Any, dc: DevCluster,

@@ -14,7 +14,7 @@ import pytest
 from conductor.client import Cluster
 from conductor.devcluster import DevCluster
 from tests.integration.cluster_helpers import Appender, deploy, group_status, groups_of, wait_for
-from topology.stream import TopologyError
+from topology.errors import TopologyError
 
 SESSION_TIMEOUT = 4.0
 

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from replog.catchup import round_is_last
 from replog.config import ReplicationConfig
 from replog.messages import (
     Ack,
@@ -54,6 +55,7 @@ from replog.messages import (
     Tick,
     Truncate,
 )
+from replog.outbox import Outbox
 from replog.replica import Replica
 
 Entry = tuple[int, str]  # (epoch, payload)
@@ -140,6 +142,8 @@ class Node:
     last_notify_ms: int = 0
     max_applied: int = -1
     max_epoch: int = 0
+    #: the driver's outbox policy, as the worker runs it (replog.outbox)
+    outbox: Outbox = field(default_factory=Outbox)
 
 
 @dataclass
@@ -199,6 +203,8 @@ class Sim:
             self.nodes[nid] = n
         self.znode = GroupState(None, 0, tuple(ids), (), 0, 0)
         self.cut: set[tuple[str, str]] = set()
+        #: far-horizon transfers in progress, per (follower, incarnation)
+        self.copying: set[tuple[str, int]] = set()
         self.committed: list[Entry] = []
         self.leaders: dict[int, str] = {}
         self.requests: dict[int, ClientRequest] = {}
@@ -304,6 +310,7 @@ class Sim:
         actions = n.replica.handle(event, self.now)
         for a in actions:
             self._perform(n, a)
+        self._ship(n)
         r = n.replica
         if r.applied < n.max_applied:
             self.fail(f"apply offset of {nid} went back from {n.max_applied} to {r.applied}")
@@ -324,9 +331,9 @@ class Sim:
             chunk = disk.entries[a.start:a.end]
             msg = Replicate(n.id, a.dst, a.epoch, a.start, tuple(e for e, _ in chunk), a.apply_offset,
                             tuple(p for _, p in chunk))
-            self._send(n.id, a.dst, msg)
+            n.outbox.add(a.dst, msg)
         elif isinstance(a, Send):
-            self._send(n.id, a.msg.dst, a.msg)
+            n.outbox.add(a.msg.dst, a.msg)
         elif isinstance(a, AppendLocal):
             self._append(n, a)
         elif isinstance(a, Apply):
@@ -356,6 +363,20 @@ class Sim:
             self.at(self.now + self.rng.randint(lo, hi), self._hand_off, n.id, n.incarnation, a)
         else:  # pragma: no cover
             self.fail(f"unknown action {a!r}")
+
+    def _ship(self, n: Node) -> None:
+        """What the outbox lets go after a step goes to the network; held beats leave when due."""
+        for dst, msg in n.outbox.take(self.now, n.replica.is_leader):
+            self._send(n.id, dst, msg)
+        due = n.outbox.next_due()
+        if due is not None:
+            self.at(due, self._release_beats, n.id, n.incarnation)
+
+    def _release_beats(self, nid: str, inc: int) -> None:
+        n = self.nodes[nid]
+        if n.alive and n.incarnation == inc:
+            for dst, msg in n.outbox.due(self.now):
+                self._send(nid, dst, msg)
 
     def _send(self, src: str, dst: str, msg: object) -> None:
         if self.trace:
@@ -672,6 +693,7 @@ class Sim:
         self.note(f"crash {nid}")
         n.alive = False
         n.incarnation += 1
+        n.outbox.clear()  # what the process had not sent yet dies with it
         d = n.disk
         del d.entries[d.durable_end:]
         if n.session_live:
@@ -696,18 +718,37 @@ class Sim:
         self.at(self.now + self.rng.randrange(self.tick_ms), self._tick, nid, n.incarnation)
         self._notify(nid, self.znode)
 
-    def _far_horizon(self, leader: str, inc: int, a: StartFarHorizon) -> None:
-        """The leader checkpoints its applied state; the copy reaches the follower some time later."""
+    def _far_horizon(self, leader: str, inc: int, a: StartFarHorizon, rnd: int = 1, finc: int = -1,
+                     prev: int = -1) -> None:
+        """A round: the leader checkpoints its applied state; the copy reaches the follower some time later.
+
+        After each round the shared round rule (replog.catchup) decides: install, or another round. Like
+        the worker's follower, one incarnation runs one transfer at a time and ignores offers meanwhile.
+        """
+        if rnd == 1:
+            finc = self.nodes[a.follower].incarnation
+            if (a.follower, finc) in self.copying:
+                return
+            self.copying.add((a.follower, finc))
         ln = self.nodes[leader]
         if not ln.alive or ln.incarnation != inc or ln.replica.epoch != a.epoch or not ln.replica.is_leader:
+            self.copying.discard((a.follower, finc))
             return
         upto = ln.disk.applied
         state = list(ln.disk.entries[:upto + 1])
         pairs = tuple((e, s) for e, s in ln.disk.epoch_pairs if s <= upto)
-        self.note(f"{leader} checkpoints [0,{upto}] for {a.follower}")
-        copy_ms = self.rng.randint(10, 120)
-        self.at(self.now + copy_ms, self._install_checkpoint, a.follower, self.nodes[a.follower].incarnation,
-                leader, a.epoch, upto, state, pairs)
+        self.note(f"{leader} checkpoints [0,{upto}] for {a.follower} (round {rnd})")
+        copy_ms = self.rng.randint(10, 120) if upto != prev else self.rng.randint(1, 5)  # nothing new: one call
+        self.at(self.now + copy_ms, self._end_round, leader, inc, a, rnd, finc, upto, state, pairs)
+
+    def _end_round(self, leader: str, inc: int, a: StartFarHorizon, rnd: int, finc: int, upto: int,
+                   state: list[Entry], pairs: tuple[tuple[int, int], ...]) -> None:
+        behind = len(self.nodes[leader].disk.entries) - 1 - upto
+        if round_is_last(behind, self.config.max_near_sync_message_lag, rnd):
+            self.copying.discard((a.follower, finc))
+            self._install_checkpoint(a.follower, finc, leader, a.epoch, upto, state, pairs)
+        else:
+            self._far_horizon(leader, inc, a, rnd + 1, finc, upto)
 
     def _install_checkpoint(self, nid: str, inc: int, leader: str, epoch: int, upto: int,
                             state: list[Entry], pairs: tuple[tuple[int, int], ...]) -> None:

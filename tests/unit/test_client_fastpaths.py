@@ -6,12 +6,13 @@ import threading
 
 import grpc
 
-from conductor.client import Cluster, _frame_group
+from conductor.client.batching import frame_group
+from conductor.client.cluster import Cluster
 
 
 def test_frame_group_keeps_partitions_whole_and_splits_at_the_limit() -> None:
     parts = [(0, [0, 2, 4], [b"a", b"c", b"e"]), (3, [1, 3], [b"b", b"d"]), (5, list(range(10, 17)), [b"x"] * 7)]
-    reqs = _frame_group("M", "*d", 1, 2, parts, limit=4)
+    reqs = frame_group("M", "*d", 1, 2, parts, limit=4)
     sizes = [sum(len(d.records) for d in req.appends) for req, _ in reqs]
     assert sizes == [4, 4, 4]
     assert all(req.module == "M" and req.group == 1 and req.ack == 2 for req, _ in reqs)
@@ -26,7 +27,7 @@ def test_frame_group_keeps_partitions_whole_and_splits_at_the_limit() -> None:
 
 
 def test_frame_group_one_request_when_under_the_limit() -> None:
-    reqs = _frame_group("M", "*d", 0, 2, [(0, [0], [b"a"]), (1, [1], [b"b"])], limit=10_000)
+    reqs = frame_group("M", "*d", 0, 2, [(0, [0], [b"a"]), (1, [1], [b"b"])], limit=10_000)
     assert len(reqs) == 1 and [d.task for d in reqs[0][0].appends] == [0, 1]
 
 

@@ -1,53 +1,84 @@
-"""The client's retry budget (`_Retry`): what is retried, how long it waits, when it gives up."""
+"""The one retry policy (`Retry`) and the one leader router (`LeaderRouter`): what is retried, how long it
+waits, when it gives up, and when a leader is looked up again."""
 
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from conductor.client import _Retry
-from conductor.wire_errors import Unavailable
+from conductor.client.retry import Retry
+from conductor.client.router import LeaderRouter
+from conductor.metastore import GroupState, ModuleSpec
+from conductor.wire.errors import Unavailable
 from replog.errors import NotLeader, StalledGroup
 
-
-def client(timeout_s: float = 30.0, cached: str | None = "10.0.0.1:1") -> Any:
-    """The attributes of a Cluster that `_Retry` reads."""
-    looked_up: list[bool] = []
-
-    def leader_address(module: str, group: int, refresh: bool) -> str:
-        looked_up.append(refresh)
-        return "10.0.0.2:2"
-
-    return SimpleNamespace(timeout_s=timeout_s, _generation=defaultdict(int, {("M", 1): 7}),
-                           _cached_address=lambda module, group: cached, _leader_address=leader_address,
-                           looked_up=looked_up)
+SPEC = ModuleSpec("M", "examples.clicks:Clicks", tasks=2, threads=2, workers=2, replication_factor=2)
 
 
-def test_moved_or_unreachable_leaders_are_retried_with_doubling_backoff_and_a_fresh_lookup() -> None:
-    c = client()
-    r = _Retry(c, "M", 1)
-    assert r.leader() == (7, "10.0.0.1:1")  # cached: no ZooKeeper read
-    assert c.looked_up == []
+def metastore(leaders: dict[int, str | None]) -> Any:
+    """The three reads a router makes, counted (a unit test needs no ZooKeeper for a cache)."""
+    reads: list[str] = []
+
+    def list_groups(module: str) -> dict[int, tuple[GroupState, int]]:
+        reads.append("groups")
+        return {g: (GroupState(leader, 3, ("n1", "n2", "n9"), (), 5), 5) for g, leader in leaders.items()}
+
+    def get_node(node_id: str) -> Any:
+        reads.append(f"node {node_id}")
+        return SimpleNamespace(address=f"10.0.0.{node_id[1:]}:1") if node_id != "n9" else None
+
+    return SimpleNamespace(modules=SimpleNamespace(get=lambda m: (SPEC, 0)), groups=SimpleNamespace(all=list_groups),
+                           nodes=SimpleNamespace(get=get_node), reads=reads)
+
+
+def test_moved_or_unreachable_leaders_are_retried_with_doubling_backoff() -> None:
+    r = Retry(30.0, "M/1")
+    assert not r.refresh
     delays = [r.backoff(NotLeader("M/1", None, None) if i % 2 else Unavailable("UNAVAILABLE", "down"))
               for i in range(8)]
     assert delays == [0.02, 0.04, 0.08, 0.16, 0.32, 0.5, 0.5, 0.5]
-    assert r.leader() == (7, "10.0.0.2:2")  # after a failure the cache is not trusted
-    assert c.looked_up == [True]
+    assert r.refresh  # after a failure the cached leader is not trusted
 
 
 def test_other_errors_and_an_exhausted_deadline_are_raised() -> None:
-    r = _Retry(client(), "M", 1)
+    r = Retry(30.0, "M/1")
     stalled = StalledGroup("M/1", ["n1"], 2)
     with pytest.raises(StalledGroup):
         r.backoff(stalled)
     with pytest.raises(ValueError):
         r.backoff(ValueError("bad input"))
-    late = _Retry(client(timeout_s=0.01), "M", 1)
+    late = Retry(0.01, "M/1")
     time.sleep(0.02)
     assert late.remaining() == 0.1  # a last call still gets a usable timeout
     with pytest.raises(NotLeader):
         late.backoff(NotLeader("M/1", None, None))
+
+
+def test_router_caches_until_refresh_and_follows_observed_states() -> None:
+    ms = metastore({0: "n1", 1: "n2"})
+    router = LeaderRouter(ms)
+    assert router.cached_address("M", 0) is None  # nothing read yet, and a cache lookup never reads
+    assert router.leader("M", 0) == ("10.0.0.1:1", 3)
+    assert router.leader("M", 0) == ("10.0.0.1:1", 3)
+    assert ms.reads == ["groups", "node n1"]
+    assert router.cached_address("M", 0) == "10.0.0.1:1"
+    assert router.leader("M", 1, refresh=True) == ("10.0.0.2:1", 3)
+    assert ms.reads == ["groups", "node n1", "groups", "node n2"]
+    moved = GroupState("n2", 4, ("n1", "n2", "n9"), (), 6)
+    assert router.observe("M", 0, moved).leader == "n1"  # type: ignore[union-attr]
+    assert router.cached_address("M", 0) == "10.0.0.2:1"  # a watch moved it: no ZooKeeper read
+    assert len(ms.reads) == 4
+
+
+def test_router_reads_a_leaderless_group_again_before_giving_up() -> None:
+    ms = metastore({0: None})
+    router = LeaderRouter(ms)
+    with pytest.raises(Unavailable, match="has no leader"):
+        router.leader("M", 0)
+    assert ms.reads == ["groups", "groups"]
+    ms_gone = metastore({0: "n9"})
+    with pytest.raises(Unavailable, match="not registered"):
+        LeaderRouter(ms_gone).leader("M", 0)

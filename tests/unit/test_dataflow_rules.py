@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from topology.dataflow.completion import CompletionTracker
-from topology.dataflow.envelope import ROOT
 from topology.dataflow.poison import RetryBook, dead_letter
-from topology.dataflow.refs import UnsendableFunction, fn_ref, resolve
 from topology.dataflow.shipping import Inlet, Pull, Shipper, trim_due
+from topology.envelope import ROOT
+from topology.refs import UnsendableFunction, fn_ref, resolve
 
 A, B, C = 0, 1, 2
 

@@ -26,15 +26,9 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from proto import millrace_pb2 as pb
-from topology.spark.depot_source import (
-    FlatDecoder,
-    MillraceSourceError,
-    Raw,
-    RowBuilder,
-    ValueSchemaMismatch,
-    unpack_reply,
-)
+from conductor.wire import millrace_pb2 as pb
+from topology.spark.arrow import FlatDecoder, Raw, RowBuilder, unpack_reply
+from topology.spark.errors import MillraceSourceError, ValueSchemaMismatch
 
 SCHEMA = StructType([
     StructField("task", IntegerType()), StructField("offset", LongType()), StructField("epoch", LongType()),

@@ -8,7 +8,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from conductor.far_horizon import (
+from conductor.wire import millrace_pb2 as pb
+from conductor.worker.far_horizon import (
     CHUNK_BYTES,
     CheckpointShelf,
     Shelved,
@@ -17,7 +18,6 @@ from conductor.far_horizon import (
     read_chunk_into,
     stream_checkpoint,
 )
-from proto import millrace_pb2 as pb
 from pstate.checkpoint import take_checkpoint
 
 

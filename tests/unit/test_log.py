@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from replog.batch import decode_frames, encode_batch, scan_frames, trim_frames
 from replog.errors import CorruptLog, InvalidFrame, OffsetOutOfRange, UnexpectedOffset
 from replog.log import Log
+from replog.tail_cache import TailCache
 
 Model = list[tuple[int, int, bytes]]  # (epoch, type, payload) per offset, from offset 0
 
@@ -387,7 +388,7 @@ def test_leftover_of_an_interrupted_truncation_is_discarded(tmp_path: Path) -> N
 
 
 def test_frames_larger_than_the_scan_chunk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("replog.log._SCAN_CHUNK", 64)  # force chunk boundaries inside and across frames
+    monkeypatch.setattr("replog.segment.SCAN_CHUNK", 64)  # force chunk boundaries inside and across frames
     with Log.open(tmp_path, segment_bytes=700) as log:
         for n in (1, 30, 2, 50, 3):
             log.append(1, 1, _payloads(log.end_offset, n))
@@ -399,12 +400,12 @@ def test_frames_larger_than_the_scan_chunk(tmp_path: Path, monkeypatch: pytest.M
 
 def _disk_read(log: Log, start: int, max_bytes: int, end: int | None = None) -> bytes:
     """`read` bypassing the in-memory tail cache."""
-    saved = log._tail, log._tail_bases, log._tail_bytes
-    log._tail, log._tail_bases, log._tail_bytes = [], [], 0
+    saved = log._tail
+    log._tail = TailCache(saved.limit)
     try:
         return log.read(start, max_bytes, end=end)
     finally:
-        log._tail, log._tail_bases, log._tail_bytes = saved
+        log._tail = saved
 
 
 def test_tail_cache_serves_what_the_disk_holds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -412,7 +413,7 @@ def test_tail_cache_serves_what_the_disk_holds(tmp_path: Path, monkeypatch: pyte
     kinds, mid-batch truncation, eviction, retention and reset."""
     import replog.log as replog_log
 
-    monkeypatch.setattr(replog_log, "TAIL_CACHE_BYTES", 300)  # a few frames: eviction happens
+    monkeypatch.setattr(replog_log, "TAIL_CACHE_BYTES", 300)  # a few frames: eviction happens (new logs)
 
     def check(log: Log) -> None:
         for start in range(log.start_offset, log.end_offset):
@@ -431,7 +432,7 @@ def test_tail_cache_serves_what_the_disk_holds(tmp_path: Path, monkeypatch: pyte
             follower.append_frames(leader.read(follower.end_offset, 10_000))
             check(leader)
             check(follower)
-        assert leader._tail_bytes <= 2 * 300
+        assert leader._tail.nbytes <= 2 * 300
         leader.truncate(leader.end_offset - 2)  # lands inside the last batch
         follower.truncate(leader.end_offset)
         check(leader)

@@ -7,19 +7,21 @@ from pathlib import Path
 import pytest
 
 import replog.log as replog_log
+import replog.segment as replog_segment
 from replog.log import Log
 
 
 @pytest.fixture
 def dir_syncs(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     calls: list[Path] = []
-    real = replog_log._fsync_dir
+    real = replog_segment.fsync_dir
 
     def counting(path: Path) -> None:
         calls.append(path)
         real(path)
 
-    monkeypatch.setattr(replog_log, "_fsync_dir", counting)
+    monkeypatch.setattr(replog_log, "fsync_dir", counting)  # segments created, rolled or deleted
+    monkeypatch.setattr(replog_segment, "fsync_dir", counting)  # the first segment, on recovery
     return calls
 
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conductor.module_spec import (
+from conductor.metastore.module_spec import (
     DEPOT_APPEND_TIMEOUT_MS,
     MAX_NEAR_SYNC_MESSAGE_LAG,
     MAX_TIME_LAG_MS,

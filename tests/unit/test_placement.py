@@ -9,9 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conductor.metastore import GroupState, InvalidGroupState
 from conductor.placement import (
-    GroupState,
-    InvalidGroupState,
     balance_leaders,
     elect_leader,
     fully_in_sync,
@@ -28,7 +27,7 @@ NODES = [f"n{i}" for i in range(1, 7)]
 
 
 def test_group_state_json_round_trip_and_invariants() -> None:
-    st_ = GroupState(leader="n1", epoch=3, isr=("n1", "n2"), osr=("n3",), replicas=("n1", "n2", "n3"),
+    st_ = GroupState(leader="n1", epoch=3, isr=("n1", "n2"), osr=("n3",), placement=("n1", "n2", "n3"),
                      leader_session=0x1234)
     assert GroupState.from_json(st_.to_json()) == st_
     assert st_.to_dict() == {"leader": "n1", "epoch": 3, "isr": ["n1", "n2"], "osr": ["n3"],
@@ -36,9 +35,9 @@ def test_group_state_json_round_trip_and_invariants() -> None:
     legacy = b'{"leader":"n1","epoch":3,"isr":["n1","n2"],"osr":["n3"],"replicas":["n1","n2","n3"]}'
     assert GroupState.from_json(legacy).leader_session == 0
     with pytest.raises(InvalidGroupState, match="not in the ISR"):
-        GroupState(leader="n3", epoch=0, isr=("n1",), osr=("n3",), replicas=("n1", "n3"))
+        GroupState(leader="n3", epoch=0, isr=("n1",), osr=("n3",), placement=("n1", "n3"))
     with pytest.raises(InvalidGroupState, match="partition"):
-        GroupState(leader="n1", epoch=0, isr=("n1",), osr=(), replicas=("n1", "n2"))
+        GroupState(leader="n1", epoch=0, isr=("n1",), osr=(), placement=("n1", "n2"))
     with pytest.raises(InvalidGroupState, match="malformed"):
         GroupState.from_json(b'{"leader": "n1"}')
 
@@ -73,14 +72,14 @@ def test_place_rejects_rf_above_nodes() -> None:
 
 
 def test_elect_prefers_replica_order_and_never_osr() -> None:
-    s = GroupState(leader="n1", epoch=4, isr=("n1", "n3"), osr=("n2",), replicas=("n1", "n2", "n3"))
+    s = GroupState(leader="n1", epoch=4, isr=("n1", "n3"), osr=("n2",), placement=("n1", "n2", "n3"))
     assert elect_leader(s, {"n2", "n3"}) == "n3"  # n2 comes first in order but is out of sync
     assert elect_leader(s, {"n2"}) is None
     assert elect_leader(s, {"n1", "n3"}) == "n1"
 
 
 def test_election_prefers_allowed_isr_members_but_never_leaves_a_group_leaderless() -> None:
-    s = GroupState(leader="n1", epoch=4, isr=("n1", "n2", "n3"), osr=(), replicas=("n1", "n2", "n3"))
+    s = GroupState(leader="n1", epoch=4, isr=("n1", "n2", "n3"), osr=(), placement=("n1", "n2", "n3"))
     assert elect_leader(s, {"n2", "n3"}, disallowed={"n2"}) == "n3"
     assert elect_leader(s, {"n2"}, disallowed={"n2"}) == "n2"  # availability beats the drain
     after = next_leadership(s, {"n2", "n3"}, disallowed={"n2"})
@@ -88,22 +87,22 @@ def test_election_prefers_allowed_isr_members_but_never_leaves_a_group_leaderles
 
 
 def test_fully_in_sync_needs_a_live_leader_and_every_replica_live_in_the_isr() -> None:
-    s = GroupState(leader="n1", epoch=4, isr=("n1", "n2", "n3"), osr=(), replicas=("n1", "n2", "n3"))
+    s = GroupState(leader="n1", epoch=4, isr=("n1", "n2", "n3"), osr=(), placement=("n1", "n2", "n3"))
     assert fully_in_sync(s, {"n1", "n2", "n3"})
     assert not fully_in_sync(s, {"n1", "n2"})
-    lagging = GroupState(leader="n1", epoch=4, isr=("n1", "n2"), osr=("n3",), replicas=("n1", "n2", "n3"))
+    lagging = GroupState(leader="n1", epoch=4, isr=("n1", "n2"), osr=("n3",), placement=("n1", "n2", "n3"))
     assert not fully_in_sync(lagging, {"n1", "n2", "n3"})
 
 
 def test_next_leadership_failover_moves_dead_leader_to_osr_and_bumps_epoch() -> None:
-    s = GroupState(leader="n2", epoch=4, isr=("n2", "n1", "n3"), osr=(), replicas=("n2", "n1", "n3"))
+    s = GroupState(leader="n2", epoch=4, isr=("n2", "n1", "n3"), osr=(), placement=("n2", "n1", "n3"))
     after = next_leadership(s, {"n1", "n3"})
-    assert after == GroupState(leader="n1", epoch=5, isr=("n1", "n3"), osr=("n2",), replicas=("n2", "n1", "n3"))
+    assert after == GroupState(leader="n1", epoch=5, version=1, isr=("n1", "n3"), osr=("n2",), placement=("n2", "n1", "n3"))
     assert next_leadership(after, {"n1", "n3"}) is None  # stable
 
 
 def test_leaderless_until_isr_member_returns() -> None:
-    s = GroupState(leader="n1", epoch=7, isr=("n1",), osr=("n2", "n3"), replicas=("n1", "n2", "n3"))
+    s = GroupState(leader="n1", epoch=7, isr=("n1",), osr=("n2", "n3"), placement=("n1", "n2", "n3"))
     down = next_leadership(s, {"n2", "n3"})
     assert down is not None
     assert down.leader is None and down.epoch == 8 and down.isr == ("n1",)  # OSR never elected
@@ -123,7 +122,7 @@ def test_next_leadership_safety(data: st.DataObject) -> None:
     isr = tuple(reps[:k])
     leader = data.draw(st.sampled_from([None, *isr]))
     s = GroupState(leader=leader, epoch=data.draw(st.integers(0, 100)), isr=isr, osr=tuple(reps[k:]),
-                   replicas=tuple(reps))
+                   placement=tuple(reps))
     live = set(data.draw(st.sets(st.sampled_from(NODES[:4]))))
     after = next_leadership(s, live)
     if after is None:
@@ -136,17 +135,17 @@ def test_next_leadership_safety(data: st.DataObject) -> None:
 
 
 def test_leadership_is_bound_to_the_elected_session() -> None:
-    s = GroupState(leader="n1", epoch=2, isr=("n1", "n2"), osr=("n3",), replicas=("n1", "n2", "n3"),
+    s = GroupState(leader="n1", epoch=2, isr=("n1", "n2"), osr=("n3",), placement=("n1", "n2", "n3"),
                    leader_session=11)
     assert next_leadership(s, {"n1": 11, "n2": 22, "n3": 33}) is None  # same session: still leading
     # n1 restarted (session 99) before anyone noticed it died: it may have lost its unflushed tail.
     moved = next_leadership(s, {"n1": 99, "n2": 22, "n3": 33})
-    assert moved == GroupState(leader="n2", epoch=3, isr=("n2",), osr=("n1", "n3"), replicas=s.replicas,
+    assert moved == GroupState(leader="n2", epoch=3, version=1, isr=("n2",), osr=("n1", "n3"), placement=s.replicas,
                                leader_session=22)
     assert "restarted under a new ZooKeeper session" in (leaderless_reason(s, {"n1": 99}) or "")
     # No other in-sync replica is live: the restarted node is elected again, cleanly, under its new session.
     again = next_leadership(s, {"n1": 99, "n3": 33})
-    assert again == GroupState(leader="n1", epoch=3, isr=("n1", "n2"), osr=("n3",), replicas=s.replicas,
+    assert again == GroupState(leader="n1", epoch=3, version=1, isr=("n1", "n2"), osr=("n3",), placement=s.replicas,
                                leader_session=99)
     # Leaderless groups get the session of the member that comes back.
     down = next_leadership(s, {"n3": 33})
@@ -158,7 +157,7 @@ def test_leadership_is_bound_to_the_elected_session() -> None:
 
 
 def test_switch_leader_requires_isr() -> None:
-    s = GroupState(leader="n1", epoch=0, isr=("n1", "n2"), osr=("n3",), replicas=("n1", "n2", "n3"))
+    s = GroupState(leader="n1", epoch=0, isr=("n1", "n2"), osr=("n3",), placement=("n1", "n2", "n3"))
     assert switch_leader(s, "n2").leader == "n2" and switch_leader(s, "n2").epoch == 1
     assert switch_leader(s, "n2", session=7).leader_session == 7
     with pytest.raises(InvalidGroupState):
@@ -169,7 +168,7 @@ def test_switch_leader_requires_isr() -> None:
 
 
 def _group(leader: str, isr: tuple[str, ...], reps: tuple[str, ...]) -> GroupState:
-    return GroupState(leader=leader, epoch=0, isr=isr, osr=tuple(x for x in reps if x not in isr), replicas=reps)
+    return GroupState(leader=leader, epoch=0, isr=isr, osr=tuple(x for x in reps if x not in isr), placement=reps)
 
 
 def _brute_force(groups: dict[int, GroupState], live: set[str], banned: set[str]) -> tuple[int, int, int, int]:
@@ -257,6 +256,6 @@ def test_balance_moves_minimal_number_after_node_returns() -> None:
 def test_balance_drains_disallowed_node_and_ignores_leaderless() -> None:
     reps = ("n1", "n2", "n3")
     groups = {0: _group("n1", reps, reps), 1: _group("n1", ("n1",), reps),
-              2: GroupState(leader=None, epoch=1, isr=("n3",), osr=("n1", "n2"), replicas=reps)}
+              2: GroupState(leader=None, epoch=1, isr=("n3",), osr=("n1", "n2"), placement=reps)}
     moves = balance_leaders(groups, {"n1", "n2"}, disallowed={"n1"})
     assert moves == {0: "n2"}  # group 1 has no in-sync alternative; group 2 is leaderless

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from pyspark.errors import PySparkRuntimeError
 
-from conductor.spark_env import _launch
+from topology.spark.session import _launch
 
 
 class Builder:

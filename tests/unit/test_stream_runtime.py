@@ -11,10 +11,11 @@ import pytest
 
 from pstate import Map, P, Set, TaskGroupStore
 from topology import Module, ModuleDefinitionError, hash_by, random, task_for_key
-from topology.dataflow import envelope as env
+from topology import envelope as env
 from topology.dataflow.entries import build_client_append
+from topology.errors import ForeignRead, HopFailed, TopologyError
 from topology.module import DEAD_LETTERS
-from topology.stream import MAX_LOCAL_STEPS, ForeignRead, HopFailed, StreamRunner, TopologyError
+from topology.stream import MAX_LOCAL_STEPS, StreamRunner
 
 TASKS, GROUPS = 8, 2
 

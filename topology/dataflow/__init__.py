@@ -10,7 +10,7 @@ Vocabulary
 ==========
 
 * **message**: run a handler on the task that owns a key, with plain values
-  (:mod:`.envelope`). Functions travel by name (:mod:`.refs`).
+  (:mod:`topology.envelope`). Functions travel by name (:mod:`topology.refs`).
 * **envelope**: one entry's messages to one destination group; the unit of
   shipping, of exactly-once consumption and of completion tracking. It lists
   its **parents**: what it was sent on behalf of (an envelope the entry

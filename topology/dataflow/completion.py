@@ -39,7 +39,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 
-from topology.dataflow.envelope import ROOT
+from topology.envelope import ROOT
 
 Parent = tuple[int, int]  # (source group, envelope seq), or (ROOT, entry offset)
 

@@ -31,7 +31,8 @@ from pstate.changes import ChangeSet
 from pstate.store import ChangeSetBuilder, TaskGroupStore
 from replog.errors import Backpressure
 from topology.dataflow.completion import CompletionTracker
-from topology.dataflow.envelope import (
+from topology.dataflow.poison import RetryBook, dead_letter
+from topology.envelope import (
     APPEND,
     ROOT,
     decode_envelope,
@@ -39,9 +40,9 @@ from topology.dataflow.envelope import (
     envelope_parents,
     pack_message,
 )
-from topology.dataflow.poison import RetryBook, dead_letter
+from topology.errors import HopFailed
 from topology.module import DEAD_LETTERS
-from topology.stream import HopFailed, Outbound, StreamRunner
+from topology.stream import Outbound, StreamRunner
 
 #: a client append is refused (Backpressure, retried by the client) while an outbox it would add to holds
 #: this many envelopes or bytes its destination has not completed; hop traffic itself is never refused,

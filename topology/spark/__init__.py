@@ -33,8 +33,8 @@ import threading
 from typing import TYPE_CHECKING
 
 from topology.spark.delta_export import export_depot_to_delta, read_delta_sql
-from topology.spark.depot_source import (
-    DepotDataSource,
+from topology.spark.depot_source import DepotDataSource
+from topology.spark.errors import (
     DepotOffsetOutOfRange,
     MillraceSourceError,
     SourceOptionError,

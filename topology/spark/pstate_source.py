@@ -37,19 +37,15 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
-from conductor.group_store import encode_query
-from proto import millrace_pb2 as pb
+from conductor.wire import millrace_pb2 as pb
 from pstate import P
 from pstate.errors import PStateNotFound
+from pstate.query import encode_query
 from topology.partitioners import task_for_key
-from topology.spark.depot_source import (
-    ModuleMeta,
-    SourceOptionError,
-    _opt,
-    _positive,
-    _required,
-    to_json,
-)
+from topology.spark.arrow import to_json
+from topology.spark.errors import SourceOptionError
+from topology.spark.options import option, positive_option, required_option
+from topology.spark.planning import ModuleMeta
 
 SOURCE_NAME = "millrace.pstate"
 SCHEMA = "task int, key string, value string"
@@ -111,14 +107,14 @@ class PStateDataSource(DataSource):
 
     def __init__(self, options: dict[str, str]) -> None:
         super().__init__(options)
-        self.cluster = _required(options, "cluster", SOURCE_NAME, "127.0.0.1:2181")
-        self.module = _required(options, "module", SOURCE_NAME, "WordCount")
-        self.pstate = _required(options, "pstate", SOURCE_NAME, "$$counts")
+        self.cluster = required_option(options, "cluster", SOURCE_NAME, "127.0.0.1:2181")
+        self.module = required_option(options, "module", SOURCE_NAME, "WordCount")
+        self.pstate = required_option(options, "pstate", SOURCE_NAME, "$$counts")
         if not self.pstate.startswith("$$"):
             raise SourceOptionError(f"PState names start with '$$' (e.g. '$${self.pstate}'), got {self.pstate!r}")
-        self.start_key = _opt(options, "startKey")
-        self.end_key = _opt(options, "endKey")
-        page = _positive(options, "pageSize", DEFAULT_PAGE)
+        self.start_key = option(options, "startKey")
+        self.end_key = option(options, "endKey")
+        page = positive_option(options, "pageSize", DEFAULT_PAGE)
         assert page is not None
         self.page = page
 

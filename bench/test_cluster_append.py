@@ -1,0 +1,48 @@
+"""Cheap checks of bench.cluster_append's building blocks (the benchmark itself runs for about a minute)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import msgpack
+
+from bench.cluster_append import (
+    RECORD_SIZE,
+    Pool,
+    RssSampler,
+    make_record,
+    tasks_by_group,
+)
+from bench.floor import percentile, transport_floor
+from conductor.devcluster import DevCluster
+
+
+def test_records_are_exactly_the_record_size_and_distinct() -> None:
+    pool = Pool.build(300)
+    assert {len(b) for b in pool.encoded} == {RECORD_SIZE}
+    assert len(set(pool.encoded)) == 300
+    assert msgpack.unpackb(pool.encoded[7]) == make_record(7)
+
+
+def test_rss_sampler_reads_proc_status_of_a_live_pid() -> None:
+    s = RssSampler({"me": os.getpid()}, interval_s=0.01).start()
+    s.stop()
+    assert s.samples >= 1
+    assert 1 < s.max_mb()["me"] < 4096
+
+
+def test_percentile_and_task_groups() -> None:
+    assert percentile([1.0, 2.0, 3.0], 50) == 2.0
+    assert tasks_by_group(6, 3) == {0: [0, 3], 1: [1, 4], 2: [2, 5]}
+
+
+def test_transport_floor_measures_a_real_node_and_the_disk(tmp_path: Path) -> None:
+    """The floor's round trip is answered by a real node (NotLeader for a module nobody hosts), no work done."""
+    with DevCluster(tmp_path / "cluster", nodes=1, conductors=0) as dc:
+        address = (dc.node_dir("n1") / "node.address").read_text()
+        floor = transport_floor(address, tmp_path, 200)
+        assert dc.nodes["n1"].alive()
+    assert 0 < floor["rtt_p50_ms"] < 100 and 0 < floor["fsync_p50_ms"] < 100
+    assert floor["p50_ms"] == 2 * floor["rtt_p50_ms"] + floor["fsync_p50_ms"]
+    assert not (tmp_path / "fsync-probe").exists()

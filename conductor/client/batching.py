@@ -1,0 +1,155 @@
+"""How the client frames records into requests: ``append_async``'s per-group batcher and ``append_many``'s framing.
+
+Python pays per object and per gRPC message, so records waiting for the same
+task group leave together in one ``AppendRequest``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+
+from conductor.client.errors import ClientError
+from conductor.wire import millrace_pb2 as pb
+
+if TYPE_CHECKING:
+    from conductor.client.cluster import Cluster
+
+
+def encode_record(record: Any) -> bytes:
+    try:
+        raw: bytes = msgpack.packb(record, use_bin_type=True)
+        return raw
+    except TypeError as e:
+        raise ClientError(f"record {record!r} cannot be encoded: use str, int, float, bytes, bool, None, "
+                          f"lists, tuples and dicts of those ({e})") from None
+
+
+def _set_result(fut: concurrent.futures.Future[int], value: int) -> None:
+    try:
+        fut.set_result(value)
+    except concurrent.futures.InvalidStateError:  # cancelled by its owner
+        pass
+
+
+def _set_exception(fut: concurrent.futures.Future[int], exc: BaseException) -> None:
+    try:
+        fut.set_exception(exc)
+    except concurrent.futures.InvalidStateError:
+        pass
+
+
+_Item = tuple[str, int, bytes, concurrent.futures.Future[int]]
+
+
+class GroupBatcher:
+    """Frames the records waiting for one task group into as few requests as possible (event loop only).
+
+    A request goes out at once when fewer than `max_inflight_per_group` are in
+    flight; otherwise records wait and leave together with the next free slot,
+    so batching grows exactly when the group is busy and costs no latency when
+    it is idle (optionally plus `linger_ms`).
+    """
+
+    def __init__(self, cluster: Cluster, module: str, group: int) -> None:
+        self.c = cluster
+        self.module = module
+        self.group = group
+        self.waiting: dict[int, list[_Item]] = {}
+        self.inflight = 0
+        self.scheduled = False
+        self.tasks: set[asyncio.Future[None]] = set()
+
+    def add(self, ack: int, depot: str, task: int, data: bytes, fut: concurrent.futures.Future[int]) -> None:
+        w = self.waiting.get(ack)
+        if w is None:
+            w = self.waiting[ack] = []
+        w.append((depot, task, data, fut))
+        if not self.scheduled:
+            self.scheduled = True
+            if self.c.linger_ms > 0:
+                self.c._loop.call_later(self.c.linger_ms / 1000, self._pump)
+            else:
+                self.c._loop.call_soon(self._pump)
+
+    def _pump(self) -> None:
+        self.scheduled = False
+        limit = self.c.max_batch_records
+        while self.waiting and self.inflight < self.c.max_inflight_per_group:
+            ack = next(iter(self.waiting))
+            items = self.waiting[ack]
+            if len(items) > limit:
+                self.waiting[ack] = items[limit:]
+                items = items[:limit]
+            else:
+                del self.waiting[ack]
+            self.inflight += 1
+            task = asyncio.ensure_future(self._send(ack, items))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    async def _send(self, ack: int, items: list[_Item]) -> None:
+        by_part: dict[tuple[str, int], list[_Item]] = {}
+        for it in items:
+            part = (it[0], it[1])
+            lst = by_part.get(part)
+            if lst is None:
+                lst = by_part[part] = []
+            lst.append(it)
+        parts = list(by_part.items())
+        req = pb.AppendRequest(module=self.module, group=self.group, ack=ack, appends=[  # type: ignore[arg-type]
+            pb.DepotRecords(depot=d, task=t, records=[it[2] for it in its]) for (d, t), its in parts])
+        try:
+            reply = await self.c._append_aio(self.module, self.group, req)
+            firsts = list(reply.first_offsets)
+            for n, (_key, its) in enumerate(parts):
+                base = firsts[n] if n < len(firsts) else None
+                for k, it in enumerate(its):
+                    _set_result(it[3], base + k if base is not None else -1)
+        except Exception as e:
+            for it in items:
+                _set_exception(it[3], e)
+        finally:
+            self.inflight -= 1
+            if self.waiting and not self.scheduled:
+                self.scheduled = True
+                self.c._loop.call_soon(self._pump)
+
+
+def frame_group(module: str, depot: str, group: int, ack: int, partitions: list[tuple[int, list[int], list[bytes]]],
+                 limit: int) -> list[tuple[pb.AppendRequest, list[tuple[int, list[int]]]]]:
+    """append_many: requests of at most `limit` records for one group from (task, input indexes, records).
+
+    Whole partitions go together; a partition larger than the room left is split.
+    Each request comes with its (task, input indexes) in request order.
+    """
+    out: list[tuple[pb.AppendRequest, list[tuple[int, list[int]]]]] = []
+    parts: list[tuple[int, list[int], list[bytes]]] = []
+    size = 0
+
+    def cut() -> None:
+        req = pb.AppendRequest(module=module, group=group, ack=ack, appends=[  # type: ignore[arg-type]
+            pb.DepotRecords(depot=depot, task=t, records=recs) for t, _idx, recs in parts])
+        out.append((req, [(t, idx) for t, idx, _recs in parts]))
+        parts.clear()
+
+    for task, idx, recs in partitions:
+        pos = 0
+        while pos < len(idx):
+            take = min(limit - size, len(idx) - pos)
+            parts.append((task, idx[pos:pos + take], recs[pos:pos + take]))
+            pos += take
+            size += take
+            if size >= limit:
+                cut()
+                size = 0
+    if parts:
+        cut()
+    return out
+
+
+#: append_many: requests in flight per task group within one call
+MANY_INFLIGHT_PER_GROUP = 2

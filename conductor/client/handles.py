@@ -1,0 +1,216 @@
+"""What an app holds to work with one depot or one PState: :class:`Depot` and :class:`PState`.
+
+Records are routed with the depot's own partitioner and a query's first key
+picks its task, exactly as the module's code does on the workers; the calls
+themselves go through the :class:`~conductor.client.cluster.Cluster`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+
+from conductor.client.batching import MANY_INFLIGHT_PER_GROUP, encode_record, frame_group
+from conductor.client.errors import ClientError
+from conductor.wire import millrace_pb2 as pb
+from pstate.path import P
+from pstate.query import encode_query
+from topology.partitioners import task_for_key
+
+if TYPE_CHECKING:
+    from conductor.client.cluster import Cluster
+
+ACKS = {"none": pb.ACK_NONE, "append": pb.ACK_APPEND, "applied": pb.ACK_APPLIED}
+
+
+def _ack(ack: str) -> int:
+    try:
+        return ACKS[ack]
+    except KeyError:
+        raise ClientError(f"ack must be one of {sorted(ACKS)}, got {ack!r}") from None
+
+
+@dataclass(frozen=True)
+class PartitionStatus:
+    """Depot partition `task` as its leader sees it: records in [start, end) are applied; `epoch` is the leader's."""
+
+    task: int
+    start: int
+    end: int
+    epoch: int
+
+
+@dataclass(frozen=True)
+class DepotBatch:
+    """Records [start, next) of one partition, read from the leader of `epoch` (KIP-320 style checks)."""
+
+    records: list[Any]
+    start: int
+    next: int
+    epoch: int
+
+
+class Depot:
+    """Appends to and reads from one depot; records are routed by the depot's partitioner."""
+
+    def __init__(self, cluster: Cluster, module: str, name: str) -> None:
+        self.c = cluster
+        self.module = module
+        self.name = name
+
+    def _route(self, record: Any) -> tuple[int, int]:
+        meta = self.c._module(self.module)
+        task = meta.definition.depots[self.name].partitioner(record, meta.spec.tasks)
+        return task, meta.spec.group_of(task)
+
+    def append_async(self, record: Any, ack: str = "applied") -> concurrent.futures.Future[int]:
+        """Queue one record; the future yields its depot offset (ack="applied") or -1."""
+        a = _ack(ack)
+        data = encode_record(record)
+        task, group = self._route(record)
+        fut: concurrent.futures.Future[int] = concurrent.futures.Future()
+        self.c._enqueue((self.module, group, a, self.name, task, data, fut))
+        return fut
+
+    def append(self, record: Any, ack: str = "applied") -> int:
+        """Append one record and wait for `ack`; returns its depot offset when ack="applied"."""
+        a = _ack(ack)
+        data = encode_record(record)
+        task, group = self._route(record)
+        req = pb.AppendRequest(module=self.module, group=group, ack=a,  # type: ignore[arg-type]
+                               appends=[pb.DepotRecords(depot=self.name, task=task, records=[data])])
+        reply = self.c._append_sync(self.module, group, req)
+        return reply.first_offsets[0] if reply.first_offsets else -1
+
+    def append_many(self, records: Sequence[Any] | Iterable[Any], ack: str = "applied") -> list[int]:
+        """Append many records: one request per task group, sent in parallel; offsets in input order.
+
+        Records are encoded and routed in the calling thread; a group with more than
+        the client's `max_batch_records` gets several requests, two in flight at a time.
+        """
+        a = _ack(ack)
+        c = self.c
+        meta = c._module(self.module)
+        partitioner = meta.definition.depots[self.name].partitioner
+        ntasks = meta.spec.tasks
+        pack = msgpack.Packer(use_bin_type=True).pack
+        by_task: dict[int, tuple[list[int], list[bytes]]] = {}
+        n = 0
+        for i, record in enumerate(records):
+            try:
+                data = pack(record)
+            except TypeError:
+                encode_record(record)  # raises the ClientError that says what can be encoded
+                raise
+            task = partitioner(record, ntasks)
+            slot = by_task.get(task)
+            if slot is None:
+                slot = by_task[task] = ([], [])
+            slot[0].append(i)
+            slot[1].append(data)
+            n = i + 1
+        if n == 0:
+            return []
+        by_group: dict[int, list[int]] = {}
+        for task in sorted(by_task):
+            by_group.setdefault(meta.spec.group_of(task), []).append(task)
+        limit = max(1, c.max_batch_records)
+        requests = {g: frame_group(self.module, self.name, g, a, [(t, *by_task[t]) for t in tasks], limit)
+                    for g, tasks in by_group.items()}
+        done: list[tuple[list[tuple[int, list[int]]], Sequence[int]]] = []
+        errors: list[BaseException] = []
+
+        async def send_group(group: int, reqs: list[tuple[Any, list[tuple[int, list[int]]]]]) -> None:
+            it = iter(reqs)
+
+            async def worker() -> None:
+                for req, parts in it:
+                    try:
+                        reply = await c._call(self.module, group, "Append", req)
+                    except Exception as e:
+                        errors.append(e)
+                        return
+                    done.append((parts, reply.first_offsets))
+
+            await asyncio.gather(*(worker() for _ in range(min(MANY_INFLIGHT_PER_GROUP, len(reqs)))))
+
+        async def send_all() -> None:
+            await asyncio.gather(*(send_group(g, r) for g, r in requests.items()))
+
+        c._run(send_all()).result(timeout=c.timeout_s + 5)
+        if errors:
+            raise errors[0]
+        out = [-1] * n
+        for parts, firsts in done:  # offsets are filled here, in the caller's thread, not on the event loop
+            for k, (_task, idx) in enumerate(parts):
+                if k < len(firsts):
+                    base = firsts[k]
+                    for j, i in enumerate(idx):
+                        out[i] = base + j
+        return out
+
+    def _group(self, task: int) -> int:
+        meta = self.c._module(self.module)
+        if not 0 <= task < meta.spec.tasks:
+            raise ClientError(f"task {task} is outside [0, {meta.spec.tasks}) for module {self.module}")
+        return meta.spec.group_of(task)
+
+    def read_batch(self, task: int, start: int = 0, end: int | None = None, max_bytes: int = 1 << 20) -> DepotBatch:
+        """Applied records of partition `task` from `start` (up to `end`, about `max_bytes`), with the epoch."""
+        req = pb.DepotReadRequest(module=self.module, depot=self.name, task=task, start=start, end=end or 0,
+                                  max_bytes=max_bytes)
+        reply = self.c._call_sync(self.module, self._group(task), "DepotRead", req)
+        records = [msgpack.unpackb(r, raw=False, strict_map_key=False) for r in reply.records]
+        return DepotBatch(records, reply.start, reply.next, reply.epoch)
+
+    def read(self, task: int, start: int = 0, end: int | None = None, max_bytes: int = 1 << 20) -> list[Any]:
+        """Applied records of partition `task` in [start, end), at most about `max_bytes`."""
+        return self.read_batch(task, start, end, max_bytes).records
+
+    def partition_status(self, task: int) -> PartitionStatus:
+        req = pb.PartitionInfoRequest(module=self.module, depot=self.name, task=task)
+        reply = self.c._call_sync(self.module, self._group(task), "PartitionInfo", req)
+        return PartitionStatus(task, reply.start, reply.end, reply.epoch)
+
+    def partition_info(self, task: int) -> tuple[int, int]:
+        """(start, end) offsets of partition `task`: records in [start, end) are applied and readable."""
+        st = self.partition_status(task)
+        return st.start, st.end
+
+
+class PState:
+    """Queries one PState; a path's first key picks the task (the one `hash_partition(key)` picks)."""
+
+    def __init__(self, cluster: Cluster, module: str, name: str) -> None:
+        self.c = cluster
+        self.module = module
+        self.name = name
+
+    def _query(self, key: Any, path: Sequence[Any], one: bool, task: int | None) -> Any:
+        meta = self.c._module(self.module)
+        if task is None:
+            task = task_for_key(key, meta.spec.tasks)
+        req = pb.SelectRequest(module=self.module, pstate=self.name, task=task, path=encode_query(key, path),
+                               one=one)
+        reply = self.c._call_sync(self.module, meta.spec.group_of(task), "Select", req)
+        return msgpack.unpackb(reply.values, raw=False, strict_map_key=False)
+
+    def select_one(self, key: Any, *path: Any, task: int | None = None) -> Any:
+        """The single value at `key` (then `path` navigators), or None."""
+        return self._query(key, path, True, task)
+
+    def select(self, key: Any, *path: Any, task: int | None = None) -> list[Any]:
+        """Every value `path` navigates to under `key`."""
+        return list(self._query(key, path, False, task))
+
+    def scan(self, task: int, start: Any = None, end: Any = None) -> list[tuple[Any, Any]]:
+        """(key, value) pairs of a Map PState on `task` with start <= key < end (None = open), in key order."""
+        pairs = self._query(P.sorted_range(start, end).all(), (), False, task)
+        # A task group's store holds the keys of all its tasks: keep those `task` owns.
+        tasks = self.c._module(self.module).spec.tasks
+        return [(k, v) for k, v in pairs if task_for_key(k, tasks) == task]

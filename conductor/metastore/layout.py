@@ -1,0 +1,21 @@
+"""The znode layout (DESIGN.md section 5): every path Millrace uses in ZooKeeper, defined once."""
+
+from __future__ import annotations
+
+ROOT = "/millrace"
+ELECTION_PATH = f"{ROOT}/conductor/election"
+NODES_PATH = f"{ROOT}/nodes"
+MODULES_PATH = f"{ROOT}/modules"
+DISALLOWED_PATH = f"{ROOT}/disallowed"
+
+
+def module_path(module: str) -> str:
+    return f"{MODULES_PATH}/{module}"
+
+
+def group_path(module: str, group: int) -> str:
+    return f"{MODULES_PATH}/{module}/groups/{group}"
+
+
+def resign_path(module: str, group: int) -> str:
+    return f"{MODULES_PATH}/{module}/resign/{group}"

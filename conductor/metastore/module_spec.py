@@ -1,0 +1,274 @@
+"""The deployable description of a module: what code, how many tasks, how replicated.
+
+A ``ModuleSpec`` is what ``conductor deploy`` sends and what the metastore keeps
+at ``/millrace/modules/<module>``. It is validated *before* anything touches
+ZooKeeper, because a half-created module with a nonsense replication factor is
+much harder to clean up than a refused command. Every error names the bad
+field and says how to fix it, since these messages reach operators verbatim
+through the CLI.
+
+Dynamic options (``conductor set-option``) live in ``options`` as strings (the
+CLI hands us strings and ZooKeeper stores JSON); ``option()`` returns the typed,
+defaulted value so callers never parse them again.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from replog.config import DEFAULT_SEGMENT_BYTES, OPTION_NAMES, ReplicationConfig
+
+# Names become znode path segments and appear in logs and metrics labels, so
+# they must be free of "/" and whitespace; 64 characters keeps paths readable.
+NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
+# "package.module:Class" (the class may be nested: "pkg.mod:Outer.Inner").
+MODULE_REF_RE = re.compile(
+    r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+)
+
+MIN_ISR = "replication.min.isr"
+MAX_TIME_LAG_MS = "replication.max.time.lag.millis"
+DEPOT_APPEND_TIMEOUT_MS = "replication.depot.append.timeout.millis"
+MAX_NEAR_SYNC_MESSAGE_LAG = "replication.max.near.sync.message.lag"
+SEGMENT_BYTES = "replog.segment.bytes"
+
+
+class SpecError(ValueError):
+    """Base of every module-spec validation error (a ``ValueError``: the input was bad)."""
+
+
+class InvalidSpec(SpecError):
+    """A field of the spec is out of range or malformed."""
+
+    def __init__(self, field_name: str, value: object, why: str) -> None:
+        self.field = field_name
+        self.value = value
+        super().__init__(f"invalid module spec: {field_name}={value!r}: {why}")
+
+
+class UnknownOption(SpecError):
+    """The option name is not one the runtime understands; a typo must not be silently stored."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(f"unknown module option {name!r}; known options: {', '.join(sorted(KNOWN_OPTIONS))}")
+
+
+class InvalidOption(SpecError):
+    """A known option got a value it cannot take."""
+
+    def __init__(self, name: str, value: str, why: str) -> None:
+        self.name = name
+        self.value = value
+        super().__init__(f"invalid value {value!r} for option {name}: {why}")
+
+
+class NotEnoughNodes(SpecError):
+    """The cluster has fewer live nodes than the spec needs; replicas of a group never share a node."""
+
+    def __init__(self, module: str, needed: int, live: list[str], what: str) -> None:
+        self.module = module
+        self.needed = needed
+        self.live = list(live)
+        super().__init__(
+            f"cannot place module {module}: {what} needs {needed} distinct live node(s) but only "
+            f"{len(self.live)} are live {self.live}; start more worker nodes or lower it"
+        )
+
+
+def _positive_int(name: str, raw: str) -> int:
+    try:
+        value = int(raw)
+    except (TypeError, ValueError):
+        raise InvalidOption(name, raw, "must be a whole number") from None
+    if value <= 0:
+        raise InvalidOption(name, raw, "must be greater than 0")
+    return value
+
+
+@dataclass(frozen=True)
+class OptionDef:
+    """One known dynamic option: its parser and its default (which may depend on the spec)."""
+
+    name: str
+    parse: Callable[[str, str], int]
+    default: Callable[[ModuleSpec], int]
+    doc: str
+
+
+#: replication defaults come from the state machine's own config, so they are defined once
+_REPLICATION_DEFAULTS = ReplicationConfig()
+
+
+def _replication_default(name: str) -> Callable[[ModuleSpec], int]:
+    value = getattr(_REPLICATION_DEFAULTS, OPTION_NAMES[name])
+    return lambda s: int(value)
+
+
+def _default_min_isr(spec: ModuleSpec) -> int:
+    return ReplicationConfig(replication_factor=spec.replication_factor).effective_min_isr
+
+
+#: the options a module spec carries that reach the replication state machines (ConfigChanged)
+REPLICATION_OPTIONS = (MIN_ISR, MAX_TIME_LAG_MS, DEPOT_APPEND_TIMEOUT_MS, MAX_NEAR_SYNC_MESSAGE_LAG)
+
+KNOWN_OPTIONS: dict[str, OptionDef] = {
+    o.name: o
+    for o in (
+        OptionDef(MIN_ISR, _positive_int, _default_min_isr,
+                  "replicas that must hold an entry before it is applied"),
+        OptionDef(MAX_TIME_LAG_MS, _positive_int, _replication_default(MAX_TIME_LAG_MS),
+                  "an ISR member that has not confirmed an entry for this long moves to the OSR"),
+        OptionDef(DEPOT_APPEND_TIMEOUT_MS, _positive_int, _replication_default(DEPOT_APPEND_TIMEOUT_MS),
+                  "how long a depot append waits for its ack before failing (above the max lag, so a "
+                  "follower loss delays appends instead of failing them)"),
+        OptionDef(MAX_NEAR_SYNC_MESSAGE_LAG, _positive_int, _replication_default(MAX_NEAR_SYNC_MESSAGE_LAG),
+                  "followers further behind than this many entries use far-horizon catchup"),
+        OptionDef(SEGMENT_BYTES, _positive_int, lambda s: DEFAULT_SEGMENT_BYTES,
+                  "replog segment size; retention deletes whole segments, so it is also the granularity "
+                  "of the replog's disk use"),
+    )
+}
+
+
+@dataclass(frozen=True)
+class ModuleSpec:
+    """A module deployment: code reference, partitioning, placement and dynamic options.
+
+    ``threads`` is the number of task groups (the unit of replication); task
+    ``t`` belongs to group ``t % threads``. ``workers`` is how many distinct
+    nodes the module's replicas are spread over (at least the replication factor).
+    """
+
+    name: str
+    module_ref: str
+    tasks: int
+    threads: int
+    workers: int
+    replication_factor: int
+    options: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise a ``SpecError`` describing the first problem; cluster-independent checks only."""
+        if not isinstance(self.name, str) or not NAME_RE.match(self.name):
+            raise InvalidSpec("name", self.name, "use 1-64 letters, digits, '_', '-' or '.', starting with a letter")
+        if not isinstance(self.module_ref, str) or not MODULE_REF_RE.match(self.module_ref):
+            raise InvalidSpec("module_ref", self.module_ref, "expected 'package.module:ClassName'")
+        for fname in ("tasks", "threads", "workers", "replication_factor"):
+            value = getattr(self, fname)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidSpec(fname, value, "must be a whole number of at least 1")
+        if self.tasks < self.threads:
+            raise InvalidSpec("tasks", self.tasks,
+                              f"fewer tasks than threads ({self.threads}) would leave task groups empty; "
+                              "use tasks >= threads")
+        if self.workers < self.replication_factor:
+            raise InvalidSpec("workers", self.workers,
+                              f"replicas of a group never share a node, so replication factor "
+                              f"{self.replication_factor} needs at least that many workers")
+        if not isinstance(self.options, dict):
+            raise InvalidSpec("options", self.options, "must be a mapping of option name to string value")
+        for key, value in self.options.items():
+            self._check_option(key, value)
+
+    def _check_option(self, key: str, value: str) -> int:
+        definition = KNOWN_OPTIONS.get(key)
+        if definition is None:
+            raise UnknownOption(key)
+        if not isinstance(value, str):
+            raise InvalidOption(key, repr(value), "option values are strings (as typed on the command line)")
+        parsed = definition.parse(key, value)
+        if key == MIN_ISR and parsed > self.replication_factor:
+            raise InvalidOption(key, value, f"cannot exceed the replication factor {self.replication_factor}")
+        return parsed
+
+    # ---- options -------------------------------------------------------------------------
+
+    def option(self, key: str) -> int:
+        """The typed value of a known option: the stored one, else its default for this spec."""
+        definition = KNOWN_OPTIONS.get(key)
+        if definition is None:
+            raise UnknownOption(key)
+        if key in self.options:
+            return definition.parse(key, self.options[key])
+        return definition.default(self)
+
+    def replication_config(self) -> ReplicationConfig:
+        """What the replicas of this module run with: the replication factor and the replication options."""
+        return ReplicationConfig(replication_factor=self.replication_factor,
+                                 **{OPTION_NAMES[k]: self.option(k) for k in REPLICATION_OPTIONS})
+
+    def effective_options(self) -> dict[str, int]:
+        """Every known option with its effective value (what `conductor status` shows)."""
+        return {key: self.option(key) for key in sorted(KNOWN_OPTIONS)}
+
+    def with_option(self, key: str, value: str) -> ModuleSpec:
+        """A copy with one option set; validates it so a bad value never reaches ZooKeeper."""
+        return replace(self, options={**self.options, key: str(value)})
+
+    # ---- partitioning ---------------------------------------------------------------------
+
+    def group_of(self, task: int) -> int:
+        """The task group that owns ``task``."""
+        if not 0 <= task < self.tasks:
+            raise ValueError(f"task {task} is outside 0..{self.tasks - 1} of module {self.name}")
+        return task % self.threads
+
+    def tasks_of(self, group: int) -> list[int]:
+        """The tasks of task group ``group``."""
+        if not 0 <= group < self.threads:
+            raise ValueError(f"task group {group} is outside 0..{self.threads - 1} of module {self.name}")
+        return list(range(group, self.tasks, self.threads))
+
+    def check_placeable(self, live_nodes: list[str]) -> None:
+        """Raise ``NotEnoughNodes`` unless this spec fits on the live nodes."""
+        if self.replication_factor > len(live_nodes):
+            raise NotEnoughNodes(self.name, self.replication_factor, live_nodes,
+                                 f"replication factor {self.replication_factor}")
+        if self.workers > len(live_nodes):
+            raise NotEnoughNodes(self.name, self.workers, live_nodes, f"workers={self.workers}")
+
+    # ---- JSON -----------------------------------------------------------------------------
+
+    def to_json(self) -> bytes:
+        """Canonical JSON (sorted keys) so equal specs give equal bytes in ZooKeeper."""
+        doc = {
+            "name": self.name,
+            "moduleRef": self.module_ref,
+            "tasks": self.tasks,
+            "threads": self.threads,
+            "workers": self.workers,
+            "replicationFactor": self.replication_factor,
+            "options": dict(sorted(self.options.items())),
+        }
+        return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> ModuleSpec:
+        """Parse and validate; a malformed document raises ``InvalidSpec`` naming what is wrong."""
+        try:
+            doc: Any = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise InvalidSpec("json", raw[:80], f"not valid JSON ({e})") from None
+        if not isinstance(doc, Mapping):
+            raise InvalidSpec("json", doc, "expected a JSON object")
+        missing = [k for k in ("name", "moduleRef", "tasks", "threads", "workers", "replicationFactor")
+                   if k not in doc]
+        if missing:
+            raise InvalidSpec("json", sorted(doc), f"missing field(s) {missing}")
+        return cls(
+            name=doc["name"],
+            module_ref=doc["moduleRef"],
+            tasks=doc["tasks"],
+            threads=doc["threads"],
+            workers=doc["workers"],
+            replication_factor=doc["replicationFactor"],
+            options=dict(doc.get("options") or {}),
+        )

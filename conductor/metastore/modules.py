@@ -1,0 +1,107 @@
+"""``/millrace/modules/<module>``: deployed modules and their specs (options included).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from kazoo.exceptions import (
+    BadVersionError,
+    ConnectionLoss,
+    NoNodeError,
+    NotEmptyError,
+    OperationTimeoutError,
+    SessionExpiredError,
+)
+
+from conductor.metastore.errors import GroupNotFound, ModuleExists, ModuleNotFound, raise_tx_failure
+from conductor.metastore.layout import MODULES_PATH, group_path, module_path
+from conductor.metastore.module_spec import ModuleSpec
+from conductor.metastore.watch import WatchHandle
+from replog.messages import GroupState
+
+if TYPE_CHECKING:
+    from conductor.metastore.session import Metastore
+
+
+
+class Modules:
+    """Module specs: created with all their groups in one transaction, options changed by CAS."""
+
+    def __init__(self, ms: Metastore) -> None:
+        self.ms = ms
+
+    def create(self, spec: ModuleSpec, groups: dict[int, GroupState]) -> None:
+        """Create the module znode and all its group znodes in ONE transaction: all or nothing."""
+        if sorted(groups) != list(range(spec.threads)):
+            raise ValueError(f"module {spec.name} has {spec.threads} task groups; got states for {sorted(groups)}")
+        for g, state in groups.items():
+            if len(state.replicas) != spec.replication_factor:
+                raise ValueError(f"group {g} has {len(state.replicas)} replicas but the replication factor "
+                                 f"is {spec.replication_factor}")
+        mpath = module_path(spec.name)
+        tx = self.ms.zk.transaction()
+        tx.create(mpath, spec.to_json())
+        tx.create(f"{mpath}/groups", b"")
+        tx.create(f"{mpath}/resign", b"")
+        for g in sorted(groups):
+            tx.create(group_path(spec.name, g), groups[g].to_json())
+        try:
+            results = tx.commit()
+        except (ConnectionLoss, OperationTimeoutError, SessionExpiredError):
+            # The reply was lost: it may have committed. Decide from what is there now.
+            if self._matches(spec, groups):
+                return
+            if self.ms.call(self.ms.zk.exists, mpath) is not None:
+                raise ModuleExists(spec.name) from None
+            return self.create(spec, groups)
+        raise_tx_failure(results, on_exists=lambda: ModuleExists(spec.name))
+
+    def _matches(self, spec: ModuleSpec, groups: dict[int, GroupState]) -> bool:
+        try:
+            found, _ = self.get(spec.name)
+            return found == spec and all(self.ms.groups.get(spec.name, g)[0] == s for g, s in groups.items())
+        except (ModuleNotFound, GroupNotFound):
+            return False
+
+    def get(self, module: str) -> tuple[ModuleSpec, int]:
+        """The spec and its znode version (pass it back to change the spec with a CAS)."""
+        try:
+            data, stat = self.ms.call(self.ms.zk.get, module_path(module))
+        except NoNodeError:
+            raise ModuleNotFound(module) from None
+        return ModuleSpec.from_json(data), stat.version
+
+    def names(self) -> list[str]:
+        return sorted(self.ms.call(self.ms.zk.get_children, MODULES_PATH))
+
+    def delete(self, module: str) -> None:
+        """Remove the module and everything under it."""
+        if self.ms.call(self.ms.zk.exists, module_path(module)) is None:
+            raise ModuleNotFound(module)
+        try:
+            self.ms.call(self.ms.zk.delete, module_path(module), recursive=True)
+        except NoNodeError:
+            raise ModuleNotFound(module) from None  # deleted concurrently
+        except NotEmptyError:  # a resign request appeared while we deleted: go again
+            self.ms.call(self.ms.zk.delete, module_path(module), recursive=True)
+
+    def set_option(self, module: str, key: str, value: str) -> ModuleSpec:
+        """Validate and store one dynamic option; a read-modify-write that re-reads on a lost race."""
+        while True:
+            spec, version = self.get(module)
+            updated = spec.with_option(key, value)
+            try:
+                self.ms.cas(module_path(module), updated.to_json(), version)
+                return updated
+            except BadVersionError:
+                continue  # recompute from the fresh spec: the option is validated again against it
+            except NoNodeError:
+                raise ModuleNotFound(module) from None
+
+    def watch(self, module: str, callback: Callable[[ModuleSpec | None], None]) -> WatchHandle:
+        """Call ``callback(spec)`` now and on every change of the module's spec (options); ``None`` once deleted."""
+        def decode(data: bytes | None, stat: Any) -> tuple[ModuleSpec | None]:
+            return (ModuleSpec.from_json(data) if data else None),
+        return self.ms.watch_data(module_path(module), decode, callback)

@@ -1,0 +1,127 @@
+"""``/millrace/nodes/<node-id>``: which workers are live, where they serve, under which session.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kazoo.exceptions import NodeExistsError, NoNodeError
+
+from conductor.metastore.errors import MetastoreError, NodeAlreadyRegistered
+from conductor.metastore.layout import NODES_PATH
+from conductor.metastore.module_spec import NAME_RE
+from conductor.metastore.watch import WatchHandle
+
+if TYPE_CHECKING:
+    from conductor.metastore.session import Metastore
+
+log = logging.getLogger("millrace.metastore")
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """A live worker node as registered in ``/millrace/nodes/<node-id>``."""
+
+    node_id: str
+    address: str
+    pid: int
+    started: float
+
+    def to_json(self) -> bytes:
+        return json.dumps({"address": self.address, "pid": self.pid, "started": self.started},
+                          sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, node_id: str, raw: bytes) -> NodeInfo:
+        doc = json.loads(raw)
+        return cls(node_id=node_id, address=doc["address"], pid=int(doc["pid"]), started=float(doc["started"]))
+
+
+class Nodes:
+    """Live workers (ephemeral znodes); re-created after the session that owned them was lost."""
+
+    def __init__(self, ms: Metastore) -> None:
+        self.ms = ms
+        self._registered: dict[str, str] = {}
+
+    def register(self, node_id: str, address: str) -> NodeInfo:
+        """Announce a live worker node (ephemeral: it disappears when this session ends)."""
+        if not NAME_RE.match(node_id):
+            raise ValueError(f"bad node id {node_id!r}: use letters, digits, '_', '-' or '.', starting with a letter")
+        info = NodeInfo(node_id=node_id, address=address, pid=os.getpid(), started=time.time())
+        path = f"{NODES_PATH}/{node_id}"
+
+        def attempt() -> None:
+            try:
+                self.ms.zk.create(path, info.to_json(), ephemeral=True)
+            except NodeExistsError:
+                # Ours if an earlier attempt's reply was lost; otherwise someone else's.
+                _, stat = self.ms.zk.get(path)
+                if stat.ephemeralOwner != self.ms.session_id:
+                    raise NodeAlreadyRegistered(node_id, stat.ephemeralOwner) from None
+                self.ms.zk.set(path, info.to_json())
+
+        self.ms.call(attempt)
+        self._registered[node_id] = address
+        return info
+
+    def unregister(self, node_id: str) -> None:
+        self._registered.pop(node_id, None)
+        try:
+            self.ms.call(self.ms.zk.delete, f"{NODES_PATH}/{node_id}")
+        except NoNodeError:
+            pass
+
+    def live(self) -> list[str]:
+        """Node ids with a live session, sorted."""
+        return sorted(self.ms.call(self.ms.zk.get_children, NODES_PATH))
+
+    def sessions(self) -> dict[str, int]:
+        """Live node id -> the ZooKeeper session id that owns its znode.
+
+        Leadership is bound to a session (``GroupState.leader_session``): a node
+        that restarted under the same id has a new session and must not keep
+        leading as if nothing happened.
+        """
+        out: dict[str, int] = {}
+        for node_id in self.live():
+            stat = self.ms.call(self.ms.zk.exists, f"{NODES_PATH}/{node_id}")
+            if stat is not None:
+                out[node_id] = int(stat.ephemeralOwner)
+        return out
+
+    def get(self, node_id: str) -> NodeInfo | None:
+        try:
+            data, _ = self.ms.call(self.ms.zk.get, f"{NODES_PATH}/{node_id}")
+        except NoNodeError:
+            return None
+        return NodeInfo.from_json(node_id, data)
+
+    def watch(self, callback: Callable[[list[str]], None]) -> WatchHandle:
+        """Call ``callback(sorted live node ids)`` now and on every change (on the dispatcher thread)."""
+        handle = WatchHandle()
+
+        def on_children(children: list[str]) -> bool:
+            if handle.cancelled or self.ms.closed:
+                return False
+            nodes = sorted(children)
+            self.ms.submit(lambda: None if handle.cancelled else callback(nodes))
+            return True
+
+        self.ms.zk.ChildrenWatch(NODES_PATH, on_children)
+        return handle
+
+    def reregister(self) -> None:
+        """A new session after LOST: our node znodes expired with the old one, so create them again."""
+        for node_id, address in list(self._registered.items()):
+            try:
+                self.register(node_id, address)
+                log.info("re-registered node %s after session loss", node_id)
+            except MetastoreError as e:
+                log.error("could not re-register node %s: %s", node_id, e)

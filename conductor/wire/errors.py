@@ -1,0 +1,117 @@
+"""Typed errors across gRPC: one status code per error class, the typed exception rebuilt on the client.
+
+The server puts the error's class name and constructor arguments in the
+trailing metadata key ``millrace-error`` (JSON); the status code comes from the
+class's ``grpc_code``. The client turns that back into the same exception type,
+so `except StalledGroup as e: e.isr` works on the app side exactly as inside
+the worker, and unknown errors still surface with their code and message.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from typing import Any
+
+import grpc
+
+from pstate import errors as pstate_errors
+from replog import errors as replog_errors
+from topology import errors as topology_errors
+
+METADATA_KEY = "millrace-error"
+
+
+class MillraceError(Exception):
+    """An error from a Millrace node that this client has no typed class for."""
+
+    def __init__(self, code: str, message: str) -> None:
+        self.code = code
+        super().__init__(f"{code}: {message}")
+
+
+class Unavailable(MillraceError):
+    """No node answered (down, partitioned, or not started); retrying later may succeed."""
+
+
+def _registry() -> dict[str, type[Exception]]:
+    reg: dict[str, type[Exception]] = {}
+    for mod in (replog_errors, pstate_errors, topology_errors):
+        for name, obj in vars(mod).items():
+            if isinstance(obj, type) and issubclass(obj, Exception) and hasattr(obj, "grpc_code"):
+                reg[name] = obj
+    return reg
+
+
+_REGISTRY: dict[str, type[Exception]] | None = None
+
+
+def registry() -> dict[str, type[Exception]]:
+    global _REGISTRY
+    if _REGISTRY is None:
+        _REGISTRY = _registry()
+    return _REGISTRY
+
+
+def _ctor_args(exc: Exception) -> dict[str, Any]:
+    """The constructor arguments of `exc`, read back from the attributes our errors keep."""
+    params = inspect.signature(type(exc).__init__).parameters
+    args: dict[str, Any] = {}
+    for name in list(params)[1:]:
+        if hasattr(exc, name):
+            value = getattr(exc, name)
+            if isinstance(value, tuple):
+                value = list(value)
+            args[name] = value
+    return args
+
+
+def status_of(exc: Exception) -> tuple[grpc.StatusCode, str, tuple[tuple[str, str], ...]]:
+    """(code, details, trailing metadata) for a typed error raised inside a node."""
+    code_name = getattr(exc, "grpc_code", "INTERNAL")
+    code = getattr(grpc.StatusCode, code_name, grpc.StatusCode.INTERNAL)
+    meta: tuple[tuple[str, str], ...] = ()
+    if type(exc).__name__ in registry():
+        try:
+            payload = json.dumps({"type": type(exc).__name__, "args": _ctor_args(exc)})
+            meta = ((METADATA_KEY, payload),)
+        except (TypeError, ValueError):
+            meta = ()
+    return code, str(exc), meta
+
+
+def error_json(exc: Exception) -> str:
+    """The error as one JSON string, for replies that carry errors in-band (streamed appends)."""
+    code, details, meta = status_of(exc)
+    typed = json.loads(meta[0][1]) if meta else {}
+    return json.dumps({"code": code.name, "message": details, **typed})
+
+
+def error_from_json(raw: str) -> Exception:
+    """Inverse of :func:`error_json`."""
+    data = json.loads(raw)
+    cls = registry().get(data.get("type", ""))
+    if cls is not None:
+        try:
+            return cls(**data["args"])
+        except (KeyError, TypeError):
+            pass
+    return MillraceError(data.get("code", "UNKNOWN"), data.get("message", raw))
+
+
+def error_from_rpc(err: grpc.RpcError) -> Exception:
+    """Rebuild the typed exception a node raised; fall back to MillraceError with the status."""
+    code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
+    details = (err.details() if hasattr(err, "details") else None) or str(err)
+    trailing = err.trailing_metadata() if hasattr(err, "trailing_metadata") else None
+    for key, value in trailing or ():
+        if key == METADATA_KEY:
+            try:
+                data = json.loads(value)
+                cls = registry()[data["type"]]
+                return cls(**data["args"])
+            except (KeyError, TypeError, ValueError):
+                break
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return Unavailable(code.name, details)
+    return MillraceError(code.name if code else "UNKNOWN", details)

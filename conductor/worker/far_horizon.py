@@ -1,0 +1,519 @@
+"""Far-horizon catchup: a follower too far behind copies the leader's checkpoint files instead of replaying.
+
+The leader's state machine decides *that* a follower needs it (``StartFarHorizon``,
+see :mod:`replog.replica`); this module moves the bytes. The follower pulls: it
+calls ``FetchCheckpoint`` on the leader once per **round**. Each call makes a
+fresh RocksDB checkpoint (hard links to immutable SST files, so it costs a
+memtable flush, not a copy) and streams, in large chunks, only the files the
+follower does not already hold: SST names are stable across checkpoints, so a
+second round copies just what was flushed or compacted during the first. Rounds
+go on until :func:`replog.catchup.round_is_last` says so (the checkpoint is
+within half the near-horizon window of the leader's log end; Rama restarts
+from scratch instead); then the follower
+installs the last checkpoint and replays entries from it like any follower.
+
+Every file is checked against the manifest's size and CRC32C as it arrives; a
+file damaged in transit is dropped and fetched again in the next round (the
+test hook :data:`CORRUPT_ENV` damages chunks on purpose). The leader keeps each
+follower's checkpoint on a :class:`CheckpointShelf` until that follower's next
+round, its release call, or an idle timeout, so abandoned transfers do not pin
+old SST files forever.
+
+Install itself runs on the follower's task thread (it owns the store and the
+log): :meth:`conductor.worker.replica_host.ReplicaHost.install_checkpoint`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import crc32c
+import grpc
+
+from conductor.wire import millrace_pb2 as pb
+from conductor.wire import millrace_pb2_grpc as pbg
+from pstate.checkpoint import Manifest, ManifestFile
+from replog.catchup import MAX_ROUNDS, round_is_last
+
+log = logging.getLogger("millrace.far_horizon")
+
+#: bytes per streamed message: large, since gRPC Python pays ~160 us per message, yet far below the 64 MiB limit
+CHUNK_BYTES = 2 * 1024 * 1024
+#: test hook (leader side): damage the first N chunks this process sends, to prove they are detected and re-fetched
+CORRUPT_ENV = "MILLRACE_TEST_CORRUPT_TRANSFER"
+#: a checkpoint kept for a follower that has not come back for this long is released
+IDLE_TTL_S = 300.0
+#: how long the follower's install may wait for its task thread
+INSTALL_TIMEOUT_S = 120.0
+
+Pairs = list[tuple[int, int]]
+ShelfKey = tuple[str, int, str]  # (module, group, follower)
+
+
+@dataclass
+class Shelved:
+    """One checkpoint kept for one follower's transfer."""
+
+    directory: Path
+    manifest: Manifest
+    epoch_pairs: Pairs
+    leader_log_end: int
+    last_used: float = field(default_factory=time.monotonic)
+
+
+class CheckpointShelf:
+    """The checkpoints a leader node keeps for transfers in progress, at most one per (group, follower).
+
+    A new round replaces the follower's previous checkpoint (its files are
+    hard links, so what both share costs nothing and the rest is freed).
+    """
+
+    def __init__(self, root: Path, idle_ttl_s: float = IDLE_TTL_S) -> None:
+        self.root = root
+        self.idle_ttl_s = idle_ttl_s
+        shutil.rmtree(root, ignore_errors=True)  # leftovers of an earlier run belong to no transfer
+        root.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._kept: dict[ShelfKey, Shelved] = {}
+        self._seq = 0
+
+    def take(self, key: ShelfKey, make: Callable[[Path], Shelved]) -> Shelved:
+        """Replace ``key``'s checkpoint with a fresh one made by ``make(directory)`` (blocking: call off the loop)."""
+        self.release(key)
+        with self._lock:
+            self._seq += 1
+            directory = self.root / f"{key[0]}-{key[1]}-{key[2]}-{self._seq}"
+        shelved = make(directory)
+        with self._lock:
+            self._kept[key] = shelved
+        return shelved
+
+    def release(self, key: ShelfKey) -> bool:
+        with self._lock:
+            shelved = self._kept.pop(key, None)
+        if shelved is not None:
+            shutil.rmtree(shelved.directory, ignore_errors=True)
+        return shelved is not None
+
+    def sweep(self) -> int:
+        """Release checkpoints idle longer than the TTL; returns how many."""
+        now = time.monotonic()
+        with self._lock:
+            stale = [k for k, s in self._kept.items() if now - s.last_used > self.idle_ttl_s]
+        for k in stale:
+            log.info("released the far-horizon checkpoint of %s/%d for %s (idle %.0f s)", k[0], k[1], k[2],
+                     self.idle_ttl_s)
+            self.release(k)
+        return len(stale)
+
+    def keys(self) -> list[ShelfKey]:
+        with self._lock:
+            return list(self._kept)
+
+    def close(self) -> None:
+        for k in self.keys():
+            self.release(k)
+
+
+# ---------------------------------------------------------------------------------------- leader side
+
+
+class _Corrupter:
+    """The :data:`CORRUPT_ENV` hook: flips one byte in each of the first N chunks sent by this process."""
+
+    def __init__(self) -> None:
+        self.left = int(os.environ.get(CORRUPT_ENV, "0") or 0)
+        self._lock = threading.Lock()
+
+    def __call__(self, data: memoryview) -> bytes | memoryview:
+        if self.left <= 0 or not data:
+            return data
+        with self._lock:
+            if self.left <= 0:
+                return data
+            self.left -= 1
+        log.warning("test hook %s: corrupting a far-horizon chunk in transit", CORRUPT_ENV)
+        return bytes([data[0] ^ 0xFF]) + bytes(data[1:])
+
+
+_corrupt = _Corrupter()
+
+
+def read_chunk_into(path: Path, offset: int, buf: bytearray) -> int:
+    """Fill ``buf`` from ``path`` at ``offset``; bytes read.
+
+    One buffer per stream, reused: a worker thread allocating a fresh 2 MiB
+    per chunk page-faults new memory of its malloc arena every time.
+    """
+    with open(path, "rb", buffering=0) as fh:
+        fh.seek(offset)
+        return fh.readinto(buf)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def encode_data_chunk(name: str, offset: int, data: bytes | memoryview) -> bytes:
+    """``CheckpointChunk(file=name, file_offset=offset, data=data)`` in wire format, copying ``data`` once.
+
+    upb's ``SerializeToString`` of a fresh 2 MiB message grows its buffer by
+    doubling in a new arena and frees it: about 3 MB of freshly faulted pages
+    per MB sent (bench.catchup measured it as the leader's largest cost).
+    Fields 2, 3 and 4 are simple to write by hand; the reader is unchanged.
+    """
+    nb = name.encode()
+    return b"".join((b"\x12", _varint(len(nb)), nb, b"\x18", _varint(offset), b"\x22", _varint(len(data)), data))
+
+
+FETCH_METHOD = "/millrace.Replication/FetchCheckpoint"
+
+
+def _read_varint(raw: memoryview, i: int) -> tuple[int, int]:
+    n = shift = 0
+    while True:
+        b = raw[i]
+        i += 1
+        n |= (b & 0x7F) << shift
+        if b < 0x80:
+            return n, i
+        shift += 7
+
+
+def _parse(raw: bytes) -> pb.CheckpointChunk | tuple[str, int, memoryview]:
+    chunk: pb.CheckpointChunk = pb.CheckpointChunk.FromString(raw)
+    if chunk.HasField("info"):
+        return chunk
+    return chunk.file, chunk.file_offset, memoryview(chunk.data)
+
+
+def decode_chunk(raw: bytes) -> pb.CheckpointChunk | tuple[str, int, memoryview]:
+    """The follower's side of :func:`encode_data_chunk`: a data chunk as (file, offset, view of its bytes).
+
+    Parsing a 2 MiB message with protobuf copies the data into fresh memory
+    once more; a view into the received bytes does not. Anything else (the
+    round's description, or fields in another order) goes through protobuf;
+    the description comes back as the message itself.
+    """
+    view = memoryview(raw)
+    try:
+        if view[0] != 0x12:
+            return _parse(raw)
+        n, i = _read_varint(view, 1)
+        name = bytes(view[i:i + n]).decode()
+        i += n
+        if view[i] != 0x18:
+            return _parse(raw)
+        offset, i = _read_varint(view, i + 1)
+        if view[i] != 0x22:
+            return _parse(raw)
+        n, i = _read_varint(view, i + 1)
+        if i + n != len(view):
+            return _parse(raw)
+        return name, offset, view[i:i + n]
+    except IndexError:
+        return _parse(raw)  # raises DecodeError for a truncated message
+
+
+def serialize_chunk(message: pb.CheckpointChunk | bytes) -> bytes:
+    """FetchCheckpoint's response serializer: pre-encoded data chunks pass through, the description is serialized."""
+    return message if isinstance(message, bytes) else message.SerializeToString()
+
+
+def replication_handler(servicer: pbg.ReplicationServicer) -> grpc.GenericRpcHandler:
+    """The Replication service as generated, except that FetchCheckpoint may yield pre-encoded chunks."""
+    return grpc.method_handlers_generic_handler("millrace.Replication", {
+        "Deliver": grpc.stream_unary_rpc_method_handler(
+            servicer.Deliver, request_deserializer=pb.PeerFrame.FromString,
+            response_serializer=pb.DeliverSummary.SerializeToString),
+        "FetchCheckpoint": grpc.unary_stream_rpc_method_handler(
+            servicer.FetchCheckpoint, request_deserializer=pb.FetchCheckpointRequest.FromString,
+            response_serializer=serialize_chunk),
+    })
+
+
+ReadInto = Callable[[Path, int, bytearray], Awaitable[int]]
+
+
+async def stream_checkpoint(shelved: Shelved, have: list[pb.CheckpointFile],
+                            read_into: ReadInto) -> AsyncIterator[pb.CheckpointChunk | bytes]:
+    """The messages of one round: the checkpoint's description, then every file the follower lacks, chunked.
+
+    ``read_into(path, offset, buffer)`` is awaited per chunk (the node passes a
+    thread offload, so disk reads do not stall replication on the event loop).
+    Data chunks come pre-encoded (:func:`encode_data_chunk`); serve them
+    through :func:`replication_handler`.
+    """
+    held = {(f.name, f.size, f.crc32c) for f in have}
+    send = [f for f in shelved.manifest.files if (f.name, f.size, f.crc32c) not in held]
+    pairs = shelved.epoch_pairs
+    yield pb.CheckpointChunk(info=pb.CheckpointInfo(
+        manifest_json=shelved.manifest.to_json(), epochs=[e for e, _s in pairs], epoch_starts=[s for _e, s in pairs],
+        leader_log_end=shelved.leader_log_end, send_bytes=sum(f.size for f in send)))
+    buf = bytearray(CHUNK_BYTES)
+    for f in send:
+        path = shelved.directory / f.name
+        offset = 0
+        while True:
+            n = await read_into(path, offset, buf)
+            if n == 0 and offset < f.size:
+                raise FileNotFoundError(f"{path} ended at {offset} of {f.size} bytes")
+            if n or offset == 0:  # an empty file still gets one (empty) chunk, so the follower creates it
+                yield encode_data_chunk(f.name, offset, _corrupt(memoryview(buf)[:n]))
+            offset += n
+            shelved.last_used = time.monotonic()
+            if offset >= f.size:
+                break
+
+
+# -------------------------------------------------------------------------------------- follower side
+
+
+@dataclass
+class CatchupProgress:
+    """What ``conductor status`` and the node log show of a running catchup."""
+
+    leader: str
+    round: int = 0
+    bytes_total: int = 0  #: this round's bytes to copy
+    bytes_done: int = 0
+    copied_total: int = 0  #: every round's bytes so far
+    refetched: int = 0  #: files that failed their checksum in transit and were fetched again
+    started: float = field(default_factory=time.monotonic)
+    round_started: float = field(default_factory=time.monotonic)
+    state: str = "copying"
+
+    def rate(self) -> float:
+        """Bytes per second of the current round."""
+        elapsed = time.monotonic() - self.round_started
+        return self.bytes_done / elapsed if elapsed > 0 else 0.0
+
+    def eta_s(self) -> float | None:
+        r = self.rate()
+        return (self.bytes_total - self.bytes_done) / r if r > 0 else None
+
+
+#: installs a verified checkpoint on the task thread: (staging dir, manifest, epoch pairs) -> None or why not
+InstallFn = Callable[[Path, Manifest, Pairs], "str | None"]
+
+
+class Catchup:
+    """One far-horizon transfer on the follower, in its own thread (blocking gRPC and file writes stay off the loop)."""
+
+    def __init__(self, name: str, module: str, group: int, follower: str, leader: str, address: str, epoch: int,
+                 staging: Path, near_lag: int, install: InstallFn, *,
+                 channel_options: list[tuple[str, Any]] | None = None,
+                 on_done: Callable[[CatchupProgress], None] | None = None) -> None:
+        self.name = name
+        self.module = module
+        self.group = group
+        self.follower = follower
+        self.leader = leader
+        self.address = address
+        self.epoch = epoch
+        self.staging = staging
+        self.near_lag = near_lag
+        self._install = install
+        self._on_done = on_done
+        self._options = channel_options or []
+        self.progress = CatchupProgress(leader)
+        self.outcome: str | None = None  #: "installed" or why it stopped; None while running
+        self.thread = threading.Thread(target=self._run, name=f"catchup-{name}", daemon=True)
+        #: each received file is fsynced here while the next one streams, so install finds clean pages
+        self._flusher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"catchup-fsync-{name}")
+        self._flushing: dict[str, concurrent.futures.Future[None]] = {}
+        self._stop = threading.Event()
+        self._last_log = 0.0
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    @property
+    def running(self) -> bool:
+        return self.thread.is_alive()
+
+    def _run(self) -> None:
+        shutil.rmtree(self.staging, ignore_errors=True)
+        self.staging.mkdir(parents=True)
+        verified: dict[str, ManifestFile] = {}
+        channel = grpc.insecure_channel(self.address, options=self._options)
+        # Responses stay raw bytes: decode_chunk parses data chunks without copying them.
+        fetch = channel.unary_stream(FETCH_METHOD, request_serializer=pb.FetchCheckpointRequest.SerializeToString,
+                                     response_deserializer=None)
+        log.warning("%s: far-horizon catchup from %s (%s) started", self.name, self.leader, self.address)
+        try:
+            self.outcome = self._rounds(fetch, verified)
+        except _Stopped:
+            self.outcome = "stopped"
+        except grpc.RpcError as e:
+            self.outcome = f"leader {self.leader} stopped the transfer: {e.code().name} {e.details()}"
+        except Exception as e:
+            log.exception("%s: far-horizon catchup failed", self.name)
+            self.outcome = f"failed: {e}"
+        finally:
+            self._flusher.shutdown(wait=True)
+            self.progress.state = self.outcome or "stopped"
+            try:
+                for _ in fetch(self._request([], release=True), timeout=10):
+                    pass
+            except grpc.RpcError:
+                pass
+            channel.close()
+            shutil.rmtree(self.staging, ignore_errors=True)
+        p = self.progress
+        if self._on_done is not None:
+            self._on_done(p)
+        elapsed = time.monotonic() - p.started
+        log.warning("%s: far-horizon catchup from %s: %s after %d round(s), %.1f MB in %.1f s (%.1f MB/s), "
+                    "%d file(s) re-fetched", self.name, self.leader, self.outcome, p.round, p.copied_total / 1e6,
+                    elapsed, p.copied_total / 1e6 / max(elapsed, 1e-9), p.refetched)
+
+    def _request(self, have: list[ManifestFile], release: bool = False) -> pb.FetchCheckpointRequest:
+        return pb.FetchCheckpointRequest(
+            module=self.module, group=self.group, follower=self.follower, epoch=self.epoch, release=release,
+            have=[pb.CheckpointFile(name=f.name, size=f.size, crc32c=f.crc32c) for f in have])
+
+    def _rounds(self, fetch: grpc.UnaryStreamMultiCallable, verified: dict[str, ManifestFile]) -> str:
+        for rnd in range(1, MAX_ROUNDS + 1):
+            if self._stop.is_set():
+                return "stopped"
+            manifest, pairs, leader_end = self._round(rnd, fetch, verified)
+            wanted = {f.name for f in manifest.files}
+            for name in [n for n in verified if n not in wanted]:  # compacted away on the leader
+                del verified[name]
+                (self.staging / name).unlink(missing_ok=True)
+            complete = all(verified.get(f.name) == f for f in manifest.files)
+            behind = leader_end - 1 - manifest.applied_offset
+            if complete and round_is_last(behind, self.near_lag, rnd):
+                self.progress.state = "installing"
+                for fut in self._flushing.values():
+                    fut.result()
+                why_not = self._install(self.staging, manifest, pairs)
+                return "installed" if why_not is None else f"not installed: {why_not}"
+            log.info("%s: round %d: checkpoint at offset %d is %d entries behind the leader%s; another round",
+                     self.name, rnd, manifest.applied_offset, behind, "" if complete else " (files to re-fetch)")
+        raise AssertionError("unreachable")  # the last round always returns
+
+    def _round(self, rnd: int, fetch: grpc.UnaryStreamMultiCallable,
+               verified: dict[str, ManifestFile]) -> tuple[Manifest, Pairs, int]:
+        p = self.progress
+        p.round = rnd
+        p.round_started = time.monotonic()
+        p.bytes_done = 0
+        p.state = "copying"
+        manifest: Manifest | None = None
+        pairs: Pairs = []
+        leader_end = 0
+        by_name: dict[str, ManifestFile] = {}
+        current: _Incoming | None = None
+        for raw in fetch(self._request(list(verified.values())), wait_for_ready=False):
+            if self._stop.is_set():
+                raise _Stopped
+            chunk = decode_chunk(raw)
+            if isinstance(chunk, pb.CheckpointChunk):
+                info = chunk.info
+                manifest = Manifest.from_json(info.manifest_json)
+                pairs = list(zip(info.epochs, info.epoch_starts, strict=True))
+                leader_end = info.leader_log_end
+                by_name = {f.name: f for f in manifest.files}
+                p.bytes_total = info.send_bytes
+                continue
+            name, offset, data = chunk
+            if current is None or current.meta.name != name:
+                if current is not None:
+                    self._finish(current, verified)
+                meta = by_name.get(name)
+                if meta is None or os.sep in name or name in ("", ".", ".."):
+                    raise ValueError(f"leader sent {name!r}, which its manifest does not list")
+                verified.pop(meta.name, None)
+                pending = self._flushing.pop(meta.name, None)
+                if pending is not None:
+                    pending.result()  # an earlier copy of the same name is being fsynced: let it finish first
+                current = _Incoming(meta, self.staging / meta.name)
+            if offset != current.size:
+                raise ValueError(f"{name}: chunk at {offset}, expected {current.size}")
+            current.write(data)
+            p.bytes_done += len(data)
+            p.copied_total += len(data)
+            self._maybe_log()
+        if current is not None:
+            self._finish(current, verified)
+        if manifest is None:
+            raise ValueError("the leader's round carried no checkpoint description")
+        return manifest, pairs, leader_end
+
+    def _finish(self, f: _Incoming, verified: dict[str, ManifestFile]) -> None:
+        f.flush()
+        if f.size == f.meta.size and f.crc == f.meta.crc32c:
+            verified[f.meta.name] = f.meta
+            self._flushing[f.meta.name] = self._flusher.submit(f.sync_and_close)
+            return
+        f.close()
+        self.progress.refetched += 1
+        f.path.unlink(missing_ok=True)
+        log.warning("%s: %s arrived damaged (size/CRC32C %d/%#010x, manifest %d/%#010x); fetching it again",
+                    self.name, f.meta.name, f.size, f.crc, f.meta.size, f.meta.crc32c)
+
+    def _maybe_log(self) -> None:
+        now = time.monotonic()
+        if now - self._last_log < 2.0:
+            return
+        self._last_log = now
+        log.info("%s: %s", self.name, describe(self.progress))
+
+
+class _Stopped(Exception):
+    """The node is closing the replica: abandon the transfer (the leader re-offers later)."""
+
+
+class _Incoming:
+    """A file being received: written as it comes, checksummed on the way."""
+
+    def __init__(self, meta: ManifestFile, path: Path) -> None:
+        self.meta = meta
+        self.path = path
+        self.size = 0
+        self.crc = 0
+        self._fh = open(path, "wb")  # noqa: SIM115 - closed by close(), across many chunks
+
+    def write(self, data: bytes | memoryview) -> None:
+        self._fh.write(data)
+        self.crc = crc32c.crc32c(data, self.crc)
+        self.size += len(data)
+
+    def flush(self) -> None:
+        """Hand the bytes to the kernel (the CRC verdict covers what was written)."""
+        self._fh.flush()
+
+    def sync_and_close(self) -> None:
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+        self._fh.close()
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+def describe(p: CatchupProgress) -> str:
+    """One log line: round, bytes, rate and ETA."""
+    eta = p.eta_s()
+    return (f"far-horizon catchup from {p.leader}: round {p.round}, {p.bytes_done / 1e6:.1f} of "
+            f"{p.bytes_total / 1e6:.1f} MB at {p.rate() / 1e6:.1f} MB/s, ETA "
+            f"{'-' if eta is None else f'{eta:.0f} s'} ({p.state})")

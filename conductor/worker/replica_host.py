@@ -1,0 +1,565 @@
+"""One task-group replica on a worker node: the driver of a :class:`replog.replica.Replica`.
+
+Each replica runs in its own *task thread* that owns its replog, epoch file and
+RocksDB store; nothing else touches them, so none of them needs a lock. The
+thread drains its inbox in bulk, feeds every event to the state machine, and
+performs the returned actions. Local appends are written at once but fsynced
+once per drain cycle: every client append that arrived while the previous
+fsync ran shares the next one (group commit), which is what turns a ~1 ms fsync
+into throughput instead of a per-record cost.
+
+The actions' contract is in :mod:`replog.messages`; this module only performs them.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from pstate.checkpoint import Manifest
+from pstate.errors import PStateError
+from replog.batch import scan_frames, trim_frames
+from replog.config import DEFAULT_SEGMENT_BYTES, ReplicationConfig
+from replog.epoch_file import EpochFile
+from replog.errors import Backpressure, ReplogError
+from replog.log import Log
+from replog.messages import (
+    Ack,
+    AppendLocal,
+    Apply,
+    ChangeIsr,
+    ClientAppend,
+    ConfigChanged,
+    Event,
+    FarHorizonOffer,
+    GroupState,
+    HandOff,
+    LocalFlushed,
+    LogStartAdvanced,
+    MetastoreChanged,
+    PersistEpochs,
+    RawReplicate,
+    Replicate,
+    Reply,
+    RoleChanged,
+    Send,
+    SendEntries,
+    SessionExpired,
+    StartFarHorizon,
+    Tick,
+    Truncate,
+)
+from replog.outbox import Outbox
+from replog.replica import Replica
+from topology.errors import TopologyError
+
+log = logging.getLogger("millrace.node")
+
+#: entry type of a client depot append (the payload is a pstate change set)
+ENTRY_CLIENT_APPEND = 1
+#: largest replication message the driver builds; gRPC's default limit is 4 MiB
+MAX_FRAME_BYTES = 2 * 1024 * 1024
+TICK_MS = 50
+#: how often a replica looks for replog segments that retention may delete
+RETAIN_INTERVAL_MS = 1_000
+
+
+class EntryApplier(Protocol):
+    """The store side of a replica: applies replog entries atomically with its applied offset."""
+
+    @property
+    def applied_offset(self) -> int: ...
+
+    def apply_entries(self, entries: list[tuple[int, int, bytes]]) -> list[Any]: ...
+
+    def stage(self, offset: int, builder: Any) -> bytes: ...
+
+    def drop_staged(self) -> None: ...
+
+    def stage_inherited(self, entries: list[tuple[int, int, bytes]]) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def checkpoint(self, directory: Path, leader_epoch: int) -> Manifest: ...
+
+    def install_checkpoint(self, staging: Path, manifest: Manifest) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class PendingEntry:
+    """A replog entry to build on the leader's task thread, and whom to tell when it reaches its ack level.
+
+    `build()` returns (change-set builder, result); it runs on the task thread
+    because what it writes depends on every entry appended before it (depot
+    offsets, read-modify-write transforms, microbatch and progress markers). A
+    None builder means there is nothing to append (e.g. a replayed microbatch):
+    `done` gets the result at once.
+    """
+
+    build: Callable[[], tuple[Any, Any]]
+    nbytes: int
+    ack: Ack
+    done: Callable[[int, Any, Exception | None], None]
+    result: Any = None
+
+
+class ReplicaHost:
+    """Owns one replica's disk state and task thread; every other thread talks to it through `post`."""
+
+    def __init__(
+        self,
+        node_id: str,
+        module: str,
+        group: int,
+        data_dir: Path,
+        config: ReplicationConfig,
+        session: int,
+        store: EntryApplier,
+        send: Callable[[str, int, list[tuple[str, Any]]], None],
+        change_isr: Callable[[ReplicaHost, int, GroupState], None],
+        on_role: Callable[[ReplicaHost, RoleChanged], None] | None = None,
+        on_far_horizon: Callable[[ReplicaHost, str, int], None] | None = None,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        hand_off: Callable[[ReplicaHost, int, GroupState], None] | None = None,
+    ) -> None:
+        self.node_id = node_id
+        self.module = module
+        self.group = group
+        self.name = f"{module}/{group}"
+        self.dir = data_dir
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.log = Log.open(self.dir / "replog", fsync="none", segment_bytes=segment_bytes)
+        self.epoch_file = EpochFile(self.dir / "epochs")
+        self.store = store
+        self.config = config
+        self._send = send
+        self._change_isr = change_isr
+        self._on_role = on_role
+        self._on_far_horizon = on_far_horizon
+        self._hand_off = hand_off
+        applied = store.applied_offset
+        if applied >= self.log.end_offset:
+            # Only a far-horizon install interrupted between swapping the store and resetting the
+            # log leaves the store ahead (applies need durable entries): finish it.
+            log.warning("%s: store applied offset %d is beyond the replog end %d (an interrupted checkpoint "
+                        "install); the replog restarts at %d", self.name, applied, self.log.end_offset, applied + 1)
+            self.log.reset(applied + 1)
+        self.replica = self._new_replica(session, applied)
+        #: the group znode as last fed to the state machine (far-horizon install checks ISR membership)
+        self._znode: GroupState | None = None
+        #: follower: the far-horizon transfer running for this replica, if any (set by the node)
+        self.catchup: Any = None
+        self._next_retain_ms = 0
+        self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._pending: dict[int, list[PendingEntry]] = {}
+        self._next_request = 1
+        self._stop = threading.Event()
+        self._dirty = False
+        #: peer messages of this drain, shipped in one transport call, and held beats (replog.outbox's policy)
+        self.outbox = Outbox()
+        #: follower: apply up to here once this drain's fsync and acks are out (see `_perform`)
+        self._apply_later = -1
+        self.thread = threading.Thread(target=self._run, name=f"task-{self.name}", daemon=True)
+        #: counters for metrics and `conductor status`
+        self.stats = {"appends": 0, "entries_applied": 0, "flushes": 0, "far_horizon_installs": 0,
+                      "far_horizon_bytes": 0, "far_horizon_refetched_files": 0, "replog_deleted_bytes": 0}
+        self.last_error: str | None = None
+        log.info("%s: opened replica on %s (log [%d, %d), applied %d)", self.name, node_id,
+                 self.log.start_offset, self.log.end_offset, applied)
+
+    def _new_replica(self, session: int, applied: int) -> Replica:
+        return Replica(
+            self.node_id, self.name, self.config, session=session, log_start=self.log.start_offset,
+            log_end=self.log.end_offset, epoch_pairs=self.epoch_file.load(), applied=applied,
+        )
+
+    # ------------------------------------------------------------------ called from other threads
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def post(self, item: Any) -> None:
+        self.inbox.put(item)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.inbox.put(None)
+        if self.thread.is_alive() and threading.current_thread() is not self.thread:
+            self.thread.join(timeout=10)
+
+    # ------------------------------------------------------------------------- the task thread
+
+    def _run(self) -> None:
+        next_tick = 0
+        try:
+            while not self._stop.is_set():
+                now = _now_ms()
+                beat = self.outbox.next_due()
+                due = next_tick if beat is None else min(next_tick, beat)
+                timeout = max(0.0, (due - now) / 1000)
+                items: list[Any] = []
+                try:
+                    items.append(self.inbox.get(timeout=timeout))
+                    while True:
+                        items.append(self.inbox.get_nowait())
+                except queue.Empty:
+                    pass
+                appends: list[PendingEntry] = []
+                for item in items:
+                    if item is None:
+                        continue
+                    if isinstance(item, PendingEntry):
+                        appends.append(item)
+                    else:
+                        self._handle_item(item)
+                if appends:
+                    self._client_appends(appends)
+                now = _now_ms()
+                if now >= next_tick:
+                    self._feed(Tick())
+                    next_tick = now + TICK_MS
+                self._flush_if_dirty()
+                self._ship()
+                if self.outbox.beats:
+                    self._hand_over(self.outbox.due(_now_ms()))
+                self._apply_deferred()
+                if now >= self._next_retain_ms:
+                    self._next_retain_ms = now + RETAIN_INTERVAL_MS
+                    self._retain()
+        except Exception:
+            log.exception("%s: task thread crashed; the replica stops (restart the node to recover)", self.name)
+            self.last_error = "task thread crashed; see the node log"
+            self._fail_all("the replica's task thread crashed")
+        finally:
+            self._close_disk()
+
+    def _handle_item(self, item: Any) -> None:
+        if isinstance(item, RawReplicate):
+            self._on_raw_replicate(item)
+        elif isinstance(item, FarHorizonOffer):
+            self._on_far_horizon_offer(item)
+        elif callable(item):
+            item(self)  # a query that must run on the task thread
+        else:
+            if isinstance(item, MetastoreChanged):
+                self._znode = item.state
+            elif isinstance(item, ConfigChanged):
+                self.config = item.config
+            self._feed(item)
+
+    def _client_appends(self, ps: list[PendingEntry]) -> None:
+        """Every append of one inbox drain becomes ONE state-machine append per ack level.
+
+        One append means one log frame, one replication frame per follower and
+        one reply to split, instead of one of each per request: this is what
+        makes many small concurrent appends cheap (a run per ack level). Each request is still its own
+        replog entry (its own change set), so they succeed or fail separately
+        while building, and share the fate of the batch once appended.
+        """
+        # Consecutive runs of one ack level, in build order: entries must reach the log in the
+        # order they were built, since each one builds on the ones before it.
+        runs: list[tuple[Ack, list[tuple[PendingEntry, bytes | None]]]] = []
+        # A resigning leader refuses appends (NotLeader): build nothing, so later runs are refused alike.
+        leader = self.replica.accepts_appends
+        offset = self.replica.log_end
+        for p in ps:
+            payload = None
+            if leader:
+                try:
+                    builder, p.result = p.build()
+                except (ReplogError, PStateError, TopologyError, ValueError) as e:  # bad input or user code
+                    p.done(-1, None, e)
+                    continue
+                if builder is None:
+                    p.done(-1, p.result, None)
+                    continue
+                # Staged at once, so the next change set builds on this one (depot offsets, updates).
+                payload = self.store.stage(offset, builder)
+                offset += 1
+            if not runs or runs[-1][0] is not p.ack:
+                runs.append((p.ack, []))
+            runs[-1][1].append((p, payload))
+        for i, (ack, group) in enumerate(runs):
+            rid = self._next_request
+            self._next_request += 1
+            self._pending[rid] = [p for p, _b in group]
+            before = self.replica.log_end
+            self._feed(ClientAppend(rid, len(group), sum(p.nbytes for p, _b in group), ack,
+                                    data=[b for _p, b in group]))
+            if leader and self.replica.log_end != before + len(group):
+                # Refused (backpressure, lost leadership): its staged writes must go, and so must the
+                # later runs, which were built on top of it.
+                for _ack, later in runs[i + 1:]:
+                    for p, _b in later:
+                        p.done(-1, None, Backpressure(self.name, "an earlier append of the same batch was refused"))
+                self._restage()
+                return
+
+    def _restage(self) -> None:
+        """Rebuild the staged overlay from the log, the truth: exactly the entries appended, not applied."""
+        self.store.drop_staged()
+        start = self.store.applied_offset + 1
+        if self.replica.is_leader and start < self.log.end_offset:
+            tail = self.log.read_entries(start, self.log.end_offset)
+            self.store.stage_inherited([(off, typ, payload) for off, _e, typ, payload in tail])
+
+    def _on_raw_replicate(self, m: RawReplicate) -> None:
+        epochs: tuple[int, ...] = ()
+        if m.frames:
+            scan = scan_frames(m.frames, expect_offset=m.start)
+            if scan.error is not None:
+                log.warning("%s: dropped a replication frame from %s at offset %d: %s (the leader resends)",
+                            self.name, m.src, m.start, scan.error)
+                return
+            epochs = tuple(e for f in scan.frames for e in (f.epoch,) * f.entry_count)
+        self._feed(Replicate(m.src, self.node_id, m.epoch, m.start, epochs, m.apply_offset, data=m.frames))
+
+    def _feed(self, event: Event) -> None:
+        for action in self.replica.handle(event, _now_ms()):
+            self._perform(action)
+
+    def _flush_if_dirty(self) -> None:
+        while self._dirty:
+            # Entries for followers leave before our own fsync, so theirs overlaps ours.
+            self._ship(hold_acks=True)
+            self._dirty = False
+            self.log.flush()
+            self.stats["flushes"] += 1
+            self._feed(LocalFlushed(self.log.end_offset))
+
+    # --------------------------------------------------------------------------------- actions
+
+    def _perform(self, a: Any) -> None:
+        if isinstance(a, AppendLocal):
+            self._append_local(a)
+        elif isinstance(a, SendEntries):
+            self._send_entries(a)
+        elif isinstance(a, Send):
+            self.outbox.add(a.msg.dst, a.msg)
+        elif isinstance(a, Reply):
+            self._reply(a)
+        elif isinstance(a, Apply):
+            if self.replica.is_leader:
+                self._apply(a.up_to)  # before the Reply that follows: replies must see applied state
+            else:
+                # Nobody reads a follower's store before its next drain: apply after this drain's
+                # fsync and acks, off the path of the leader's commit.
+                self._apply_later = max(self._apply_later, a.up_to)
+        elif isinstance(a, Truncate):
+            self._apply_deferred()
+            log.warning("%s: truncating replog to offset %d (epoch reconciliation)", self.name, a.end)
+            self.store.drop_staged()
+            self.log.truncate(a.end)
+            self.log.flush()
+        elif isinstance(a, PersistEpochs):
+            self.epoch_file.save(list(a.pairs))
+        elif isinstance(a, ChangeIsr):
+            self._change_isr(self, a.expected_version, a.new)
+        elif isinstance(a, HandOff):
+            assert self._hand_off is not None, f"{self.name}: a hand-off needs the hand_off callback"
+            log.warning("%s: handing leadership to %s (epoch %d -> %d)", self.name, a.new.leader, a.new.epoch - 1,
+                        a.new.epoch)
+            self._hand_off(self, a.expected_version, a.new)
+        elif isinstance(a, RoleChanged):
+            self._apply_deferred()
+            log.warning("%s: now %s in epoch %d (leader %s)", self.name, a.role.value, a.epoch, a.leader)
+            # Staged entries belong to a leadership. A new leader stages the tail it inherited
+            # (appended in earlier epochs, not yet applied) so new change sets build on top of it.
+            self._restage()
+            if self._on_role is not None:
+                self._on_role(self, a)
+        elif isinstance(a, StartFarHorizon):
+            log.warning("%s: follower %s needs entries this replog no longer keeps, or is more than "
+                        "replication.max.near.sync.message.lag entries behind: offering it a checkpoint",
+                        self.name, a.follower)
+            self.outbox.add(a.follower, FarHorizonOffer(self.node_id, a.epoch))
+        else:  # pragma: no cover - the Action union is closed
+            raise TypeError(f"unknown action {a!r}")
+
+    def _append_local(self, a: AppendLocal) -> None:
+        assert a.first == self.log.end_offset, (self.name, a.first, self.log.end_offset)
+        if isinstance(a.data, list):  # leader: encoded (and already staged) change sets, one epoch
+            epoch = a.epochs[0]
+            assert all(e == epoch for e in a.epochs)
+            skip = a.first - a.data_first
+            payloads = a.data[skip: skip + len(a.epochs)]
+            assert all(isinstance(x, bytes) for x in payloads), "a leader appends only built change sets"
+            self.log.append(epoch, ENTRY_CLIENT_APPEND, payloads)
+        else:  # follower: raw frames from the leader
+            raw = a.data
+            assert isinstance(raw, bytes)
+            if a.first != a.data_first:
+                raw = trim_frames(raw, a.first)
+            want_end = a.first + len(a.epochs)
+            self.log.append_frames(raw)
+            if self.log.end_offset > want_end:
+                self.log.truncate(want_end)
+        self._dirty = True
+
+    def _send_entries(self, a: SendEntries) -> None:
+        start = a.start
+        if start >= a.end:
+            self.outbox.add(a.dst, RawReplicate(self.node_id, a.epoch, start, b"", a.apply_offset))
+            return
+        while start < a.end:
+            raw = self.log.read(start, MAX_FRAME_BYTES, end=a.end)
+            frames = scan_frames(raw).frames
+            first = frames[0].base_offset
+            self.outbox.add(a.dst, RawReplicate(self.node_id, a.epoch, first, raw, a.apply_offset))
+            start = frames[-1].next_offset
+
+    def _ship(self, hold_acks: bool = False) -> None:
+        """Hand the drain's peer messages to the transport in one call (one event-loop wake-up, not one each).
+
+        What waits (acks before an fsync, a leader's beats) is :class:`replog.outbox.Outbox`'s decision.
+        """
+        self._hand_over(self.outbox.take(_now_ms(), self.replica.is_leader, hold_acks))
+
+    def _hand_over(self, out: list[tuple[str, Any]]) -> None:
+        if not out:
+            return
+        try:
+            self._send(self.module, self.group, out)
+        except Exception:  # the transport is closing: the protocol resends what matters
+            log.debug("%s: could not hand %d message(s) to the transport", self.name, len(out), exc_info=True)
+
+    def _apply_deferred(self) -> None:
+        if self._apply_later >= 0:
+            up_to, self._apply_later = self._apply_later, -1
+            self._apply(up_to)
+
+    def _apply(self, up_to: int) -> None:
+        applied = self.store.applied_offset
+        if up_to <= applied:
+            return
+        entries = [(off, typ, payload) for off, _epoch, typ, payload in self.log.read_entries(applied + 1, up_to + 1)]
+        self.store.apply_entries(entries)
+        self.stats["entries_applied"] += len(entries)
+
+    def _reply(self, a: Reply) -> None:
+        group = self._pending.pop(a.request_id, None)
+        if group is None:
+            return
+        assert a.error is not None or a.count == len(group), (a, len(group))
+        self.stats["appends"] += len(group)
+        for i, p in enumerate(group):
+            try:
+                p.done(a.first + i, p.result if a.error is None else None, a.error)
+            except Exception:
+                log.exception("%s: append callback failed", self.name)
+
+    def _fail_all(self, why: str) -> None:
+        err = ReplogError(f"{self.name}: {why}")
+        for p in [p for group in self._pending.values() for p in group]:
+            try:
+                p.done(-1, None, err)
+            except Exception:
+                log.exception("%s: append callback failed", self.name)
+        self._pending.clear()
+
+    def _close_disk(self) -> None:
+        try:
+            self._fail_all("the replica is closing")
+            self.log.flush()
+            self.log.close()
+        finally:
+            self.store.close()
+
+    # ------------------------------------------------------------------------ retention
+
+    def _retain(self) -> None:
+        """Delete whole replog segments below the state machine's retention point.
+
+        The point depends on the applied offset the store holds *durably*; with
+        RocksDB's WAL off that takes a flush, so one is made only when a whole
+        segment would go (about once per segment written), never per check.
+        """
+        segments = self.log.segments()
+        if len(segments) < 2 or self.replica.retention_point(self.store.applied_offset) < segments[1].base_offset:
+            return
+        self.store.flush()
+        point = self.replica.retention_point(self.store.applied_offset)
+        freed = self.log.delete_segments_below(point)
+        if freed:
+            self.stats["replog_deleted_bytes"] += freed
+            self._feed(LogStartAdvanced(self.log.start_offset))
+            log.info("%s: retention deleted %.1f MB of replog below offset %d (log now [%d, %d))", self.name,
+                     freed / 1e6, self.log.start_offset, self.log.start_offset, self.log.end_offset)
+
+    # ------------------------------------------------------------------------ far horizon
+
+    def _on_far_horizon_offer(self, m: FarHorizonOffer) -> None:
+        if self.replica.far_horizon_refusal(m.src, m.epoch) is not None:
+            return  # from a leadership that is over (or we have not caught up with the epoch yet)
+        if self.catchup is not None and self.catchup.running:
+            return
+        if self._on_far_horizon is not None:
+            self._on_far_horizon(self, m.src, m.epoch)
+
+    def checkpoint_for_transfer(self, directory: Path) -> tuple[Manifest, list[tuple[int, int]], int]:
+        """Leader, any thread: a checkpoint of the applied state, its epoch history, and the log end now.
+
+        Safe off the task thread: the store checkpoints under its own lock, and
+        the epoch cache never changes at or below the applied offset.
+        """
+        log_end = self.replica.log_end
+        manifest = self.store.checkpoint(directory, self.replica.epoch)
+        pairs = [(e, s) for e, s in self.replica.epochs.to_pairs() if s <= manifest.applied_offset]
+        return manifest, pairs, log_end
+
+    def install_checkpoint(self, staging: Path, manifest: Manifest, pairs: list[tuple[int, int]],
+                           leader: str, epoch: int) -> str | None:
+        """Task thread: replace store and replog with a fetched checkpoint; None when done, else why not.
+
+        Installed only under the driver contract of replog.messages: still
+        following the leader that offered it, outside the ISR, and holding no
+        entry beyond the checkpoint, so nothing this replica acknowledged is
+        dropped. Crash order: the epoch history first (valid for the old log
+        too, whose entries the checkpoint covers), then the store's atomic swap,
+        then the log reset; a crash between the last two is finished at open.
+        """
+        r = self.replica
+        upto = manifest.applied_offset
+        why_not = r.far_horizon_refusal(leader, epoch, upto,
+                                        in_isr=self._znode is not None and self.node_id in self._znode.isr)
+        if why_not is not None:
+            return why_not
+        self._apply_later = -1
+        self.outbox.clear()
+        self.store.drop_staged()
+        self.epoch_file.save(pairs)
+        self.store.install_checkpoint(staging, manifest)
+        self.log.reset(upto + 1)
+        self.replica = self._new_replica(r.session, upto)
+        self.stats["far_horizon_installs"] += 1
+        if not r.session_ok:
+            self._feed(SessionExpired())
+        log.warning("%s: installed a checkpoint up to offset %d from %s; replaying from %d", self.name, upto,
+                    leader, upto + 1)
+        if self._znode is not None:
+            self._feed(MetastoreChanged(self._znode))
+        return None
+
+    # ------------------------------------------------------------------------ introspection
+
+    def status(self) -> dict[str, Any]:
+        """A snapshot for `conductor status` (read racily from another thread: good enough for display)."""
+        r = self.replica
+        return {
+            "role": r.role.value, "epoch": r.epoch, "leader": r.leader, "log_start": self.log.start_offset,
+            "log_end": r.log_end, "apply_offset": r.apply_offset, "applied": r.applied,
+            "followers": r.follower_offsets(), "isr": list(r.isr), "stalled": r.stalled,
+            "catchup": self.catchup.progress if self.catchup is not None and self.catchup.running else None,
+        }
+
+
+def _now_ms() -> int:
+    return int(time.monotonic() * 1000)

@@ -1,0 +1,343 @@
+"""The worker's gRPC services: the client API, replication between workers, and admin.
+
+Every RPC that can fail on bad input or a replication condition goes through
+:func:`maps_errors`, the one place where a typed error becomes its gRPC status
+(and the trailing metadata the client rebuilds the typed error from); streamed
+appends carry the same errors in-band. Appends and batch commits are posted to
+the replica's task thread; replies come back through a :class:`LoopSettler`.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import functools
+import inspect
+import logging
+import sys
+import threading
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+import grpc
+import msgpack
+
+from conductor.wire import admin_pb2, admin_pb2_grpc
+from conductor.wire import millrace_pb2 as pb
+from conductor.wire import millrace_pb2_grpc as pbg
+from conductor.wire.errors import error_json, status_of
+from conductor.worker.far_horizon import read_chunk_into, stream_checkpoint
+from conductor.worker.replica_host import PendingEntry, ReplicaHost
+from conductor.worker.replica_store import ReplicaStore
+from pstate.errors import PStateError
+from replog.errors import NotLeader, ReplogError
+from replog.messages import Ack
+from topology.errors import TopologyError
+from topology.stream import StreamRunner
+
+if TYPE_CHECKING:
+    from conductor.worker.worker import Worker
+
+log = logging.getLogger("millrace.node")
+VERSION = "0.1.0"
+
+#: what a service answers with a typed gRPC status; anything else is a bug (INTERNAL)
+SERVICE_ERRORS = (ReplogError, PStateError, TopologyError, ValueError)
+
+_ACKS = {pb.ACK_NONE: Ack.NONE, pb.ACK_APPEND: Ack.APPEND, pb.ACK_APPLIED: Ack.APPLIED}
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def maps_errors(method: F) -> F:
+    """Abort the RPC with the status of a :data:`SERVICE_ERRORS` error (unary and server-streaming methods)."""
+
+    async def abort(context: grpc.aio.ServicerContext, exc: Exception) -> None:
+        code, details, meta = status_of(exc)
+        context.set_trailing_metadata(meta)
+        await context.abort(code, details)
+
+    if inspect.isasyncgenfunction(method):
+        @functools.wraps(method)
+        async def stream(self: Any, request: Any, context: Any) -> AsyncIterator[Any]:
+            try:
+                async for item in method(self, request, context):
+                    yield item
+            except SERVICE_ERRORS as e:
+                await abort(context, e)
+
+        return cast(F, stream)
+
+    @functools.wraps(method)
+    async def unary(self: Any, request: Any, context: Any) -> Any:
+        try:
+            return await method(self, request, context)
+        except SERVICE_ERRORS as e:
+            await abort(context, e)
+            raise AssertionError("unreachable") from e
+
+    return cast(F, unary)
+
+
+def _lengths(records: list[bytes]) -> bytes:
+    """Record lengths as the little-endian uint32 array of ``DepotReadReply.lengths``."""
+    lengths = array.array("I", map(len, records))
+    if sys.byteorder != "little":
+        lengths.byteswap()
+    return lengths.tobytes()
+
+
+class AdminService(admin_pb2_grpc.AdminServicer):
+    def __init__(self, node: Worker) -> None:
+        self.node = node
+
+    async def Ping(self, request: admin_pb2.PingRequest, context: Any) -> admin_pb2.PingReply:
+        return admin_pb2.PingReply(payload=request.payload, node_id=self.node.node_id, version=VERSION)
+
+
+class ReplicationService(pbg.ReplicationServicer):
+    def __init__(self, node: Worker) -> None:
+        self.node = node
+
+    async def Deliver(self, request_iterator: AsyncIterator[pb.PeerFrame], context: Any) -> pb.DeliverSummary:
+        n = 0
+        try:
+            async for frame in request_iterator:
+                self.node.deliver(frame)
+                n += 1
+        except asyncio.CancelledError:
+            pass  # the node is stopping: peers reconnect to whoever leads next
+        return pb.DeliverSummary(frames=n)
+
+    @maps_errors
+    async def FetchCheckpoint(self, request: pb.FetchCheckpointRequest,
+                              context: Any) -> AsyncIterator[pb.CheckpointChunk | bytes]:
+        node = self.node
+        key = (request.module, request.group, request.follower)
+        if request.release:
+            node.shelf.release(key)
+            return
+        shelved = await asyncio.to_thread(node.checkpoint_round, request)
+
+        async def read_into(path: Path, offset: int, buf: bytearray) -> int:
+            return await asyncio.to_thread(read_chunk_into, path, offset, buf)
+        async for chunk in stream_checkpoint(shelved, list(request.have), read_into):
+            yield chunk
+
+
+class ClientService(pbg.ClientServicer):
+    def __init__(self, node: Worker) -> None:
+        self.node = node
+
+    def _start_append(self, request: pb.AppendRequest) -> asyncio.Future[pb.AppendReply]:
+        """Post `request` to its leader's task thread; the future gets the reply (or the error)."""
+        node = self.node
+        host = node.leader_host(request.module, request.group)
+        rt = node.modules[request.module]
+        appends = []
+        nbytes = 0
+        for d in request.appends:
+            if rt.spec.group_of(d.task) != request.group:
+                raise ValueError(f"task {d.task} of depot {d.depot} belongs to group {rt.spec.group_of(d.task)}, "
+                                 f"not {request.group}; refresh the module metadata")
+            records = list(d.records)
+            nbytes += sum(map(len, records))
+            appends.append((d.depot, d.task, records))
+        fut: asyncio.Future[pb.AppendReply] = asyncio.get_running_loop().create_future()
+        settle = node.settler.post if node.settler is not None else None
+        assert settle is not None
+
+        def done(first: int, result: Any, error: Exception | None) -> None:
+            settle(_resolve, fut, first, result, error, host.replica.epoch)
+
+        store = rt.stores[request.group]
+        runner = rt.runners.get(request.group)
+        host.post(PendingEntry(functools.partial(_client_entry, store, appends, runner), nbytes,
+                               _ACKS.get(request.ack, Ack.APPEND), done))
+        return fut
+
+    @maps_errors
+    async def Append(self, request: pb.AppendRequest, context: Any) -> pb.AppendReply:
+        return await self._start_append(request)
+
+    async def AppendStream(self, request_iterator: AsyncIterator[pb.AppendRequest], context: Any) -> AsyncIterator[pb.AppendReply]:
+        # Pipelined: every request is posted to its task thread as it is read (no task per request);
+        # replies go out in request order (clients match by order).
+        pending: asyncio.Queue[tuple[int, asyncio.Future[pb.AppendReply]] | None] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+
+        async def reader() -> None:
+            try:
+                async for req in request_iterator:
+                    try:
+                        fut = self._start_append(req)
+                    except SERVICE_ERRORS as e:
+                        fut = loop.create_future()
+                        fut.set_exception(e)
+                    pending.put_nowait((req.seq, fut))
+            finally:
+                pending.put_nowait(None)
+
+        rtask = asyncio.ensure_future(reader())
+        try:
+            while True:
+                item = await pending.get()
+                if item is None:
+                    break
+                seq, fut = item
+                try:
+                    reply = await fut
+                    reply.seq = seq
+                    yield reply
+                except SERVICE_ERRORS as e:
+                    yield pb.AppendReply(seq=seq, error=error_json(e))
+            await rtask  # the request stream's own error, if any
+        finally:
+            rtask.cancel()
+
+    def _leader_store(self, module: str, task: int) -> tuple[ReplicaHost, ReplicaStore]:
+        """The store of the local leader of the group owning `task` (reads see applied state only)."""
+        rt = self.node.modules.get(module)
+        if rt is None:
+            raise NotLeader(f"{module}/?", None, None)
+        if not 0 <= task < rt.spec.tasks:
+            raise ValueError(f"task {task} is outside [0, {rt.spec.tasks}) for module {module}")
+        group = rt.spec.group_of(task)
+        return self.node.leader_host(module, group), rt.stores[group]
+
+    @maps_errors
+    async def Select(self, request: pb.SelectRequest, context: Any) -> pb.SelectReply:
+        _host, store = self._leader_store(request.module, request.task)
+        values, applied = store.select(request.pstate, request.task, request.path, request.one)
+        return pb.SelectReply(values=values, applied_offset=max(applied, 0))
+
+    @maps_errors
+    async def DepotRead(self, request: pb.DepotReadRequest, context: Any) -> pb.DepotReadReply:
+        host, store = self._leader_store(request.module, request.task)
+        records, start, nxt = store.depot_read(request.depot, request.task, request.start,
+                                               request.end or None, request.max_bytes or 1 << 20)
+        if request.packed:  # one bytes field instead of one per record: the reader slices it without copies
+            return pb.DepotReadReply(packed=b"".join(records), lengths=_lengths(records), start=start, next=nxt,
+                                     epoch=host.replica.epoch)
+        return pb.DepotReadReply(records=records, start=start, next=nxt, epoch=host.replica.epoch)
+
+    @maps_errors
+    async def PartitionInfo(self, request: pb.PartitionInfoRequest, context: Any) -> pb.PartitionInfoReply:
+        host, store = self._leader_store(request.module, request.task)
+        start, end = store.depot_info(request.depot, request.task)
+        return pb.PartitionInfoReply(start=start, end=end, epoch=host.replica.epoch)
+
+    @maps_errors
+    async def CommitBatch(self, request: pb.CommitBatchRequest, context: Any) -> pb.CommitBatchReply:
+        """One task group's share of a Spark microbatch, applied once whatever the retries."""
+        node = self.node
+        host = node.leader_host(request.module, request.group)
+        rt = node.modules[request.module]
+        for c in request.changes:
+            if rt.spec.group_of(c.task) != request.group:
+                raise ValueError(f"change for task {c.task} sent to group {request.group}; route by task")
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        settle = node.settler.post if node.settler is not None else None
+        assert settle is not None
+
+        def done(first: int, result: Any, error: Exception | None) -> None:
+            settle(settle_future, fut, (first, result), error)
+
+        build = functools.partial(_commit_entry, rt.stores[request.group], request.topology, request.batch_id,
+                                  list(request.changes))
+        host.post(PendingEntry(build, request.ByteSize(), Ack.APPLIED, done))
+        first, skipped = await fut
+        return pb.CommitBatchReply(skipped=bool(skipped), replog_offset=max(first, 0))
+
+    @maps_errors
+    async def Progress(self, request: pb.ProgressRequest, context: Any) -> pb.ProgressReply:
+        self.node.leader_host(request.module, request.group)  # only the leader answers (NotLeader otherwise)
+        last = self.node.modules[request.module].stores[request.group].store.last_batch(request.topology)
+        return pb.ProgressReply(last_batch=-1 if last is None else last)
+
+    async def GroupStatus(self, request: pb.GroupStatusRequest, context: Any) -> pb.GroupStatusReply:
+        host = self.node.host(request.module, request.group)
+        if host is None:
+            return pb.GroupStatusReply(role="none", apply_offset=-1, applied_offset=-1)
+        s = host.status()
+        c = s["catchup"]
+        catchup = None if c is None else pb.CatchupStatus(
+            leader=c.leader, round=c.round, bytes_done=c.bytes_done, bytes_total=c.bytes_total,
+            bytes_per_s=c.rate(), state=c.state)
+        return pb.GroupStatusReply(
+            role=s["role"], epoch=s["epoch"], log_start=s["log_start"], log_end=s["log_end"],
+            apply_offset=s["apply_offset"], applied_offset=s["applied"], follower_offsets=s["followers"],
+            catchup=catchup,
+        )
+
+
+class LoopSettler:
+    """Runs callbacks posted from task threads on the event loop, one loop wake-up per burst.
+
+    A task thread answers a whole group of appends at once (one `done` per
+    request); a ``call_soon_threadsafe`` each would cost a self-pipe write and a
+    loop iteration per request. Here the first post of a burst schedules one
+    drain and the others only append to the list.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._items: deque[tuple[Callable[..., None], tuple[Any, ...]]] = deque()
+        self._lock = threading.Lock()
+        self._scheduled = False
+
+    def post(self, fn: Callable[..., None], *args: Any) -> None:
+        with self._lock:
+            self._items.append((fn, args))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        try:
+            self.loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # the loop is closed: the node is stopping, nobody awaits these
+            pass
+
+    def _drain(self) -> None:
+        with self._lock:
+            items = self._items
+            self._items = deque()
+            self._scheduled = False
+        for fn, args in items:
+            try:
+                fn(*args)
+            except Exception:
+                log.exception("a completion callback failed")
+
+
+def _resolve(fut: asyncio.Future[pb.AppendReply], first: int, result: Any, error: Exception | None,
+             epoch: int) -> None:
+    if fut.done():
+        return
+    if error is not None:
+        fut.set_exception(error)
+    else:
+        firsts, acks = result if isinstance(result, tuple) else ([], {})
+        fut.set_result(pb.AppendReply(replog_offset=first, first_offsets=firsts, epoch=epoch,
+                                      ack_values=msgpack.packb(acks, use_bin_type=True) if acks else b""))
+
+
+def settle_future(fut: asyncio.Future[Any], result: Any, error: Exception | None) -> None:
+    if fut.done():
+        return
+    if error is not None:
+        fut.set_exception(error)
+    else:
+        fut.set_result(result)
+
+
+def _client_entry(store: ReplicaStore, appends: list[tuple[str, int, list[bytes]]],
+                  runner: StreamRunner | None) -> tuple[Any, Any]:
+    builder, firsts, acks = store.build_client_append(appends, runner)
+    return builder, (firsts, acks)
+
+
+def _commit_entry(store: ReplicaStore, topology: str, batch_id: int, changes: list[Any]) -> tuple[Any, Any]:
+    builder = store.build_batch_commit(topology, batch_id, changes)
+    return builder, builder is None

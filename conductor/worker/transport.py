@@ -1,0 +1,186 @@
+"""Replication transport: protocol messages between nodes over one gRPC stream per peer.
+
+The replication state machines tolerate lost, duplicated and reordered
+messages, so the transport is deliberately simple: a bounded queue per peer,
+drained into one ``PeerFrame`` per write (many messages per gRPC message, which
+is what Python's per-message cost demands), and a stream that is reopened after
+a failure without replaying anything. A full queue drops the newest message
+rather than growing: the leader resends after ``replication.request.timeout.millis``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+
+from conductor.wire import millrace_pb2 as pb
+from conductor.wire import millrace_pb2_grpc as pbg
+from conductor.wire.options import GRPC_OPTIONS
+from replog.messages import EpochRequest, EpochResponse, FarHorizonOffer, RawReplicate, ReplicateAck
+
+log = logging.getLogger("millrace.transport")
+
+MAX_QUEUED_MESSAGES = 10_000
+MAX_FRAME_BYTES = 3 * 1024 * 1024
+
+
+def to_proto(module: str, group: int, msg: Any) -> pb.PeerMessage:
+    if isinstance(msg, RawReplicate):
+        return pb.PeerMessage(module=module, group=group, replicate=pb.ReplicateMsg(
+            epoch=msg.epoch, start=msg.start, frames=msg.frames, apply_offset=msg.apply_offset))
+    if isinstance(msg, ReplicateAck):
+        return pb.PeerMessage(module=module, group=group, ack=pb.AckMsg(
+            epoch=msg.epoch, held=msg.held, log_end=msg.log_end, reset=msg.reset))
+    if isinstance(msg, EpochRequest):
+        return pb.PeerMessage(module=module, group=group, epoch_request=pb.EpochRequestMsg(
+            epoch=msg.epoch, requested_epoch=msg.requested_epoch))
+    if isinstance(msg, EpochResponse):
+        return pb.PeerMessage(module=module, group=group, epoch_response=pb.EpochResponseMsg(
+            epoch=msg.epoch, requested_epoch=msg.requested_epoch, found_epoch=msg.found_epoch,
+            end_offset=msg.end_offset))
+    if isinstance(msg, FarHorizonOffer):
+        return pb.PeerMessage(module=module, group=group, far_horizon=pb.FarHorizonMsg(epoch=msg.epoch))
+    raise TypeError(f"cannot send {type(msg).__name__} to a peer")
+
+
+def from_proto(src: str, dst: str, m: pb.PeerMessage) -> Any:
+    """The event (or RawReplicate, validated later on the task thread) a received message becomes."""
+    body = m.WhichOneof("body")
+    if body == "replicate":
+        r = m.replicate
+        return RawReplicate(src, r.epoch, r.start, r.frames, r.apply_offset)
+    if body == "ack":
+        a = m.ack
+        return ReplicateAck(src, dst, a.epoch, a.held, a.log_end, a.reset)
+    if body == "epoch_request":
+        q = m.epoch_request
+        return EpochRequest(src, dst, q.epoch, q.requested_epoch)
+    if body == "epoch_response":
+        e = m.epoch_response
+        return EpochResponse(src, dst, e.epoch, e.requested_epoch, e.found_epoch, e.end_offset)
+    if body == "far_horizon":
+        return FarHorizonOffer(src, m.far_horizon.epoch)
+    raise ValueError(f"peer message from {src} has no body")
+
+
+class _PeerLink:
+    """The outbound stream to one peer node."""
+
+    def __init__(self, transport: PeerTransport, dst: str) -> None:
+        self.t = transport
+        self.dst = dst
+        self.queue: asyncio.Queue[pb.PeerMessage] = asyncio.Queue(MAX_QUEUED_MESSAGES)
+        self.task = asyncio.get_running_loop().create_task(self._run(), name=f"peer-{dst}")
+        self.dropped = 0
+
+    def offer(self, m: pb.PeerMessage) -> None:
+        try:
+            self.queue.put_nowait(m)
+        except asyncio.QueueFull:
+            self.dropped += 1
+            if self.dropped % 1000 == 1:
+                log.warning("replication queue to %s is full; dropped %d message(s) (they will be resent)",
+                            self.dst, self.dropped)
+
+    async def _frames(self) -> AsyncIterator[pb.PeerFrame]:
+        while True:
+            first = await self.queue.get()
+            msgs = [first]
+            size = first.ByteSize()
+            while size < MAX_FRAME_BYTES and not self.queue.empty():
+                m = self.queue.get_nowait()
+                msgs.append(m)
+                size += m.ByteSize()
+            yield pb.PeerFrame(src=self.t.node_id, dst=self.dst, messages=msgs)
+
+    async def _run(self) -> None:
+        backoff = 0.05
+        while not self.t.closed:
+            address = self.t.resolve(self.dst)
+            if address is None:
+                await asyncio.sleep(0.5)
+                continue
+            channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
+            try:
+                stub = pbg.ReplicationStub(channel)
+                await stub.Deliver(self._frames())
+            except asyncio.CancelledError:
+                raise
+            except grpc.RpcError as e:
+                log.debug("replication stream to %s at %s broke: %s", self.dst, address, e.code())
+                self.t.forget(self.dst)
+            except Exception:
+                log.exception("replication stream to %s failed", self.dst)
+            finally:
+                await channel.close(grace=None)
+            await asyncio.sleep(backoff)
+            backoff = min(1.0, backoff * 2)
+
+
+class PeerTransport:
+    """Sends protocol messages to peer nodes; thread-safe `send` for task threads."""
+
+    def __init__(self, node_id: str, loop: asyncio.AbstractEventLoop,
+                 resolve: Callable[[str], str | None], forget: Callable[[str], None]) -> None:
+        self.node_id = node_id
+        self.loop = loop
+        self.resolve = resolve
+        self.forget = forget
+        self.links: dict[str, _PeerLink] = {}
+        self.closed = False
+        #: messages encoded by task threads, handed to the links by one loop callback per burst
+        self._outbox: list[tuple[str, pb.PeerMessage]] = []
+        self._outbox_lock = threading.Lock()
+        self._wake_scheduled = False
+
+    def send(self, dst: str, module: str, group: int, msg: Any) -> None:
+        """Called from any thread: encode here (off the event loop), enqueue on the loop."""
+        self.send_many(module, group, [(dst, msg)])
+
+    def send_many(self, module: str, group: int, msgs: list[tuple[str, Any]]) -> None:
+        """`send` for a burst of (dst, message) of one group: encoded here, one event-loop wake-up for all.
+
+        A task thread sends several messages per drain (entries to every follower,
+        apply offsets, acks), and so do other groups' threads meanwhile; each
+        ``call_soon_threadsafe`` costs a self-pipe write and a loop iteration, so
+        only the first message of a burst schedules one.
+        """
+        encoded = [(dst, to_proto(module, group, m)) for dst, m in msgs]
+        with self._outbox_lock:
+            self._outbox.extend(encoded)
+            if self._wake_scheduled:
+                return
+            self._wake_scheduled = True
+        try:
+            self.loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # the loop is closed: the node is stopping
+            pass
+
+    def _drain(self) -> None:
+        with self._outbox_lock:
+            items = self._outbox
+            self._outbox = []
+            self._wake_scheduled = False
+        if self.closed:
+            return
+        for dst, m in items:
+            link = self.links.get(dst)
+            if link is None:
+                link = self.links[dst] = _PeerLink(self, dst)
+            link.offer(m)
+
+    async def close(self) -> None:
+        self.closed = True
+        for link in self.links.values():
+            link.task.cancel()
+        for link in self.links.values():
+            try:
+                await link.task
+            except (asyncio.CancelledError, Exception):
+                pass
+        self.links.clear()

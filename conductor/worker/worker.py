@@ -1,0 +1,418 @@
+"""The worker process (:class:`Worker`): hosts task-group replicas, follows ZooKeeper, serves gRPC.
+
+Threads: the asyncio event loop runs gRPC (client API and replication
+streams); every replica has its own task thread (:mod:`conductor.worker.replica_host`);
+kazoo runs its own threads and hands callbacks to the metastore dispatcher,
+which forwards them to the task threads as events. Nothing but a task thread
+touches a replica's replog or store.
+
+Run as ``python -m conductor.worker --zk HOST:PORT --node-id n1 --data-dir DIR``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import functools
+import logging
+import shutil
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+from prometheus_client import start_http_server
+
+from conductor.client.router import LeaderRouter
+from conductor.metastore import MODULES_PATH, Metastore, MetastoreError, VersionConflict
+from conductor.metastore.module_spec import SEGMENT_BYTES, ModuleSpec
+from conductor.wire import admin_pb2_grpc
+from conductor.wire import millrace_pb2 as pb
+from conductor.wire import millrace_pb2_grpc as pbg
+from conductor.wire.options import GRPC_OPTIONS
+from conductor.worker.far_horizon import (
+    INSTALL_TIMEOUT_S,
+    Catchup,
+    CatchupProgress,
+    CheckpointShelf,
+    Shelved,
+    replication_handler,
+)
+from conductor.worker.metrics import node_registry
+from conductor.worker.replica_host import ReplicaHost
+from conductor.worker.replica_store import ReplicaStore
+from conductor.worker.services import AdminService, ClientService, LoopSettler, ReplicationService
+from conductor.worker.transport import PeerTransport, from_proto
+from pstate.checkpoint import Manifest
+from replog.errors import NotLeader
+from replog.messages import (
+    ConfigChanged,
+    GroupState,
+    IsrChanged,
+    IsrChangeFailed,
+    MetastoreChanged,
+    ResignRequested,
+    SessionExpired,
+    SessionStarted,
+)
+from topology.module import ModuleDefinition, load_module
+from topology.stream import StreamRunner
+
+log = logging.getLogger("millrace.node")
+
+
+class ModuleRuntime:
+    """What a node knows of one deployed module: its spec, its code's declarations, its local replicas."""
+
+    def __init__(self, spec: ModuleSpec, definition: ModuleDefinition) -> None:
+        self.spec = spec
+        self.definition = definition
+        self.hosts: dict[int, ReplicaHost] = {}
+        self.stores: dict[int, ReplicaStore] = {}
+        self.runners: dict[int, StreamRunner] = {}
+        self.replicas: dict[int, tuple[str, ...]] = {}
+
+
+class Worker:
+    """One worker process: hosts task-group replicas, serves the client API and replication, follows ZooKeeper."""
+
+    def __init__(self, zk_hosts: str, node_id: str, data_dir: Path, port: int = 0,
+                 session_timeout: float = 6.0, metrics_port: int = 0) -> None:
+        self.node_id = node_id
+        self.data_dir = Path(data_dir)
+        self.port = port
+        self.zk_hosts = zk_hosts
+        self.session_timeout = session_timeout
+        self.metrics_port = metrics_port
+        self.modules: dict[str, ModuleRuntime] = {}
+        self._lock = threading.Lock()  # guards self.modules against metastore callbacks
+        self._tasks: list[concurrent.futures.Future[None]] = []
+        self._metrics_server: Any = None
+        self.metrics_address = ""
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.metastore: Metastore | None = None
+        #: leaders of other groups (cross-group reads) and peers' addresses (replication)
+        self.router: LeaderRouter | None = None
+        self.transport: PeerTransport | None = None
+        self.server: grpc.aio.Server | None = None
+        self.settler: LoopSettler | None = None
+        #: leader side of far-horizon catchup: checkpoints kept for followers' transfers
+        self.shelf = CheckpointShelf(self.data_dir / "checkpoints")
+
+    # ------------------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.settler = LoopSettler(self.loop)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.server = grpc.aio.server(options=GRPC_OPTIONS)
+        admin_pb2_grpc.add_AdminServicer_to_server(AdminService(self), self.server)
+        pbg.add_ClientServicer_to_server(ClientService(self), self.server)
+        self.server.add_generic_rpc_handlers((replication_handler(ReplicationService(self)),))
+        self.port = self.server.add_insecure_port(f"127.0.0.1:{self.port}")
+        await self.server.start()
+        self.metastore = Metastore(self.zk_hosts, session_timeout=self.session_timeout,
+                                   step_down=self._on_session_lost)
+        self.router = LeaderRouter(self.metastore)
+        self.transport = PeerTransport(self.node_id, self.loop, self._resolve, self.router.forget)
+        await asyncio.to_thread(self.metastore.start)
+        self.metastore.add_state_listener(self._on_zk_state)
+        await asyncio.to_thread(self.metastore.nodes.register, self.node_id, self.address)
+        self.metastore.zk.ChildrenWatch(MODULES_PATH, self._on_modules)
+        self.metrics_address = self._start_metrics()
+        self._sweeper = asyncio.create_task(self._sweep_checkpoints())
+        log.warning("node %s serving on %s (data %s, ZooKeeper %s, session 0x%x, metrics http://%s/metrics)",
+                    self.node_id, self.address, self.data_dir, self.zk_hosts, self.session or 0,
+                    self.metrics_address)
+
+    def _start_metrics(self) -> str:
+        """Prometheus endpoint on 127.0.0.1 (`--metrics-port`, 0 = a free port); its address goes in node.metrics."""
+        server, _thread = start_http_server(self.metrics_port, addr="127.0.0.1",
+                                            registry=node_registry(self.node_id, self._all_hosts))
+        self._metrics_server = server
+        address = f"127.0.0.1:{server.server_port}"
+        (self.data_dir / "node.metrics").write_text(address)
+        return address
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def session(self) -> int | None:
+        return self.metastore.session_id if self.metastore else None
+
+    async def _sweep_checkpoints(self) -> None:
+        while True:
+            await asyncio.sleep(30)
+            await asyncio.to_thread(self.shelf.sweep)
+
+    async def stop(self) -> None:
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+        if getattr(self, "_sweeper", None) is not None:
+            self._sweeper.cancel()
+        for t in self._tasks:
+            t.cancel()
+        if self.metastore is not None:
+            await asyncio.to_thread(self.metastore.close)
+        with self._lock:
+            runtimes = list(self.modules.values())
+            self.modules.clear()
+        for rt in runtimes:
+            for host in rt.hosts.values():
+                if host.catchup is not None:
+                    host.catchup.stop()
+                await asyncio.to_thread(host.stop)
+        self.shelf.close()
+        if self.transport is not None:
+            await self.transport.close()
+        if self.server is not None:
+            await self.server.stop(grace=0.5)
+
+    # ------------------------------------------------------------------------------ metastore
+
+    def _resolve(self, node_id: str) -> str | None:
+        """A peer's address (None while unknown or ZooKeeper is unreachable: callers try again later)."""
+        if self.router is None:
+            return None
+        try:
+            return self.router.address(node_id)
+        except MetastoreError:
+            return None
+
+    def _on_modules(self, names: list[str]) -> bool:
+        """ChildrenWatch on /millrace/modules: open replicas of new modules, close destroyed ones."""
+        assert self.metastore is not None
+        self.metastore.submit(lambda: self._sync_modules(set(names)))
+        return True
+
+    def _sync_modules(self, names: set[str]) -> None:
+        with self._lock:
+            gone = [m for m in self.modules if m not in names]
+        for m in gone:
+            self._close_module(m, delete_data=True)
+        for m in sorted(names):
+            with self._lock:
+                known = m in self.modules
+            if not known:
+                try:
+                    self._open_module(m)
+                except Exception:
+                    log.exception("node %s could not open module %s; it stays unavailable here", self.node_id, m)
+
+    def _open_module(self, module: str) -> None:
+        assert self.metastore is not None and self.router is not None
+        try:
+            routes = self.router.routes(module, refresh=True)  # also what cross-group reads route by
+        except MetastoreError as e:
+            log.info("module %s not readable yet (%s); waiting for its groups", module, e)
+            return
+        spec, groups = routes.spec, routes.groups
+        if len(groups) < spec.threads:
+            # modules.create is one transaction, so this means we raced its deletion
+            return
+        definition = load_module(spec.module_ref).build()
+        rt = ModuleRuntime(spec, definition)
+        config = spec.replication_config()
+        for g, st in sorted(groups.items()):
+            rt.replicas[g] = tuple(st.replicas)
+            if self.node_id not in st.replicas:
+                continue
+            rt.runners[g] = StreamRunner(definition, spec.tasks, spec.threads, g)
+            gdir = self.data_dir / module / str(g)
+            store = ReplicaStore.open(gdir / "state", definition)
+            rt.stores[g] = store
+            host = ReplicaHost(self.node_id, module, g, gdir, config, self.session or 0, store,
+                               self._send, self._change_isr, hand_off=self._hand_off,
+                               on_far_horizon=self._start_catchup, segment_bytes=spec.option(SEGMENT_BYTES))
+            rt.hosts[g] = host
+        with self._lock:
+            self.modules[module] = rt
+        for host in rt.hosts.values():
+            host.start()
+        for g in groups:
+            self.metastore.groups.watch(module, g, functools.partial(self._on_group, rt, g))
+        self.metastore.modules.watch(module, functools.partial(self._on_spec, rt))
+        for g in rt.hosts:
+            self.metastore.resigns.watch(module, g, functools.partial(self._on_resign, rt, g))
+        log.warning("node %s hosts %d replica(s) of module %s: groups %s", self.node_id, len(rt.hosts), module,
+                    sorted(rt.hosts))
+
+    def _on_spec(self, rt: ModuleRuntime, spec: ModuleSpec | None) -> None:
+        """`conductor set-option`: hand the replicas the new replication options (they apply at once)."""
+        if spec is None or spec.module_ref != rt.spec.module_ref:
+            return  # deleted (the modules watch closes it), or redeployed as another module (reopened)
+        config = spec.replication_config()
+        if config == rt.spec.replication_config():
+            return
+        changed = {k: v for k, v in spec.effective_options().items() if rt.spec.effective_options().get(k) != v}
+        rt.spec = spec
+        log.warning("module %s options changed: %s; applying them to %d local replica(s)", spec.name,
+                    ", ".join(f"{k}={v}" for k, v in sorted(changed.items())), len(rt.hosts))
+        for host in rt.hosts.values():
+            host.post(ConfigChanged(config))
+
+    def _on_group(self, rt: ModuleRuntime, g: int, st: GroupState | None, version: int) -> None:
+        if st is None:
+            return
+        if self.router is not None:
+            self.router.observe(rt.spec.name, g, st)
+        host = rt.hosts.get(g)
+        if host is not None:
+            host.post(MetastoreChanged(st))
+
+    def _on_resign(self, rt: ModuleRuntime, g: int, request: dict[str, Any] | None) -> None:
+        """The conductor asks group ``g``'s leader to hand off; the replica decides whether the request applies."""
+        host = rt.hosts.get(g)
+        if request is None or host is None:
+            return
+        try:
+            ev = ResignRequested(str(request["to"]), int(request["to_session"]), int(request["epoch"]))
+        except (KeyError, TypeError, ValueError):
+            log.error("%s: ignoring a malformed resign request %r", host.name, request)
+            return
+        host.post(ev)
+
+    def _close_module(self, module: str, delete_data: bool) -> None:
+        with self._lock:
+            rt = self.modules.pop(module, None)
+        if rt is None:
+            return
+        if self.router is not None:
+            self.router.forget_module(module)
+        for host in rt.hosts.values():
+            host.stop()
+        if delete_data:
+            shutil.rmtree(self.data_dir / module, ignore_errors=True)
+        log.warning("node %s closed module %s%s", self.node_id, module, " and deleted its data" if delete_data else "")
+
+    def _change_isr(self, host: ReplicaHost, expected_version: int, new: GroupState) -> None:
+        """ChangeIsr action: a CAS on the group znode; the outcome comes back as an event."""
+        assert self.metastore is not None
+        ms = self.metastore
+        self._group_cas(host, new, "ISR change", f"ISR changed to {list(new.isr)} (OSR {list(new.osr)})",
+                        lambda st: ms.groups.cas(host.module, host.group, st, expected_version))
+
+    def _hand_off(self, host: ReplicaHost, expected_version: int, new: GroupState) -> None:
+        """HandOff action: the CAS to the successor plus the resign request's delete, in one transaction."""
+        assert self.metastore is not None
+        ms = self.metastore
+        self._group_cas(host, new, "hand-off", f"handed leadership to {new.leader} in epoch {new.epoch}",
+                        lambda st: ms.resigns.complete(host.module, host.group, st, expected_version))
+
+    def _group_cas(self, host: ReplicaHost, new: GroupState, what: str, done: str,
+                   write: Callable[[GroupState], int]) -> None:
+        """Run a replica's group-znode CAS off its task thread (on the metastore's) and post the outcome back."""
+        assert self.metastore is not None
+        ms = self.metastore
+
+        def run() -> None:
+            rt = self.modules.get(host.module)
+            replicas = rt.replicas[host.group] if rt else new.replicas
+            try:
+                # The state machine proposes the ISR change without the placement order: keep the stored one.
+                version = write(dataclasses.replace(new, placement=replicas))
+                assert version == new.version, (version, new.version)  # a CAS bumps the version by one
+                host.post(IsrChanged(new))
+                log.warning("%s: %s", host.name, done)
+            except VersionConflict as e:
+                host.post(IsrChangeFailed("conflict", new, e.current))
+            except MetastoreError as e:
+                log.warning("%s: %s failed: %s", host.name, what, e)
+                host.post(IsrChangeFailed("session_expired" if not ms.connected else "conflict", new, None))
+
+        ms.submit(run)
+
+    def _on_session_lost(self) -> None:
+        for host in self._all_hosts():
+            host.post(SessionExpired())
+
+    def _on_zk_state(self, state: str) -> None:
+        if state == "CONNECTED" and self.metastore is not None:
+            session = self.session or 0
+            for host in self._all_hosts():
+                if host.replica.session != session:
+                    host.post(SessionStarted(session))
+
+    def _all_hosts(self) -> list[ReplicaHost]:
+        with self._lock:
+            return [h for rt in self.modules.values() for h in rt.hosts.values()]
+
+    # ------------------------------------------------------------------------------ far horizon
+
+    def _start_catchup(self, host: ReplicaHost, leader: str, epoch: int) -> None:
+        """Task thread of a follower the leader offered a checkpoint: fetch it in a transfer thread."""
+        address = self._resolve(leader)
+        if address is None:
+            log.warning("%s: cannot find leader %s's address for far-horizon catchup; it will offer again",
+                        host.name, leader)
+            return
+
+        def install(staging: Path, manifest: Manifest, pairs: list[tuple[int, int]]) -> str | None:
+            done: concurrent.futures.Future[str | None] = concurrent.futures.Future()
+
+            def run(h: ReplicaHost) -> None:
+                try:
+                    done.set_result(h.install_checkpoint(staging, manifest, pairs, leader, epoch))
+                except Exception as e:
+                    done.set_exception(e)
+            host.post(run)
+            return done.result(timeout=INSTALL_TIMEOUT_S)
+
+        host.catchup = Catchup(host.name, host.module, host.group, self.node_id, leader, address, epoch,
+                               host.dir / "far-horizon", host.config.max_near_sync_message_lag, install,
+                               channel_options=GRPC_OPTIONS, on_done=functools.partial(_count_catchup, host))
+        host.catchup.start()
+
+    def checkpoint_round(self, request: pb.FetchCheckpointRequest) -> Shelved:
+        """Leader, off the loop: a fresh checkpoint for this follower's round (NotLeader if we no longer lead)."""
+        host = self.leader_host(request.module, request.group)
+        if host.replica.epoch != request.epoch:
+            raise NotLeader(host.name, host.replica.leader, host.replica.epoch)
+
+        def make(directory: Path) -> Shelved:
+            manifest, pairs, log_end = host.checkpoint_for_transfer(directory)
+            return Shelved(directory, manifest, pairs, log_end)
+        shelved = self.shelf.take((request.module, request.group, request.follower), make)
+        log.info("%s: round for %s: checkpoint at offset %d, %d file(s), %.1f MB", host.name, request.follower,
+                 shelved.manifest.applied_offset, len(shelved.manifest.files), shelved.manifest.total_bytes() / 1e6)
+        return shelved
+
+    # ------------------------------------------------------------------------------ transport
+
+    def _send(self, module: str, group: int, msgs: list[tuple[str, Any]]) -> None:
+        assert self.transport is not None
+        self.transport.send_many(module, group, msgs)
+
+    def deliver(self, frame: pb.PeerFrame) -> None:
+        if frame.dst != self.node_id:
+            log.warning("dropped a replication frame for %s (this is %s)", frame.dst, self.node_id)
+            return
+        for m in frame.messages:
+            host = self.host(m.module, m.group)
+            if host is not None:
+                host.post(from_proto(frame.src, self.node_id, m))
+
+    def host(self, module: str, group: int) -> ReplicaHost | None:
+        rt = self.modules.get(module)
+        return rt.hosts.get(group) if rt else None
+
+    def leader_host(self, module: str, group: int) -> ReplicaHost:
+        """The local replica if it leads `group`; NotLeader (with where to go) otherwise."""
+        host = self.host(module, group)
+        if host is None:
+            raise NotLeader(f"{module}/{group}", None, None)
+        r = host.replica
+        if not r.is_leader:
+            retry = self._resolve(r.leader) if r.leader else None
+            raise NotLeader(host.name, r.leader, r.epoch, retry_at=retry)
+        return host
+
+
+def _count_catchup(host: ReplicaHost, p: CatchupProgress) -> None:
+    """A finished transfer's totals, for the node's metrics (its thread is the only writer of these keys)."""
+    host.stats["far_horizon_bytes"] += p.copied_total
+    host.stats["far_horizon_refetched_files"] += p.refetched

@@ -1,0 +1,132 @@
+"""The options of ``millrace.depot`` (and the parsing ``millrace.pstate`` shares): validated once, typed."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from topology.spark.errors import SourceOptionError
+
+SOURCE_NAME = "millrace.depot"
+
+
+BASE_SCHEMA = "task int, offset long, epoch long"
+
+
+JSON_SCHEMA = BASE_SCHEMA + ", value string"
+
+
+DEFAULT_RECORDS_PER_PARTITION = 1_000_000
+
+
+DEFAULT_RECORDS_PER_REQUEST = 32_768
+
+
+DEFAULT_MAX_BYTES_PER_REQUEST = 16 << 20
+
+
+EARLIEST = -2
+
+
+LATEST = -1
+
+
+def option(options: Mapping[str, str], name: str) -> str | None:
+    """Options arrive case-insensitive from Spark but as plain dicts from tests and helpers."""
+    low = name.lower()
+    for k, v in options.items():
+        if k.lower() == low:
+            return v
+    return None
+
+
+def required_option(options: Mapping[str, str], name: str, source: str, example: str) -> str:
+    v = option(options, name)
+    if v is None or not v.strip():
+        raise SourceOptionError(f"{source} needs option {name!r}, e.g. .option({name!r}, {example!r})")
+    return v.strip()
+
+
+def positive_option(options: Mapping[str, str], name: str, default: int | None) -> int | None:
+    raw = option(options, name)
+    if raw is None:
+        return default
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n <= 0:
+        raise SourceOptionError(f"option {name} must be a whole number > 0, got {raw!r}")
+    return n
+
+
+@dataclass(frozen=True)
+class DepotOptions:
+    """The validated options of one ``millrace.depot`` read."""
+
+    cluster: str
+    module: str
+    depot: str
+    starting_offsets: str | dict[int, int] = "earliest"
+    max_records_per_trigger: int | None = None
+    value_schema: str | None = None
+    records_per_partition: int = DEFAULT_RECORDS_PER_PARTITION
+    min_partitions: int | None = None
+    records_per_request: int = DEFAULT_RECORDS_PER_REQUEST
+    max_bytes_per_request: int = DEFAULT_MAX_BYTES_PER_REQUEST
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> DepotOptions:
+        cluster = required_option(options, "cluster", SOURCE_NAME, "127.0.0.1:2181")
+        module = required_option(options, "module", SOURCE_NAME, "Clicks")
+        depot = required_option(options, "depot", SOURCE_NAME, "*clicks")
+        if not depot.startswith("*"):
+            raise SourceOptionError(f"depot names start with '*' (e.g. '*{depot}'), got {depot!r}")
+        raw_start = (option(options, "startingOffsets") or "earliest").strip()
+        starting: str | dict[int, int]
+        if raw_start.lower() in ("earliest", "latest"):
+            starting = raw_start.lower()
+        else:
+            starting = _parse_starting_json(raw_start)
+        value_schema = option(options, "valueSchema")
+        if value_schema is not None and not value_schema.strip():
+            raise SourceOptionError("option valueSchema is empty; give a DDL string like 'user string, n long' "
+                                    "or leave it out to get the record as JSON in column `value`")
+        mrpt = positive_option(options, "maxRecordsPerTrigger", None)
+        rpp = positive_option(options, "recordsPerPartition", DEFAULT_RECORDS_PER_PARTITION)
+        minp = positive_option(options, "minPartitions", None)
+        rpr = positive_option(options, "recordsPerRequest", DEFAULT_RECORDS_PER_REQUEST)
+        mbr = positive_option(options, "maxBytesPerRequest", DEFAULT_MAX_BYTES_PER_REQUEST)
+        assert rpp is not None and rpr is not None and mbr is not None
+        if mbr > 48 << 20:
+            raise SourceOptionError(f"maxBytesPerRequest must be at most {48 << 20} (gRPC messages are capped "
+                                    f"at 64 MiB), got {mbr}")
+        return cls(cluster, module, depot, starting, mrpt, value_schema.strip() if value_schema else None,
+                   rpp, minp, rpr, mbr)
+
+    def schema_ddl(self) -> str:
+        return f"{BASE_SCHEMA}, {self.value_schema}" if self.value_schema else JSON_SCHEMA
+
+
+def _parse_starting_json(raw: str) -> dict[int, int]:
+    hint = ('startingOffsets must be "earliest", "latest" or JSON like {"0": 120, "1": -2} '
+            "(task -> offset; -2 = earliest, -1 = latest)")
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        raise SourceOptionError(f"{hint}; got {raw!r}") from None
+    if not isinstance(doc, dict):
+        raise SourceOptionError(f"{hint}; got {raw!r}")
+    out: dict[int, int] = {}
+    for k, v in doc.items():
+        if isinstance(v, dict):  # accept our own streaming offset format too
+            v = v.get("offset")
+        try:
+            task = int(k)
+        except ValueError:
+            raise SourceOptionError(f"{hint}; key {k!r} is not a task number") from None
+        if not isinstance(v, int) or isinstance(v, bool) or v < -2:
+            raise SourceOptionError(f"{hint}; offset {v!r} for task {k} is not an offset >= -2")
+        out[task] = v
+    return out
