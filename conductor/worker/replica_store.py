@@ -20,6 +20,7 @@ from pstate.checkpoint import Manifest, install
 from pstate.query import decode_query
 from pstate.store import ChangeSetBuilder
 from topology.dataflow.entries import build_client_append
+from topology.dataflow.group import GroupDataflow
 from topology.module import ModuleDefinition
 from topology.stream import StreamRunner
 
@@ -42,10 +43,13 @@ class ReplicaStore:
     def applied_offset(self) -> int:
         return self.store.applied_offset
 
-    def apply_entries(self, entries: list[tuple[int, int, bytes]]) -> list[Any]:
+    def apply_entries(self, entries: list[tuple[int, int, bytes]], flow: GroupDataflow | None = None) -> None:
+        """Apply entries in order; a leader's dataflow learns what each one consumed and sent."""
         for offset, _type, payload in entries:
-            self.store.apply(offset, payload)
-        return [None] * len(entries)
+            cs = ChangeSet.decode(payload)
+            # (a replayed microbatch applies nothing, so it sent nothing either)
+            if self.store.apply(offset, cs) and flow is not None:
+                flow.applied(offset, cs)
 
     def build_client_append(self, appends: Iterable[tuple[str, int, Sequence[bytes]]],
                             runner: StreamRunner | None = None) -> tuple[ChangeSetBuilder, list[int], dict[str, list[Any]]]:

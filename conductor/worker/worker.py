@@ -32,6 +32,7 @@ from conductor.wire import admin_pb2_grpc
 from conductor.wire import millrace_pb2 as pb
 from conductor.wire import millrace_pb2_grpc as pbg
 from conductor.wire.options import GRPC_OPTIONS
+from conductor.worker.dataflow import DataflowDriver, Inflow
 from conductor.worker.far_horizon import (
     INSTALL_TIMEOUT_S,
     Catchup,
@@ -57,6 +58,8 @@ from replog.messages import (
     SessionExpired,
     SessionStarted,
 )
+from topology.dataflow.group import Batch, GroupDataflow
+from topology.dataflow.shipping import Pull
 from topology.module import ModuleDefinition, load_module
 from topology.stream import StreamRunner
 
@@ -221,13 +224,18 @@ class Worker:
             rt.replicas[g] = tuple(st.replicas)
             if self.node_id not in st.replicas:
                 continue
-            rt.runners[g] = StreamRunner(definition, spec.tasks, spec.threads, g)
+            runner = rt.runners[g] = StreamRunner(definition, spec.tasks, spec.threads, g)
             gdir = self.data_dir / module / str(g)
             store = ReplicaStore.open(gdir / "state", definition)
             rt.stores[g] = store
+            dataflow = None
+            if runner.active:  # hop messages exist only where topologies run
+                dataflow = DataflowDriver(f"{module}/{g}", GroupDataflow(store.store, runner),
+                                          functools.partial(self._send_flow, module))
             host = ReplicaHost(self.node_id, module, g, gdir, config, self.session or 0, store,
                                self._send, self._change_isr, hand_off=self._hand_off,
-                               on_far_horizon=self._start_catchup, segment_bytes=spec.option(SEGMENT_BYTES))
+                               on_far_horizon=self._start_catchup, segment_bytes=spec.option(SEGMENT_BYTES),
+                               dataflow=dataflow)
             rt.hosts[g] = host
         with self._lock:
             self.modules[module] = rt
@@ -386,6 +394,24 @@ class Worker:
     def _send(self, module: str, group: int, msgs: list[tuple[str, Any]]) -> None:
         assert self.transport is not None
         self.transport.send_many(module, group, msgs)
+
+    def _send_flow(self, module: str, group: int, node: str | None, msg: Pull | Batch) -> None:
+        """A task thread's dataflow message for ``group``'s leader (``node`` when the pull said who it was).
+
+        Not knowing the leader drops it: pulls repeat every second, and batches
+        answer pulls. A message for a group led on this worker skips the network.
+        """
+        if node is None:
+            node = self.router.cached_leader(module, group) if self.router is not None else None
+            if node is None:
+                return
+        if node == self.node_id:
+            host = self.host(module, group)
+            if host is not None:
+                host.post(Inflow(node, msg))
+            return
+        assert self.transport is not None
+        self.transport.send_many(module, group, [(node, msg)])
 
     def deliver(self, frame: pb.PeerFrame) -> None:
         if frame.dst != self.node_id:

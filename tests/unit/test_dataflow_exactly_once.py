@@ -238,7 +238,7 @@ class World:
     # ------------------------------------------------------------------ network
 
     def send(self, grp: Group) -> None:
-        for dst, msg in grp.flow.outgoing(self.now):
+        for dst, _node, msg in grp.flow.outgoing(self.now):
             if self.rng.random() < self.loss:
                 continue
             for _ in range(2 if self.rng.random() < self.dup else 1):

@@ -84,7 +84,7 @@ class Cluster:
         """Deliver every message once, build the inbound entries due; returns how many messages moved."""
         moved = 0
         for g, flow in enumerate(self.flows):
-            for dst, msg in flow.outgoing(now):
+            for dst, _node, msg in flow.outgoing(now):
                 assert dst != g, "a group's messages to itself never leave it"
                 self.flows[dst].received(msg, peer=g)
                 moved += 1

@@ -31,6 +31,7 @@ from topology.dataflow.entries import (
 )
 from topology.dataflow.poison import RetryBook
 from topology.dataflow.shipping import (
+    BATCH_BYTES,
     KEEPALIVE_MS,
     TRIM_MIN_ENVELOPES,
     WINDOW_BYTES,
@@ -50,7 +51,9 @@ class Batch:
     envelopes: list[tuple[int, bytes]]
 
 
-Outgoing = tuple[int, Pull | Batch]  # (the group whose leader must receive it, the message)
+#: (the group whose leader must receive it, the node to send it to if known, the message): a batch goes to the
+#: node that pulled; a pull to whoever leads the source group
+Outgoing = tuple[int, Any, Pull | Batch]
 
 
 class GroupDataflow:
@@ -79,6 +82,7 @@ class GroupDataflow:
         self._queued: dict[int, list[tuple[int, bytes]]] = {}
         self._incomplete: set[int] = set()  # applied root entries still waiting for their hops
         self._held: dict[int, int] = {}  # source -> when its envelope that failed may be retried
+        self._rewind = False
 
     # ------------------------------------------------------------------------------ leadership
 
@@ -121,6 +125,7 @@ class GroupDataflow:
         """A pull from a destination (``peer`` is where batches for it go) or a batch from a source."""
         if not self.leading:
             return
+        self._rewound()
         if isinstance(msg, Pull):
             if msg.src == self.group and self.shipper.pulled(msg, peer):
                 self.tracker.reported(msg.dst, msg.report[0], msg.report[1])
@@ -134,6 +139,7 @@ class GroupDataflow:
 
     def inbound_due(self, now_ms: int) -> bool:
         """True when an inbound entry would consume something now."""
+        self._rewound()
         return self.leading and any(q and now_ms >= self._held.get(src, 0) for src, q in self._queued.items())
 
     def build_inbound(self, now_ms: int) -> ChangeSetBuilder | None:
@@ -156,7 +162,17 @@ class GroupDataflow:
         self._held = res.retry_at
 
     def dropped_inbound(self) -> None:
-        """An inbound entry built here was refused before reaching the log: pull again from the staged truth."""
+        """An inbound entry built here was refused before reaching the log: pull again from the staged truth.
+
+        The refusal comes while the caller still holds the refused entry
+        staged; the rewind reads positions at the next call, after it restaged.
+        """
+        self._rewind = True
+
+    def _rewound(self) -> None:
+        if not self._rewind:
+            return
+        self._rewind = False
         reader = self.store.leader_reader()
         for src, queue in self._queued.items():
             self.inlet.rewind(src, outbox.inbox_position(reader, src), sum(len(raw) for _s, raw in queue))
@@ -188,16 +204,17 @@ class GroupDataflow:
         """Pulls and batches to send now; those for this group itself are handled here and never returned."""
         if not self.leading:
             return []
+        self._rewound()
         out: list[Outgoing] = []
         for p in self.inlet.pulls(now_ms, self.tracker.reports()):
             if p.src == self.group:
-                self.received(p, self.group)
+                self.received(p, None)
             else:
-                out.append((p.src, p))
+                out.append((p.src, None, p))
         reader = self.store.applied_reader()
         live = {dst: (b.start, b.end) for dst, b in outbox.destinations(reader).items()}
-        for dst, _peer, start, end, credit in self.shipper.due(live):
-            envelopes = outbox.read_envelopes(reader, dst, start, end, max_bytes=credit)
+        for dst, peer, start, end, credit in self.shipper.due(live):
+            envelopes = outbox.read_envelopes(reader, dst, start, end, max_bytes=min(credit, BATCH_BYTES))
             if not envelopes:
                 continue
             self.shipper.shipped(dst, envelopes[-1][0] + 1, sum(len(raw) for _s, raw in envelopes))
@@ -205,7 +222,7 @@ class GroupDataflow:
             if dst == self.group:
                 self.received(batch)
             else:
-                out.append((dst, batch))
+                out.append((dst, peer, batch))
         return out
 
     def busy(self) -> bool:

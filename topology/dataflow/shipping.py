@@ -16,6 +16,8 @@ from typing import Any
 
 #: bytes a destination accepts from one source beyond what its entries consumed
 WINDOW_BYTES = 8 << 20
+#: most bytes of envelopes in one batch message (several go out when a window allows more)
+BATCH_BYTES = 1 << 20
 #: a destination repeats its pull this often even when nothing changed (repairs lost pulls and batches)
 KEEPALIVE_MS = 1_000
 #: a source trims its outbox to a destination once this many envelopes there are complete (or all are)
