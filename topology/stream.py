@@ -34,18 +34,20 @@ Execution model (why it looks like this):
   through that depot's topologies like a client append.
 * A send never runs inside the function that sends: handlers run after it
   returns, in send order, whichever group owns the key.
-* Reads (``select_one``, ``select``) see the group's state, including what this
-  record wrote so far; a read of a key another group owns raises
-  :class:`ForeignRead` (hop there with ``ctx.send`` instead).
-* Failures, the same wherever keys live. A topology function that raises on
-  the record's home group refuses the client's append (:class:`HopFailed`:
-  nothing of the record is stored, the appender is told). Every hop (a handler,
-  or a write to a key) is a unit of its own: if it raises, its writes and sends
-  are undone and it is retried on its own with backoff, then moved to the
-  dead-letter depot with the error (:mod:`topology.dataflow.poison`). A hop
-  that fails on the sender's own group takes the same path, as a message the
-  group sends itself; so whether a record is refused or a hop dead-lettered
-  never depends on where a key lives.
+* Code runs on one task (``ctx.task``), like a Rama partition: reads and writes
+  of that task's keys happen there and then, and see what this record wrote so
+  far. A read of another task's key raises :class:`ForeignRead` (hop there with
+  ``ctx.send``), whichever group holds that task, so a module never works
+  on one task group and fails on eight.
+* Failures, the same however tasks are spread over groups. A topology function
+  that raises (or a write of its own task that fails) on the record's home
+  group refuses the client's append (:class:`HopFailed`: nothing of the record
+  is stored, the appender is told). Every hop (a handler, or a write to another
+  task's key) is a unit of its own: if it raises, its writes and sends are
+  undone and it is retried on its own with backoff, then moved to the
+  dead-letter depot with the error (:mod:`topology.dataflow.poison`). A hop to
+  another task of the same group runs in the same entry and takes the same
+  path if it fails, as a message the group sends itself.
 """
 
 from __future__ import annotations
@@ -155,9 +157,6 @@ class StreamContext:
     def _emit(self, group: int, message: list[Any]) -> None:
         self._unit.send(group, self._pack(message))
 
-    def _write_failed(self, message: list[Any]) -> None:
-        """A write to a local key raised (in user code or the schema): retry it on its own, as a remote one is."""
-        self._unit.send(self._r.group, self._pack(message))
 
     # ---- writes (local, or hops to the group that owns the key) ----
 
@@ -173,16 +172,29 @@ class StreamContext:
         wire = self._wire(pstate, full) if env.has_functions(full) else None
         self._r.check_pstate(self._hop, pstate)
         task = self._task_of(key)
+        self._write(task, lambda: self._b.transform(pstate, full),
+                    lambda: [env.TRANSFORM, task, key, [pstate, wire or self._wire(pstate, full)]])
+
+    def _write(self, task: int, here: Callable[[], None], message: Callable[[], list[Any]]) -> None:
+        """A write to a key of ``task``: part of this unit on this task, a hop to any other.
+
+        A hop to another task of this group runs at once (one builder call,
+        atomic) but fails alone, like a hop to another group: if it raises, it
+        goes out as a message to this group, to be retried and dead-lettered.
+        """
+        if task == self._task:
+            here()
+            return
         group = task % self._r.groups
         if group != self._r.group:
-            self._emit(group, [env.TRANSFORM, task, key, [pstate, wire or self._wire(pstate, full)]])
+            self._emit(group, message())
             return
         try:
-            self._b.transform(pstate, full)  # atomic: writes nothing if it raises
+            here()
         except _INFRA:
             raise
         except Exception:
-            self._write_failed([env.TRANSFORM, task, key, [pstate, wire or self._wire(pstate, full)]])
+            self._unit.send(self._r.group, self._pack(message()))
 
     def _wire(self, pstate: str, t: Transform) -> list[Any]:
         try:
@@ -194,17 +206,7 @@ class StreamContext:
         """``pstate[key] = value`` where ``key`` lives."""
         self._r.check_pstate(self._hop, pstate)
         task = self._task_of(key)
-        group = task % self._r.groups
-        message = [env.SET, task, key, [pstate, value]]
-        if group != self._r.group:
-            self._emit(group, message)
-            return
-        try:
-            self._b.set(pstate, key, value)
-        except _INFRA:
-            raise
-        except Exception:
-            self._write_failed(message)
+        self._write(task, lambda: self._b.set(pstate, key, value), lambda: [env.SET, task, key, [pstate, value]])
 
     def update(self, pstate: str, key: Any, fn: Callable[..., Any], *args: Any) -> None:
         """``pstate[key] = fn(old, *args)`` (``old`` None when absent), run where ``key`` lives.
@@ -218,16 +220,8 @@ class StreamContext:
             raise TopologyError(self._hop, str(e)) from None
         self._r.check_pstate(self._hop, pstate)
         task = self._task_of(key)
-        group = task % self._r.groups
-        if group != self._r.group:
-            self._emit(group, [env.UPDATE, task, key, [pstate, ref, list(args)]])
-            return
-        try:
-            self._b.update(pstate, key, _bind(fn, args))
-        except _INFRA:
-            raise
-        except Exception:
-            self._write_failed([env.UPDATE, task, key, [pstate, ref, list(args)]])
+        self._write(task, lambda: self._b.update(pstate, key, _bind(fn, args)),
+                    lambda: [env.UPDATE, task, key, [pstate, ref, list(args)]])
 
     def remove(self, pstate: str, key: Any) -> None:
         """Remove ``key`` from ``pstate`` where it lives."""
@@ -244,7 +238,7 @@ class StreamContext:
         task = self._task if decl.partitioner is random_partitioner else decl.partitioner(record, self._r.tasks)
         self._emit(task % self._r.groups, [env.APPEND, task, None, [depot, record]])
 
-    # ---- reads (keys of this task group) ----
+    # ---- reads (keys of this task) ----
 
     def select_one(self, pstate: str, key: Any, path: Path | None = None) -> Any:
         """The value at ``key`` (then ``path``, relative to it); None if absent."""
@@ -254,8 +248,9 @@ class StreamContext:
     def select(self, pstate: str, key: Any, path: Path | None = None) -> list[Any]:
         """Every value ``path`` reaches under ``key`` (e.g. ``P.all()`` for a set's members), in order."""
         self._r.check_pstate(self._hop, pstate)
-        if self._task_of(key) % self._r.groups != self._r.group:
-            raise ForeignRead(self._hop, f"read of {pstate}[{key!r}] on a task group that does not own it; "
+        task = self._task_of(key)
+        if task != self._task:
+            raise ForeignRead(self._hop, f"read of {pstate}[{key!r}] (task {task}) from task {self._task}; "
                               "hop to the key's task with ctx.send(handler, key, ...) and read there")
         full = P.key(key) if path is None else Path((*P.key(key).navs, *path.navs))
         return self._b.select(pstate, full)

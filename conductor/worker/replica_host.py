@@ -577,6 +577,7 @@ class ReplicaHost:
             "log_end": r.log_end, "apply_offset": r.apply_offset, "applied": r.applied,
             "followers": r.follower_offsets(), "isr": list(r.isr), "stalled": r.stalled,
             "catchup": self.catchup.progress if self.catchup is not None and self.catchup.running else None,
+            "dataflow": self.dataflow.status() if self.dataflow is not None else None,
         }
 
 

@@ -19,7 +19,7 @@ from pstate.changes import ChangeSet
 from pstate.checkpoint import Manifest, install
 from pstate.query import decode_query
 from pstate.store import ChangeSetBuilder
-from topology.dataflow.entries import build_client_append
+from topology.dataflow.entries import Sends, append_through_topologies, build_client_append
 from topology.dataflow.group import GroupDataflow
 from topology.module import ModuleDefinition
 from topology.stream import StreamRunner
@@ -36,6 +36,10 @@ class ReplicaStore:
         path.parent.mkdir(parents=True, exist_ok=True)
         pstates = {name: decl.schema for name, decl in definition.pstates.items()}
         return cls(TaskGroupStore(path, pstates, definition.depot_names()))
+
+    def current(self) -> TaskGroupStore:
+        """The store object now (a far-horizon install replaces it; holders of the old one would read a closed store)."""
+        return self.store
 
     # ---------------------------------------------------------------- replica host (task thread)
 
@@ -56,11 +60,17 @@ class ReplicaStore:
         """Leader: one change set appending every record plus the topologies' effects and hops (see entries)."""
         return build_client_append(self.store, runner, appends)
 
-    def build_batch_commit(self, topology: str, batch_id: int, changes: Sequence[Any]) -> ChangeSetBuilder | None:
-        """A microbatch's changes for this group as one change set tagged (topology, batch_id); None if done."""
+    def build_batch_commit(self, topology: str, batch_id: int, changes: Sequence[Any],
+                           runner: StreamRunner | None = None) -> ChangeSetBuilder | None:
+        """A microbatch's changes for this group as one change set tagged (topology, batch_id); None if done.
+
+        A record appended to a depot that stream topologies subscribe to goes
+        through them, as a hop to this group (see ``append_through_topologies``).
+        """
         if self.store.batch_committed(topology, batch_id):
             return None
         b = self.store.changes(topology, batch_id)
+        sends = Sends()
         for c in changes:
             key = msgpack.unpackb(c.key, raw=False, strict_map_key=False) if c.key else None
             value = msgpack.unpackb(c.value, raw=False, strict_map_key=False) if c.value else None
@@ -72,13 +82,17 @@ class ReplicaStore:
                 def add(old: Any, delta: Any = delta) -> Any:
                     return (old or 0) + delta
 
-                b.transform(c.target, P.key(key).update(add))
+                b.update(c.target, key, add)
             elif c.op == "remove":
                 b.transform(c.target, P.key(key).remove())
             elif c.op == "append":
-                b.depot_append(c.target, c.task, [value])
+                if runner is not None and c.target in runner.by_depot:
+                    append_through_topologies(runner, sends, c.target, c.task, value)
+                else:
+                    b.depot_append(c.target, c.task, [value])
             else:
                 raise ValueError(f"unknown microbatch change op {c.op!r}; use set, add, remove or append")
+        sends.write(b)
         return b
 
     def stage(self, offset: int, builder: ChangeSetBuilder) -> bytes:

@@ -236,8 +236,8 @@ class ClientService(pbg.ClientServicer):
         def done(first: int, result: Any, error: Exception | None) -> None:
             settle(settle_future, fut, (first, result), error)
 
-        build = functools.partial(_commit_entry, rt.stores[request.group], request.topology, request.batch_id,
-                                  list(request.changes))
+        build = functools.partial(_commit_entry, rt.stores[request.group], rt.runners.get(request.group),
+                                  request.topology, request.batch_id, list(request.changes))
         host.post(PendingEntry(build, request.ByteSize(), Ack.APPLIED, done))
         first, skipped = await fut
         return pb.CommitBatchReply(skipped=bool(skipped), replog_offset=max(first, 0))
@@ -260,7 +260,7 @@ class ClientService(pbg.ClientServicer):
         return pb.GroupStatusReply(
             role=s["role"], epoch=s["epoch"], log_start=s["log_start"], log_end=s["log_end"],
             apply_offset=s["apply_offset"], applied_offset=s["applied"], follower_offsets=s["followers"],
-            catchup=catchup,
+            catchup=catchup, **(s["dataflow"] or {}),
         )
 
 
@@ -329,6 +329,7 @@ def _client_entry(store: ReplicaStore, appends: list[tuple[str, int, list[bytes]
     return builder, (firsts, acks)
 
 
-def _commit_entry(store: ReplicaStore, topology: str, batch_id: int, changes: list[Any]) -> tuple[Any, Any]:
-    builder = store.build_batch_commit(topology, batch_id, changes)
+def _commit_entry(store: ReplicaStore, runner: StreamRunner | None, topology: str, batch_id: int,
+                  changes: list[Any]) -> tuple[Any, Any]:
+    builder = store.build_batch_commit(topology, batch_id, changes, runner)
     return builder, builder is None

@@ -230,8 +230,8 @@ class Worker:
             rt.stores[g] = store
             dataflow = None
             if runner.active:  # hop messages exist only where topologies run
-                dataflow = DataflowDriver(f"{module}/{g}", GroupDataflow(store.store, runner),
-                                          functools.partial(self._send_flow, module))
+                flow = GroupDataflow(store.current, runner)  # (a far-horizon install swaps the store object)
+                dataflow = DataflowDriver(f"{module}/{g}", flow, functools.partial(self._send_flow, module))
             host = ReplicaHost(self.node_id, module, g, gdir, config, self.session or 0, store,
                                self._send, self._change_isr, hand_off=self._hand_off,
                                on_far_horizon=self._start_catchup, segment_bytes=spec.option(SEGMENT_BYTES),

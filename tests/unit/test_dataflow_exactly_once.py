@@ -142,7 +142,7 @@ class World:
         return Group(g, store, self._flow(store, g))
 
     def _flow(self, store: TaskGroupStore, g: int) -> GroupDataflow:
-        return GroupDataflow(store, StreamRunner(self.md, TASKS, GROUPS, g), window=4096, keepalive_ms=50,
+        return GroupDataflow(lambda: store, StreamRunner(self.md, TASKS, GROUPS, g), window=4096, keepalive_ms=50,
                              trim_min=3, retries=RetryBook(attempts=3, backoff_ms=5, factor=2))
 
     # ------------------------------------------------------------------ leadership

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -59,7 +60,8 @@ class Cluster:
         self.flows = []
         for g in range(GROUPS):
             store = TaskGroupStore(root / str(g), {n: d.schema for n, d in md.pstates.items()}, md.depot_names())
-            flow = GroupDataflow(store, StreamRunner(md, TASKS, GROUPS, g), keepalive_ms=10, trim_min=1,
+            flow = GroupDataflow(functools.partial(lambda s: s, store), StreamRunner(md, TASKS, GROUPS, g),
+                                 keepalive_ms=10, trim_min=1,
                                  retries=RetryBook(attempts=3, backoff_ms=100, factor=2))
             flow.lead(epoch=1)
             self.flows.append(flow)

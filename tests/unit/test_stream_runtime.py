@@ -28,12 +28,13 @@ def is_big(n: int) -> bool:
     return n > 10
 
 
-def key_of(group: int, prefix: str = "k") -> str:
-    """A key owned by `group` (of GROUPS groups over TASKS tasks)."""
-    return next(f"{prefix}{i}" for i in range(1000) if task_for_key(f"{prefix}{i}", TASKS) % GROUPS == group)
+def key_on(task: int, prefix: str = "k") -> str:
+    """A key owned by `task` (of TASKS tasks; group task % GROUPS)."""
+    return next(f"{prefix}{i}" for i in range(1000) if task_for_key(f"{prefix}{i}", TASKS) == task)
 
 
-HERE, THERE = key_of(0), key_of(1)
+# records are appended to task 0 (group 0): HERE is on their task, SIBLING on another task of their group
+HERE, SIBLING, THERE = key_on(0), key_on(2), key_on(1)
 
 
 class Hops(Module):
@@ -204,9 +205,10 @@ def test_reads_of_foreign_keys_say_how_to_hop(store: TaskGroupStore, runner: Str
     _b, acks = run(store, runner, {"op": "update", "key": HERE, "by": 3})
     _b, acks = run(store, runner, {"op": "read", "key": HERE})
     assert acks == {"on_event": [3]}
-    with pytest.raises(HopFailed, match=r"does not own it; hop to the key's task with ctx.send") as e:
-        run(store, runner, {"op": "read", "key": THERE})
-    assert isinstance(e.value.__cause__, ForeignRead)
+    for other in (SIBLING, THERE):  # another task, in this group or not: the same answer
+        with pytest.raises(HopFailed, match=r"from task 0; hop to the key's task with ctx.send") as e:
+            run(store, runner, {"op": "read", "key": other})
+        assert isinstance(e.value.__cause__, ForeignRead)
 
 
 def test_depot_append_always_hops_to_the_owning_group_which_runs_its_topologies(store: TaskGroupStore,
@@ -312,9 +314,9 @@ def explode(old: int | None) -> int:
 
 
 def test_a_failing_hop_fails_alone_and_locally_becomes_a_message_to_retry(store: TaskGroupStore) -> None:
-    """Whether a hop fails here or on another group, the record is accepted and the hop retried on its own."""
+    """Whether a hop fails in this group or another, the record is accepted and the hop retried on its own."""
     runner = StreamRunner(Flaky.build(), TASKS, GROUPS, 0)
-    for key, group in ((HERE, 0), (THERE, 1)):
+    for key, group in ((SIBLING, 0), (THERE, 1)):
         b = store.changes()
         acks: dict[str, list[Any]] = {}
         out = runner.run_record(b, "*events", 0, {"user": "u", "key": key}, acks)
@@ -333,3 +335,6 @@ def test_a_failing_hop_fails_alone_and_locally_becomes_a_message_to_retry(store:
         assert e.value.hop == "boom"
         with pytest.raises(HopFailed, match="KeyError"):
             runner.run_message(store.changes(), msgs[0])
+    # a write to the record's own task is part of the record: failing, it refuses the append
+    with pytest.raises(HopFailed, match="KeyError: 'update failed'"):
+        runner.run_record(store.changes(), "*events", 0, {"user": "u", "key": HERE})

@@ -14,6 +14,7 @@ lossy network with crashing leaders.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,10 +60,10 @@ Outgoing = tuple[int, Any, Pull | Batch]
 class GroupDataflow:
     """The dataflow state of one task group's leader (see the module docstring)."""
 
-    def __init__(self, store: TaskGroupStore, runner: StreamRunner, *, window: int = WINDOW_BYTES,
+    def __init__(self, store: Callable[[], TaskGroupStore], runner: StreamRunner, *, window: int = WINDOW_BYTES,
                  keepalive_ms: int = KEEPALIVE_MS, trim_min: int = TRIM_MIN_ENVELOPES,
                  retries: RetryBook | None = None) -> None:
-        self.store = store
+        self._store = store  # a getter: a far-horizon install replaces the replica's store object
         self.runner = runner
         self.group = runner.group
         self.window = window
@@ -72,6 +73,10 @@ class GroupDataflow:
         self.leading = False
         self.epoch = -1
         self._reset()
+
+    @property
+    def store(self) -> TaskGroupStore:
+        return self._store()
 
     def _reset(self) -> None:
         self.tracker = CompletionTracker()
