@@ -17,12 +17,17 @@ def by_author(r: dict) -> str:
     return r["author"]
 
 
+def plus_one(n: int | None) -> int:
+    return (n or 0) + 1
+
+
 class Timeline(Module):
     def define(self, m):
         follows = m.depot("*follows", hash_by(by_author))  # {"author": "ann", "follower": "bob"}
         posts = m.depot("*posts", hash_by(by_author))  # {"author": "ann", "id": 17, "text": "..."}
         m.pstate("$$followers", Map(str, Set(str).subindexed()))  # author -> followers, on the author's task
         m.pstate("$$timelines", Map(str, Map(int, str).subindexed()))  # follower -> post id -> author
+        m.pstate("$$unread", Map(str, int))  # follower -> posts delivered (a counter: exactly once matters)
 
         @m.stream(follows)
         def follow(ctx, f: dict):
@@ -37,4 +42,5 @@ class Timeline(Module):
 
         @m.handler
         def deliver(ctx, follower: str, post_id: int, author: str):
-            ctx.transform("$$timelines", follower, P.key(post_id).set(author))
+            ctx.transform("$$timelines", follower, P.key(post_id).set(author))  # all on the follower's task
+            ctx.update("$$unread", follower, plus_one)
