@@ -139,10 +139,21 @@ class Writes:
              reverse: bool) -> Iterator[tuple[bytes, bytes]]:
         return self.overlay.scan(cf, base, lo, hi, reverse)
 
+    def _in_sync(self) -> bool:
+        """True when the overlay holds every write so far (then a small write updates it at once)."""
+        runs = self.runs
+        if not runs:
+            return True
+        return self._synced_run == len(runs) - 1 and self._synced_item == len(runs[-1][2])
+
     def put(self, cf: str, key: bytes, value: bytes) -> None:
+        in_sync = self._in_sync()
         items = self.runs[-1][2] if self._last == (OP_PUT, cf) else self._run(OP_PUT, cf)
         items.append(key)
         items.append(value)
+        if in_sync:  # reads and writes interleave (a transform per message): keep the overlay current as we go
+            self._overlay.put(cf, key, value)
+            self._synced_run, self._synced_item = len(self.runs) - 1, len(items)
 
     def put_many(self, cf: str, keys: list[bytes], values: Sequence[bytes]) -> None:
         """``put(cf, k, v)`` for each pair, in order."""
@@ -167,8 +178,15 @@ class Writes:
         for op, ci, items in other.runs:
             cf = other.cfs[ci]
             if op == OP_PUT:
-                for j in range(0, len(items), 2):
-                    self.put(cf, items[j], items[j + 1])
+                in_sync = self._in_sync()
+                mine = self.runs[-1][2] if self._last == (OP_PUT, cf) else self._run(OP_PUT, cf)
+                mine.extend(items)
+                if in_sync:
+                    points = self._overlay.points.get(cf)
+                    if points is None:
+                        points = self._overlay.points[cf] = {}
+                    points.update(zip(items[0::2], items[1::2], strict=True))
+                    self._synced_run, self._synced_item = len(self.runs) - 1, len(mine)
             elif op == OP_DELETE:
                 for k in items:
                     self.delete(cf, k)

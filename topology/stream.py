@@ -97,6 +97,10 @@ class _Unit:
             out.append(raw)
 
 
+#: the unit of a built-in write message: it never sends or queues anything
+_NO_UNIT = _Unit()
+
+
 class StreamContext:
     """What a topology or handler function receives as `ctx`."""
 
@@ -220,6 +224,10 @@ class StreamContext:
             raise TopologyError(self._hop, str(e)) from None
         self._r.check_pstate(self._hop, pstate)
         task = self._task_of(key)
+        group = task % self._r.groups
+        if group != self._r.group:  # the hot path of a counter (WordCount): straight to the message
+            self._unit.send(group, self._pack([env.UPDATE, task, key, [pstate, ref, list(args)]]))
+            return
         self._write(task, lambda: self._b.update(pstate, key, _bind(fn, args)),
                     lambda: [env.UPDATE, task, key, [pstate, ref, list(args)]])
 
@@ -319,6 +327,18 @@ class StreamRunner:
 
     def run_message(self, builder: ChangeSetBuilder, message: list[Any]) -> Outbound:
         """Run one hop message that another group (or this one) sent here."""
+        builtin = self._builtins.get(message[0]) if type(message) is list and len(message) == 4 else None
+        if builtin is not None and self.owns_task(message[1]):
+            # A write sent here (ctx.update/set/transform elsewhere): one atomic builder call that sends
+            # nothing, so it needs no unit around it (the hottest kind of message).
+            _name, task, key, args = message
+            try:
+                builtin(StreamContext(self, builder, _NO_UNIT, message[0], task, key), key, args)
+            except _INFRA:
+                raise
+            except Exception as e:
+                raise HopFailed(message[0], task, _error(e), f"message {message!r:.200}") from e
+            return {}
         return self._unit(builder, lambda unit: self._message(builder, unit, message),
                           lambda: f"message {message!r:.200}")
 
@@ -405,8 +425,11 @@ class StreamRunner:
 def _failed(unit: _Unit, e: Exception, what: str) -> HopFailed:
     if isinstance(e, HopFailed):
         return e
-    error = e.message if isinstance(e, TopologyError) else f"{type(e).__name__}: {e}"
-    return HopFailed(unit.hop or "?", unit.task, error, what)
+    return HopFailed(unit.hop or "?", unit.task, _error(e), what)
+
+
+def _error(e: Exception) -> str:
+    return e.message if isinstance(e, TopologyError) else f"{type(e).__name__}: {e}"
 
 
 # ------------------------------------------------------------------ built-in hops (ctx writes elsewhere)
