@@ -178,7 +178,7 @@ def module_view(st: dict[str, Any]) -> RenderableType:
     table = Table(box=None, header_style="bold", pad_edge=False)
     for col, just in (("group", "right"), ("leader", "left"), ("epoch", "right"),
                       ("ISR", "left"), ("OSR", "left"), ("log end", "right"), ("apply offset", "right"),
-                      ("follower lag", "left"), ("dead letters", "right")):
+                      ("follower lag", "left")):
         table.add_column(col, justify=just, overflow="fold",  # type: ignore[arg-type]
                          min_width=len("unreachable") if col == "log end" else None)
     notes: list[RenderableType] = []
@@ -186,22 +186,24 @@ def module_view(st: dict[str, Any]) -> RenderableType:
         replica = g["replica"]
         if replica and replica["reachable"]:
             log_end, apply_offset = str(replica["log_end"]), str(replica["apply_offset"])
-            dead = replica["dead_letters"]
-            dead_cell = f"[red]{dead}[/red]" if dead else "0"
         elif g["leaderless_reason"] is None:
-            log_end, apply_offset, dead_cell = "[yellow]unreachable[/yellow]", "", ""
+            log_end, apply_offset = "[yellow]unreachable[/yellow]", ""
         else:
-            log_end, apply_offset, dead_cell = "-", "-", "-"
+            log_end, apply_offset = "-", "-"
         leader = g["leader"] if g["leaderless_reason"] is None else "[bold red]none[/bold red]"
         if g["handing_off_to"] and g["leaderless_reason"] is None:
             leader += f" [yellow]-> {g['handing_off_to']}[/yellow]"
         style = "red" if g["leaderless_reason"] else ("" if g["serving"] else "yellow")
         table.add_row(str(g["group"]), leader, str(g["epoch"]), node_list(g["isr"]),
-                      node_list(g["osr"]), log_end, apply_offset, lag_cell(g), dead_cell, style=style)
+                      node_list(g["osr"]), log_end, apply_offset, lag_cell(g), style=style)
         if g["problem"]:
             notes.append(Text(f"group {g['group']}: {g['problem']}", style="red" if g["leaderless_reason"] else "yellow"))
         for c in g.get("catchups", []):
             notes.append(catchup_bar(g["group"], c))
+        dead = replica.get("dead_letters", 0) if replica and replica["reachable"] else 0
+        if dead:
+            notes.append(Text(f"group {g['group']}: {dead} record(s) or hop message(s) failed their retries and "
+                              f"are in *dead_letters (read that depot for the errors)", style="yellow"))
     total = len(st["groups"])
     foot = Text(f"{st['serving']}/{total} task groups serving, live nodes {node_list(st['live_nodes'])}, "
                 f"checked {time.strftime('%H:%M:%S', time.localtime(st['checked_at']))}",

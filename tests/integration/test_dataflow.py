@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 
+from conductor.cli_views import module_view
 from conductor.client import Cluster
 from conductor.devcluster import DevCluster
 from conductor.metastore import Metastore
@@ -120,6 +122,9 @@ def test_a_poison_record_is_dead_lettered_while_later_records_are_processed(time
     with Metastore(dc.hosts) as ms:
         st = module_status(ms, MODULE)
     assert sum(g["replica"]["dead_letters"] for g in st["groups"]) == len(graph["a2"])
+    console = Console(width=200, record=True)
+    console.print(module_view(st))
+    assert "hop message(s) failed their retries and are in *dead_letters" in console.export_text()
     metrics_address = (dc.node_dir("n1") / "node.metrics").read_text()
     text = urllib.request.urlopen(f"http://{metrics_address}/metrics", timeout=5).read().decode()
     counted = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
