@@ -50,24 +50,24 @@ the window, so latency is that of a push (no polling interval), while a slow
 destination holds back its sources by not renewing its window
 (:mod:`.shipping`). In the worker:
 
-* one bidirectional stream per ordered pair of workers, opened by the
-  destination's worker: pull frames one way, envelope batches the other, for
-  every (module, source group, destination group) pair those workers lead;
-  many envelopes per frame as one bytes field plus a length array (Python
-  pays per object, not per byte). A group's envelopes to itself skip the
-  network;
+* pulls and envelope batches ride on the workers' replication streams (one
+  stream per ordered pair of workers, many messages per frame); a batch is
+  its envelopes as one bytes field plus a length array (Python pays per
+  object, not per byte). Messages between groups led by one worker skip the
+  network, and a group's envelopes to itself never leave its task thread;
 * a destination leader pulls from every group of the module (an idle pull
   costs nothing until something is applied; it is repeated every second to
-  repair lost frames and carry reports); the first pull of a leadership starts
-  at its staged inbox positions;
-* a source leader reads envelopes from its applied outbox when its task
-  thread reports new applied envelopes, or from an in-memory tail of those
-  just applied. A source that is not the leader refuses the pull, and the
-  destination finds the leader through the client's router and pulls there;
-* the destination's worker queues accepted envelopes for its task thread
-  (bounded by the windows), which consumes them in bulk: one entry for all
-  that arrived during the previous fsync;
-* trims ride on the next entry the source builds, in batches.
+  repair lost messages and carry reports); the first pull of a leadership
+  starts at its staged inbox positions. Pulls go to the leader the worker's
+  metastore watches report; a replica that does not lead ignores them, and
+  the next pull finds the new leader;
+* a source leader answers from its applied outbox, after each drain, as far
+  as each destination's window allows;
+* the destination's task thread queues accepted envelopes (bounded by the
+  windows) and consumes them in bulk: one entry for all that arrived during
+  the previous drain, sharing its fsync with the drain's client appends;
+* trims are entries of their own, in batches (``TRIM_MIN_ENVELOPES``, or the
+  last ones), looked for every 200 ms.
 
 ``ack="applied"`` covers the whole tree
 =======================================

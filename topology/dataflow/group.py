@@ -88,6 +88,7 @@ class GroupDataflow:
         self._incomplete: set[int] = set()  # applied root entries still waiting for their hops
         self._held: dict[int, int] = {}  # source -> when its envelope that failed may be retried
         self._rewind = False
+        self._changed = True  # something happened that may call for a pull or a batch (see `outgoing`)
 
     # ------------------------------------------------------------------------------ leadership
 
@@ -110,6 +111,7 @@ class GroupDataflow:
 
     def applied(self, offset: int, cs: ChangeSet) -> None:
         """Entry ``offset`` was applied here (call for every one, in order, while leading)."""
+        self._changed = True
         if not track_applied(self.tracker, offset, cs):
             self._incomplete.add(offset)
 
@@ -131,6 +133,7 @@ class GroupDataflow:
         if not self.leading:
             return
         self._rewound()
+        self._changed = True
         if isinstance(msg, Pull):
             if msg.src == self.group and self.shipper.pulled(msg, peer):
                 self.tracker.reported(msg.dst, msg.report[0], msg.report[1])
@@ -155,6 +158,7 @@ class GroupDataflow:
         return res.builder
 
     def _took(self, res: InboundResult) -> None:
+        self._changed = True
         reader = res.builder.reader if res.builder is not None else self.store.leader_reader()
         for src, queue in self._queued.items():
             pos = res.consumed.get(src)
@@ -210,6 +214,11 @@ class GroupDataflow:
         if not self.leading:
             return []
         self._rewound()
+        # Called after every drain of the task thread: when nothing was applied, received or consumed since
+        # the last call, only a keepalive can be due (and reading the outbox bounds would cost for nothing).
+        if not self._changed and now_ms < self.inlet.next_keepalive():
+            return []
+        self._changed = False
         out: list[Outgoing] = []
         for p in self.inlet.pulls(now_ms, self.tracker.reports()):
             if p.src == self.group:

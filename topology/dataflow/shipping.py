@@ -91,6 +91,11 @@ class Inlet:
         f.queued = max(0, f.queued - dropped_bytes)
         f.repull = True
 
+    def next_keepalive(self) -> int:
+        """When the next pull is due even if nothing changes (0: one is due now)."""
+        return min((0 if f.repull or f.pulled_at is None else f.pulled_at + self.keepalive_ms
+                    for f in self._feeds.values()), default=0)
+
     def pulls(self, now_ms: int, reports: dict[int, tuple[int, list[int]]]) -> list[Pull]:
         """The pulls to send now: first ones, repairs, window refills, new reports and keepalives."""
         out = []
