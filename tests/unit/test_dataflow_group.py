@@ -167,3 +167,24 @@ def test_pulls_are_for_the_source_group_and_from_another_leadership_are_refused(
     follower.follow()
     follower.received(Batch(0, [(0, b"x")]))  # not leading: ignored
     assert not follower.busy() and not follower.inbound_due(0)
+
+
+def test_a_full_outbox_refuses_client_appends_but_never_hop_traffic(cluster: Cluster,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from replog.errors import Backpressure
+    from topology.dataflow import entries
+
+    monkeypatch.setattr(entries, "OUTBOX_MAX_ENVELOPES", 2)
+    there = key_of(1, "b")
+    for i in range(2):  # group 1 is not pulling: envelopes pile up in group 0's outbox
+        cluster.append({"k": key_of(0, f"s{i}"), "to": [there]})
+    with pytest.raises(Backpressure, match="task group 1 has not completed 2 envelope"):
+        cluster.append({"k": key_of(0, "s9"), "to": [there]})
+    cluster.append({"k": key_of(0, "s8"), "to": [key_of(0, "c")]})  # no hop to group 1: accepted
+    for t in range(1, 6):  # group 1 consumes and reports; the trim makes room again
+        cluster.exchange(t * 20)
+        b = cluster.flows[0].build_trim()
+        if b is not None:
+            cluster.commit(0, b)
+    cluster.append({"k": key_of(0, "s9"), "to": [there]})
+    assert cluster.count(there) == 2

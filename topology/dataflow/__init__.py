@@ -86,7 +86,7 @@ old leader fail with ``NotLeader`` and are retried by the client as today.
 Backpressure and poison
 =======================
 
-A client append is refused with ``Backpressure`` (the client retries) while
+A client append is refused with ``Backpressure`` (the app retries later) while
 an outbox it would add to holds too much its destination has not completed.
 Hop traffic itself is never refused, so groups that send to each other cannot
 deadlock; it is bounded by what the refused appends let in. User code that

@@ -44,7 +44,7 @@ from topology.errors import HopFailed
 from topology.module import DEAD_LETTERS
 from topology.stream import Outbound, StreamRunner
 
-#: a client append is refused (Backpressure, retried by the client) while an outbox it would add to holds
+#: a client append is refused (Backpressure: the app retries later) while an outbox it would add to holds
 #: this many envelopes or bytes its destination has not completed; hop traffic itself is never refused,
 #: so groups that send to each other cannot block one another
 OUTBOX_MAX_ENVELOPES = 4096
@@ -86,12 +86,11 @@ class Sends:
         return bool(self._messages)
 
 
-def check_room(builder: ChangeSetBuilder, runner: StreamRunner, sends: Sends,
-               max_envelopes: int = OUTBOX_MAX_ENVELOPES, max_bytes: int = OUTBOX_MAX_BYTES) -> None:
+def check_room(builder: ChangeSetBuilder, runner: StreamRunner, sends: Sends) -> None:
     """Backpressure unless every outbox this entry adds to has room."""
     for dst in sends.destinations():
         b = outbox.bounds(builder.reader, dst)
-        if b.pending >= max_envelopes or b.nbytes >= max_bytes:
+        if b.pending >= OUTBOX_MAX_ENVELOPES or b.nbytes >= OUTBOX_MAX_BYTES:
             raise Backpressure(f"{runner.definition.name}/{runner.group}",
                                f"task group {dst} has not completed {b.pending} envelope(s) ({b.nbytes / 1e6:.1f} MB) "
                                "of hop messages from here; retry the append later")
