@@ -25,7 +25,7 @@ Execution model (why it looks like this):
   group becomes an envelope in the entry's outbox, which that group consumes
   exactly once (:mod:`topology.dataflow` has the protocol). Work per record is
   proportional to its hops, never to the number of groups.
-* ``ctx.update/set/remove/transform`` on a key owned elsewhere is sugar for such
+* ``ctx.update/set/remove/transform`` on another task's key is sugar for such
   a hop; so ``update``'s function travels by name and must be defined at module
   level (extra values go as arguments: ``ctx.update(p, key, add, 5)``). This is
   checked wherever the key lives, so a module that works on one task group
