@@ -79,6 +79,7 @@ bench: setup
 	$(PY) -m bench.cluster_append --quick
 	$(PY) -m bench.microbatch --quick
 	$(PY) -m bench.catchup --quick
+	$(PY) -m bench.topology --quick
 
 clean:
 	rm -rf $(BUILD) $(VENV) conductor/wire/*_pb2*.py conductor/wire/*_pb2*.pyi

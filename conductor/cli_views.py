@@ -200,6 +200,10 @@ def module_view(st: dict[str, Any]) -> RenderableType:
             notes.append(Text(f"group {g['group']}: {g['problem']}", style="red" if g["leaderless_reason"] else "yellow"))
         for c in g.get("catchups", []):
             notes.append(catchup_bar(g["group"], c))
+        dead = replica.get("dead_letters", 0) if replica and replica["reachable"] else 0
+        if dead:
+            notes.append(Text(f"group {g['group']}: {dead} record(s) or hop message(s) failed their retries and "
+                              f"are in *dead_letters (read that depot for the errors)", style="yellow"))
     total = len(st["groups"])
     foot = Text(f"{st['serving']}/{total} task groups serving, live nodes {node_list(st['live_nodes'])}, "
                 f"checked {time.strftime('%H:%M:%S', time.localtime(st['checked_at']))}",

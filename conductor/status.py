@@ -64,7 +64,8 @@ def query_group_status(address: str, module: str, group: int,
         "reachable": True, "error": None, "role": reply.role, "epoch": reply.epoch,
         "log_start": reply.log_start, "log_end": reply.log_end, "apply_offset": reply.apply_offset,
         "applied_offset": reply.applied_offset, "follower_offsets": dict(reply.follower_offsets),
-        "catchup": catchup,
+        "catchup": catchup, "dead_letters": reply.dead_letters, "envelopes_in_flight": reply.envelopes_in_flight,
+        "appends_waiting_for_hops": reply.appends_waiting_for_hops,
     }
 
 

@@ -108,6 +108,8 @@ class Writes:
         ov = self._overlay
         runs = self.runs
         r, j = self._synced_run, self._synced_item
+        if r == len(runs) - 1 and j == len(runs[r][2]):
+            return ov  # up to date (the common case: a read right after a read)
         while r < len(runs):
             op, ci, items = runs[r]
             cf = self.cfs[ci]
@@ -137,10 +139,21 @@ class Writes:
              reverse: bool) -> Iterator[tuple[bytes, bytes]]:
         return self.overlay.scan(cf, base, lo, hi, reverse)
 
+    def _in_sync(self) -> bool:
+        """True when the overlay holds every write so far (then a small write updates it at once)."""
+        runs = self.runs
+        if not runs:
+            return True
+        return self._synced_run == len(runs) - 1 and self._synced_item == len(runs[-1][2])
+
     def put(self, cf: str, key: bytes, value: bytes) -> None:
+        in_sync = self._in_sync()
         items = self.runs[-1][2] if self._last == (OP_PUT, cf) else self._run(OP_PUT, cf)
         items.append(key)
         items.append(value)
+        if in_sync:  # reads and writes interleave (a transform per message): keep the overlay current as we go
+            self._overlay.put(cf, key, value)
+            self._synced_run, self._synced_item = len(self.runs) - 1, len(items)
 
     def put_many(self, cf: str, keys: list[bytes], values: Sequence[bytes]) -> None:
         """``put(cf, k, v)`` for each pair, in order."""
@@ -165,14 +178,47 @@ class Writes:
         for op, ci, items in other.runs:
             cf = other.cfs[ci]
             if op == OP_PUT:
-                for j in range(0, len(items), 2):
-                    self.put(cf, items[j], items[j + 1])
+                in_sync = self._in_sync()
+                mine = self.runs[-1][2] if self._last == (OP_PUT, cf) else self._run(OP_PUT, cf)
+                mine.extend(items)
+                if in_sync:
+                    points = self._overlay.points.get(cf)
+                    if points is None:
+                        points = self._overlay.points[cf] = {}
+                    points.update(zip(items[0::2], items[1::2], strict=True))
+                    self._synced_run, self._synced_item = len(self.runs) - 1, len(mine)
             elif op == OP_DELETE:
                 for k in items:
                     self.delete(cf, k)
             else:
                 for j in range(0, len(items), 2):
                     self.delete_range(cf, items[j], items[j + 1])
+
+    def savepoint(self) -> tuple[int, int, int]:
+        """A mark that :meth:`rollback` returns to: O(1), so a unit of work can take one for free.
+
+        A stream topology runs each record (or hop message) as one unit inside a
+        bigger entry; when user code fails halfway, the unit's writes must go
+        and its neighbours' must stay.
+        """
+        return len(self.runs), len(self.runs[-1][2]) if self.runs else 0, len(self.cfs)
+
+    def rollback(self, mark: tuple[int, int, int]) -> None:
+        """Forget every write made since ``mark`` (which must come from this object's :meth:`savepoint`)."""
+        nruns, nitems, ncfs = mark
+        assert nruns <= len(self.runs) and ncfs <= len(self.cfs), (mark, len(self.runs), len(self.cfs))
+        del self.runs[nruns:]
+        if nruns:
+            del self.runs[nruns - 1][2][nitems:]
+        for cf in self.cfs[ncfs:]:
+            del self._cf_index[cf]
+        del self.cfs[ncfs:]
+        self._last = None  # the next write opens a run of its own: never appends into a cut run
+        # The overlay keeps only each key's latest value, so writes synced into it cannot be taken out one
+        # by one: a rollback past what it saw rebuilds it lazily (failures are rare; savepoints are not).
+        if (self._synced_run, self._synced_item) > (max(nruns - 1, 0), nitems if nruns else 0):
+            self._overlay = Overlay()
+            self._synced_run = self._synced_item = 0
 
     def __len__(self) -> int:
         return sum(len(items) if op == OP_DELETE else len(items) // 2 for op, _, items in self.runs)

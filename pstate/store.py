@@ -1,8 +1,8 @@
 """The task-group store: one RocksDB per replica, atomic apply of replog entries.
 
 Column families: one per PState (``pstate:$$name``), one per depot
-(``depot:*name``) and ``_meta`` (applied offset, depot partition bounds,
-microbatch commits, topology progress).
+(``depot:*name``), ``_meta`` (applied offset, depot partition bounds,
+microbatch commits, dataflow positions) and ``_outbox`` (:mod:`pstate.outbox`).
 
 Durability model.  The replog is the write-ahead log, so RocksDB's own WAL is
 OFF (``WriteOptions.disable_wal``): writing it twice would halve throughput
@@ -22,19 +22,28 @@ atomically.)
 
 from __future__ import annotations
 
-import itertools
 import os
 import shutil
 import threading
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import rocksdict
 
 from pstate.changes import OP_DELETE, OP_DELETE_RANGE, OP_PUT, ChangeSet, Overlay, Writes, decode_any
-from pstate.engine import Engine, LayeredReader, Reader, _packb, decode_value, encode_value, pack, unpack
+from pstate.engine import (
+    Engine,
+    LayeredReader,
+    Reader,
+    _packb,
+    decode_value,
+    encode_value,
+    pack,
+    top_key,
+    unpack,
+)
 from pstate.errors import (
     CorruptStore,
     DepotNotFound,
@@ -48,12 +57,14 @@ from pstate.errors import (
 )
 from pstate.keys import encode_key
 from pstate.path import KEY, P, Path, Transform, as_transform
+from pstate.reader import DbReader
 from pstate.schema import Map, Scalar, Set, check_top_level
 
 META = "_meta"
+#: envelopes a task group sends to others (see pstate.outbox); its own family, so trims never touch _meta
+OUTBOX = "_outbox"
 _APPLIED = b"applied"
 _BATCH = b"b:"
-_PROGRESS = b"t:"
 _DEPOT_META = b"d:"
 _U32 = 1 << 32
 _U64 = 1 << 64
@@ -73,80 +84,6 @@ class PartitionInfo:
 
     start: int
     end: int
-
-
-class DbReader:
-    """Reads committed (applied) state straight from RocksDB."""
-
-    def __init__(self, cfs: dict[str, rocksdict.Rdict], path: str) -> None:
-        self._cfs = cfs
-        self._path = path
-
-    def get(self, cf: str, key: bytes) -> bytes | None:
-        try:
-            r: bytes | None = self._cfs[cf].get(key)
-        except Exception as exc:
-            raise translate(exc, "get", self._path) from exc
-        return r
-
-    def scan(self, cf: str, lo: bytes, hi: bytes | None, reverse: bool = False) -> Iterator[tuple[bytes, bytes]]:
-        # The generators below keep ``ro`` alive while rocksdict's iterator runs: rocksdict does
-        # not, and an iterator outliving its ReadOptions reads past a freed upper bound (found by
-        # the crash test as scans returning keys beyond their range).
-        ro = rocksdict.ReadOptions()
-        if hi is not None:
-            ro.set_iterate_upper_bound(hi)
-        db: Any = self._cfs[cf]  # raw mode: keys and values are bytes (the stubs cannot say so)
-        try:
-            if reverse:
-                return self._reverse(db.items(backwards=True, read_opt=ro), lo, ro)
-            return self._forward(db.items(from_key=lo, read_opt=ro), ro)
-        except Exception as exc:
-            raise translate(exc, "scan", self._path) from exc
-
-    def values(self, cf: str, lo: bytes, hi: bytes, limit: int, max_bytes: int) -> list[bytes]:
-        """Values of keys in ``[lo, hi)``, at most ``limit``, stopping once ``max_bytes`` are read.
-
-        The keys are not built as Python objects and the loop runs in C, a
-        chunk at a time: a depot read serving Spark spends a third of its node
-        time on keys it only needs to count.
-        """
-        ro = rocksdict.ReadOptions()
-        ro.set_iterate_upper_bound(hi)
-        db: Any = self._cfs[cf]
-        out: list[bytes] = []
-        total = 0
-        try:
-            it = db.values(from_key=lo, read_opt=ro)
-            while len(out) < limit and total < max_bytes:
-                chunk = list(itertools.islice(it, min(_VALUES_CHUNK, limit - len(out))))
-                if not chunk:
-                    break
-                size = sum(map(len, chunk))
-                if total + size >= max_bytes:  # keep up to the record that reaches max_bytes, as scan() readers do
-                    cut = next(i for i, c in enumerate(itertools.accumulate(map(len, chunk), initial=total))
-                               if c >= max_bytes)
-                    chunk = chunk[:max(1, cut)]
-                    size = sum(map(len, chunk))
-                out.extend(chunk)
-                total += size
-        except Exception as exc:
-            raise translate(exc, "scan", self._path) from exc
-        del ro  # rocksdict's iterator does not keep its ReadOptions (and upper bound) alive: we do, until here
-        return out
-
-    @staticmethod
-    def _forward(items: Iterator[tuple[bytes, bytes]], ro: rocksdict.ReadOptions) -> Iterator[tuple[bytes, bytes]]:
-        yield from items
-        del ro
-
-    @staticmethod
-    def _reverse(items: Iterator[tuple[bytes, bytes]], lo: bytes,
-                 ro: rocksdict.ReadOptions) -> Iterator[tuple[bytes, bytes]]:
-        for k, v in items:
-            if k < lo:
-                return
-            yield k, v
 
 
 def _check_partition(partition: int) -> bytes:
@@ -179,7 +116,7 @@ class TaskGroupStore:
         self._lock = threading.RLock()
         self._closed = False
         opts = self._options(write_buffer_size)
-        names = [META] + [pstate_cf(n) for n in self.schemas] + [depot_cf(d) for d in self.depots]
+        names = [META, OUTBOX] + [pstate_cf(n) for n in self.schemas] + [depot_cf(d) for d in self.depots]
         with rocks_errors("open", self.path):
             existing = rocksdict.Rdict.list_cf(self.path, rocksdict.Options(raw_mode=True)) \
                 if os.path.exists(os.path.join(self.path, "CURRENT")) else []
@@ -329,6 +266,9 @@ class TaskGroupStore:
     def leader_reader(self) -> Reader:
         return self._reader if self._pending.is_empty() else LayeredReader(self._pending, self._reader)
 
+    def applied_reader(self) -> DbReader:  # what may leave the group: outbox envelopes, depot records
+        return self._reader
+
     # -- leader side -----------------------------------------------------------
     def changes(self, topology: str | None = None, batch_id: int | None = None) -> ChangeSetBuilder:
         """Start a ChangeSet (one replog entry); tag it ``(topology, batch_id)`` for exactly-once microbatches."""
@@ -362,16 +302,6 @@ class TaskGroupStore:
         """The exactly-once rule: a batch at or below ``topology``'s last is a replay (ids commit in order)."""
         last = self.last_batch(topology)
         return last is not None and batch_id <= last
-
-    def progress(self, topology: str, *, staged: bool = False) -> Any:
-        """Topology progress recorded with :meth:`ChangeSetBuilder.set_progress` (None if none).
-
-        ``staged=True`` (leader): include entries appended but not yet applied, so a
-        consumer never re-reads a batch whose progress is still in flight.
-        """
-        reader = self.leader_reader() if staged else self._reader
-        raw = reader.get(META, _PROGRESS + topology.encode())
-        return None if raw is None else unpack(raw)
 
     def engine(self, name: str, reader: Reader, writes: Writes | None) -> Engine:
         s = self.schemas.get(name)
@@ -468,7 +398,6 @@ class DepotView:
                 break
         return out
 
-
     def read_raw(self, partition: int, start: int, end: int | None = None,
                  max_bytes: int = 1 << 20) -> tuple[int, int, list[bytes]]:
         """Like :meth:`read` but the records as stored (msgpack bytes): ``(first, next, records)``.
@@ -515,10 +444,6 @@ class DepotView:
         return first, nxt, out
 
 
-#: values fetched per C call by :meth:`DbReader.values`
-_VALUES_CHUNK = 4096
-
-
 def _depot_meta_key(name: str, p: bytes) -> bytes:
     return _DEPOT_META + name.encode() + b"\x00" + p
 
@@ -552,6 +477,10 @@ class ChangeSetBuilder:
         self._engines: dict[str, Engine] = {}
         self._fast: dict[str, tuple[str, type | None, type | None]] = {}
 
+    @property
+    def reader(self) -> Reader:  # applied state + staged entries + this builder's writes
+        return self._reader
+
     def _fast_info(self, pstate: str) -> tuple[str, type | None, type | None]:
         s = self._store.schemas.get(pstate)
         if s is None:
@@ -576,11 +505,7 @@ class ChangeSetBuilder:
         cf, kt, vt = fast
         if type(key) is kt and type(value) is vt and (vt is not float or value == value):
             # scalar key and value of exactly the schema's types: nothing left to validate
-            if kt is str:
-                ek = b"\x02\x05" + cast(str, key).encode("utf-8", "surrogatepass").replace(b"\x00", b"\x00\xff") + b"\x00\x01"
-            else:
-                ek = b"\x02" + encode_key(key)
-            self.writes.put(cf, ek, _packb(value))
+            self.writes.put(cf, top_key(kt, key), _packb(value))
             return
         eng = self._engines.get(pstate)
         if eng is None:
@@ -592,6 +517,20 @@ class ChangeSetBuilder:
             self.writes.put(eng.cf, b"\x02" + encode_key(key), encode_value(s.value, value))
         else:
             self.transform(pstate, P.key(key).set(value))
+
+    def update(self, pstate: str, key: Any, fn: Callable[[Any], Any]) -> None:
+        """``transform(pstate, P.key(key).update(fn))``: one read and one write for a map of scalars (counters)."""
+        cf, kt, vt = self._fast.get(pstate) or self._fast.setdefault(pstate, self._fast_info(pstate))
+        if type(key) is not kt:
+            return self.transform(pstate, P.key(key).update(fn))
+        ek = top_key(kt, key)
+        raw = self._reader.get(cf, ek)
+        old = None if raw is None else unpack(raw)
+        new = fn(old)
+        if type(new) is vt and (vt is not float or new == new):
+            self.writes.put(cf, ek, _packb(new))
+        elif new is not old:
+            self.transform(pstate, P.key(key).set(new))  # validates (or removes) as update would
 
     def set_many(self, pstate: str, items: Iterable[tuple[Any, Any]]) -> None:
         """Many top-level ``set``s; validated all first, so a mismatch writes none of them."""
@@ -669,10 +608,6 @@ class ChangeSetBuilder:
         self.writes.delete_range(depot_cf(depot), p + info.start.to_bytes(8, "big"), p + new_start.to_bytes(8, "big"))
         self.writes.put(META, _depot_meta_key(depot, p), new_start.to_bytes(8, "big") + info.end.to_bytes(8, "big"))
 
-    def set_progress(self, topology: str, value: Any) -> None:
-        """Record a topology's progress (e.g. depot offsets consumed) with this entry."""
-        self.writes.put(META, _PROGRESS + topology.encode(), pack(value))
-
     def select(self, pstate: str, path: Path = P) -> list[Any]:
         """Read through this builder's pending writes (what a transform would see)."""
         return self._store.engine(pstate, self._reader, None).select(path.navs)
@@ -688,12 +623,5 @@ class ChangeSetBuilder:
         return len(self.writes)
 
 
-__all__ = [
-    "META",
-    "ChangeSetBuilder",
-    "DepotView",
-    "PStateError",
-    "PStateView",
-    "PartitionInfo",
-    "TaskGroupStore",
-]
+__all__ = ["META", "OUTBOX", "ChangeSetBuilder", "DepotView", "PStateError", "PStateView", "PartitionInfo",
+           "TaskGroupStore"]

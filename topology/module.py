@@ -19,6 +19,8 @@ from topology.partitioners import random as random_partitioner
 _NAME = r"[A-Za-z_][A-Za-z0-9_\-]*"
 DEPOT_NAME = re.compile(rf"^\*{_NAME}$")
 PSTATE_NAME = re.compile(rf"^\$\${_NAME}$")
+#: every module's dead-letter depot: records and hop messages its topologies failed on, with the error
+DEAD_LETTERS = "*dead_letters"
 
 
 class ModuleDefinitionError(ValueError):
@@ -45,6 +47,12 @@ class TopologyDecl:
     fn: Callable[..., Any]
 
 
+@dataclass(frozen=True)
+class HandlerDecl:
+    name: str
+    fn: Callable[..., Any]
+
+
 @dataclass
 class ModuleDefinition:
     """What `define` declared, in declaration order (column families follow this order)."""
@@ -53,9 +61,10 @@ class ModuleDefinition:
     depots: dict[str, DepotDecl] = field(default_factory=dict)
     pstates: dict[str, PStateDecl] = field(default_factory=dict)
     topologies: dict[str, TopologyDecl] = field(default_factory=dict)
+    handlers: dict[str, HandlerDecl] = field(default_factory=dict)
 
     def _check_free(self, name: str) -> None:
-        if name in self.depots or name in self.pstates or name in self.topologies:
+        if name in self.depots or name in self.pstates or name in self.topologies or name in self.handlers:
             raise ModuleDefinitionError(f"module {self.name}: {name!r} is declared twice; names must be unique")
 
     def depot(self, name: str, partitioner: Partitioner = random_partitioner) -> DepotDecl:
@@ -64,6 +73,9 @@ class ModuleDefinition:
             raise ModuleDefinitionError(
                 f"module {self.name}: depot name {name!r} must start with '*' (e.g. '*sentences')"
             )
+        if name == DEAD_LETTERS:
+            raise ModuleDefinitionError(f"module {self.name}: {DEAD_LETTERS} is every module's dead-letter depot "
+                                        "(declared for you); choose another name")
         if not isinstance(partitioner, Partitioner):
             raise ModuleDefinitionError(
                 f"module {self.name}: depot {name} needs a Partitioner (random, global_, hash_by(fn) or "
@@ -88,6 +100,11 @@ class ModuleDefinition:
     def _topology(self, kind: str, depots: tuple[DepotDecl | str, ...]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         names = tuple(d.name if isinstance(d, DepotDecl) else d for d in depots)
         for n in names:
+            if n == DEAD_LETTERS:
+                raise ModuleDefinitionError(
+                    f"module {self.name}: a topology cannot subscribe to {DEAD_LETTERS} (a failure there would "
+                    "have nowhere to go); read it with the client or Spark"
+                )
             if n not in self.depots:
                 raise ModuleDefinitionError(
                     f"module {self.name}: {kind} topology subscribes to unknown depot {n!r}; "
@@ -108,6 +125,19 @@ class ModuleDefinition:
     def microbatch(self, *depots: DepotDecl | str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorate `fn(batch_df, ctx)` to run on Spark over `depots` with exactly-once commits."""
         return self._topology("microbatch", depots)
+
+    def handler(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Decorate `fn(ctx, key, *values)`: code that `ctx.send(fn, key, *values)` runs where `key` lives.
+
+        A handler runs on the task that owns `key` (a hop), with reads and writes
+        local there; the values come with the message. Returns `fn` unchanged,
+        so a topology passes the function itself to `ctx.send`.
+        """
+        if not callable(fn) or not isinstance(getattr(fn, "__name__", None), str):
+            raise ModuleDefinitionError(f"module {self.name}: @m.handler decorates a function, got {fn!r}")
+        self._check_free(fn.__name__)
+        self.handlers[fn.__name__] = HandlerDecl(fn.__name__, fn)
+        return fn
 
     def depot_names(self) -> list[str]:
         return list(self.depots)
@@ -134,6 +164,7 @@ class Module:
         cls().define(md)
         if not md.depots and not md.pstates:
             raise ModuleDefinitionError(f"module {md.name} declares no depot and no PState")
+        md.depots[DEAD_LETTERS] = DepotDecl(DEAD_LETTERS, random_partitioner)
         return md
 
 

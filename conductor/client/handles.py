@@ -78,14 +78,28 @@ class Depot:
         return fut
 
     def append(self, record: Any, ack: str = "applied") -> int:
-        """Append one record and wait for `ack`; returns its depot offset when ack="applied"."""
+        """Append one record and wait for `ack`; returns its depot offset when ack="applied".
+
+        ``ack="applied"`` returns once the record's whole processing is applied:
+        its topologies' effects on the record's own task group and every hop
+        they made to other task groups, transitively.
+        """
+        reply = self._append_one(record, ack)
+        return reply.first_offsets[0] if reply.first_offsets else -1
+
+    def append_with_acks(self, record: Any, ack: str = "applied") -> tuple[int, dict[str, Any]]:
+        """`append`, plus what each stream topology on this depot returned for the record: ``{topology: value}``."""
+        reply = self._append_one(record, ack)
+        acks = msgpack.unpackb(reply.ack_values, raw=False, strict_map_key=False) if reply.ack_values else {}
+        return (reply.first_offsets[0] if reply.first_offsets else -1), {t: v[0] for t, v in acks.items() if v}
+
+    def _append_one(self, record: Any, ack: str) -> pb.AppendReply:
         a = _ack(ack)
         data = encode_record(record)
         task, group = self._route(record)
         req = pb.AppendRequest(module=self.module, group=group, ack=a,  # type: ignore[arg-type]
                                appends=[pb.DepotRecords(depot=self.name, task=task, records=[data])])
-        reply = self.c._append_sync(self.module, group, req)
-        return reply.first_offsets[0] if reply.first_offsets else -1
+        return self.c._append_sync(self.module, group, req)
 
     def append_many(self, records: Sequence[Any] | Iterable[Any], ack: str = "applied") -> list[int]:
         """Append many records: one request per task group, sent in parallel; offsets in input order.

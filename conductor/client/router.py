@@ -68,13 +68,16 @@ class LeaderRouter:
         with self._lock:
             self._modules.pop(module, None)
 
-    def cached_address(self, module: str, group: int) -> str | None:
-        """The group leader's address if its state and the node's address are cached (never blocks)."""
+    def cached_leader(self, module: str, group: int) -> str | None:
+        """The node id of the group's leader if its state is cached (never blocks)."""
         routes = self._modules.get(module)
         st = routes.groups.get(group) if routes is not None else None
-        if st is None or st.leader is None:
-            return None
-        return self._addresses.get(st.leader)
+        return None if st is None else st.leader
+
+    def cached_address(self, module: str, group: int) -> str | None:
+        """The group leader's address if its state and the node's address are cached (never blocks)."""
+        leader = self.cached_leader(module, group)
+        return None if leader is None else self._addresses.get(leader)
 
     def leader(self, module: str, group: int, refresh: bool = False) -> tuple[str, int]:
         """(gRPC address, epoch) of the group's leader; Unavailable while it has none or is unregistered.

@@ -47,6 +47,12 @@ class ReplicaCollector(Collector):
                                         "checkpoint files that arrived damaged and were fetched again", labels=labels)
         retained = CounterMetricFamily("millrace_replog_deleted_bytes", "replog bytes deleted by retention",
                                        labels=labels)
+        dead = CounterMetricFamily("millrace_dead_letters", "records and hop messages moved to *dead_letters",
+                                   labels=labels)
+        in_flight = GaugeMetricFamily("millrace_hop_envelopes_in_flight",
+                                      "hop envelopes sent and not yet complete (leaders)", labels=labels)
+        waiting = GaugeMetricFamily("millrace_appends_waiting_for_hops",
+                                    "applied appends answered once their hops are (leaders)", labels=labels)
         for host in self.replicas():
             s = host.status()
             lv = [self.node_id, host.module, str(host.group)]
@@ -68,8 +74,14 @@ class ReplicaCollector(Collector):
             copied.add_metric(lv, host.stats["far_horizon_bytes"])
             refetched.add_metric(lv, host.stats["far_horizon_refetched_files"])
             retained.add_metric(lv, host.stats["replog_deleted_bytes"])
+            flow = s.get("dataflow")
+            if flow is not None:
+                dead.add_metric(lv, flow["dead_letters"])
+                if s["role"] == "leader":
+                    in_flight.add_metric(lv, flow["envelopes_in_flight"])
+                    waiting.add_metric(lv, flow["appends_waiting_for_hops"])
         yield from (role, epoch, log_end, log_start, applied, isr, stalled, lag, appends, entries, flushes,
-                    installs, copied, refetched, retained)
+                    installs, copied, refetched, retained, dead, in_flight, waiting)
 
 
 def node_registry(node_id: str, replicas: Callable[[], Iterable[Any]]) -> CollectorRegistry:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from conductor.worker.dataflow import DataflowDriver, Inflow
 from pstate.checkpoint import Manifest
 from pstate.errors import PStateError
 from replog.batch import scan_frames, trim_frames
@@ -57,6 +58,7 @@ from replog.messages import (
 )
 from replog.outbox import Outbox
 from replog.replica import Replica
+from topology.dataflow.group import GroupDataflow
 from topology.errors import TopologyError
 
 log = logging.getLogger("millrace.node")
@@ -76,7 +78,7 @@ class EntryApplier(Protocol):
     @property
     def applied_offset(self) -> int: ...
 
-    def apply_entries(self, entries: list[tuple[int, int, bytes]]) -> list[Any]: ...
+    def apply_entries(self, entries: list[tuple[int, int, bytes]], flow: GroupDataflow | None = None) -> None: ...
 
     def stage(self, offset: int, builder: Any) -> bytes: ...
 
@@ -129,6 +131,7 @@ class ReplicaHost:
         on_far_horizon: Callable[[ReplicaHost, str, int], None] | None = None,
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         hand_off: Callable[[ReplicaHost, int, GroupState], None] | None = None,
+        dataflow: DataflowDriver | None = None,
     ) -> None:
         self.node_id = node_id
         self.module = module
@@ -145,6 +148,8 @@ class ReplicaHost:
         self._on_role = on_role
         self._on_far_horizon = on_far_horizon
         self._hand_off = hand_off
+        #: hop messages of the module's topologies (None when no topology runs here)
+        self.dataflow = dataflow
         applied = store.applied_offset
         if applied >= self.log.end_offset:
             # Only a far-horizon install interrupted between swapping the store and resetting the
@@ -220,6 +225,8 @@ class ReplicaHost:
                         appends.append(item)
                     else:
                         self._handle_item(item)
+                if self.dataflow is not None:  # envelopes that arrived: one entry with this drain's appends
+                    appends += [PendingEntry(build, 0, Ack.NONE, done) for build, done in self.dataflow.entries(now)]
                 if appends:
                     self._client_appends(appends)
                 now = _now_ms()
@@ -231,6 +238,8 @@ class ReplicaHost:
                 if self.outbox.beats:
                     self._hand_over(self.outbox.due(_now_ms()))
                 self._apply_deferred()
+                if self.dataflow is not None:
+                    self.dataflow.drained(_now_ms())
                 if now >= self._next_retain_ms:
                     self._next_retain_ms = now + RETAIN_INTERVAL_MS
                     self._retain()
@@ -246,6 +255,9 @@ class ReplicaHost:
             self._on_raw_replicate(item)
         elif isinstance(item, FarHorizonOffer):
             self._on_far_horizon_offer(item)
+        elif isinstance(item, Inflow):
+            if self.dataflow is not None:
+                self.dataflow.received(item)
         elif callable(item):
             item(self)  # a query that must run on the task thread
         else:
@@ -374,6 +386,8 @@ class ReplicaHost:
             # Staged entries belong to a leadership. A new leader stages the tail it inherited
             # (appended in earlier epochs, not yet applied) so new change sets build on top of it.
             self._restage()
+            if self.dataflow is not None:
+                self.dataflow.role(a.role, a.epoch)
             if self._on_role is not None:
                 self._on_role(self, a)
         elif isinstance(a, StartFarHorizon):
@@ -441,7 +455,8 @@ class ReplicaHost:
         if up_to <= applied:
             return
         entries = [(off, typ, payload) for off, _epoch, typ, payload in self.log.read_entries(applied + 1, up_to + 1)]
-        self.store.apply_entries(entries)
+        flow = self.dataflow.applying() if self.dataflow is not None and self.replica.is_leader else None
+        self.store.apply_entries(entries, flow)
         self.stats["entries_applied"] += len(entries)
 
     def _reply(self, a: Reply) -> None:
@@ -451,6 +466,8 @@ class ReplicaHost:
         assert a.error is not None or a.count == len(group), (a, len(group))
         self.stats["appends"] += len(group)
         for i, p in enumerate(group):
+            if a.error is None and self.dataflow is not None and self.dataflow.hold_reply(a.first + i, p):
+                continue  # answered when the hops its entry sent are applied too
             try:
                 p.done(a.first + i, p.result if a.error is None else None, a.error)
             except Exception:
@@ -458,6 +475,8 @@ class ReplicaHost:
 
     def _fail_all(self, why: str) -> None:
         err = ReplogError(f"{self.name}: {why}")
+        if self.dataflow is not None:
+            self.dataflow.fail_waiting(err)
         for p in [p for group in self._pending.values() for p in group]:
             try:
                 p.done(-1, None, err)
@@ -558,6 +577,7 @@ class ReplicaHost:
             "log_end": r.log_end, "apply_offset": r.apply_offset, "applied": r.applied,
             "followers": r.follower_offsets(), "isr": list(r.isr), "stalled": r.stalled,
             "catchup": self.catchup.progress if self.catchup is not None and self.catchup.running else None,
+            "dataflow": self.dataflow.status() if self.dataflow is not None else None,
         }
 
 

@@ -19,6 +19,8 @@ from pstate.changes import ChangeSet
 from pstate.checkpoint import Manifest, install
 from pstate.query import decode_query
 from pstate.store import ChangeSetBuilder
+from topology.dataflow.entries import Sends, append_through_topologies, build_client_append
+from topology.dataflow.group import GroupDataflow
 from topology.module import ModuleDefinition
 from topology.stream import StreamRunner
 
@@ -35,62 +37,40 @@ class ReplicaStore:
         pstates = {name: decl.schema for name, decl in definition.pstates.items()}
         return cls(TaskGroupStore(path, pstates, definition.depot_names()))
 
+    def current(self) -> TaskGroupStore:
+        """The store object now (a far-horizon install replaces it; holders of the old one would read a closed store)."""
+        return self.store
+
     # ---------------------------------------------------------------- replica host (task thread)
 
     @property
     def applied_offset(self) -> int:
         return self.store.applied_offset
 
-    def apply_entries(self, entries: list[tuple[int, int, bytes]]) -> list[Any]:
+    def apply_entries(self, entries: list[tuple[int, int, bytes]], flow: GroupDataflow | None = None) -> None:
+        """Apply entries in order; a leader's dataflow learns what each one consumed and sent."""
         for offset, _type, payload in entries:
-            self.store.apply(offset, payload)
-        return [None] * len(entries)
+            cs = ChangeSet.decode(payload)
+            # (a replayed microbatch applies nothing, so it sent nothing either)
+            if self.store.apply(offset, cs) and flow is not None:
+                flow.applied(offset, cs)
 
     def build_client_append(self, appends: Iterable[tuple[str, int, Sequence[bytes]]],
                             runner: StreamRunner | None = None) -> tuple[ChangeSetBuilder, list[int], dict[str, list[Any]]]:
-        """Leader: one change set appending every record plus the colocated topologies' effects.
+        """Leader: one change set appending every record plus the topologies' effects and hops (see entries)."""
+        return build_client_append(self.store, runner, appends)
 
-        Returns the builder, each partition's first depot offset, and the
-        topologies' ack values (per topology, in record order).
+    def build_batch_commit(self, topology: str, batch_id: int, changes: Sequence[Any],
+                           runner: StreamRunner | None = None) -> ChangeSetBuilder | None:
+        """A microbatch's changes for this group as one change set tagged (topology, batch_id); None if done.
+
+        A record appended to a depot that stream topologies subscribe to goes
+        through them, as a hop to this group (see ``append_through_topologies``).
         """
-        b = self.store.changes()
-        firsts = []
-        acks: dict[str, list[Any]] = {}
-        for depot, task, records in appends:
-            # Decoding validates each record (one msgpack object, nothing after it); the bytes are stored as sent.
-            values = [msgpack.unpackb(r, raw=False, strict_map_key=False) for r in records]
-            offsets = b.depot_append_encoded(depot, task, records)
-            firsts.append(offsets[0] if offsets else 0)
-            if runner is not None and runner.active:
-                for topo, vals in runner.run(b, depot, task, values, strict=True).items():
-                    acks.setdefault(topo, []).extend(vals)
-        return b, firsts, acks
-
-    def build_foreign(self, runner: StreamRunner, topology: str, depot: str, task: int, start: int,
-                      records: list[Any], next_offset: int) -> ChangeSetBuilder | None:
-        """A group's run of `topology` over another group's applied records, with its new read position.
-
-        None when the batch is stale (read before a failover or a concurrent batch moved the position):
-        the next round reads again from the saved position.
-        """
-        progress = dict(self.store.progress(topology, staged=True) or {})
-        key = f"{depot}/{task}"
-        if progress.get(key, 0) != start:
-            return None
-        b = self.store.changes()
-        runner.run(b, depot, task, records, strict=False, only=topology)
-        progress[key] = next_offset
-        b.set_progress(topology, progress)
-        return b
-
-    def foreign_position(self, topology: str, depot: str, task: int) -> int:
-        return int((self.store.progress(topology, staged=True) or {}).get(f"{depot}/{task}", 0))
-
-    def build_batch_commit(self, topology: str, batch_id: int, changes: Sequence[Any]) -> ChangeSetBuilder | None:
-        """A microbatch's changes for this group as one change set tagged (topology, batch_id); None if done."""
         if self.store.batch_committed(topology, batch_id):
             return None
         b = self.store.changes(topology, batch_id)
+        sends = Sends()
         for c in changes:
             key = msgpack.unpackb(c.key, raw=False, strict_map_key=False) if c.key else None
             value = msgpack.unpackb(c.value, raw=False, strict_map_key=False) if c.value else None
@@ -102,13 +82,17 @@ class ReplicaStore:
                 def add(old: Any, delta: Any = delta) -> Any:
                     return (old or 0) + delta
 
-                b.transform(c.target, P.key(key).update(add))
+                b.update(c.target, key, add)
             elif c.op == "remove":
                 b.transform(c.target, P.key(key).remove())
             elif c.op == "append":
-                b.depot_append(c.target, c.task, [value])
+                if runner is not None and c.target in runner.by_depot:
+                    append_through_topologies(runner, sends, c.target, c.task, value)
+                else:
+                    b.depot_append(c.target, c.task, [value])
             else:
                 raise ValueError(f"unknown microbatch change op {c.op!r}; use set, add, remove or append")
+        sends.write(b)
         return b
 
     def stage(self, offset: int, builder: ChangeSetBuilder) -> bytes:

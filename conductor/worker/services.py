@@ -9,12 +9,10 @@ the replica's task thread; replies come back through a :class:`LoopSettler`.
 
 from __future__ import annotations
 
-import array
 import asyncio
 import functools
 import inspect
 import logging
-import sys
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -28,6 +26,7 @@ from conductor.wire import admin_pb2, admin_pb2_grpc
 from conductor.wire import millrace_pb2 as pb
 from conductor.wire import millrace_pb2_grpc as pbg
 from conductor.wire.errors import error_json, status_of
+from conductor.wire.packing import pack_lengths
 from conductor.worker.far_horizon import read_chunk_into, stream_checkpoint
 from conductor.worker.replica_host import PendingEntry, ReplicaHost
 from conductor.worker.replica_store import ReplicaStore
@@ -79,14 +78,6 @@ def maps_errors(method: F) -> F:
             raise AssertionError("unreachable") from e
 
     return cast(F, unary)
-
-
-def _lengths(records: list[bytes]) -> bytes:
-    """Record lengths as the little-endian uint32 array of ``DepotReadReply.lengths``."""
-    lengths = array.array("I", map(len, records))
-    if sys.byteorder != "little":
-        lengths.byteswap()
-    return lengths.tobytes()
 
 
 class AdminService(admin_pb2_grpc.AdminServicer):
@@ -219,7 +210,7 @@ class ClientService(pbg.ClientServicer):
         records, start, nxt = store.depot_read(request.depot, request.task, request.start,
                                                request.end or None, request.max_bytes or 1 << 20)
         if request.packed:  # one bytes field instead of one per record: the reader slices it without copies
-            return pb.DepotReadReply(packed=b"".join(records), lengths=_lengths(records), start=start, next=nxt,
+            return pb.DepotReadReply(packed=b"".join(records), lengths=pack_lengths(records), start=start, next=nxt,
                                      epoch=host.replica.epoch)
         return pb.DepotReadReply(records=records, start=start, next=nxt, epoch=host.replica.epoch)
 
@@ -245,8 +236,8 @@ class ClientService(pbg.ClientServicer):
         def done(first: int, result: Any, error: Exception | None) -> None:
             settle(settle_future, fut, (first, result), error)
 
-        build = functools.partial(_commit_entry, rt.stores[request.group], request.topology, request.batch_id,
-                                  list(request.changes))
+        build = functools.partial(_commit_entry, rt.stores[request.group], rt.runners.get(request.group),
+                                  request.topology, request.batch_id, list(request.changes))
         host.post(PendingEntry(build, request.ByteSize(), Ack.APPLIED, done))
         first, skipped = await fut
         return pb.CommitBatchReply(skipped=bool(skipped), replog_offset=max(first, 0))
@@ -269,7 +260,7 @@ class ClientService(pbg.ClientServicer):
         return pb.GroupStatusReply(
             role=s["role"], epoch=s["epoch"], log_start=s["log_start"], log_end=s["log_end"],
             apply_offset=s["apply_offset"], applied_offset=s["applied"], follower_offsets=s["followers"],
-            catchup=catchup,
+            catchup=catchup, **(s["dataflow"] or {}),
         )
 
 
@@ -338,6 +329,7 @@ def _client_entry(store: ReplicaStore, appends: list[tuple[str, int, list[bytes]
     return builder, (firsts, acks)
 
 
-def _commit_entry(store: ReplicaStore, topology: str, batch_id: int, changes: list[Any]) -> tuple[Any, Any]:
-    builder = store.build_batch_commit(topology, batch_id, changes)
+def _commit_entry(store: ReplicaStore, runner: StreamRunner | None, topology: str, batch_id: int,
+                  changes: list[Any]) -> tuple[Any, Any]:
+    builder = store.build_batch_commit(topology, batch_id, changes, runner)
     return builder, builder is None

@@ -21,7 +21,11 @@ import grpc
 from conductor.wire import millrace_pb2 as pb
 from conductor.wire import millrace_pb2_grpc as pbg
 from conductor.wire.options import GRPC_OPTIONS
+from conductor.wire.packing import pack_lengths, unpack_lengths
+from conductor.worker.dataflow import Inflow
 from replog.messages import EpochRequest, EpochResponse, FarHorizonOffer, RawReplicate, ReplicateAck
+from topology.dataflow.group import Batch
+from topology.dataflow.shipping import Pull
 
 log = logging.getLogger("millrace.transport")
 
@@ -45,6 +49,14 @@ def to_proto(module: str, group: int, msg: Any) -> pb.PeerMessage:
             end_offset=msg.end_offset))
     if isinstance(msg, FarHorizonOffer):
         return pb.PeerMessage(module=module, group=group, far_horizon=pb.FarHorizonMsg(epoch=msg.epoch))
+    if isinstance(msg, Pull):
+        return pb.PeerMessage(module=module, group=group, pull=pb.PullMsg(
+            dst=msg.dst, epoch=msg.epoch, position=msg.position, window=msg.window,
+            report_position=msg.report[0], report_incomplete=msg.report[1]))
+    if isinstance(msg, Batch):
+        raws = [raw for _seq, raw in msg.envelopes]
+        return pb.PeerMessage(module=module, group=group, envelopes=pb.EnvelopesMsg(
+            src=msg.src, first=msg.envelopes[0][0], packed=b"".join(raws), lengths=pack_lengths(raws)))
     raise TypeError(f"cannot send {type(msg).__name__} to a peer")
 
 
@@ -65,6 +77,14 @@ def from_proto(src: str, dst: str, m: pb.PeerMessage) -> Any:
         return EpochResponse(src, dst, e.epoch, e.requested_epoch, e.found_epoch, e.end_offset)
     if body == "far_horizon":
         return FarHorizonOffer(src, m.far_horizon.epoch)
+    if body == "pull":
+        p = m.pull
+        return Inflow(src, Pull(m.group, p.dst, p.epoch, p.position, p.window,
+                                (p.report_position, tuple(p.report_incomplete))))
+    if body == "envelopes":
+        e = m.envelopes
+        raws = unpack_lengths(e.packed, e.lengths)
+        return Inflow(src, Batch(e.src, [(e.first + i, raw) for i, raw in enumerate(raws)]))
     raise ValueError(f"peer message from {src} has no body")
 
 

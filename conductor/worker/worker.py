@@ -35,6 +35,7 @@ from conductor.wire import millrace_pb2 as pb
 from conductor.wire import millrace_pb2_grpc as pbg
 from conductor.wire.options import GRPC_OPTIONS
 from conductor.worker.code_service import CodeService
+from conductor.worker.dataflow import DataflowDriver, Inflow
 from conductor.worker.far_horizon import (
     INSTALL_TIMEOUT_S,
     Catchup,
@@ -43,7 +44,6 @@ from conductor.worker.far_horizon import (
     Shelved,
     replication_handler,
 )
-from conductor.worker.foreign import ForeignConsumer
 from conductor.worker.metrics import node_registry
 from conductor.worker.replica_host import ReplicaHost
 from conductor.worker.replica_store import ReplicaStore
@@ -61,6 +61,8 @@ from replog.messages import (
     SessionExpired,
     SessionStarted,
 )
+from topology.dataflow.group import Batch, GroupDataflow
+from topology.dataflow.shipping import Pull
 from topology.module import ModuleDefinition
 from topology.stream import StreamRunner
 
@@ -109,7 +111,6 @@ class Worker:
         self.metastore: Metastore | None = None
         #: leaders of other groups (cross-group reads) and peers' addresses (replication)
         self.router: LeaderRouter | None = None
-        self.foreign: ForeignConsumer | None = None
         self.transport: PeerTransport | None = None
         self.server: grpc.aio.Server | None = None
         self.settler: LoopSettler | None = None
@@ -141,7 +142,6 @@ class Worker:
         self.metastore = Metastore(self.zk_hosts, session_timeout=self.session_timeout,
                                    step_down=self._on_session_lost)
         self.router = LeaderRouter(self.metastore)
-        self.foreign = ForeignConsumer(self.router)
         self.transport = PeerTransport(self.node_id, self.loop, self._resolve, self.router.forget)
         await asyncio.to_thread(self.metastore.start)
         self.metastore.add_state_listener(self._on_zk_state)
@@ -208,8 +208,6 @@ class Worker:
         self.shelf.close()
         if self.transport is not None:
             await self.transport.close()
-        if self.foreign is not None:
-            await self.foreign.close()
         if self.server is not None:
             await self.server.stop(grace=0.5)
 
@@ -281,13 +279,18 @@ class Worker:
             rt.replicas[g] = tuple(st.replicas)
             if self.node_id not in st.replicas:
                 continue
-            rt.runners[g] = StreamRunner(definition, spec.tasks, spec.threads, g)
+            runner = rt.runners[g] = StreamRunner(definition, spec.tasks, spec.threads, g)
             gdir = self.data_dir / module / str(g)
             store = ReplicaStore.open(gdir / "state", definition)
             rt.stores[g] = store
+            dataflow = None
+            if runner.active:  # hop messages exist only where topologies run
+                flow = GroupDataflow(store.current, runner)  # (a far-horizon install swaps the store object)
+                dataflow = DataflowDriver(f"{module}/{g}", flow, functools.partial(self._send_flow, module))
             host = ReplicaHost(self.node_id, module, g, gdir, config, self.session or 0, store,
                                self._send, self._change_isr, hand_off=self._hand_off,
-                               on_far_horizon=self._start_catchup, segment_bytes=spec.option(SEGMENT_BYTES))
+                               on_far_horizon=self._start_catchup, segment_bytes=spec.option(SEGMENT_BYTES),
+                               dataflow=dataflow)
             rt.hosts[g] = host
         with self._lock:
             self.modules[module] = rt
@@ -298,12 +301,6 @@ class Worker:
         self.metastore.modules.watch(module, functools.partial(self._on_spec, rt))
         for g in rt.hosts:
             self.metastore.resigns.watch(module, g, functools.partial(self._on_resign, rt, g))
-        if any(r.active for r in rt.runners.values()) and self.loop is not None:
-            for g, host in rt.hosts.items():
-                assert self.foreign is not None
-                still_open = functools.partial(self._hosts_module, rt)
-                self._tasks.append(asyncio.run_coroutine_threadsafe(self.foreign.run(rt, g, host, still_open),
-                                                                    self.loop))
         log.warning("node %s hosts %d replica(s) of module %s: groups %s", self.node_id, len(rt.hosts), module,
                     sorted(rt.hosts))
 
@@ -341,10 +338,6 @@ class Worker:
             log.error("%s: ignoring a malformed resign request %r", host.name, request)
             return
         host.post(ev)
-
-    def _hosts_module(self, rt: ModuleRuntime) -> bool:
-        """True while ``rt`` is still this worker's runtime of its module (not closed or reopened)."""
-        return self.modules.get(rt.spec.name) is rt
 
     def _close_module(self, module: str, delete_data: bool) -> None:
         with self._lock:
@@ -456,6 +449,24 @@ class Worker:
     def _send(self, module: str, group: int, msgs: list[tuple[str, Any]]) -> None:
         assert self.transport is not None
         self.transport.send_many(module, group, msgs)
+
+    def _send_flow(self, module: str, group: int, node: str | None, msg: Pull | Batch) -> None:
+        """A task thread's dataflow message for ``group``'s leader (``node`` when the pull said who it was).
+
+        Not knowing the leader drops it: pulls repeat every second, and batches
+        answer pulls. A message for a group led on this worker skips the network.
+        """
+        if node is None:
+            node = self.router.cached_leader(module, group) if self.router is not None else None
+            if node is None:
+                return
+        if node == self.node_id:
+            host = self.host(module, group)
+            if host is not None:
+                host.post(Inflow(node, msg))
+            return
+        assert self.transport is not None
+        self.transport.send_many(module, group, [(node, msg)])
 
     def deliver(self, frame: pb.PeerFrame) -> None:
         if frame.dst != self.node_id:

@@ -109,12 +109,11 @@ class Appender:
     """Appends continuously from a thread (a window of async appends); records what was acknowledged."""
 
     def __init__(self, depot: Any, ack: str = "applied", window: int = 64, prefix: str = "r",
-                 users: int = 13) -> None:
+                 users: int = 13, make: Callable[[int], dict[str, Any]] | None = None) -> None:
         self.depot = depot
+        self.make = make or (lambda n: {"user": f"u{n % users}", "id": f"{prefix}{n}"})
         self.ack = ack
         self.window = window
-        self.prefix = prefix
-        self.users = users
         self.acked: list[dict[str, Any]] = []
         self.failed = 0
         self.errors: list[Exception] = []
@@ -127,7 +126,7 @@ class Appender:
         inflight: list[tuple[dict[str, Any], Any]] = []
         while not self._stop.is_set() or inflight:
             while not self._stop.is_set() and len(inflight) < self.window:
-                rec = {"user": f"u{self._n % self.users}", "id": f"{self.prefix}{self._n}"}
+                rec = self.make(self._n)
                 self._n += 1
                 inflight.append((rec, self.depot.append_async(rec, ack=self.ack)))
             rec, fut = inflight.pop(0)

@@ -27,7 +27,7 @@ class Words(Module):
 def test_build_collects_declarations_in_order() -> None:
     md = Words.build()
     assert md.name == "Words"
-    assert md.depot_names() == ["*sentences", "*events"]
+    assert md.depot_names() == ["*sentences", "*events", "*dead_letters"]  # the dead-letter depot comes last
     assert md.pstate_names() == ["$$counts"]
 
 

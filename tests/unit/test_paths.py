@@ -363,3 +363,34 @@ def test_schema_definition_errors() -> None:
         check_top_level("$$x", List(int))
     with pytest.raises(SchemaError):
         Map(List(int), int)
+
+
+def test_set_into_a_subindexed_map_writes_what_the_general_path_writes(tmp_path: Any, monkeypatch: Any) -> None:
+    """The two-level set fast path (timelines, indexes) must be byte-for-byte the general path."""
+    from pstate.engine import Engine
+
+    schema = {"$$t": Map(str, Map(int, str).subindexed()), "$$f": Map(str, Map(float, str).subindexed())}
+    ops = [("$$t", P.key("ann").key(3).set("x")), ("$$t", P.key("ann").key(1).set("y")),
+           ("$$t", P.key("ann").key(3).set("z")), ("$$t", P.key("bob").key(3).set("x")),
+           ("$$f", P.key("a").key(1.5).set("v"))]
+
+    def payload(store: TaskGroupStore) -> bytes:
+        cs = store.changes()
+        for name, t in ops:
+            cs.transform(name, t)
+        return cs.encode()
+
+    fast = TaskGroupStore(tmp_path / "fast", schema)
+    general = TaskGroupStore(tmp_path / "general", schema)
+    try:
+        got = payload(fast)
+        monkeypatch.setattr(Engine, "_set_in_submap", lambda *a: False)
+        assert got == payload(general)
+        fast.apply(0, got)
+        assert fast.select_one("$$t", P.key("ann").count()) == 2
+        assert fast.select("$$t", P.key("ann").all()) == [(1, "y"), (3, "z")]
+        with pytest.raises(SchemaMismatch):  # types that do not fit go the validating way
+            fast.changes().transform("$$t", P.key("ann").key("3").set("x"))
+    finally:
+        fast.close()
+        general.close()

@@ -74,15 +74,27 @@ def test_microbatch_commit_skips_replays(store: TaskGroupStore) -> None:
         store.changes("wc", None)
 
 
-def test_progress_and_builder_reads_its_own_writes(store: TaskGroupStore) -> None:
+def test_builder_reads_its_own_writes(store: TaskGroupStore) -> None:
     cs = store.changes()
-    cs.set_progress("wc", {"*log": [3, 4]})
     cs.set_many("$$counts", [("a", 1), ("b", 2)])
     cs.transform("$$counts", P.key("a").update(lambda n: n * 10))
     assert cs.select("$$counts", P.all()) == [("a", 10), ("b", 2)]
     store.apply(0, cs.encode())
-    assert store.progress("wc") == {"*log": [3, 4]}
     assert store.select("$$counts", P.map_vals()) == [10, 2]
+
+
+def test_update_is_transform_update_with_one_read_and_one_write(store: TaskGroupStore) -> None:
+    cs = store.changes()
+    cs.update("$$counts", "a", lambda n: (n or 0) + 1)
+    cs.update("$$counts", "a", lambda n: n + 1)  # reads its own write
+    cs.update("$$counts", "gone", lambda n: n)  # None stays None: nothing written, as with transform
+    for bad in (None, "x"):  # not an int: refused as transform refuses it, nothing written
+        with pytest.raises(SchemaMismatch):
+            cs.update("$$counts", "a", lambda n, bad=bad: bad)
+    with pytest.raises(SchemaMismatch):
+        cs.update("$$counts", 7, lambda n: 1)  # a key of the wrong type goes the validating way
+    store.apply(0, cs.encode())
+    assert store.select("$$counts", P.all()) == [("a", 2)]
 
 
 def test_staged_entries_compose_on_the_leader(store: TaskGroupStore) -> None:

@@ -1,0 +1,71 @@
+"""Functions that travel in hop messages: by name, never pickled.
+
+``ctx.update(pstate, key, plus_one)`` for a key another task group owns sends
+a message to that group, and the message must say which function to run
+there. It says it by name (``examples.word_count:plus_one``): the module's code
+is deployed on every worker, so the name means the same function everywhere,
+and a message never carries code. A name is only resolved in a module that
+the worker has already imported (the module's own code and what it imports),
+so a message can never make a worker import anything.
+
+Only functions defined at the top level of a Python module have such a name.
+A lambda or a function defined inside another function has none, and neither
+is accepted, wherever the key lives: a module that works with one task group
+must work unchanged with eight.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+#: functions already checked (module-level functions live as long as the process)
+_REFS: dict[Callable[..., Any], str] = {}
+_RESOLVED: dict[str, Callable[..., Any]] = {}
+
+
+class UnsendableFunction(ValueError):
+    """A function that has no module-level name, so it cannot be sent to another task group."""
+
+
+def fn_ref(fn: Callable[..., Any], what: str) -> str:
+    """``module:qualname`` of a module-level function; :class:`UnsendableFunction` naming the fix otherwise."""
+    ref = _REFS.get(fn)
+    if ref is not None:
+        return ref
+    module = getattr(fn, "__module__", None)
+    qualname = str(getattr(fn, "__qualname__", None) or getattr(fn, "__name__", "?"))
+    if not callable(fn) or module is None or "<" in qualname or _lookup(module, qualname) is not fn:
+        name = getattr(fn, "__name__", type(fn).__name__)
+        raise UnsendableFunction(
+            f"{what}: {name} ({qualname}) is not a module-level function, so it cannot run on the task group "
+            f"that owns the key: define it with `def` at the top level of a module (like plus_one in "
+            f"examples/word_count.py) and pass the values it needs as extra arguments, e.g. "
+            f"ctx.update(pstate, key, add, 5) with def add(old, n): ...")
+    ref = _REFS[fn] = f"{module}:{qualname}"
+    return ref
+
+
+def resolve(ref: str) -> Callable[..., Any]:
+    """The function named by ``ref`` (from :func:`fn_ref`); ValueError if this process has no such function."""
+    known = _RESOLVED.get(ref)
+    if known is not None:
+        return known
+    module, _, qualname = ref.partition(":")
+    found = _lookup(module, qualname) if qualname else None
+    if not callable(found):
+        raise ValueError(f"function {ref!r} is not defined in this worker's code (is every worker running "
+                         "the same module version?)")
+    fn: Callable[..., Any] = found
+    _RESOLVED[ref] = fn
+    return fn
+
+
+def _lookup(module: str, qualname: str) -> Any:
+    obj: Any = sys.modules.get(module)
+    for part in qualname.split("."):
+        if obj is None:
+            return None
+        obj = getattr(obj, part, None)
+    return obj
