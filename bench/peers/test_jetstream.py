@@ -17,16 +17,18 @@ import pytest
 from nats.js.api import StreamInfo
 
 from bench.peers.jetstream import (
-    JetStreamCluster,
-    JetStreamStartError,
-    JetStreamUnsupported,
     LeanPublisher,
     Plan,
     create_r3_stream,
     measure_jetstream,
+    wait_replicas_current,
+)
+from bench.peers.jetstream_server import (
+    JetStreamCluster,
+    JetStreamStartError,
+    JetStreamUnsupported,
     nats_server_binary,
     nats_server_version,
-    wait_replicas_current,
     wheel_nats_server,
 )
 
