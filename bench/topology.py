@@ -22,9 +22,19 @@ applied on every group it reached):
   appended 50 per ``append_many`` call, 4 calls in flight.
   ``fanout_deliveries_per_s`` = posts x 100 / wall time (goal >= 50,000);
   every delivery is checked in ``$$unread`` afterwards.
+  ``fanout_worker_cpu_us_per_delivery``: the workers' CPU over the run per
+  delivery (on a shared machine, the figure that load disturbs least).
 * ``topology_p50_ms``: one ``Depot.append(sentence, ack="applied")`` at a time
   through WordCount (2 groups; ``topology_p50_ms_g8`` at 8 groups), p50 and
   p99 of the call.
+
+* the design's floor, in the same run, once the cluster is stopped
+  (:mod:`bench.dataflow_floor`): the data path alone in one process (entries
+  built, applied on three replicas' stores, envelopes handed over directly),
+  as CPU per delivery, with the Timeline handler and with a no-op one;
+  ``floor_deliveries_per_s`` = 2 cores / that CPU, the most the cluster
+  could reach with no transport, replication or idle cost at all; and
+  WordCount's CPU per sentence at 2 and 8 groups (``floor_cpu_ratio_g8_vs_g2``).
 
 Prints a table and, as the last line, one JSON object (DESIGN.md section 7).
 """
@@ -49,6 +59,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from bench import dataflow_floor
 from conductor.client import Cluster
 from conductor.controller import Conductor
 from conductor.devcluster import DevCluster
@@ -63,6 +74,8 @@ FOLLOWERS = 100
 AUTHORS = 50
 USERS = 5_000
 IN_FLIGHT = 4
+#: the machine the goals are stated for: the floor's deliveries/s is CORES / its CPU per delivery
+CORES = 2
 
 
 def corpus(n: int, seed: int) -> list[str]:
@@ -128,7 +141,7 @@ def check_counts(cluster: Cluster, module: str, appended: list[list[str]]) -> No
                              f"{[(got.get(w), expected[w]) for w in wrong[:3]]}")
 
 
-def fanout(cluster: Cluster, posts_n: int) -> dict[str, float]:
+def fanout(cluster: Cluster, posts_n: int, pids: list[int]) -> dict[str, float]:
     rng = random.Random(3)
     users = [f"u{i}" for i in range(USERS)]
     graph = {f"a{i}": rng.sample(users, FOLLOWERS) for i in range(AUTHORS)}
@@ -139,14 +152,17 @@ def fanout(cluster: Cluster, posts_n: int) -> dict[str, float]:
     posts.append_many(warm, ack="applied")
     batch = [{"author": f"a{i % AUTHORS}", "id": i, "text": "hello"} for i in range(posts_n)]
     chunks = [batch[i:i + 50] for i in range(0, len(batch), 50)]
+    cpu0 = cpu_seconds(pids)
     wall = in_flight([functools.partial(posts.append_many, c, ack="applied") for c in chunks])
+    cpu = cpu_seconds(pids) - cpu0
     unread = cluster.pstate("Timeline", "$$unread")
     posts_of = Counter(p["author"] for p in warm + batch)
     want = Counter(u for a, fs in graph.items() for u in fs for _ in range(posts_of[a]))
     delivered = {u: unread.select_one(u) or 0 for u in want}
     if delivered != dict(want):
         raise AssertionError(f"fanout: {sum(delivered.values())} deliveries counted, {sum(want.values())} expected")
-    return {"deliveries_per_s": posts_n * FOLLOWERS / wall, "posts_per_s": posts_n / wall, "wall_s": wall}
+    return {"deliveries_per_s": posts_n * FOLLOWERS / wall, "posts_per_s": posts_n / wall, "wall_s": wall,
+            "cpu_us_per_delivery": cpu / (posts_n * FOLLOWERS) * 1e6}
 
 
 def latency(cluster: Cluster, module: str, text: list[str]) -> dict[str, float]:
@@ -187,13 +203,15 @@ def main(argv: list[str] | None = None) -> None:
                 again = wordcount(cluster, f"WordCount{g}", text, pids)
                 wc[g] = {k: (wc[g][k] + again[k]) / 2 for k in wc[g]}
                 check_counts(cluster, f"WordCount{g}", [warm, text, text])
-            fan = fanout(cluster, n_posts)
+            fan = fanout(cluster, n_posts, pids)
             lat2 = latency(cluster, "WordCount2", corpus(n_lat, seed=17))
             lat8 = latency(cluster, "WordCount8", corpus(n_lat, seed=19))
     finally:
         dc.stop()
         if args.dir is None:
             shutil.rmtree(root, ignore_errors=True)
+    floor = dataflow_floor.measure(n_posts, text[:n_text // 4])  # the cluster is gone: the machine is ours
+    floor_per_s = CORES * 1e6 / floor["fanout_us"]
 
     ratio = wc[8]["worker_cpu_s_per_100k"] / wc[2]["worker_cpu_s_per_100k"]
     table = Table(title="stream topologies as dataflow (RF=3, 3 workers, ack=applied)", title_justify="left")
@@ -206,6 +224,13 @@ def main(argv: list[str] | None = None) -> None:
     table.add_row(f"fanout, {FOLLOWERS} followers", "deliveries/s", f"{fan['deliveries_per_s']:,.0f}",
                   f">= {GOAL_FANOUT_PER_S:,}")
     table.add_row("", "posts/s", f"{fan['posts_per_s']:,.0f}", "")
+    table.add_row("", "worker CPU us per delivery", f"{fan['cpu_us_per_delivery']:.1f}", "")
+    table.add_row("floor: data path in one process", "CPU us per delivery (RF=3 applies)", f"{floor['fanout_us']:.1f}",
+                  f"<= {CORES * 1e6 / GOAL_FANOUT_PER_S:.0f}")
+    table.add_row("", f"deliveries/s on {CORES} cores at that CPU", f"{floor_per_s:,.0f}", f">= {GOAL_FANOUT_PER_S:,}")
+    table.add_row("", "CPU us per delivery, no-op handler", f"{floor['fanout_noop_us']:.1f}", "")
+    table.add_row("", "wordcount CPU us per sentence, 2 / 8 groups",
+                  f"{floor['wordcount_us_g2']:.1f} / {floor['wordcount_us_g8']:.1f}", "")
     table.add_row("one applied append", "p50 / p99 ms, 2 groups", f"{lat2['p50_ms']:.1f} / {lat2['p99_ms']:.1f}", "")
     table.add_row("", "p50 / p99 ms, 8 groups", f"{lat8['p50_ms']:.1f} / {lat8['p99_ms']:.1f}", "")
     console.print(table)
@@ -218,6 +243,13 @@ def main(argv: list[str] | None = None) -> None:
         "cpu_ratio_g8_vs_g2": round(ratio, 3), "goal_cpu_ratio_g8_vs_g2": GOAL_CPU_RATIO,
         "fanout_deliveries_per_s": round(fan["deliveries_per_s"]), "goal_fanout_deliveries_per_s": GOAL_FANOUT_PER_S,
         "fanout_posts_per_s": round(fan["posts_per_s"]),
+        "fanout_worker_cpu_us_per_delivery": round(fan["cpu_us_per_delivery"], 1),
+        "floor_cpu_us_per_delivery": round(floor["fanout_us"], 1),
+        "floor_cpu_us_per_delivery_noop_handler": round(floor["fanout_noop_us"], 1),
+        "floor_deliveries_per_s": round(floor_per_s), "fanout_vs_floor": round(fan["deliveries_per_s"] / floor_per_s, 3),
+        "floor_cpu_us_per_sentence_g2": round(floor["wordcount_us_g2"], 1),
+        "floor_cpu_us_per_sentence_g8": round(floor["wordcount_us_g8"], 1),
+        "floor_cpu_ratio_g8_vs_g2": round(floor["wordcount_us_g8"] / floor["wordcount_us_g2"], 3),
         "topology_p50_ms": round(lat2["p50_ms"], 2), "topology_p99_ms": round(lat2["p99_ms"], 2),
         "topology_p50_ms_g8": round(lat8["p50_ms"], 2), "topology_p99_ms_g8": round(lat8["p99_ms"], 2),
     }))
