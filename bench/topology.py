@@ -28,6 +28,9 @@ applied on every group it reached):
   through WordCount (2 groups; ``topology_p50_ms_g8`` at 8 groups), p50 and
   p99 of the call.
 
+* ``idle_worker_cpu_s_per_s``: the workers' CPU while nothing is appended
+  (every replica's ticks and heartbeats), measured first: part of every
+  figure above (``fanout_idle_cpu_us_per_delivery`` is its share of the fanout's).
 * the design's floor, in the same run, once the cluster is stopped
   (:mod:`bench.dataflow_floor`): the data path alone in one process (entries
   built, applied on three replicas' stores, envelopes handed over directly),
@@ -110,6 +113,14 @@ def cpu_seconds(pids: list[int]) -> float:
             fields = f.read().rsplit(")", 1)[1].split()
         ticks += int(fields[11]) + int(fields[12])
     return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def idle_cpu(pids: list[int], seconds: float) -> float:
+    """Worker CPU seconds per second while nothing is appended (ticks, heartbeats, keepalives of every replica)."""
+    time.sleep(1.0)  # deploys settle
+    c0, t0 = cpu_seconds(pids), time.monotonic()
+    time.sleep(seconds)
+    return (cpu_seconds(pids) - c0) / (time.monotonic() - t0)
 
 
 def in_flight(calls: list[Callable[[], Any]]) -> float:
@@ -202,6 +213,7 @@ def main(argv: list[str] | None = None) -> None:
                                    ("Timeline", "examples.timeline:Timeline", 8)):
             deploy(dc.hosts, name, ref, threads)
         pids = [proc.pid for proc in dc.nodes.values()]
+        idle = idle_cpu(pids, 5.0)
         text = corpus(n_text, seed=11)
         with Cluster.connect(dc.hosts, timeout_s=120) as cluster:
             wc: dict[int, dict[str, float]] = {}
@@ -238,6 +250,8 @@ def main(argv: list[str] | None = None) -> None:
     table.add_row("", "posts/s", f"{fan['posts_per_s']:,.0f}", "")
     table.add_row("", "CPU us per delivery", f"{fan['cpu_us_per_delivery']:.1f}", "")
     table.add_row("", "entries per 50 posts", f"{fan['entries_per_call']:.1f}", "")
+    table.add_row("", "of it idle cluster, us", f"{idle * fan['wall_s'] / (n_posts * FOLLOWERS) * 1e6:.1f}", "")
+    table.add_row("idle cluster", "worker CPU s per s", f"{idle:.3f}", "")
     table.add_row("floor, one process", "CPU us per delivery", f"{floor['fanout_us']:.1f}",
                   f"<= {CORES * 1e6 / GOAL_FANOUT_PER_S:.0f}")
     table.add_row("", f"deliveries/s on {CORES} cores", f"{floor_per_s:,.0f}", f">= {GOAL_FANOUT_PER_S:,}")
@@ -260,6 +274,8 @@ def main(argv: list[str] | None = None) -> None:
         "fanout_posts_per_s": round(fan["posts_per_s"]),
         "fanout_worker_cpu_us_per_delivery": round(fan["cpu_us_per_delivery"], 1),
         "fanout_entries_per_call": round(fan["entries_per_call"], 1),
+        "idle_worker_cpu_s_per_s": round(idle, 3),
+        "fanout_idle_cpu_us_per_delivery": round(idle * fan["wall_s"] / (n_posts * FOLLOWERS) * 1e6, 1),
         "floor_cpu_us_per_delivery": round(floor["fanout_us"], 1),
         "floor_cpu_us_per_delivery_noop_handler": round(floor["fanout_noop_us"], 1),
         "floor_deliveries_per_s": round(floor_per_s), "fanout_vs_floor": round(fan["deliveries_per_s"] / floor_per_s, 3),
