@@ -188,8 +188,10 @@ class GroupDataflow:
 
         The refusal comes while the caller still holds the refused entry
         staged; the rewind reads positions at the next call, after it restaged.
+        It never reaches the log, so it is no longer in flight.
         """
         self._rewind = True
+        self._inflight = {}
 
     def _rewound(self) -> None:
         if not self._rewind:
