@@ -156,6 +156,55 @@ def test_a_poison_envelope_is_held_with_backoff_per_source_then_dead_lettered(cl
     assert cluster.count(there) is None
 
 
+def test_a_destination_builds_its_next_inbound_entry_only_once_the_last_one_is_applied(cluster: Cluster) -> None:
+    there = key_of(1, "b")
+    dst = cluster.flows[1]
+
+    def ship(now: int) -> None:  # pulls and batches only: no entry is built
+        for g, flow in enumerate(cluster.flows):
+            for d, _node, msg in flow.outgoing(now):
+                cluster.flows[d].received(msg, peer=g)
+
+    cluster.append({"k": key_of(0, "s1"), "to": [there]})
+    ship(10)
+    ship(11)
+    assert dst.inbound_due(12)
+    first = dst.build_inbound(12)
+    assert first is not None
+    off = dst.store.applied_offset + 1
+    payload = dst.store.stage(off, first)  # appended to the replog, not applied yet
+    cluster.append({"k": key_of(0, "s2"), "to": [there]})
+    ship(13)
+    ship(14)
+    assert dst.busy() and not dst.inbound_due(15)  # the second envelope waits for the first entry's round
+    cs = ChangeSet.decode(payload)
+    dst.store.apply(off, cs)
+    dst.applied(off, cs)
+    assert dst.inbound_due(16)
+    cluster.commit(1, dst.build_inbound(16))
+    assert cluster.count(there) == 2
+    assert outbox.inbox_position(dst.store.applied_reader(), 0) == 2
+
+
+def test_a_refused_inbound_entry_does_not_hold_back_the_next_one(cluster: Cluster) -> None:
+    there = key_of(1, "b")
+    dst = cluster.flows[1]
+    cluster.append({"k": key_of(0, "s1"), "to": [there]})
+    for now in (10, 11):
+        for g, flow in enumerate(cluster.flows):
+            for d, _node, msg in flow.outgoing(now):
+                cluster.flows[d].received(msg, peer=g)
+    assert dst.build_inbound(12) is not None
+    dst.dropped_inbound()  # refused before reaching the log (never staged): pull again, build again
+    for now in (13, 14):
+        for g, flow in enumerate(cluster.flows):
+            for d, _node, msg in flow.outgoing(now):
+                cluster.flows[d].received(msg, peer=g)
+    assert dst.inbound_due(15)
+    cluster.commit(1, dst.build_inbound(15))
+    assert cluster.count(there) == 1
+
+
 def test_pulls_are_for_the_source_group_and_from_another_leadership_are_refused(cluster: Cluster) -> None:
     flow = cluster.flows[0]
     flow.received(Pull(src=1, dst=1, epoch=5, position=0, window=100, report=(0, ())), peer=1)  # not ours

@@ -65,7 +65,10 @@ destination holds back its sources by not renewing its window
   as each destination's window allows;
 * the destination's task thread queues accepted envelopes (bounded by the
   windows) and consumes them in bulk: one entry for all that arrived during
-  the previous drain, sharing its fsync with the drain's client appends;
+  the previous drain, sharing its fsync with the drain's client appends, and
+  no new one while the last is not applied (what arrives meanwhile waits for
+  the next: one replication round per round, not one per arriving batch); an
+  envelope's messages run as one unit, one by one only if one fails;
 * trims are entries of their own, in batches (``TRIM_MIN_ENVELOPES``, or the
   last ones), looked for every 200 ms.
 

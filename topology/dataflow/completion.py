@@ -155,6 +155,10 @@ class CompletionTracker:
             self._waiting[src] = deque(live)
         return pos, live
 
+    def position(self, src: int) -> int:
+        """The applied inbox position for ``src``: every envelope below it was consumed by an applied entry."""
+        return self._consumed.get(src, 0)
+
     def reports(self) -> dict[int, tuple[int, list[int]]]:
         return {src: self.report(src) for src in self._consumed}
 

@@ -199,19 +199,7 @@ def build_inbound(store: TaskGroupStore, runner: StreamRunner, batch: Sequence[I
             res.retry_at[src] = at
             continue
         mark = b.writes.savepoint()
-        try:
-            _parents, messages = decode_envelope(env.raw)
-        except ValueError as e:
-            messages = []
-            failures: list[tuple[Any, HopFailed]] = [(env.raw[:200], HopFailed("?", -1, str(e), "envelope"))]
-        else:
-            failures = []
-        outs: list[Outbound] = []
-        for m in messages:
-            try:
-                outs.append(runner.run_message(b, m))
-            except HopFailed as failed:
-                failures.append((m, failed))
+        outs, failures = _run_envelope(b, runner, env.raw)
         if failures and not retries.last_attempt(key):
             b.writes.rollback(mark)
             held.add(src)
@@ -237,6 +225,32 @@ def build_inbound(store: TaskGroupStore, runner: StreamRunner, batch: Sequence[I
     if not res.consumed:
         res.builder = None
     return res
+
+
+def _run_envelope(b: ChangeSetBuilder, runner: StreamRunner, raw: bytes
+                  ) -> tuple[list[Outbound], list[tuple[Any, HopFailed]]]:
+    """Run one envelope's messages: what they send, and the messages that failed with why.
+
+    All of them as one unit first (the common case: nothing fails); if one
+    fails, that unit left nothing behind and each message runs on its own, so
+    the failing ones are known and the others' effects are kept.
+    """
+    try:
+        _parents, messages = decode_envelope(raw)
+    except ValueError as e:
+        return [], [(raw[:200], HopFailed("?", -1, str(e), "envelope"))]
+    try:
+        return [runner.run_messages(b, messages)], []
+    except HopFailed:
+        pass
+    outs: list[Outbound] = []
+    failures: list[tuple[Any, HopFailed]] = []
+    for m in messages:
+        try:
+            outs.append(runner.run_message(b, m))
+        except HopFailed as failed:
+            failures.append((m, failed))
+    return outs, failures
 
 
 # ------------------------------------------------------------------------------------ trims and tracking

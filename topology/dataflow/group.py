@@ -89,6 +89,8 @@ class GroupDataflow:
         self._held: dict[int, int] = {}  # source -> when its envelope that failed may be retried
         self._rewind = False
         self._changed = True  # something happened that may call for a pull or a batch (see `outgoing`)
+        #: the inbox positions the inbound entry built last moves to, until it is applied (see `inbound_due`)
+        self._inflight: dict[int, int] = {}
 
     # ------------------------------------------------------------------------------ leadership
 
@@ -114,6 +116,8 @@ class GroupDataflow:
         self._changed = True
         if not track_applied(self.tracker, offset, cs):
             self._incomplete.add(offset)
+        if self._inflight and all(self.tracker.position(src) >= pos for src, pos in self._inflight.items()):
+            self._inflight = {}
 
     def root_complete(self, offset: int) -> bool:
         """Whether applied entry ``offset``'s whole tree of hops is applied (its ``applied`` appender may go)."""
@@ -146,15 +150,24 @@ class GroupDataflow:
     # ------------------------------------------------------------------------------ entries to build
 
     def inbound_due(self, now_ms: int) -> bool:
-        """True when an inbound entry would consume something now."""
+        """True when an inbound entry would consume something now.
+
+        Never while the last one is not applied yet: what arrives during its
+        replication round waits for the next entry, so a destination makes one
+        entry (one replication round, one fsync per replica) per round however
+        many sources ship to it, instead of one per batch that arrives.
+        """
         self._rewound()
-        return self.leading and any(q and now_ms >= self._held.get(src, 0) for src, q in self._queued.items())
+        return (self.leading and not self._inflight
+                and any(q and now_ms >= self._held.get(src, 0) for src, q in self._queued.items()))
 
     def build_inbound(self, now_ms: int) -> ChangeSetBuilder | None:
         """The inbound entry for everything queued (None: nothing consumable); positions move on at once."""
         batch = [Inbound(src, seq, raw) for src in sorted(self._queued) for seq, raw in self._queued[src]]
         res = build_inbound(self.store, self.runner, batch, self.retries, now_ms)
         self._took(res)
+        if res.builder is not None:
+            self._inflight = dict(res.consumed)
         return res.builder
 
     def _took(self, res: InboundResult) -> None:
@@ -175,8 +188,10 @@ class GroupDataflow:
 
         The refusal comes while the caller still holds the refused entry
         staged; the rewind reads positions at the next call, after it restaged.
+        It never reaches the log, so it is no longer in flight.
         """
         self._rewind = True
+        self._inflight = {}
 
     def _rewound(self) -> None:
         if not self._rewind:
