@@ -56,6 +56,7 @@ from pstate.errors import (
     translate,
 )
 from pstate.keys import encode_key
+from pstate.migration import ActiveMigration, MigratingReader
 from pstate.path import KEY, P, Path, Transform, as_transform
 from pstate.reader import DbReader
 from pstate.schema import Map, Scalar, Set, check_top_level
@@ -128,6 +129,9 @@ class TaskGroupStore:
             self._cfs = {n: self._db.get_column_family(n) for n in names}
             self._handles = {n: self._db.get_column_family_handle(n) for n in names}
         self._reader = DbReader(self._cfs, self.path)
+        #: PStates whose values are migrated on read (pstate.migration), set by the module's code version
+        self.migrations: dict[str, ActiveMigration] = {}
+        self._write_buffer_size = write_buffer_size
         self._pending = Overlay()
         self._staged_upto = -1
         raw = self._cfs[META].get(_APPLIED)
@@ -142,6 +146,41 @@ class TaskGroupStore:
         if write_buffer_size is not None:
             o.set_write_buffer_size(write_buffer_size)
         return o
+
+    def redefine(self, pstates: Mapping[str, Any], depots: Iterable[str]) -> None:
+        """Take another code version's PStates and depots: missing column families are created (kept ones keep
+        their data; dropped ones are hidden until :meth:`drop` deletes them)."""
+        schemas = {n: check_top_level(n, s) for n, s in pstates.items()}
+        depots = tuple(depots)
+        with self._lock:
+            self.add_families(schemas, depots)
+            self.schemas = schemas
+            self.depots = depots
+
+    def add_families(self, pstates: Iterable[str], depots: Iterable[str]) -> None:
+        """Create the column families of these PStates and depots if missing (a prepared version's, off the
+        task thread: the switch then finds them)."""
+        with self._lock:
+            self._check_open()
+            for name in [pstate_cf(n) for n in pstates] + [depot_cf(d) for d in depots]:
+                if name not in self._cfs:
+                    with rocks_errors("create column family", self.path):
+                        try:
+                            self._cfs[name] = self._db.create_column_family(name, self._options(self._write_buffer_size))
+                        except Exception:  # it exists on disk (created earlier, then hidden): open it
+                            self._cfs[name] = self._db.get_column_family(name)
+                        self._handles[name] = self._db.get_column_family_handle(name)
+
+    def drop(self, pstates: Iterable[str], depots: Iterable[str]) -> None:
+        """Delete the column families of PStates and depots no version in use declares (their data goes)."""
+        with self._lock:
+            self._check_open()
+            for name in [pstate_cf(n) for n in pstates] + [depot_cf(d) for d in depots]:
+                if name in self._cfs:
+                    self._handles.pop(name)
+                    del self._cfs[name]
+                    with rocks_errors("drop column family", self.path):
+                        self._db.drop_column_family(name)
 
     # -- lifecycle -----------------------------------------------------------
     def _check_open(self) -> None:
@@ -307,6 +346,9 @@ class TaskGroupStore:
         s = self.schemas.get(name)
         if s is None:
             raise PStateNotFound(name, tuple(self.schemas))
+        migration = self.migrations.get(name)
+        if migration is not None:
+            reader = MigratingReader(reader, pstate_cf(name), name, migration)
         return Engine(pstate_cf(name), name, s, reader, writes)
 
     # -- checkpoints ---------------------------------------------------------
@@ -331,7 +373,8 @@ class PStateView:
         self._fast = isinstance(s, Map) and not s.value.storage
         self._vs = s.value if isinstance(s, Map) else None
         # point reads of applied state go straight to the column family (no reader layers)
-        self._cfget = store._cfs[pstate_cf(name)].get if reader is store._reader else None
+        self._cfget = store._cfs[pstate_cf(name)].get \
+            if reader is store._reader and name not in store.migrations else None
         self._plain = self._vs is not None and self._vs.plain
 
     def select(self, path: Path = P) -> list[Any]:
@@ -485,7 +528,8 @@ class ChangeSetBuilder:
         s = self._store.schemas.get(pstate)
         if s is None:
             raise PStateNotFound(pstate, tuple(self._store.schemas))
-        if isinstance(s, Map) and isinstance(s.key, Scalar) and isinstance(s.value, Scalar):
+        if isinstance(s, Map) and isinstance(s.key, Scalar) and isinstance(s.value, Scalar) \
+                and pstate not in self._store.migrations:  # (a migrating PState's reads go through its engine)
             return pstate_cf(pstate), s.key.pytype, s.value.pytype
         return pstate_cf(pstate), None, None
 

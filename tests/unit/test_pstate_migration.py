@@ -1,0 +1,45 @@
+"""PState migrations on one store: reads migrate at once, batches rewrite from a cursor, new PStates appear."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pstate import Map, Record, TaskGroupStore
+from pstate.migration import ActiveMigration, read_record, rewrite_batch
+from pstate.store import pstate_cf
+
+
+def to_cents(v):
+    return v if isinstance(v, dict) else {"cents": v * 100}
+
+
+NEW = Record(cents=int)
+
+
+def test_reads_migrate_then_batches_rewrite_every_value(tmp_path: Path) -> None:
+    store = TaskGroupStore(tmp_path / "db", {"$$p": Map(str, int)})
+    b = store.changes()
+    for i in range(25):
+        b.set("$$p", f"k{i:02}", i)
+    store.apply(0, b.changeset())
+    store.redefine({"$$p": Map(str, NEW), "$$q": Map(str, int)}, ["*d"])
+    store.migrations["$$p"] = ActiveMigration("cents", to_cents, NEW)
+    assert store.select_one("$$p", "k03") == {"cents": 300}
+    assert store.select_one("$$q", "x") is None
+    offset = 1
+    while True:
+        b = store.changes()
+        b.update("$$p", "k01", lambda v: {"cents": v["cents"] + 1})
+        rec = rewrite_batch(b.reader, b.writes, pstate_cf("$$p"), "$$p", store.migrations["$$p"], 10)
+        store.apply(offset, b.changeset())
+        offset += 1
+        if rec.done:
+            break
+    assert rec.rewritten == 25 and read_record(store.applied_reader(), "$$p") == rec
+    del store.migrations["$$p"]
+    assert store.select_one("$$p", "k01") == {"cents": 100 + offset - 1}
+    assert all(isinstance(v, dict) for v in store.select("$$p", __import__("pstate").P.map_vals()))
+    store.close()
+    again = TaskGroupStore(tmp_path / "db", {"$$p": Map(str, NEW), "$$q": Map(str, int)}, ["*d"])
+    assert again.select_one("$$p", "k24") == {"cents": 2400}
+    again.close()
