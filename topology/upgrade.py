@@ -69,8 +69,6 @@ def migratable(name: str, old: Any, new: Any) -> str | None:
     o, n = check_top_level(name, old), check_top_level(name, new)
     if not (isinstance(o, Map) and isinstance(n, Map)):
         return f"{name}: only a top-level Map's values can be migrated (a Set holds keys only)"
-    if o.storage or n.storage:
-        return f"{name}: a subindexed map cannot be migrated value by value"
     if o.key.describe() != n.key.describe():
         return (f"{name}: its key schema changed ({o.key.describe()} -> {n.key.describe()}); migrations change "
                 "values, not keys (declare a new PState and fill it from a topology)")
