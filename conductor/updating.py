@@ -9,7 +9,7 @@ Steps (Rama pauses processing for each update; this does not):
 2. ship the artifact to one worker hosting the module, then ask every worker
    hosting it to *prepare* it beside the running version: fetch, check the
    hash, import in isolation, define, build each local replica's runners and
-   create its new column families. Any refusal discards the version and raises
+   nothing else (new PStates take spare column families at the switch). Any refusal discards the version and raises
    :class:`~conductor.shipping.CodeRefused` with each worker's error; the
    running version was never touched;
 3. name the version in the module's spec, with its version znode, in one

@@ -55,6 +55,7 @@ from pstate.errors import (
     rocks_errors,
     translate,
 )
+from pstate.families import ALIAS, ALIAS_END, Families, read_aliases, spare_names
 from pstate.keys import encode_key
 from pstate.migration import ActiveMigration, MigratingReader
 from pstate.path import KEY, P, Path, Transform, as_transform
@@ -117,21 +118,24 @@ class TaskGroupStore:
         self._lock = threading.RLock()
         self._closed = False
         opts = self._options(write_buffer_size)
-        names = [META, OUTBOX] + [pstate_cf(n) for n in self.schemas] + [depot_cf(d) for d in self.depots]
+        names = [pstate_cf(n) for n in self.schemas] + [depot_cf(d) for d in self.depots]
         with rocks_errors("open", self.path):
             existing = rocksdict.Rdict.list_cf(self.path, rocksdict.Options(raw_mode=True)) \
                 if os.path.exists(os.path.join(self.path, "CURRENT")) else []
-            cf_opts = {n: self._options(write_buffer_size) for n in set(names) | set(existing) if n != "default"}
+            opened = ({META, OUTBOX, *spare_names()} | set(existing)) - {"default"}
+            cf_opts = {n: self._options(write_buffer_size) for n in opened}
             self._db = rocksdict.Rdict(self.path, opts, column_families=cf_opts)
             self._wo = rocksdict.WriteOptions()
             setattr(self._wo, "disable_wal", True)  # noqa: B010 — stub says method, it is a property
             self._db.set_write_options(self._wo)
-            self._cfs = {n: self._db.get_column_family(n) for n in names}
-            self._handles = {n: self._db.get_column_family_handle(n) for n in names}
+            #: column families by logical name (pstate.families: spares an update aliases new ones to)
+            self.families = Families(self._db, self.path, lambda: self._options(write_buffer_size), sorted(opened))
+            self._cfs = self.families.cfs
+            self._handles = self.families.handles
+            self.families.ensure(names, self.families.aliases())
         self._reader = DbReader(self._cfs, self.path)
         #: PStates whose values are migrated on read (pstate.migration), set by the module's code version
         self.migrations: dict[str, ActiveMigration] = {}
-        self._write_buffer_size = write_buffer_size
         self._pending = Overlay()
         self._staged_upto = -1
         raw = self._cfs[META].get(_APPLIED)
@@ -158,29 +162,20 @@ class TaskGroupStore:
             self.depots = depots
 
     def add_families(self, pstates: Iterable[str], depots: Iterable[str]) -> None:
-        """Create the column families of these PStates and depots if missing (a prepared version's, off the
-        task thread: the switch then finds them)."""
+        """Column families of these PStates and depots: through the aliases this leader sees (staged
+        included), else created (see pstate.families)."""
         with self._lock:
             self._check_open()
-            for name in [pstate_cf(n) for n in pstates] + [depot_cf(d) for d in depots]:
-                if name not in self._cfs:
-                    with rocks_errors("create column family", self.path):
-                        try:
-                            self._cfs[name] = self._db.create_column_family(name, self._options(self._write_buffer_size))
-                        except Exception:  # it exists on disk (created earlier, then hidden): open it
-                            self._cfs[name] = self._db.get_column_family(name)
-                        self._handles[name] = self._db.get_column_family_handle(name)
+            self.families.ensure([pstate_cf(n) for n in pstates] + [depot_cf(d) for d in depots], self.aliases())
+
+    def aliases(self) -> dict[str, str]:
+        return read_aliases(self.leader_reader().scan(META, ALIAS, ALIAS_END))
 
     def drop(self, pstates: Iterable[str], depots: Iterable[str]) -> None:
         """Delete the column families of PStates and depots no version in use declares (their data goes)."""
         with self._lock:
             self._check_open()
-            for name in [pstate_cf(n) for n in pstates] + [depot_cf(d) for d in depots]:
-                if name in self._cfs:
-                    self._handles.pop(name)
-                    del self._cfs[name]
-                    with rocks_errors("drop column family", self.path):
-                        self._db.drop_column_family(name)
+            self.families.drop([pstate_cf(n) for n in pstates] + [depot_cf(d) for d in depots], self.aliases())
 
     # -- lifecycle -----------------------------------------------------------
     def _check_open(self) -> None:
@@ -201,10 +196,7 @@ class TaskGroupStore:
             self.flush()
             self._closed = True
             with rocks_errors("close", self.path):
-                self._handles.clear()
-                for cf in self._cfs.values():
-                    del cf
-                self._cfs.clear()
+                self.families.close()
                 self._db.close()
                 del self._db
 

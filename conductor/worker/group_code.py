@@ -6,8 +6,9 @@ loaded off the task threads: when ``conductor update`` prepares it (the Code
 service's Prepare), or when the module is opened.
 
 The switch is one replog entry, the *switch entry*: a change set tagged
-``$code:<version>`` that writes ``_meta.code`` (and starts the PState
-migrations the new version declares). A leader appends it when the module's
+``$code:<version>`` that writes ``_meta.code``, puts the new version's new
+PStates and depots in spare column families (:mod:`pstate.families`), and
+starts the PState migrations it declares. A leader appends it when the module's
 spec names a version its group does not build with yet; every entry the
 leader builds after it is built by the new version's topologies, every entry
 before it was built by the old one, so a record is processed by exactly one
@@ -19,9 +20,8 @@ Two versions matter per replica, both derived from the replog, never from
 ZooKeeper: the *applied* version (``_meta.code``, the module's initial
 version before the first switch) and the *build* version (a switch entry
 appended but not applied yet, else the applied one). The store shows the
-build version's PStates and depots (a new PState's column family exists
-from the prepare on, empty); a dropped one's column family is deleted when
-the switch that drops it is applied.
+build version's PStates and depots; a dropped one's column family is
+deleted when the switch that drops it is applied.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pstate.changes import ChangeSet
+from pstate.families import ALIAS, ALIAS_END, alias_key, read_aliases
 from pstate.migration import (
     FIRST_KEY,
     ActiveMigration,
@@ -41,7 +42,7 @@ from pstate.migration import (
     write_record,
 )
 from pstate.schema import Map, check_top_level
-from pstate.store import META, ChangeSetBuilder, TaskGroupStore, pstate_cf
+from pstate.store import META, ChangeSetBuilder, TaskGroupStore, depot_cf, pstate_cf
 from topology.module import ModuleDefinition
 from topology.stream import StreamRunner
 
@@ -123,10 +124,8 @@ class GroupCode:
             r = self._runners[version] = StreamRunner(self.module.get(version), self.tasks, self.groups, self.group)
         return r
 
-    def prepare(self, version: str, store: TaskGroupStore) -> StreamRunner:
-        """Any thread: build the version's runner and create its column families before the switch needs them."""
-        d = self.module.get(version)
-        store.add_families(list(d.pstates), d.depot_names())
+    def prepare(self, version: str) -> StreamRunner:
+        """Any thread: the version's runner, built before the switch needs it."""
         return self.runner_of(version)
 
     # ------------------------------------------------------------------ the store follows the replog
@@ -213,6 +212,12 @@ class GroupCode:
         old, new = self.module.get(self.build), self.module.get(version)
         b = store.changes(SWITCH + version, 0)  # the batch id becomes the entry's offset (see tag_entry)
         b.writes.put(META, CODE_KEY, version.encode())
+        # new PStates and depots live in spare column families: creating one would stall the worker
+        aliases = read_aliases(b.reader.scan(META, ALIAS, ALIAS_END))
+        free = store.families.free_spares(aliases)
+        for cf in [pstate_cf(p) for p in new.pstates] + [depot_cf(d) for d in new.depots]:
+            if free and cf not in store.families.cfs and cf not in aliases:
+                b.writes.put(META, alias_key(cf), free.pop(0).encode())
         for name, decl in new.pstates.items():
             m = decl.migration
             if m is None:

@@ -1,8 +1,8 @@
 """A worker's side of ``conductor update``: prepare a version, have leaders switch to it, pace migrations.
 
 Nothing here runs on a task thread but the entries it posts, and those are
-cheap: the version is imported and defined, its runners built and its column
-families created when it is *prepared* (the Code service's Prepare, on a
+cheap: the version is imported and defined and its runners built when it is
+*prepared* (the Code service's Prepare, on a
 gRPC worker thread), or by this lifecycle's own thread for a replica that
 missed the prepare. A leader's task thread then only builds the switch entry
 (one ``_meta`` write) and swaps dictionaries, in the drain that appends it;
@@ -101,10 +101,10 @@ class CodeLifecycle:
             self._ready(rt, g, store, version)
 
     def _ready(self, rt: ModuleRuntime, g: int, store: ReplicaStore, version: str) -> None:
-        """Runner and column families of ``version`` for replica ``g``, and a dataflow if it starts needing one."""
+        """The runner of ``version`` for replica ``g``, and a dataflow if it starts needing one."""
         code = store.code
         assert code is not None
-        runner = code.prepare(version, store.current())
+        runner = code.prepare(version)
         host = rt.hosts.get(g)
         if not runner.active or code.flow is not None or host is None:
             return

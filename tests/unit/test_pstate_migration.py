@@ -6,7 +6,8 @@ from pathlib import Path
 
 from pstate import Map, Record, TaskGroupStore
 from pstate.migration import ActiveMigration, read_record, rewrite_batch
-from pstate.store import pstate_cf
+from pstate.families import alias_key
+from pstate.store import META, pstate_cf
 
 
 def to_cents(v):
@@ -42,4 +43,22 @@ def test_reads_migrate_then_batches_rewrite_every_value(tmp_path: Path) -> None:
     store.close()
     again = TaskGroupStore(tmp_path / "db", {"$$p": Map(str, NEW), "$$q": Map(str, int)}, ["*d"])
     assert again.select_one("$$p", "k24") == {"cents": 2400}
+    again.close()
+
+
+def test_a_new_pstate_lives_in_a_spare_column_family_named_in_meta(tmp_path: Path) -> None:
+    store = TaskGroupStore(tmp_path / "db", {"$$p": Map(str, int)})
+    spare = store.families.free_spares({})[0]
+    b = store.changes()
+    b.writes.put(META, alias_key(pstate_cf("$$new")), spare.encode())
+    store.apply(0, b.changeset())
+    store.redefine({"$$p": Map(str, int), "$$new": Map(str, int)}, [])
+    assert store.families.handles[pstate_cf("$$new")] is store.families.handles[spare]
+    b = store.changes()
+    b.set("$$new", "a", 7)
+    store.apply(1, b.changeset())
+    assert spare not in store.families.free_spares(store.aliases())
+    store.close()
+    again = TaskGroupStore(tmp_path / "db", {"$$p": Map(str, int), "$$new": Map(str, int)})
+    assert again.select_one("$$new", "a") == 7 and "pstate:$$new" not in again._db.list_cf(str(tmp_path / "db"))
     again.close()
