@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from pstate import Map, Record, TaskGroupStore
-from pstate.migration import ActiveMigration, read_record, rewrite_batch
 from pstate.families import alias_key
+from pstate.migration import ActiveMigration, read_record, rewrite_batch
 from pstate.store import META, pstate_cf
 
 
