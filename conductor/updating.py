@@ -43,6 +43,8 @@ from topology.upgrade import UpdatePlan, UpdateRefused, plan_update
 
 #: how long the switch may take on every group before update_code gives up waiting (it goes on anyway)
 SWITCH_TIMEOUT_S = 60.0
+#: how often leaders are asked whether they switched (each ask is a GroupStatus call on their event loop)
+SWITCH_POLL_S = 0.2
 
 
 @dataclass
@@ -138,6 +140,6 @@ def update_code(conductor: Conductor, module: str, artifact: Artifact, module_re
         if result.switched or time.monotonic() - started > switch_timeout_s:
             result.switch_s = time.monotonic() - started
             return result
-        time.sleep(0.05)
+        time.sleep(SWITCH_POLL_S)
 
 

@@ -104,6 +104,13 @@ def test_new_code_and_a_new_pstate_switch_with_no_failed_append(cluster: DevClus
               f"{gap:.1f} ms (steady p99 {steady[int(len(steady) * 0.99)]:.1f} ms)")
         st = module_status_of(cluster)
         assert st["code"]["version"] == artifact("v2").sha256 and not st["code"]["switching"]
+        # a rollback is an update: v1 does not declare $$last, so it needs --allow-drop
+        with pytest.raises(UpdateRefused, match=r"drops \$\$last and their data; pass --allow-drop"):
+            update(cluster, "v1")
+        back = update(cluster, "v1", allow_drop=True)
+        assert back.switched and back.plan.removed_pstates == ["$$last"]
+        assert client.depot(MODULE, "*events").append_with_acks({"key": "k0", "i": -1})[1] == {"count": 1}
+        assert counts.select_one("k0") == expected["k0"] + 1
 
 
 def module_status_of(dc: DevCluster) -> dict[str, Any]:
