@@ -18,8 +18,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from rich.console import Console
 
 from bench.lifecycle_app import MODULE, REF, Writer, artifact
+from conductor.cli_views import module_view
 from conductor.client import Cluster
 from conductor.controller import Conductor
 from conductor.devcluster import DevCluster
@@ -147,8 +149,11 @@ def test_a_schema_migration_rewrites_in_the_background_across_a_leader_kill(clus
         counts = client.pstate(MODULE, "$$counts")
         sample = keys[::37]
         assert all(counts.select_one(k) == {"n": 1, "was": 1} for k in sample)  # migrated on read at once
-        running = module_status_of(cluster)["code"]["migrations"]
-        assert "$$counts" in running, running
+        status = module_status_of(cluster)
+        assert "$$counts" in status["code"]["migrations"], status["code"]
+        console = Console(width=200, record=True)
+        console.print(module_view(status))
+        assert "migrating $$counts (to-record)" in console.export_text()
         # kill the leader of group 0 mid-rewrite; the new leader goes on from the replicated cursor
         victim = groups_of(cluster, MODULE)[0].leader
         assert victim is not None
