@@ -56,6 +56,8 @@ class Families:
         self._options = options
         self.cfs: dict[str, Any] = {n: db.get_column_family(n) for n in names}
         self.handles: dict[str, Any] = {n: db.get_column_family_handle(n) for n in names}
+        #: the column families that exist under their own name (not aliases)
+        self.real: set[str] = set(self.cfs)
 
     def aliases(self) -> dict[str, str]:
         ro = rocksdict.ReadOptions()
@@ -64,21 +66,20 @@ class Families:
 
     def free_spares(self, aliases: dict[str, str]) -> list[str]:
         used = set(aliases.values())
-        return [s for s in spare_names() if s not in used and s in self.cfs]
+        return [s for s in spare_names() if s not in used and s in self.real]
 
     def ensure(self, names: Iterable[str], aliases: dict[str, str]) -> None:
         """Every name resolvable: through its alias, or an existing family, or (no spare taken) a new one."""
         for name in names:
-            if name in self.cfs:
-                continue
             target = aliases.get(name, name)
-            if target not in self.cfs:
+            if target not in self.real:
                 with rocks_errors("create column family", self.path):
                     try:
                         self.cfs[target] = self.db.create_column_family(target, self._options())
                     except Exception:  # on disk already (hidden since), just not open here
                         self.cfs[target] = self.db.get_column_family(target)
                     self.handles[target] = self.db.get_column_family_handle(target)
+                self.real.add(target)
             self.cfs[name] = self.cfs[target]
             self.handles[name] = self.handles[target]
 
@@ -90,9 +91,11 @@ class Families:
             for n in {name, target}:
                 self.handles.pop(n, None)
                 self.cfs.pop(n, None)
+            self.real.discard(target)
             with rocks_errors("drop column family", self.path):
                 self.db.drop_column_family(target)
 
     def close(self) -> None:
         self.handles.clear()
         self.cfs.clear()
+        self.real.clear()

@@ -216,7 +216,7 @@ class GroupCode:
         aliases = read_aliases(b.reader.scan(META, ALIAS, ALIAS_END))
         free = store.families.free_spares(aliases)
         for cf in [pstate_cf(p) for p in new.pstates] + [depot_cf(d) for d in new.depots]:
-            if free and cf not in store.families.cfs and cf not in aliases:
+            if free and cf not in store.families.real and cf not in aliases:
                 b.writes.put(META, alias_key(cf), free.pop(0).encode())
         for name, decl in new.pstates.items():
             m = decl.migration
