@@ -15,12 +15,15 @@ import contextlib
 import time
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from rich.console import Console
+from typer.testing import CliRunner
 
 from bench.lifecycle_app import MODULE, REF, Writer, artifact
+from conductor.cli import app
 from conductor.cli_views import module_view
 from conductor.client import Cluster
 from conductor.controller import Conductor
@@ -120,7 +123,8 @@ def module_status_of(dc: DevCluster) -> dict[str, Any]:
         return module_status(c.ms, MODULE)
 
 
-def test_a_version_that_fails_on_one_worker_is_refused_and_the_old_one_serves(cluster: DevCluster) -> None:
+def test_a_version_that_fails_on_one_worker_is_refused_and_the_old_one_serves(cluster: DevCluster,
+                                                                             tmp_path: Path) -> None:
     deploy_v1(cluster)
     with Cluster.connect(cluster.hosts, timeout_s=30) as client:
         writer = Writer(client.depot(MODULE, "*events"), keys=KEYS).start()
@@ -130,10 +134,26 @@ def test_a_version_that_fails_on_one_worker_is_refused_and_the_old_one_serves(cl
         assert set(refused.value.refusals) == {"n2"}
         n = len(writer.acks)
         wait_for(lambda: len(writer.acks) > n + 50, 60, "appends after the refusal")
+        assert {a.value for a in writer.acks} == {1}
+        st = module_status_of(cluster)
+        assert st["code"]["version"] == artifact("v1").sha256 and not st["code"]["switching"]
+        # the same through the CLI: one red line with the worker's error; then a good version switches
+        for version in ("bad", "v2"):
+            (tmp_path / f"{version}.zip").write_bytes(artifact(version).data)
+        bad = cli(cluster, "update", MODULE, "--module", REF, "--code", str(tmp_path / "bad.zip"))
+        assert bad.exit_code == 1 and "Traceback" not in bad.output, bad.output
+        assert "was not updated" in bad.stderr and "worker n2: RuntimeError: n2 refuses this version" in bad.stderr
+        good = cli(cluster, "update", MODULE, "--module", REF, "--code", str(tmp_path / "v2.zip"))
+        assert good.exit_code == 0 and "switched from" in good.output, good.output
+        assert f"code version {artifact('v2').sha256[:12]}" in cli(cluster, "status", MODULE).output
+        n = len(writer.acks)
+        wait_for(lambda: len(writer.acks) > n + 50, 60, "appends after the switch")
         writer.stop()
-        assert not writer.errors and {a.value for a in writer.acks} == {1}
-    st = module_status_of(cluster)
-    assert st["code"]["version"] == artifact("v1").sha256 and not st["code"]["switching"]
+        assert not writer.errors and {a.value for a in writer.acks} == {1, 10}
+
+
+def cli(dc: DevCluster, *args: str) -> Any:
+    return CliRunner().invoke(app, [*args, "--zk", dc.hosts], catch_exceptions=False)
 
 
 def test_a_schema_migration_rewrites_in_the_background_across_a_leader_kill(cluster: DevCluster) -> None:
