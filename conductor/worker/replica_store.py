@@ -22,7 +22,6 @@ from pstate.query import decode_query
 from pstate.store import ChangeSetBuilder
 from topology.dataflow.entries import Sends, append_through_topologies, build_client_append
 from topology.dataflow.group import GroupDataflow
-from topology.module import ModuleDefinition
 from topology.stream import StreamRunner
 
 
@@ -35,12 +34,6 @@ class ReplicaStore:
         self.code = code
         if code is not None:
             code.open(store)
-
-    @classmethod
-    def open(cls, path: FsPath, definition: ModuleDefinition) -> ReplicaStore:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        pstates = {name: decl.schema for name, decl in definition.pstates.items()}
-        return cls(TaskGroupStore(path, pstates, definition.depot_names()))
 
     @classmethod
     def open_versioned(cls, path: FsPath, code: GroupCode) -> ReplicaStore:

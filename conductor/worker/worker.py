@@ -65,7 +65,6 @@ from replog.messages import (
 )
 from topology.dataflow.group import Batch, GroupDataflow
 from topology.dataflow.shipping import Pull
-from topology.module import ModuleDefinition
 from topology.stream import StreamRunner
 
 log = logging.getLogger("millrace.node")
@@ -78,11 +77,10 @@ CODE_RETRY_S = 5.0
 
 
 class ModuleRuntime:
-    """What a node knows of one deployed module: its spec, its code's declarations, its local replicas."""
+    """What a node knows of one deployed module: its spec, its code versions, its local replicas."""
 
-    def __init__(self, spec: ModuleSpec, definition: ModuleDefinition, code: ModuleCode) -> None:
+    def __init__(self, spec: ModuleSpec, code: ModuleCode) -> None:
         self.spec = spec
-        self.definition = definition
         #: the module's code versions loaded here (a replica may run an older one until its switch entry)
         self.code = code
         self.hosts: dict[int, ReplicaHost] = {}
@@ -281,8 +279,8 @@ class Worker:
             # modules.create is one transaction, so this means we raced its deletion
             return
         code = self.lifecycle.module_code(spec)
-        definition = code.get(spec.version)
-        rt = ModuleRuntime(spec, definition, code)
+        code.get(spec.version)  # the version leaders switch to, loaded now (off the task threads)
+        rt = ModuleRuntime(spec, code)
         config = spec.replication_config()
         for g, st in sorted(groups.items()):
             rt.replicas[g] = tuple(st.replicas)
