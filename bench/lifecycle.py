@@ -14,9 +14,12 @@ latency) throughout:
 * ``update``: ``conductor update Life --module mr_life.app:Life --code v2.zip``
   runs as its own process (as an operator runs it) and switches the module to
   ``v2`` (new topology code and a new PState); ``update_max_ack_gap_ms`` is the
-  largest gap between acknowledgements from its start until every group
-  reported the switch, plus half a second. The CLI's steps are timestamped,
-  so the table says in which step the largest gap fell.
+  largest gap between acknowledgements from its first step (comparing the
+  versions) until every group reported the switch, plus half a second. The
+  seconds before, while the CLI process imports its libraries (niced, still on
+  the same two cores), are shown apart (``cli_start_max_gap_ms``): an
+  operator's CLI runs on another machine. The CLI's steps are timestamped, so
+  the table says in which step the largest gap fell.
 
 Goal: ``update_max_ack_gap_ms <= 2 x steady_p99_ms`` (Rama pauses processing
 2-30 s per update). Every acknowledged record is checked to be counted by
@@ -105,12 +108,14 @@ def measure(root: Path, steady_s: float) -> dict[str, Any]:
             time.sleep(1.0)  # warm up
             steady_from = time.monotonic()
             time.sleep(steady_s)
-            started = time.monotonic()
+            spawned = time.monotonic()
             steps = run_update(dc.hosts, wheel)
-            ended = steps[-1][0]
+            # the update starts acting at the CLI's first step; before it the CLI process only starts (imports)
+            started, ended = steps[1][0], steps[-1][0]
             time.sleep(TAIL_S + 0.5)
             writer.stop()
-        steady = sorted(writer.gaps_ms(steady_from, started))
+        steady = sorted(writer.gaps_ms(steady_from, spawned))
+        cli_start = writer.gaps_ms(spawned, started)
         window = [(a, b) for a, b in zip(writer.acks, writer.acks[1:], strict=False)
                   if started <= b.at <= ended + TAIL_S]
         worst = max(window, key=lambda p: p[1].at - p[0].at)
@@ -128,12 +133,13 @@ def measure(root: Path, steady_s: float) -> dict[str, Any]:
         return {
             "steady_appends": len(steady), "steady_p50_ms": percentile(steady, 50),
             "steady_p99_ms": percentile(steady, 99), "steady_max_ms": steady[-1] if steady else float("nan"),
+            "cli_start_s": started - spawned, "cli_start_max_gap_ms": max(cli_start, default=float("nan")),
             "update_s": ended - started, "update_appends": len(window),
             "update_max_ack_gap_ms": (worst[1].at - worst[0].at) * 1000,
             "worst_gap_step": step_at(steps, worst[0].at),
             "v1_records": weights.get(1, 0), "v2_records": weights.get(10, 0),
             "failed_appends": len(writer.errors), "counted_once": exact,
-            "steps": [(round((t - started) * 1000), s) for t, s in steps],
+            "steps": [(round((t - spawned) * 1000), s) for t, s in steps],
             "max_gap_ms_by_step": {k: round(v, 1) for k, v in by_step.items()},
         }
     finally:
@@ -161,6 +167,8 @@ def main() -> None:
         table.add_column(col, justify="left" if col in ("phase", "note") else "right")
     table.add_row("steady", str(r["steady_appends"]), f"{r['steady_p50_ms']:.1f}", f"{r['steady_p99_ms']:.1f}",
                   f"{r['steady_max_ms']:.1f}", "")
+    table.add_row("CLI starts", "", "", "", f"{r['cli_start_max_gap_ms']:.1f}",
+                  f"{r['cli_start_s']:.1f} s of imports in the operator's process (not measured below)")
     table.add_row("update", str(r["update_appends"]), "", "", f"{r['update_max_ack_gap_ms']:.1f}",
                   f"{r['update_s']:.1f} s; worst during: {r['worst_gap_step'][:60]}")
     console.print(table)
@@ -168,7 +176,10 @@ def main() -> None:
     console.print(f"records by v1 {r['v1_records']}, by v2 {r['v2_records']}, failed {r['failed_appends']}, "
                   f"each counted by exactly one version: {r['counted_once']}")
     out = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()}
-    out.update({"gap_vs_steady_p99": round(ratio, 3), "goal_ratio": GOAL_RATIO, "goal_met": ratio <= GOAL_RATIO})
+    # context on a shared machine: the largest gap of the steady phase, which no update caused
+    out.update({"gap_vs_steady_p99": round(ratio, 3), "gap_vs_steady_max": round(r["update_max_ack_gap_ms"]
+                                                                                 / r["steady_max_ms"], 3),
+                "goal_ratio": GOAL_RATIO, "goal_met": ratio <= GOAL_RATIO})
     print(json.dumps(out))
 
 

@@ -86,6 +86,7 @@ def update_code(conductor: Conductor, module: str, artifact: Artifact, module_re
     """Update ``module`` to the code in ``artifact`` (see the module docstring)."""
     step = on_step or (lambda _msg: None)
     ms = conductor.ms
+    step(f"comparing {artifact.origin} with the running version of {module}")
     spec, zversion = ms.modules.get(module)
     if tasks is not None and tasks != spec.tasks:
         raise UpdateRefused(module, [f"the task count is fixed at deploy ({spec.tasks}); an update cannot make it "
