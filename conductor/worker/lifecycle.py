@@ -37,6 +37,8 @@ from conductor.worker.group_code import GroupCode, ModuleCode
 from conductor.worker.replica_host import PendingEntry, ReplicaHost
 from conductor.worker.replica_store import ReplicaStore
 from replog.messages import Ack
+from topology import refs
+from topology.code_loader import ALIAS_PREFIX
 from topology.dataflow.group import GroupDataflow
 from topology.module import ModuleDefinition, ModuleDefinitionError, load_module
 
@@ -62,6 +64,7 @@ class CodeLifecycle:
         self._thread = threading.Thread(target=self._run, name="code-lifecycle", daemon=True)
 
     def start(self) -> None:
+        refs.on_missing = self.load_referenced
         self._thread.start()
 
     def stop(self) -> None:
@@ -90,6 +93,17 @@ class CodeLifecycle:
             raise ModuleDefinitionError(f"code version {version[:12]} declares module {definition.name!r}, not "
                                         f"{module!r}")
         return definition
+
+    def load_referenced(self, module_name: str) -> None:
+        """``topology.refs.on_missing``: import the code version a hop's function reference names, if a module
+        running here keeps it (its task thread waits: only hops sent before a restart get here)."""
+        if not module_name.startswith(ALIAS_PREFIX) or self.node.metastore is None:
+            return
+        version = module_name[len(ALIAS_PREFIX):].partition(".")[0]
+        for rt in list(self.node.modules.values()):
+            if rt.code.has(version) or self.node.metastore.versions.get(rt.spec.name, version) is not None:
+                rt.code.get(version)
+                return
 
     def prepare(self, module: str, version: str, definition: ModuleDefinition) -> None:
         """Code service, off the loop: ``version`` of a module running here is loaded; ready every replica."""

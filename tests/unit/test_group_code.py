@@ -75,3 +75,26 @@ def test_the_build_version_follows_staged_and_applied_switch_entries(tmp_path: P
     store, code = open_store(tmp_path / "db")  # a restart: the applied state says v2
     assert code.applied == "v2" and store.select_one("$$last", "a") == 5
     store.close()
+
+
+def test_a_reference_to_code_not_imported_asks_the_hook_first(monkeypatch: Any) -> None:
+    import sys
+    import types
+
+    from topology import refs
+
+    asked: list[str] = []
+
+    def load(module: str) -> None:  # what a worker does: import the code version the name belongs to
+        asked.append(module)
+        mod = types.ModuleType(module)
+        mod.__dict__["add"] = plus
+        sys.modules[module] = mod
+
+    monkeypatch.setattr(refs, "on_missing", load)
+    monkeypatch.delitem(sys.modules, "_millrace_code_feed.app", raising=False)
+    try:
+        assert refs.resolve("_millrace_code_feed.app:add") is plus and asked == ["_millrace_code_feed.app"]
+    finally:
+        sys.modules.pop("_millrace_code_feed.app", None)
+        refs._RESOLVED.pop("_millrace_code_feed.app:add", None)
