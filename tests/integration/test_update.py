@@ -33,7 +33,7 @@ from conductor.shipping import CodeRefused, deploy_code
 from conductor.status import module_status
 from conductor.updating import update_code
 from pstate import Map, P, Record, TaskGroupStore
-from tests.integration.cluster_helpers import group_status, groups_of, wait_for
+from tests.integration.cluster_helpers import converged, group_status, groups_of, wait_for
 from topology.upgrade import UpdateRefused
 
 TASKS, GROUPS = 4, 2
@@ -196,7 +196,8 @@ def test_a_schema_migration_rewrites_in_the_background_across_a_leader_kill(clus
         assert [(m.pstate, m.id, m.done) for m in progress] == [("$$counts", "to-record", True)]
         rewritten += progress[0].rewritten
     assert len(keys) <= rewritten <= len(keys) + KEYS, rewritten
-    # every replica of every group stores the new schema only
+    # every replica of every group stores the new schema only (once the restarted one has caught up)
+    wait_for(lambda: converged(cluster, MODULE), 120, "every replica to apply its leader's log")
     cluster.stop()
     schema = Map(str, Record(n=int, was=int))
     for g, st in groups.items():
