@@ -80,6 +80,7 @@ bench: setup
 	$(PY) -m bench.microbatch --quick
 	$(PY) -m bench.catchup --quick
 	$(PY) -m bench.topology --quick
+	$(PY) -m bench.lifecycle --quick
 
 clean:
 	rm -rf $(BUILD) $(VENV) conductor/wire/*_pb2*.py conductor/wire/*_pb2*.pyi

@@ -63,6 +63,7 @@ from conductor.metastore.module_spec import KNOWN_OPTIONS, SEGMENT_BYTES, Module
 from conductor.runtime_env import EnvironmentBroken
 from conductor.settings import CONFIG_ENV, LOOPBACK, Listen, SettingsError, address_settings, resolve
 from conductor.shipping import CodeRefused, check_locally, deploy_code
+from conductor.updating import update_code
 from topology.artifact import package_code
 from topology.module import ModuleDefinitionError
 
@@ -311,9 +312,10 @@ def deploy(
             started = time.monotonic()
             try:
                 deploy_code(conductor, spec, artifact, on_step=lambda msg: console.print(f"[dim]{msg}[/dim]"))
-            except ModuleExists:  # the metastore's message points at `conductor update`, which is not here yet
-                raise CliError(f"module {spec.name!r} is already deployed; `conductor status {spec.name}` shows it, "
-                               f"`conductor destroy {spec.name}` removes it") from None
+            except ModuleExists:
+                raise CliError(f"module {spec.name!r} is already deployed; `conductor update {spec.name} --module "
+                               f"{module_ref}` switches it to this code, `conductor destroy {spec.name}` removes "
+                               "it") from None
             try:
                 st = _wait_serving_with_spinner(conductor, spec.name, timeout)
             except KeyboardInterrupt:
@@ -325,6 +327,38 @@ def deploy(
             raise CliError(f"{spec.name} is deployed but not every group serves after {timeout:.0f}s ({waiting}); "
                            "check the node logs, then `conductor status` (or `conductor destroy` to undo)")
         console.print(deploy_summary(st, time.monotonic() - started))
+
+
+@app.command()
+def update(
+    module: str = typer.Argument(..., help="the deployed module to update"),
+    module_ref: str = typer.Option(..., "--module", "-m", help="the new Module class, as package.module:ClassName"),
+    code: Path | None = typer.Option(None, "--code", help="a wheel with the new code (default: its top-level "
+                                                          "package, zipped from this machine's import path)"),
+    allow_drop: bool = typer.Option(False, "--allow-drop", help="allow the new version to drop depots and "
+                                                                "PStates, deleting their data"),
+    tasks: int | None = typer.Option(None, "--tasks", help="must equal the deployed task count (it is fixed)"),
+    zk: str | None = typer.Option(None, "--zk", envvar=ZK_ENV, help=ZK_OPTION_HELP),
+    timeout: float = typer.Option(60.0, "--timeout", help="seconds to wait for every group to switch"),
+) -> None:
+    """Switch a running module to new code with no processing pause (or back: a rollback is an update).
+
+    Every worker loads the new version beside the running one; if one cannot, the update is refused with its
+    error and nothing changes. Then each task group's leader switches at one replog entry: records before it
+    were processed by the old code, records after it by the new. PStates whose schema changed migrate in
+    place (reads see migrated values at once; `conductor status` shows the background rewrite).
+    """
+    with _operator_errors():
+        artifact = package_code(module_ref, code)
+        with _connect(zk) as conductor:
+            result = update_code(conductor, module, artifact, module_ref, allow_drop=allow_drop, tasks=tasks,
+                                 on_step=lambda msg: console.print(f"[dim]{msg}[/dim]"), switch_timeout_s=timeout)
+        if not result.switched:
+            raise CliError(f"{module} runs version {result.new_version[:12]} in ZooKeeper but not every group "
+                           f"reported the switch within {timeout:.0f}s ({result.groups}); follow it with "
+                           f"`conductor status {module} --watch`")
+        console.print(f"[green]{module} switched from {result.old_version[:12]} to {result.new_version[:12]} "
+                      f"in {result.switch_s:.2f}s[/green]")
 
 
 # ---- conductor status ----------------------------------------------------------------------------------

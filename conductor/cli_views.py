@@ -204,8 +204,23 @@ def module_view(st: dict[str, Any]) -> RenderableType:
         if dead:
             notes.append(Text(f"group {g['group']}: {dead} record(s) or hop message(s) failed their retries and "
                               f"are in *dead_letters (read that depot for the errors)", style="yellow"))
+    notes.extend(code_notes(st.get("code")))
     total = len(st["groups"])
     foot = Text(f"{st['serving']}/{total} task groups serving, live nodes {node_list(st['live_nodes'])}, "
                 f"checked {time.strftime('%H:%M:%S', time.localtime(st['checked_at']))}",
                 style="green" if st["serving"] == total else "red")
     return Group(head, table, *notes, foot)
+
+
+def code_notes(code: dict[str, Any] | None) -> list[RenderableType]:
+    """The running code version, a switch in progress, PState migrations in progress."""
+    if not code:
+        return []
+    version = code["version"]
+    out: list[RenderableType] = [Text(f"code version {version[:12] if ':' not in version else version}", style="dim")]
+    if code["switching"]:
+        out.append(Text(f"switching to it: groups {code['switching']} still run the previous version", style="yellow"))
+    for p, m in sorted(code["migrations"].items()):
+        out.append(Text(f"migrating {p} ({m['id']}): {m['groups_done']}/{m['groups']} group(s) done, "
+                        f"{m['rewritten']:,} value(s) rewritten", style="yellow"))
+    return out

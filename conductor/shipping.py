@@ -51,13 +51,15 @@ PREPARE_TIMEOUT_S = 120.0
 class CodeRefused(Exception):
     """A worker chosen for the module cannot run its code; the deploy changed nothing (the message lists why)."""
 
-    def __init__(self, module: str, refusals: dict[str, str]) -> None:
+    def __init__(self, module: str, refusals: dict[str, str], update: bool = False) -> None:
         self.module = module
         self.refusals = dict(refusals)
         reasons = "; ".join(f"worker {n}: {why}" for n, why in sorted(refusals.items()))
-        super().__init__(f"module {module} was not deployed: {len(refusals)} worker(s) cannot run its code. "
-                         f"{reasons}. Install what the code needs on those workers (or ship it in a wheel with "
-                         "--code), then deploy again; nothing was left in ZooKeeper or on the workers")
+        outcome = ("the running version keeps running, unchanged" if update
+                   else "nothing was left in ZooKeeper or on the workers")
+        super().__init__(f"module {module} was not {'updated' if update else 'deployed'}: {len(refusals)} "
+                         f"worker(s) cannot run its code. {reasons}. Install what the code needs on those workers "
+                         f"(or ship it in a wheel with --code), then try again; {outcome}")
 
 
 def check_locally(artifact: Artifact, module_ref: str) -> ModuleDefinition:
@@ -83,10 +85,10 @@ def deploy_code(conductor: Conductor, spec: ModuleSpec, artifact: Artifact,
     channels = {n: grpc.insecure_channel(a, options=GRPC_OPTIONS) for n, a in addresses.items()}
     try:
         step(f"shipping code {artifact.sha256[:12]} ({artifact.size:,} bytes) to {', '.join(nodes)}")
-        holder, refusals = _put(channels, nodes, artifact)
+        holder, refusals = put_artifact(channels, nodes, artifact)
         if holder is not None:
             step(f"each worker fetches it from {holder}, checks its hash and imports it")
-            refusals.update(_prepare(channels, spec, [addresses[holder]]))
+            refusals.update(prepare_code(channels, spec, [addresses[holder]]))
         refusals.update({n: "not registered in ZooKeeper any more (stopped?)" for n in nodes if n not in addresses})
         if refusals:
             raise CodeRefused(spec.name, refusals)
@@ -94,14 +96,14 @@ def deploy_code(conductor: Conductor, spec: ModuleSpec, artifact: Artifact,
                               tuple(nodes))
         return conductor.deploy(spec, groups, version)
     except BaseException:
-        _discard(channels, artifact.sha256)
+        discard_code(channels, artifact.sha256)
         raise
     finally:
         for ch in channels.values():
             ch.close()
 
 
-def _put(channels: dict[str, grpc.Channel], nodes: list[str],
+def put_artifact(channels: dict[str, grpc.Channel], nodes: list[str],
          artifact: Artifact) -> tuple[str | None, dict[str, str]]:
     """Put the artifact on the first worker that takes it; (that worker, or None, and why others did not)."""
     failed: dict[str, str] = {}
@@ -118,7 +120,7 @@ def _put(channels: dict[str, grpc.Channel], nodes: list[str],
     return None, failed
 
 
-def _prepare(channels: dict[str, grpc.Channel], spec: ModuleSpec, sources: list[str]) -> dict[str, str]:
+def prepare_code(channels: dict[str, grpc.Channel], spec: ModuleSpec, sources: list[str]) -> dict[str, str]:
     """Every worker's refusal (an import error, a define() that raised, no answer), by worker."""
     assert spec.code is not None
     req = code_pb2.PrepareRequest(module=spec.name, module_ref=spec.module_ref, sha256=spec.code, sources=sources)
@@ -135,7 +137,7 @@ def _prepare(channels: dict[str, grpc.Channel], spec: ModuleSpec, sources: list[
     return refusals
 
 
-def _discard(channels: dict[str, grpc.Channel], sha256: str) -> None:
+def discard_code(channels: dict[str, grpc.Channel], sha256: str) -> None:
     """Remove the version from every chosen worker (each keeps it if a deployed module uses it)."""
     futures = {n: codeg.CodeStub(ch).Discard.future(code_pb2.DiscardRequest(sha256=sha256),
                                                      timeout=TRANSFER_TIMEOUT_S) for n, ch in channels.items()}

@@ -66,6 +66,9 @@ def query_group_status(address: str, module: str, group: int,
         "applied_offset": reply.applied_offset, "follower_offsets": dict(reply.follower_offsets),
         "catchup": catchup, "dead_letters": reply.dead_letters, "envelopes_in_flight": reply.envelopes_in_flight,
         "appends_waiting_for_hops": reply.appends_waiting_for_hops,
+        "code_version": reply.code_version, "code_build": reply.code_build,
+        "migrations": [{"pstate": m.pstate, "id": m.id, "done": m.done, "rewritten": m.rewritten}
+                       for m in reply.migrations],
     }
 
 
@@ -216,10 +219,30 @@ def module_status(ms: Metastore, module: str, rpc_timeout_s: float = RPC_TIMEOUT
     resigning = resigning_groups(ms, module, groups)
     for row in rows:
         row["handing_off_to"] = resigning.get(row["group"])
-    return {**_spec_summary(spec), "live_nodes": sorted(live), "groups": rows,
+    return {**_spec_summary(spec), "code": code_overview(spec, rows), "live_nodes": sorted(live), "groups": rows,
             "serving": sum(1 for r in rows if r["serving"]), "checked_at": time.time(),
             "state": LEADERSHIP_BALANCING if resigning else RUNNING,
             "disallowed_leaders": sorted(ms.drains.nodes())}
+
+
+def code_overview(spec: ModuleSpec, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The module's code version, the groups still switching to it, and PState migrations in progress."""
+    switching = []
+    migrations: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        r = row.get("replica") or {}
+        if not r.get("reachable"):
+            continue
+        if r.get("code_version") and r["code_version"] != spec.version:
+            switching.append(row["group"])
+        for m in r.get("migrations") or []:
+            agg = migrations.setdefault(m["pstate"], {"id": m["id"], "groups_done": 0, "groups": 0, "rewritten": 0})
+            agg["groups"] += 1
+            agg["groups_done"] += int(m["done"])
+            agg["rewritten"] += m["rewritten"]
+    running = {p: m for p, m in migrations.items() if m["groups_done"] < spec.threads}
+    return {"version": spec.version, "initial_version": spec.initial_version, "switching": switching,
+            "migrations": running}
 
 
 def _address(ms: Metastore, known: dict[str, str | None], node: str) -> str | None:

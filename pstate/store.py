@@ -55,7 +55,9 @@ from pstate.errors import (
     rocks_errors,
     translate,
 )
+from pstate.families import ALIAS, ALIAS_END, Families, read_aliases, spare_names
 from pstate.keys import encode_key
+from pstate.migration import ActiveMigration, MigratingReader
 from pstate.path import KEY, P, Path, Transform, as_transform
 from pstate.reader import DbReader
 from pstate.schema import Map, Scalar, Set, check_top_level
@@ -116,18 +118,24 @@ class TaskGroupStore:
         self._lock = threading.RLock()
         self._closed = False
         opts = self._options(write_buffer_size)
-        names = [META, OUTBOX] + [pstate_cf(n) for n in self.schemas] + [depot_cf(d) for d in self.depots]
+        names = [pstate_cf(n) for n in self.schemas] + [depot_cf(d) for d in self.depots]
         with rocks_errors("open", self.path):
             existing = rocksdict.Rdict.list_cf(self.path, rocksdict.Options(raw_mode=True)) \
                 if os.path.exists(os.path.join(self.path, "CURRENT")) else []
-            cf_opts = {n: self._options(write_buffer_size) for n in set(names) | set(existing) if n != "default"}
+            opened = ({META, OUTBOX, *spare_names()} | set(existing)) - {"default"}
+            cf_opts = {n: self._options(write_buffer_size) for n in opened}
             self._db = rocksdict.Rdict(self.path, opts, column_families=cf_opts)
             self._wo = rocksdict.WriteOptions()
             setattr(self._wo, "disable_wal", True)  # noqa: B010 — stub says method, it is a property
             self._db.set_write_options(self._wo)
-            self._cfs = {n: self._db.get_column_family(n) for n in names}
-            self._handles = {n: self._db.get_column_family_handle(n) for n in names}
+            #: column families by logical name (pstate.families: spares an update aliases new ones to)
+            self.families = Families(self._db, self.path, lambda: self._options(write_buffer_size), sorted(opened))
+            self._cfs = self.families.cfs
+            self._handles = self.families.handles
+            self.families.ensure(names, self.families.aliases())
         self._reader = DbReader(self._cfs, self.path)
+        #: PStates whose values are migrated on read (pstate.migration), set by the module's code version
+        self.migrations: dict[str, ActiveMigration] = {}
         self._pending = Overlay()
         self._staged_upto = -1
         raw = self._cfs[META].get(_APPLIED)
@@ -142,6 +150,32 @@ class TaskGroupStore:
         if write_buffer_size is not None:
             o.set_write_buffer_size(write_buffer_size)
         return o
+
+    def redefine(self, pstates: Mapping[str, Any], depots: Iterable[str]) -> None:
+        """Take another code version's PStates and depots: missing column families are created (kept ones keep
+        their data; dropped ones are hidden until :meth:`drop` deletes them)."""
+        schemas = {n: check_top_level(n, s) for n, s in pstates.items()}
+        depots = tuple(depots)
+        with self._lock:
+            self.add_families(schemas, depots)
+            self.schemas = schemas
+            self.depots = depots
+
+    def add_families(self, pstates: Iterable[str], depots: Iterable[str]) -> None:
+        """Column families of these PStates and depots: through the aliases this leader sees (staged
+        included), else created (see pstate.families)."""
+        with self._lock:
+            self._check_open()
+            self.families.ensure([pstate_cf(n) for n in pstates] + [depot_cf(d) for d in depots], self.aliases())
+
+    def aliases(self) -> dict[str, str]:
+        return read_aliases(self.leader_reader().scan(META, ALIAS, ALIAS_END))
+
+    def drop(self, pstates: Iterable[str], depots: Iterable[str]) -> None:
+        """Delete the column families of PStates and depots no version in use declares (their data goes)."""
+        with self._lock:
+            self._check_open()
+            self.families.drop([pstate_cf(n) for n in pstates] + [depot_cf(d) for d in depots], self.aliases())
 
     # -- lifecycle -----------------------------------------------------------
     def _check_open(self) -> None:
@@ -162,10 +196,7 @@ class TaskGroupStore:
             self.flush()
             self._closed = True
             with rocks_errors("close", self.path):
-                self._handles.clear()
-                for cf in self._cfs.values():
-                    del cf
-                self._cfs.clear()
+                self.families.close()
                 self._db.close()
                 del self._db
 
@@ -307,6 +338,9 @@ class TaskGroupStore:
         s = self.schemas.get(name)
         if s is None:
             raise PStateNotFound(name, tuple(self.schemas))
+        migration = self.migrations.get(name)
+        if migration is not None:
+            reader = MigratingReader(reader, pstate_cf(name), name, migration)
         return Engine(pstate_cf(name), name, s, reader, writes)
 
     # -- checkpoints ---------------------------------------------------------
@@ -331,7 +365,8 @@ class PStateView:
         self._fast = isinstance(s, Map) and not s.value.storage
         self._vs = s.value if isinstance(s, Map) else None
         # point reads of applied state go straight to the column family (no reader layers)
-        self._cfget = store._cfs[pstate_cf(name)].get if reader is store._reader else None
+        self._cfget = store._cfs[pstate_cf(name)].get \
+            if reader is store._reader and name not in store.migrations else None
         self._plain = self._vs is not None and self._vs.plain
 
     def select(self, path: Path = P) -> list[Any]:
@@ -485,7 +520,8 @@ class ChangeSetBuilder:
         s = self._store.schemas.get(pstate)
         if s is None:
             raise PStateNotFound(pstate, tuple(self._store.schemas))
-        if isinstance(s, Map) and isinstance(s.key, Scalar) and isinstance(s.value, Scalar):
+        if isinstance(s, Map) and isinstance(s.key, Scalar) and isinstance(s.value, Scalar) \
+                and pstate not in self._store.migrations:  # (a migrating PState's reads go through its engine)
             return pstate_cf(pstate), s.key.pytype, s.value.pytype
         return pstate_cf(pstate), None, None
 

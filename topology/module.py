@@ -34,9 +34,25 @@ class DepotDecl:
 
 
 @dataclass(frozen=True)
+class Migration:
+    """A PState schema change: ``fn(old_value) -> new_value``, named by ``id`` (Rama's ``migrated``).
+
+    ``m.pstate("$$accounts", Map(str, Record(balance=int, currency=str)), migration=Migration("add-currency",
+    add_currency))``. The id says which migration this is: an update whose PState declares a new id starts it
+    (reads see migrated values at once, stored values are rewritten in the background); keeping the same id in
+    later versions changes nothing. ``fn`` must be a module-level function and idempotent: it may be given a
+    value that is already migrated (one written by the new code), and must return it unchanged.
+    """
+
+    id: str
+    fn: Callable[[Any], Any]
+
+
+@dataclass(frozen=True)
 class PStateDecl:
     name: str
     schema: Any
+    migration: Migration | None = None
 
 
 @dataclass(frozen=True)
@@ -86,14 +102,21 @@ class ModuleDefinition:
         self.depots[name] = decl
         return decl
 
-    def pstate(self, name: str, schema: Any) -> PStateDecl:
-        """Declare a PState `$$name` with a schema from `pstate` (Map, Set, List, Record...)."""
+    def pstate(self, name: str, schema: Any, migration: Migration | None = None) -> PStateDecl:
+        """Declare a PState `$$name` with a schema from `pstate` (Map, Set, List, Record...).
+
+        A schema that differs from the running version's needs a ``migration`` (see :class:`Migration`).
+        """
         if not PSTATE_NAME.match(name):
             raise ModuleDefinitionError(
                 f"module {self.name}: PState name {name!r} must start with '$$' (e.g. '$$counts')"
             )
+        if migration is not None and not (isinstance(migration, Migration) and isinstance(migration.id, str)
+                                          and migration.id and callable(migration.fn)):
+            raise ModuleDefinitionError(f"module {self.name}: PState {name} takes migration=Migration(id, fn) with a "
+                                        f"non-empty id and a function, got {migration!r}")
         self._check_free(name)
-        decl = PStateDecl(name, schema)
+        decl = PStateDecl(name, schema, migration)
         self.pstates[name] = decl
         return decl
 

@@ -23,6 +23,9 @@ from typing import Any
 #: functions already checked (module-level functions live as long as the process)
 _REFS: dict[Callable[..., Any], str] = {}
 _RESOLVED: dict[str, Callable[..., Any]] = {}
+#: called with the module of a reference this process has not imported, before giving up: a worker imports
+#: the code version it belongs to (a hop an older version sent, reaching a worker restarted since the update)
+on_missing: Callable[[str], None] | None = None
 
 
 class UnsendableFunction(ValueError):
@@ -54,6 +57,9 @@ def resolve(ref: str) -> Callable[..., Any]:
         return known
     module, _, qualname = ref.partition(":")
     found = _lookup(module, qualname) if qualname else None
+    if found is None and qualname and on_missing is not None:
+        on_missing(module)
+        found = _lookup(module, qualname)
     if not callable(found):
         raise ValueError(f"function {ref!r} is not defined in this worker's code (is every worker running "
                          "the same module version?)")

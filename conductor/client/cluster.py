@@ -189,11 +189,15 @@ class Cluster:
     def depot(self, module: str, name: str) -> Depot:
         meta = self._module(module)
         if name not in meta.definition.depots:
+            meta = self._reload(module)  # an update may have added it
+        if name not in meta.definition.depots:
             raise ClientError(f"module {module} has no depot {name!r}; its depots: {meta.definition.depot_names()}")
         return Depot(self, module, name)
 
     def pstate(self, module: str, name: str) -> PState:
         meta = self._module(module)
+        if name not in meta.definition.pstates:
+            meta = self._reload(module)
         if name not in meta.definition.pstates:
             raise ClientError(f"module {module} has no PState {name!r}; its PStates: {meta.definition.pstate_names()}")
         return PState(self, module, name)
@@ -232,6 +236,19 @@ class Cluster:
             m = self._modules[module] = _Module(routes.spec, definition)
         for g in routes.groups:
             self._ms.groups.watch(module, g, functools.partial(self._on_group, module, g))
+        return m
+
+    def _reload(self, module: str) -> _Module:
+        """The module's code again if `conductor update` switched it to another version since it was loaded
+        (partitioners never change in an update, so handles made before stay right)."""
+        try:
+            spec, _ = self._ms.modules.get(module)
+        except MetastoreError as e:
+            raise self._not_deployed(module, e) from e
+        with self._modules_lock:
+            m = self._modules[module]
+            if spec.version != m.spec.version:
+                m = self._modules[module] = _Module(spec, load_deployed(self._ms, spec, self.code_cache).build())
         return m
 
     def _routes(self, module: str) -> ModuleRoutes:

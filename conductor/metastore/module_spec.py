@@ -31,12 +31,16 @@ MODULE_REF_RE = re.compile(
 )
 #: a code version: the sha256 of the module's code artifact, in lowercase hex
 CODE_VERSION_RE = re.compile(r"^[0-9a-f]{64}$")
+#: the version of a module deployed without shipped code: its class on the workers' path
+PATH_VERSION = "path:"
 
 MIN_ISR = "replication.min.isr"
 MAX_TIME_LAG_MS = "replication.max.time.lag.millis"
 DEPOT_APPEND_TIMEOUT_MS = "replication.depot.append.timeout.millis"
 MAX_NEAR_SYNC_MESSAGE_LAG = "replication.max.near.sync.message.lag"
 SEGMENT_BYTES = "replog.segment.bytes"
+MIGRATION_BATCH_KEYS = "migration.batch.keys"
+MIGRATION_BATCH_INTERVAL_MS = "migration.batch.interval.millis"
 
 
 class SpecError(ValueError):
@@ -133,6 +137,10 @@ KNOWN_OPTIONS: dict[str, OptionDef] = {
         OptionDef(SEGMENT_BYTES, _positive_int, lambda s: DEFAULT_SEGMENT_BYTES,
                   "replog segment size; retention deletes whole segments, so it is also the granularity "
                   "of the replog's disk use"),
+        OptionDef(MIGRATION_BATCH_KEYS, _positive_int, lambda s: 200,
+                  "PState values a migration rewrites per replog entry (a bounded pause of the task thread)"),
+        OptionDef(MIGRATION_BATCH_INTERVAL_MS, _positive_int, lambda s: 50,
+                  "at most one migration batch per task group this often"),
     )
 }
 
@@ -157,6 +165,9 @@ class ModuleSpec:
     replication_factor: int
     options: dict[str, str] = field(default_factory=dict)
     code: str | None = None
+    #: the version the module was deployed with, once an update changed ``code`` (None: ``code`` is it): a
+    #: replica that replays its replog from the start runs it until the first switch entry
+    initial_code: str | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -181,6 +192,11 @@ class ModuleSpec:
                               f"{self.replication_factor} needs at least that many workers")
         if self.code is not None and not (isinstance(self.code, str) and CODE_VERSION_RE.match(self.code)):
             raise InvalidSpec("code", self.code, "a code version is the artifact's sha256 in lowercase hex")
+        if self.initial_code is not None and not (
+                isinstance(self.initial_code, str) and (CODE_VERSION_RE.match(self.initial_code) or (
+                    self.initial_code.startswith(PATH_VERSION)
+                    and MODULE_REF_RE.match(self.initial_code[len(PATH_VERSION):])))):
+            raise InvalidSpec("initial_code", self.initial_code, f"a code version, or {PATH_VERSION}pkg.mod:Class")
         if not isinstance(self.options, dict):
             raise InvalidSpec("options", self.options, "must be a mapping of option name to string value")
         for key, value in self.options.items():
@@ -221,6 +237,18 @@ class ModuleSpec:
         """A copy with one option set; validates it so a bad value never reaches ZooKeeper."""
         return replace(self, options={**self.options, key: str(value)})
 
+    # ---- code versions ----------------------------------------------------------------------
+
+    @property
+    def version(self) -> str:
+        """The code version the module runs (or is switching to): ``code``, or ``path:<module_ref>``."""
+        return self.code if self.code is not None else PATH_VERSION + self.module_ref
+
+    @property
+    def initial_version(self) -> str:
+        """The version its replicas start from: the one deployed, before any switch entry."""
+        return self.initial_code if self.initial_code is not None else self.version
+
     # ---- partitioning ---------------------------------------------------------------------
 
     def group_of(self, task: int) -> int:
@@ -258,6 +286,8 @@ class ModuleSpec:
         }
         if self.code is not None:
             doc["code"] = self.code
+        if self.initial_code is not None:
+            doc["initialCode"] = self.initial_code
         return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
@@ -282,4 +312,5 @@ class ModuleSpec:
             replication_factor=doc["replicationFactor"],
             options=dict(doc.get("options") or {}),
             code=doc.get("code"),
+            initial_code=doc.get("initialCode"),
         )

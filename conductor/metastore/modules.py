@@ -15,7 +15,13 @@ from kazoo.exceptions import (
     SessionExpiredError,
 )
 
-from conductor.metastore.errors import GroupNotFound, ModuleExists, ModuleNotFound, raise_tx_failure
+from conductor.metastore.errors import (
+    GroupNotFound,
+    ModuleExists,
+    ModuleNotFound,
+    VersionConflict,
+    raise_tx_failure,
+)
 from conductor.metastore.layout import MODULES_PATH, group_path, module_path, version_path
 from conductor.metastore.module_spec import ModuleSpec
 from conductor.metastore.versions import CodeVersion
@@ -106,6 +112,22 @@ class Modules:
                 continue  # recompute from the fresh spec: the option is validated again against it
             except NoNodeError:
                 raise ModuleNotFound(module) from None
+
+    def update_code(self, spec: ModuleSpec, expected_version: int, version: CodeVersion) -> None:
+        """`conductor update`: the spec names a new code version, stored beside the others, in ONE transaction
+        that fails (``VersionConflict``) if the spec changed since it was read at ``expected_version``."""
+        if spec.code != version.sha256:
+            raise ValueError(f"module {spec.name} would run code {spec.code} but the version given is {version.sha256}")
+        mpath = module_path(spec.name)
+        tx = self.ms.zk.transaction()
+        tx.check(mpath, expected_version)
+        if self.ms.call(self.ms.zk.exists, f"{mpath}/versions") is None:
+            tx.create(f"{mpath}/versions", b"")
+        if self.ms.call(self.ms.zk.exists, version_path(spec.name, version.sha256)) is None:
+            tx.create(version_path(spec.name, version.sha256), version.to_json())
+        tx.set_data(mpath, spec.to_json(), expected_version)
+        results = self.ms.call(tx.commit)
+        raise_tx_failure(results, on_conflict=lambda: VersionConflict(mpath, expected_version, None, -1))
 
     def watch(self, module: str, callback: Callable[[ModuleSpec | None], None]) -> WatchHandle:
         """Call ``callback(spec)`` now and on every change of the module's spec (options); ``None`` once deleted."""

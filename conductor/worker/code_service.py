@@ -84,6 +84,7 @@ class CodeService(codeg.CodeServicer):
         if definition.name != request.module:
             raise ModuleDefinitionError(f"{request.module_ref} declares module {definition.name!r}, not "
                                         f"{request.module!r}")
+        self.node.lifecycle.prepare(request.module, request.sha256, definition)  # an update: ready each replica
 
     async def Discard(self, request: code_pb2.DiscardRequest, context: Any) -> code_pb2.DiscardReply:
         node = self.node

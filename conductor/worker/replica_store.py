@@ -14,6 +14,7 @@ from typing import Any
 
 import msgpack
 
+from conductor.worker.group_code import GroupCode, tag_entry
 from pstate import P, TaskGroupStore
 from pstate.changes import ChangeSet
 from pstate.checkpoint import Manifest, install
@@ -21,21 +22,24 @@ from pstate.query import decode_query
 from pstate.store import ChangeSetBuilder
 from topology.dataflow.entries import Sends, append_through_topologies, build_client_append
 from topology.dataflow.group import GroupDataflow
-from topology.module import ModuleDefinition
 from topology.stream import StreamRunner
 
 
 class ReplicaStore:
     """One replica's store, shaped for the replica host (task thread) and the query services (event loop)."""
 
-    def __init__(self, store: TaskGroupStore) -> None:
+    def __init__(self, store: TaskGroupStore, code: GroupCode | None = None) -> None:
         self.store = store
+        #: the replica's code versions; the store and the runner follow its build version (group_code)
+        self.code = code
+        if code is not None:
+            code.open(store)
 
     @classmethod
-    def open(cls, path: FsPath, definition: ModuleDefinition) -> ReplicaStore:
+    def open_versioned(cls, path: FsPath, code: GroupCode) -> ReplicaStore:
+        """Open a replica's store defined by the code version its applied state is in (``_meta``)."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        pstates = {name: decl.schema for name, decl in definition.pstates.items()}
-        return cls(TaskGroupStore(path, pstates, definition.depot_names()))
+        return cls(TaskGroupStore(path, {}, ()), code)
 
     def current(self) -> TaskGroupStore:
         """The store object now (a far-horizon install replaces it; holders of the old one would read a closed store)."""
@@ -54,11 +58,13 @@ class ReplicaStore:
             # (a replayed microbatch applies nothing, so it sent nothing either)
             if self.store.apply(offset, cs) and flow is not None:
                 flow.applied(offset, cs)
+            if self.code is not None and cs.topology is not None:
+                self.code.applied_entry(offset, cs, self.store)
 
     def build_client_append(self, appends: Iterable[tuple[str, int, Sequence[bytes]]],
                             runner: StreamRunner | None = None) -> tuple[ChangeSetBuilder, list[int], dict[str, list[Any]]]:
         """Leader: one change set appending every record plus the topologies' effects and hops (see entries)."""
-        return build_client_append(self.store, runner, appends)
+        return build_client_append(self.store, self.code.runner if self.code is not None else runner, appends)
 
     def build_batch_commit(self, topology: str, batch_id: int, changes: Sequence[Any],
                            runner: StreamRunner | None = None) -> ChangeSetBuilder | None:
@@ -67,6 +73,8 @@ class ReplicaStore:
         A record appended to a depot that stream topologies subscribe to goes
         through them, as a hop to this group (see ``append_through_topologies``).
         """
+        if self.code is not None:
+            runner = self.code.runner
         if self.store.batch_committed(topology, batch_id):
             return None
         b = self.store.changes(topology, batch_id)
@@ -96,7 +104,12 @@ class ReplicaStore:
         return b
 
     def stage(self, offset: int, builder: ChangeSetBuilder) -> bytes:
-        return self.store.stage(offset, builder)
+        if builder.topology is None or self.code is None:
+            return self.store.stage(offset, builder)
+        tag_entry(offset, builder)
+        payload = self.store.stage(offset, builder)
+        self.code.staged_entry(offset, builder, self.store)
+        return payload
 
     def stage_inherited(self, entries: list[tuple[int, int, bytes]]) -> None:
         """A new leader's log tail `(applied, log end)` from earlier epochs: make it visible to builders.
@@ -113,9 +126,13 @@ class ReplicaStore:
             b = self.store.changes()
             b.writes.extend(cs)
             self.store.stage(offset, b)
+            if self.code is not None:
+                self.code.staged_entry(offset, cs, self.store)
 
     def drop_staged(self) -> None:
         self.store.drop_staged()
+        if self.code is not None:
+            self.code.dropped_staged(self.store)
 
     def flush(self) -> None:
         self.store.flush()
@@ -132,6 +149,8 @@ class ReplicaStore:
             install(staging, manifest, old.path)
         finally:
             self.store = TaskGroupStore(old.path, old.schemas, old.depots)
+            if self.code is not None:
+                self.code.open(self.store)
 
     def close(self) -> None:
         self.store.close()

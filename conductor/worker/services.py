@@ -28,6 +28,7 @@ from conductor.wire import millrace_pb2_grpc as pbg
 from conductor.wire.errors import error_json, status_of
 from conductor.wire.packing import pack_lengths
 from conductor.worker.far_horizon import read_chunk_into, stream_checkpoint
+from conductor.worker.lifecycle import code_status
 from conductor.worker.replica_host import PendingEntry, ReplicaHost
 from conductor.worker.replica_store import ReplicaStore
 from pstate.errors import PStateError
@@ -260,7 +261,7 @@ class ClientService(pbg.ClientServicer):
         return pb.GroupStatusReply(
             role=s["role"], epoch=s["epoch"], log_start=s["log_start"], log_end=s["log_end"],
             apply_offset=s["apply_offset"], applied_offset=s["applied"], follower_offsets=s["followers"],
-            catchup=catchup, **(s["dataflow"] or {}),
+            catchup=catchup, **(s["dataflow"] or {}), **code_status(self.node, request.module, request.group),
         )
 
 

@@ -25,7 +25,7 @@ from typing import Any
 import grpc
 from prometheus_client import start_http_server
 
-from conductor.client.code import CodeCache, CodeUnavailable, load_deployed
+from conductor.client.code import CodeCache, CodeUnavailable
 from conductor.client.router import LeaderRouter
 from conductor.metastore import MODULES_PATH, Metastore, MetastoreError, VersionConflict
 from conductor.metastore.module_spec import SEGMENT_BYTES, ModuleSpec
@@ -44,6 +44,8 @@ from conductor.worker.far_horizon import (
     Shelved,
     replication_handler,
 )
+from conductor.worker.group_code import GroupCode, ModuleCode
+from conductor.worker.lifecycle import CodeLifecycle
 from conductor.worker.metrics import node_registry
 from conductor.worker.replica_host import ReplicaHost
 from conductor.worker.replica_store import ReplicaStore
@@ -63,7 +65,6 @@ from replog.messages import (
 )
 from topology.dataflow.group import Batch, GroupDataflow
 from topology.dataflow.shipping import Pull
-from topology.module import ModuleDefinition
 from topology.stream import StreamRunner
 
 log = logging.getLogger("millrace.node")
@@ -76,11 +77,12 @@ CODE_RETRY_S = 5.0
 
 
 class ModuleRuntime:
-    """What a node knows of one deployed module: its spec, its code's declarations, its local replicas."""
+    """What a node knows of one deployed module: its spec, its code versions, its local replicas."""
 
-    def __init__(self, spec: ModuleSpec, definition: ModuleDefinition) -> None:
+    def __init__(self, spec: ModuleSpec, code: ModuleCode) -> None:
         self.spec = spec
-        self.definition = definition
+        #: the module's code versions loaded here (a replica may run an older one until its switch entry)
+        self.code = code
         self.hosts: dict[int, ReplicaHost] = {}
         self.stores: dict[int, ReplicaStore] = {}
         self.runners: dict[int, StreamRunner] = {}
@@ -118,6 +120,8 @@ class Worker:
         self.shelf = CheckpointShelf(self.data_dir / "checkpoints")
         #: module code versions this worker runs and serves (module names start with a letter: no clash)
         self.code = CodeCache(self.data_dir / "_code")
+        #: prepares code versions, has leaders switch to the spec's, paces PState migrations
+        self.lifecycle = CodeLifecycle(self)
 
     # ------------------------------------------------------------------------------ lifecycle
 
@@ -147,6 +151,7 @@ class Worker:
         self.metastore.add_state_listener(self._on_zk_state)
         await asyncio.to_thread(self.metastore.nodes.register, self.node_id, self.address)
         self.metastore.zk.ChildrenWatch(MODULES_PATH, self._on_modules)
+        self.lifecycle.start()
         self.metrics_address = self._start_metrics()
         self._sweeper = asyncio.create_task(self._sweep_checkpoints())
         log.warning("node %s serving on %s (data %s, ZooKeeper %s, session 0x%x, metrics http://%s/metrics)",
@@ -189,6 +194,7 @@ class Worker:
             log.warning("node %s deleted code version %s: no deployed module uses it", self.node_id, sha[:12])
 
     async def stop(self) -> None:
+        self.lifecycle.stop()
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
         if getattr(self, "_sweeper", None) is not None:
@@ -272,20 +278,24 @@ class Worker:
         if len(groups) < spec.threads:
             # modules.create is one transaction, so this means we raced its deletion
             return
-        definition = load_deployed(self.metastore, spec, self.code, exclude=self.node_id).build()
-        rt = ModuleRuntime(spec, definition)
+        code = self.lifecycle.module_code(spec)
+        code.get(spec.version)  # the version leaders switch to, loaded now (off the task threads)
+        rt = ModuleRuntime(spec, code)
         config = spec.replication_config()
         for g, st in sorted(groups.items()):
             rt.replicas[g] = tuple(st.replicas)
             if self.node_id not in st.replicas:
                 continue
-            runner = rt.runners[g] = StreamRunner(definition, spec.tasks, spec.threads, g)
             gdir = self.data_dir / module / str(g)
-            store = ReplicaStore.open(gdir / "state", definition)
+            # defined by the version its applied state is in; it switches where its replog says
+            store = ReplicaStore.open_versioned(gdir / "state", GroupCode(code, spec.tasks, spec.threads, g))
+            assert store.code is not None and store.code.runner is not None
+            runner = rt.runners[g] = store.code.runner
             rt.stores[g] = store
             dataflow = None
-            if runner.active:  # hop messages exist only where topologies run
+            if runner.active or store.code.runner_of(spec.version).active:  # hops exist only where topologies run
                 flow = GroupDataflow(store.current, runner)  # (a far-horizon install swaps the store object)
+                store.code.flow = flow
                 dataflow = DataflowDriver(f"{module}/{g}", flow, functools.partial(self._send_flow, module))
             host = ReplicaHost(self.node_id, module, g, gdir, config, self.session or 0, store,
                                self._send, self._change_isr, hand_off=self._hand_off,
@@ -305,14 +315,17 @@ class Worker:
                     sorted(rt.hosts))
 
     def _on_spec(self, rt: ModuleRuntime, spec: ModuleSpec | None) -> None:
-        """`conductor set-option`: hand the replicas the new replication options (they apply at once)."""
-        if spec is None or spec.module_ref != rt.spec.module_ref:
-            return  # deleted (the modules watch closes it), or redeployed as another module (reopened)
+        """`conductor set-option`: hand the replicas the new replication options (they apply at once);
+        `conductor update`: switch to the version the spec names."""
+        if spec is None or self.modules.get(spec.name) is not rt:
+            return  # deleted (the modules watch closes it), or redeployed (reopened)
+        old, rt.spec = rt.spec, spec
+        if spec.version != rt.code.target:
+            self.lifecycle.target(rt, spec)  # conductor update: leaders switch to the new version
         config = spec.replication_config()
-        if config == rt.spec.replication_config():
+        if config == old.replication_config():
             return
-        changed = {k: v for k, v in spec.effective_options().items() if rt.spec.effective_options().get(k) != v}
-        rt.spec = spec
+        changed = {k: v for k, v in spec.effective_options().items() if old.effective_options().get(k) != v}
         log.warning("module %s options changed: %s; applying them to %d local replica(s)", spec.name,
                     ", ".join(f"{k}={v}" for k, v in sorted(changed.items())), len(rt.hosts))
         for host in rt.hosts.values():

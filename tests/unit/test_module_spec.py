@@ -10,6 +10,8 @@ from conductor.metastore.module_spec import (
     DEPOT_APPEND_TIMEOUT_MS,
     MAX_NEAR_SYNC_MESSAGE_LAG,
     MAX_TIME_LAG_MS,
+    MIGRATION_BATCH_INTERVAL_MS,
+    MIGRATION_BATCH_KEYS,
     MIN_ISR,
     SEGMENT_BYTES,
     InvalidOption,
@@ -29,7 +31,8 @@ def spec(**kw: object) -> ModuleSpec:
 
 def test_defaults_follow_replication_factor() -> None:
     assert spec().effective_options() == {MIN_ISR: 2, MAX_TIME_LAG_MS: 10_000, DEPOT_APPEND_TIMEOUT_MS: 30_000,
-                                          MAX_NEAR_SYNC_MESSAGE_LAG: 20_000, SEGMENT_BYTES: 64 * 1024 * 1024}
+                                          MAX_NEAR_SYNC_MESSAGE_LAG: 20_000, SEGMENT_BYTES: 64 * 1024 * 1024,
+                                          MIGRATION_BATCH_KEYS: 200, MIGRATION_BATCH_INTERVAL_MS: 50}
     assert spec(replication_factor=1, workers=1).option(MIN_ISR) == 1
 
 
@@ -58,7 +61,7 @@ def test_bad_specs_say_what_to_fix(kw: dict[str, object], match: str) -> None:
 
 
 def test_options_are_validated() -> None:
-    with pytest.raises(UnknownOption, match=r"known options: replication\.depot\.append\.timeout\.millis"):
+    with pytest.raises(UnknownOption, match=r"known options: .*replication\.depot\.append\.timeout\.millis"):
         spec(options={"replication.min.isrr": "2"})
     with pytest.raises(InvalidOption, match="cannot exceed the replication factor 3"):
         spec().with_option(MIN_ISR, "4")

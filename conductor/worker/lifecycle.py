@@ -1,0 +1,208 @@
+"""A worker's side of ``conductor update``: prepare a version, have leaders switch to it, pace migrations.
+
+Nothing here runs on a task thread but the entries it posts, and those are
+cheap: the version is imported and defined and its runners built when it is
+*prepared* (the Code service's Prepare, on a
+gRPC worker thread), or by this lifecycle's own thread for a replica that
+missed the prepare. A leader's task thread then only builds the switch entry
+(one ``_meta`` write) and swaps dictionaries, in the drain that appends it;
+appends before and after it in the same drain are built by the old and the
+new version respectively (:mod:`conductor.worker.group_code`).
+
+One thread per worker looks at its leaders every few milliseconds while
+something is to do: a group whose build version is not the spec's gets a
+switch entry; a group with a running PState migration gets one bounded
+rewrite batch per ``migration.batch.interval.millis``. Each is a replog
+entry posted like a client append, at most one in flight per group.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from conductor.client.code import code_sources
+from conductor.metastore.module_spec import (
+    MIGRATION_BATCH_INTERVAL_MS,
+    MIGRATION_BATCH_KEYS,
+    PATH_VERSION,
+    ModuleSpec,
+)
+from conductor.wire import millrace_pb2 as pb
+from conductor.worker.dataflow import DataflowDriver
+from conductor.worker.group_code import GroupCode, ModuleCode
+from conductor.worker.replica_host import PendingEntry, ReplicaHost
+from conductor.worker.replica_store import ReplicaStore
+from replog.messages import Ack
+from topology import refs
+from topology.code_loader import ALIAS_PREFIX
+from topology.dataflow.group import GroupDataflow
+from topology.module import ModuleDefinition, ModuleDefinitionError, load_module
+
+if TYPE_CHECKING:
+    from conductor.worker.worker import ModuleRuntime, Worker
+
+log = logging.getLogger("millrace.node")
+
+#: how often the lifecycle thread looks at its leaders while a switch or a migration is running; otherwise
+#: it sleeps until woken (a spec change, a prepare) or for IDLE_S
+BUSY_S = 0.01
+IDLE_S = 0.5
+
+
+class CodeLifecycle:
+    """See the module docstring."""
+
+    def __init__(self, node: Worker) -> None:
+        self.node = node
+        self._wake = threading.Event()
+        self._stopped = False
+        self._next_batch: dict[tuple[str, int], float] = {}
+        self._thread = threading.Thread(target=self._run, name="code-lifecycle", daemon=True)
+
+    def start(self) -> None:
+        refs.on_missing = self.load_referenced
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._wake.set()
+
+    # ------------------------------------------------------------------ versions
+
+    def module_code(self, spec: ModuleSpec) -> ModuleCode:
+        return ModuleCode(spec.name, spec.initial_version, spec.version,
+                          functools.partial(self._load, spec.name, spec.module_ref))
+
+    def _load(self, module: str, module_ref: str, version: str) -> ModuleDefinition:
+        """Import and define ``version`` (fetched from a holder if this worker lacks it)."""
+        node = self.node
+        if version.startswith(PATH_VERSION):
+            definition = load_module(version[len(PATH_VERSION):]).build()
+        else:
+            assert node.metastore is not None
+            found = node.metastore.versions.get(module, version)
+            ref = found.module_ref if found is not None else module_ref
+            if not node.code.has(version):
+                node.code.fetch(version, code_sources(node.metastore, module, version, exclude=node.node_id))
+            definition = node.code.load(version, ref).build()
+        if definition.name != module:
+            raise ModuleDefinitionError(f"code version {version[:12]} declares module {definition.name!r}, not "
+                                        f"{module!r}")
+        return definition
+
+    def load_referenced(self, module_name: str) -> None:
+        """``topology.refs.on_missing``: import the code version a hop's function reference names, if a module
+        running here keeps it (its task thread waits: only hops sent before a restart get here)."""
+        if not module_name.startswith(ALIAS_PREFIX) or self.node.metastore is None:
+            return
+        version = module_name[len(ALIAS_PREFIX):].partition(".")[0]
+        for rt in list(self.node.modules.values()):
+            if rt.code.has(version) or self.node.metastore.versions.get(rt.spec.name, version) is not None:
+                rt.code.get(version)
+                return
+
+    def prepare(self, module: str, version: str, definition: ModuleDefinition) -> None:
+        """Code service, off the loop: ``version`` of a module running here is loaded; ready every replica."""
+        rt = self.node.modules.get(module)
+        if rt is None:
+            return  # a deploy: the module opens with it
+        rt.code.add(version, definition)
+        for g, store in list(rt.stores.items()):
+            self._ready(rt, g, store, version)
+
+    def _ready(self, rt: ModuleRuntime, g: int, store: ReplicaStore, version: str) -> None:
+        """The runner of ``version`` for replica ``g``, and a dataflow if it starts needing one."""
+        code = store.code
+        assert code is not None
+        runner = code.prepare(version)
+        host = rt.hosts.get(g)
+        if not runner.active or code.flow is not None or host is None:
+            return
+        flow = GroupDataflow(store.current, runner)
+        driver = DataflowDriver(f"{rt.spec.name}/{g}", flow, functools.partial(self.node._send_flow, rt.spec.name))
+
+        def attach(h: ReplicaHost) -> None:
+            if h.dataflow is None:
+                flow.runner = code.runner or runner
+                code.flow = flow
+                h.dataflow = driver
+                driver.role(h.replica.role, h.replica.epoch)
+        host.post(attach)
+
+    def target(self, rt: ModuleRuntime, spec: ModuleSpec) -> None:
+        """The module's spec names ``spec.version``: leaders switch to it."""
+        if rt.code.target != spec.version:
+            log.warning("module %s: switching to code version %s", spec.name, spec.version[:12])
+            rt.code.target = spec.version
+        self._wake.set()
+
+    # ------------------------------------------------------------------ the thread
+
+    def _run(self) -> None:
+        while not self._stopped:
+            busy = False
+            for rt in list(self.node.modules.values()):
+                try:
+                    busy |= self._tick(rt)
+                except Exception:
+                    log.exception("module %s: code lifecycle step failed; trying again", rt.spec.name)
+                    busy = True
+            self._wake.wait(BUSY_S if busy else IDLE_S)
+            self._wake.clear()
+
+    def _tick(self, rt: ModuleRuntime) -> bool:
+        """Post what each local leader of ``rt`` needs; True while something is left to do."""
+        busy = False
+        target = rt.code.target
+        now = time.monotonic()
+        for g, host in list(rt.hosts.items()):
+            store = rt.stores[g]
+            code = store.code
+            if code is None or not host.replica.is_leader:
+                continue
+            if code.build != target:
+                busy = True
+                if not code.in_flight:
+                    self._ready(rt, g, store, target)  # (a no-op once prepared)
+                    self._post(host, code, functools.partial(_switch, store, code, target))
+            elif store.current().migrations:
+                busy = True
+                key = (rt.spec.name, g)
+                if not code.in_flight and now >= self._next_batch.get(key, 0.0):
+                    self._next_batch[key] = now + rt.spec.option(MIGRATION_BATCH_INTERVAL_MS) / 1000
+                    limit = rt.spec.option(MIGRATION_BATCH_KEYS)
+                    self._post(host, code, functools.partial(_migrate, store, code, limit))
+        return busy
+
+    @staticmethod
+    def _post(host: ReplicaHost, code: GroupCode, build: Any) -> None:
+        code.in_flight = True
+
+        def done(_offset: int, _result: Any, error: Exception | None) -> None:
+            code.in_flight = False
+            if error is not None:
+                log.info("%s: a code lifecycle entry was not appended (%s); trying again", host.name, error)
+        host.post(PendingEntry(build, 0, Ack.NONE, done))
+
+
+def _switch(store: ReplicaStore, code: GroupCode, version: str) -> tuple[Any, Any]:
+    return code.switch_entry(store.current(), version), None
+
+
+def _migrate(store: ReplicaStore, code: GroupCode, limit: int) -> tuple[Any, Any]:
+    return code.migration_entry(store.current(), limit), None
+
+
+def code_status(node: Worker, module: str, group: int) -> dict[str, Any]:
+    """GroupStatus fields of a replica's code versions and migrations."""
+    rt = node.modules.get(module)
+    store = rt.stores.get(group) if rt is not None else None
+    if store is None or store.code is None:
+        return {}
+    s = store.code.status(store.current())
+    return {"code_version": s["code_version"], "code_build": s["code_build"],
+            "migrations": [pb.MigrationProgress(**m) for m in s["migrations"]]}
