@@ -102,6 +102,7 @@ class GroupBatcher:
         parts = list(by_part.items())
         req = pb.AppendRequest(module=self.module, group=self.group, ack=ack, appends=[  # type: ignore[arg-type]
             pb.DepotRecords(depot=d, task=t, records=[it[2] for it in its]) for (d, t), its in parts])
+        self.c.stamp(req)
         try:
             reply = await self.c._append_aio(self.module, self.group, req)
             firsts = list(reply.first_offsets)

@@ -99,7 +99,7 @@ class Depot:
         task, group = self._route(record)
         req = pb.AppendRequest(module=self.module, group=group, ack=a,  # type: ignore[arg-type]
                                appends=[pb.DepotRecords(depot=self.name, task=task, records=[data])])
-        return self.c._append_sync(self.module, group, req)
+        return self.c._append_sync(self.module, group, self.c.stamp(req))
 
     def append_many(self, records: Sequence[Any] | Iterable[Any], ack: str = "applied") -> list[int]:
         """Append many records: one request per task group, sent in parallel; offsets in input order.
@@ -144,6 +144,7 @@ class Depot:
 
             async def worker() -> None:
                 for req, parts in it:
+                    c.stamp(req)  # numbered when first sent, so this group's numbers follow its sending order
                     try:
                         reply = await c._call(self.module, group, "Append", req)
                     except Exception as e:

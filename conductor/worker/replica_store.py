@@ -8,13 +8,15 @@ paths arrive in the wire format of :mod:`pstate.query`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import logging
+import time
+from collections.abc import Sequence
 from pathlib import Path as FsPath
 from typing import Any
 
 import msgpack
 
-from pstate import P, TaskGroupStore
+from pstate import P, TaskGroupStore, producers
 from pstate.changes import ChangeSet
 from pstate.checkpoint import Manifest, install
 from pstate.query import decode_query
@@ -24,12 +26,15 @@ from topology.dataflow.group import GroupDataflow
 from topology.module import ModuleDefinition
 from topology.stream import StreamRunner
 
+log = logging.getLogger("millrace.node")
 
 class ReplicaStore:
     """One replica's store, shaped for the replica host (task thread) and the query services (event loop)."""
 
     def __init__(self, store: TaskGroupStore) -> None:
         self.store = store
+        #: retried appends answered from the idempotence window (not appended again)
+        self.retries_answered = 0
 
     @classmethod
     def open(cls, path: FsPath, definition: ModuleDefinition) -> ReplicaStore:
@@ -55,10 +60,31 @@ class ReplicaStore:
             if self.store.apply(offset, cs) and flow is not None:
                 flow.applied(offset, cs)
 
-    def build_client_append(self, appends: Iterable[tuple[str, int, Sequence[bytes]]],
-                            runner: StreamRunner | None = None) -> tuple[ChangeSetBuilder, list[int], dict[str, list[Any]]]:
-        """Leader: one change set appending every record plus the topologies' effects and hops (see entries)."""
-        return build_client_append(self.store, runner, appends)
+    def build_client_append(self, appends: Sequence[tuple[str, int, Sequence[bytes]]],
+                            runner: StreamRunner | None = None, producer: int = 0, sequence: int = 0,
+                            ) -> tuple[ChangeSetBuilder, list[int], dict[str, list[Any]]]:
+        """Leader: one change set appending every record plus the topologies' effects and hops (see entries).
+
+        With a ``producer`` (idempotent appends, :mod:`pstate.producers`) a retried
+        request gets an entry with no writes and the original reply: the entry
+        reaches the ack level only after the original one did, since the log is
+        applied in order, so the answer is as durable as the first one would have been.
+        """
+        if producer:
+            prev = producers.previous(self.store.leader_reader(), producer, sequence)
+            if prev is not None:
+                if len(prev.firsts) != len(appends):
+                    raise ValueError(f"producer {producer:#x} reused sequence {sequence} for another request "
+                                     f"({len(appends)} partition(s), the first had {len(prev.firsts)})")
+                self.retries_answered += 1
+                log.info("answered a retried append (producer %#x, sequence %d) with its original offsets",
+                         producer, sequence)
+                return self.store.changes(), prev.firsts, prev.acks
+        builder, firsts, acks = build_client_append(self.store, runner, appends)
+        if producer and not producers.record(builder, producer, sequence, firsts, acks, int(time.time() * 1000)):
+            log.warning("producer %#x sequence %d is past the idempotence window of %d: appended again "
+                        "(at-least-once)", producer, sequence, producers.WINDOW)
+        return builder, firsts, acks
 
     def build_batch_commit(self, topology: str, batch_id: int, changes: Sequence[Any],
                            runner: StreamRunner | None = None) -> ChangeSetBuilder | None:

@@ -145,7 +145,8 @@ class ClientService(pbg.ClientServicer):
 
         store = rt.stores[request.group]
         runner = rt.runners.get(request.group)
-        host.post(PendingEntry(functools.partial(_client_entry, store, appends, runner), nbytes,
+        host.post(PendingEntry(functools.partial(_client_entry, store, appends, runner, request.producer,
+                                                 request.sequence), nbytes,
                                _ACKS.get(request.ack, Ack.APPEND), done))
         return fut
 
@@ -324,8 +325,8 @@ def settle_future(fut: asyncio.Future[Any], result: Any, error: Exception | None
 
 
 def _client_entry(store: ReplicaStore, appends: list[tuple[str, int, list[bytes]]],
-                  runner: StreamRunner | None) -> tuple[Any, Any]:
-    builder, firsts, acks = store.build_client_append(appends, runner)
+                  runner: StreamRunner | None, producer: int, sequence: int) -> tuple[Any, Any]:
+    builder, firsts, acks = store.build_client_append(appends, runner, producer, sequence)
     return builder, (firsts, acks)
 
 
