@@ -63,7 +63,7 @@ from conductor.client.streams import (
     checked,
 )
 from conductor.metastore import GroupState, Metastore, MetastoreError
-from conductor.metastore.module_spec import ModuleSpec
+from conductor.metastore.module_spec import NAME_RE, ModuleSpec
 from conductor.wire import millrace_pb2 as pb
 from conductor.wire import millrace_pb2_grpc as pbg
 from conductor.wire.errors import Unavailable
@@ -239,6 +239,9 @@ class Cluster:
         return m
 
     def _routes(self, module: str) -> ModuleRoutes:
+        if not isinstance(module, str) or not NAME_RE.match(module):  # never a znode path of its own making
+            raise ClientError(f"{module!r} is not a module name (1-64 letters, digits, '_', '-' or '.', starting "
+                              f"with a letter), so it is not deployed; deployed modules: {self._ms.modules.names()}")
         try:
             return self.router.routes(module)
         except MetastoreError as e:

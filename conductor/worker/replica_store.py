@@ -21,7 +21,7 @@ from pstate.changes import ChangeSet
 from pstate.checkpoint import Manifest, install
 from pstate.query import decode_query
 from pstate.store import ChangeSetBuilder
-from topology.dataflow.entries import Sends, append_through_topologies, build_client_append
+from topology.dataflow.entries import Sends, append_through_topologies, build_client_append, decode_record
 from topology.dataflow.group import GroupDataflow
 from topology.module import ModuleDefinition
 from topology.stream import StreamRunner
@@ -98,8 +98,8 @@ class ReplicaStore:
         b = self.store.changes(topology, batch_id)
         sends = Sends()
         for c in changes:
-            key = msgpack.unpackb(c.key, raw=False, strict_map_key=False) if c.key else None
-            value = msgpack.unpackb(c.value, raw=False, strict_map_key=False) if c.value else None
+            key = decode_record(c.target, c.task, c.key) if c.key else None
+            value = decode_record(c.target, c.task, c.value) if c.value else None
             if c.op == "set":
                 b.transform(c.target, P.key(key).set(value))
             elif c.op == "add":

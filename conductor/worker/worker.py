@@ -30,9 +30,10 @@ from conductor.client.router import LeaderRouter
 from conductor.metastore import MODULES_PATH, Metastore, MetastoreError, VersionConflict
 from conductor.metastore.module_spec import SEGMENT_BYTES, ModuleSpec
 from conductor.settings import Listen
-from conductor.wire import admin_pb2_grpc, code_pb2_grpc
+from conductor.wire import admin_pb2, code_pb2
 from conductor.wire import millrace_pb2 as pb
-from conductor.wire import millrace_pb2_grpc as pbg
+from conductor.wire.checked import checked_handler
+from conductor.wire.errors import InvalidRequest, RefusedPeer
 from conductor.wire.options import GRPC_OPTIONS
 from conductor.worker.code_service import CodeService
 from conductor.worker.dataflow import DataflowDriver, Inflow
@@ -71,6 +72,8 @@ log = logging.getLogger("millrace.node")
 #: a code version no deployed module keeps is deleted after this long (a deploy in flight stores its version
 #: on workers before the metastore names it)
 CODE_GRACE_S = 600.0
+#: peer message bodies of the replication protocol (only a group's replicas send these to each other)
+REPLICATION_BODIES = frozenset({"replicate", "ack", "epoch_request", "epoch_response", "far_horizon"})
 #: seconds between attempts to open a module whose code no reachable worker could deliver yet
 CODE_RETRY_S = 5.0
 
@@ -126,10 +129,13 @@ class Worker:
         self.settler = LoopSettler(self.loop)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.server = grpc.aio.server(options=GRPC_OPTIONS)
-        admin_pb2_grpc.add_AdminServicer_to_server(AdminService(self), self.server)
-        code_pb2_grpc.add_CodeServicer_to_server(CodeService(self), self.server)
-        pbg.add_ClientServicer_to_server(ClientService(self), self.server)
-        self.server.add_generic_rpc_handlers((replication_handler(ReplicationService(self)),))
+        # every request body is checked: one that does not decode gets INVALID_ARGUMENT (conductor.wire.checked)
+        self.server.add_generic_rpc_handlers((
+            checked_handler(admin_pb2.DESCRIPTOR.services_by_name["Admin"], AdminService(self)),
+            checked_handler(code_pb2.DESCRIPTOR.services_by_name["Code"], CodeService(self)),
+            checked_handler(pb.DESCRIPTOR.services_by_name["Client"], ClientService(self)),
+            replication_handler(ReplicationService(self)),
+        ))
         try:
             bound = self.server.add_insecure_port(self.listen.bind(self.port))
         except RuntimeError:
@@ -469,13 +475,34 @@ class Worker:
         self.transport.send_many(module, group, [(node, msg)])
 
     def deliver(self, frame: pb.PeerFrame) -> None:
+        """Hand a peer's messages to their replicas; RefusedPeer / InvalidRequest for those that must not go.
+
+        Replication messages are taken only from the group's replicas (an unknown
+        node id, or one that is no longer a replica, is refused); the others of
+        the frame still go. Dataflow messages come from other groups' leaders.
+        """
         if frame.dst != self.node_id:
             log.warning("dropped a replication frame for %s (this is %s)", frame.dst, self.node_id)
             return
+        refused: Exception | None = None
         for m in frame.messages:
             host = self.host(m.module, m.group)
-            if host is not None:
-                host.post(from_proto(frame.src, self.node_id, m))
+            if host is None:
+                continue
+            if m.WhichOneof("body") in REPLICATION_BODIES:
+                replicas = host.replicas
+                if replicas is not None and frame.src not in replicas:
+                    refused = RefusedPeer(frame.src, host.name, list(replicas))
+                    continue
+            try:
+                event = from_proto(frame.src, self.node_id, m)
+            except ValueError as e:  # no body, or lengths that do not match the packed envelopes
+                refused = InvalidRequest("peer message", str(e))
+                continue
+            host.post(event)
+        if refused is not None:
+            log.warning("node %s: %s", self.node_id, refused)
+            raise refused
 
     def host(self, module: str, group: int) -> ReplicaHost | None:
         rt = self.modules.get(module)
