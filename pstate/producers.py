@@ -11,9 +11,9 @@ appends nothing.
 
 Bounded, in ``_meta`` (big-endian integers):
 
-* ``q:`` + producer u64 + sequence u64 -> msgpack ``[first offsets, ack values]``: the
-  reply of each of the producer's last :data:`WINDOW` sequence numbers (recording
-  sequence ``s`` deletes ``s - WINDOW``);
+* ``q:`` + producer u64 + slot u16 -> msgpack ``[sequence, first offsets, ack values]``:
+  the reply of each of the producer's last :data:`WINDOW` sequence numbers, in
+  :data:`WINDOW` slots (sequence ``s`` overwrites ``s - WINDOW``: no deletes);
 * ``p:`` + producer u64 -> highest sequence u64 + last use (ms) u64;
 * ``r:`` + last use (ms) u64 + producer u64 -> ``b""``: producers by last use, so
   the least recently used one is found with one seek and forgotten once it is idle
@@ -43,6 +43,8 @@ WINDOW = 128
 EXPIRY_MS = 60 * 60 * 1000
 #: most producers remembered per task group; the least recently used one goes first
 MAX_PRODUCERS = 4096
+#: a producer's every this-many-th request also looks for an idle producer to forget (a new one always does)
+EXPIRY_CHECK_EVERY = 32
 #: the last-use index is rewritten at most this often per producer (a coarse LRU costs fewer writes)
 TOUCH_MS = 1000
 
@@ -61,17 +63,26 @@ class Previous:
     acks: dict[str, list[Any]]
 
 
+@dataclass(frozen=True)
+class Lookup:
+    """What the window says of one request: its original reply if it is a retry, and the producer's head."""
+
+    pid: bytes
+    sequence: int
+    #: (highest sequence, last use in ms), None for a producer not known here
+    head: tuple[int, int] | None
+    previous: Previous | None
+
+
 def _u64(n: int, what: str) -> bytes:
     if type(n) is not int or not 0 <= n < _U64:
         raise ValueError(f"{what} {n!r} must be an int in [0, 2**64)")
     return n.to_bytes(8, "big")
 
 
-def _head(reader: Reader, pid: bytes) -> tuple[int, int] | None:
-    raw = reader.get(META, _HEAD + pid)
-    if raw is None:
-        return None
-    return int.from_bytes(raw[:8], "big"), int.from_bytes(raw[8:16], "big")
+def _slot(pid: bytes, sequence: int) -> bytes:
+    """Sequence numbers share WINDOW slots per producer: recording one overwrites the one WINDOW before it."""
+    return _SEQ + pid + (sequence % WINDOW).to_bytes(2, "big")
 
 
 def _count(reader: Reader) -> int:
@@ -79,46 +90,56 @@ def _count(reader: Reader) -> int:
     return 0 if raw is None else int.from_bytes(raw, "big")
 
 
-def previous(reader: Reader, producer: int, sequence: int) -> Previous | None:
-    """The original reply if ``(producer, sequence)`` is recorded (a retry), else None (append it)."""
-    raw = reader.get(META, _SEQ + _u64(producer, "producer") + _u64(sequence, "sequence"))
+def lookup(reader: Reader, producer: int, sequence: int) -> Lookup:
+    """Whether ``(producer, sequence)`` is a retry (``previous`` set: answer it, append nothing)."""
+    pid = _u64(producer, "producer")
+    _u64(sequence, "sequence")
+    raw = reader.get(META, _HEAD + pid)
     if raw is None:
-        return None
-    firsts, acks = msgpack.unpackb(raw, raw=False, strict_map_key=False)
-    return Previous(list(firsts), dict(acks))
+        return Lookup(pid, sequence, None, None)
+    head = int.from_bytes(raw[:8], "big"), int.from_bytes(raw[8:16], "big")
+    if sequence > head[0]:
+        return Lookup(pid, sequence, head, None)  # newer than any seen: the common case costs one read
+    slot = reader.get(META, _slot(pid, sequence))
+    if slot is not None:
+        seq, firsts, acks = msgpack.unpackb(slot, raw=False, strict_map_key=False)
+        if seq == sequence:
+            return Lookup(pid, sequence, head, Previous(list(firsts), dict(acks)))
+    return Lookup(pid, sequence, head, None)
 
 
-def record(builder: ChangeSetBuilder, producer: int, sequence: int, firsts: list[int],
-           acks: dict[str, list[Any]], now_ms: int) -> bool:
+def record(builder: ChangeSetBuilder, seen: Lookup, firsts: list[int], acks: dict[str, list[Any]],
+           now_ms: int) -> bool:
     """Record the reply of a request appended in ``builder``'s entry; False when it is past the window.
 
-    Also forgets at most one producer that expired (or the least recently used
-    one beyond :data:`MAX_PRODUCERS`), so the work per append stays constant.
+    ``seen`` is the request's :func:`lookup`, made before its entry was built.
+    A new producer, and every :data:`EXPIRY_CHECK_EVERY`-th sequence number,
+    also forgets at most one producer that expired (or the least recently used
+    one beyond :data:`MAX_PRODUCERS`), so the work per append stays constant and
+    the count never exceeds the bound.
     """
-    r = builder.reader
+    assert seen.previous is None, "a retry appends nothing, so it records nothing"
     w = builder.writes
-    pid = _u64(producer, "producer")
-    head = _head(r, pid)
-    count = _count(r)
-    if head is None:
+    pid, sequence = seen.pid, seen.sequence
+    if seen.head is None:
         highest, used = sequence, -1
-        count += 1
+        count = _count(builder.reader) + 1
         w.put(META, _COUNT, count.to_bytes(8, "big"))
     else:
-        highest, used = head
+        highest, used = seen.head
         if sequence <= highest - WINDOW:
             return False  # too old to tell whether it was appended: at-least-once from here
         highest = max(highest, sequence)
-    w.put(META, _SEQ + pid + _u64(sequence, "sequence"), msgpack.packb([firsts, acks], use_bin_type=True))
-    if sequence >= WINDOW:
-        w.delete(META, _SEQ + pid + (sequence - WINDOW).to_bytes(8, "big"))
+        count = -1  # read only when looking for a producer to forget
+    w.put(META, _slot(pid, sequence), msgpack.packb([sequence, firsts, acks], use_bin_type=True))
     if now_ms - used >= TOUCH_MS:
         if used >= 0:
             w.delete(META, _LRU + used.to_bytes(8, "big") + pid)
         used = now_ms
         w.put(META, _LRU + used.to_bytes(8, "big") + pid, b"")
     w.put(META, _HEAD + pid, highest.to_bytes(8, "big") + used.to_bytes(8, "big"))
-    _expire_one(builder, count, now_ms, pid)
+    if count >= 0 or sequence % EXPIRY_CHECK_EVERY == 0:  # a new producer, or now and then
+        _expire_one(builder, count if count >= 0 else _count(builder.reader), now_ms, pid)
     return True
 
 
@@ -132,7 +153,7 @@ def _expire_one(builder: ChangeSetBuilder, count: int, now_ms: int, keep: bytes)
         w = builder.writes
         w.delete(META, key)
         w.delete(META, _HEAD + pid)
-        w.delete_range(META, _SEQ + pid, _SEQ + pid + b"\xff" * 9)
+        w.delete_range(META, _SEQ + pid, _SEQ + pid + b"\xff" * 3)
         w.put(META, _COUNT, (count - 1).to_bytes(8, "big"))
         return
 
@@ -142,4 +163,4 @@ def producers(reader: Reader) -> int:
     return _count(reader)
 
 
-__all__ = ["EXPIRY_MS", "MAX_PRODUCERS", "WINDOW", "Previous", "previous", "producers", "record"]
+__all__ = ["EXPIRY_MS", "MAX_PRODUCERS", "WINDOW", "Lookup", "Previous", "lookup", "producers", "record"]

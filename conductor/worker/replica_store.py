@@ -70,18 +70,18 @@ class ReplicaStore:
         reaches the ack level only after the original one did, since the log is
         applied in order, so the answer is as durable as the first one would have been.
         """
-        if producer:
-            prev = producers.previous(self.store.leader_reader(), producer, sequence)
-            if prev is not None:
-                if len(prev.firsts) != len(appends):
-                    raise ValueError(f"producer {producer:#x} reused sequence {sequence} for another request "
-                                     f"({len(appends)} partition(s), the first had {len(prev.firsts)})")
-                self.retries_answered += 1
-                log.info("answered a retried append (producer %#x, sequence %d) with its original offsets",
-                         producer, sequence)
-                return self.store.changes(), prev.firsts, prev.acks
+        seen = producers.lookup(self.store.leader_reader(), producer, sequence) if producer else None
+        if seen is not None and seen.previous is not None:
+            prev = seen.previous
+            if len(prev.firsts) != len(appends):
+                raise ValueError(f"producer {producer:#x} reused sequence {sequence} for another request "
+                                 f"({len(appends)} partition(s), the first had {len(prev.firsts)})")
+            self.retries_answered += 1
+            log.info("answered a retried append (producer %#x, sequence %d) with its original offsets",
+                     producer, sequence)
+            return self.store.changes(), prev.firsts, prev.acks
         builder, firsts, acks = build_client_append(self.store, runner, appends)
-        if producer and not producers.record(builder, producer, sequence, firsts, acks, int(time.time() * 1000)):
+        if seen is not None and not producers.record(builder, seen, firsts, acks, int(time.time() * 1000)):
             log.warning("producer %#x sequence %d is past the idempotence window of %d: appended again "
                         "(at-least-once)", producer, sequence, producers.WINDOW)
         return builder, firsts, acks

@@ -104,7 +104,7 @@ def test_the_window_is_bounded_and_past_it_a_retry_is_appended_again(rs: Replica
         lead.append([seq], sequence=seq)
     lead.apply_all()
     window = list(rs.store.applied_reader().scan("_meta", b"q:", b"q;"))
-    assert len(window) == producers.WINDOW
+    assert len(window) == producers.WINDOW  # one slot per sequence number of the window, overwritten in turn
     assert lead.append([n], sequence=n) == [n - 1]  # inside the window: the original offset
     assert lead.append([1], sequence=1) == [n]  # past it: appended again (at-least-once)
     lead.apply_all()
@@ -120,14 +120,14 @@ def test_producers_idle_too_long_or_beyond_the_limit_are_forgotten(rs: ReplicaSt
     lead.apply_all()
     reader = rs.store.applied_reader()
     assert producers.producers(reader) == 3
-    assert producers.previous(reader, 1, 1) is None and producers.previous(reader, 2, 1) is None
-    assert producers.previous(reader, 5, 1) is not None
+    assert producers.lookup(reader, 1, 1).previous is None and producers.lookup(reader, 2, 1).previous is None
+    assert producers.lookup(reader, 5, 1).previous is not None
     # an idle producer expires on the next append of anyone
     clock = [int(time.time() * 1000)]
     monkeypatch.setattr(producers, "MAX_PRODUCERS", 100)
     monkeypatch.setattr("conductor.worker.replica_store.time.time", lambda: clock[0] / 1000)
     lead.append(["new"], producer=99, sequence=1)
     clock[0] += producers.EXPIRY_MS + 1
-    lead.append(["newer"], producer=99, sequence=2)
+    lead.append(["newer"], producer=99, sequence=producers.EXPIRY_CHECK_EVERY)  # checks now and then
     lead.apply_all()
     assert producers.producers(rs.store.applied_reader()) == 3
