@@ -19,10 +19,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
+import msgpack
 import pytest
 
 from conductor.client import Cluster
 from conductor.devcluster import DevCluster
+from conductor.wire import millrace_pb2 as pb
+from conductor.wire import millrace_pb2_grpc as pbg
 from tests.integration.cluster_helpers import (
     Appender,
     converged,
@@ -35,8 +39,6 @@ from tests.integration.cluster_helpers import (
 
 SESSION_TIMEOUT = 4.0
 KILLS = 5
-
-pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
@@ -90,6 +92,44 @@ def _flowing(writers: list[Any], more: int, what: str) -> None:
     wait_for(lambda: all(w.count() >= m + more for w, m in zip(writers, marks, strict=True)), 60, what)
 
 
+def _request(sequence: int, *ids: str) -> pb.AppendRequest:
+    return pb.AppendRequest(module="Clicks", group=0, ack=pb.ACK_APPLIED, producer=0xFEED, sequence=sequence,
+                            appends=[pb.DepotRecords(depot="*raw", task=0, records=[
+                                msgpack.packb({"user": "u", "id": i}) for i in ids])])
+
+
+def _send(dc: DevCluster, node: str, request: pb.AppendRequest) -> pb.AppendReply:
+    with grpc.insecure_channel((dc.node_dir(node) / "node.address").read_text()) as ch:
+        reply: pb.AppendReply = pbg.ClientStub(ch).Append(request, timeout=30)
+        return reply
+
+
+def test_a_resent_request_gets_its_original_offsets_from_the_leader_and_from_the_next_one(dc: DevCluster) -> None:
+    groups = deploy(dc, tasks=4, threads=2)
+    leader = groups[0].leader
+    assert leader is not None
+    first = _send(dc, leader, _request(1, "a", "b"))
+    second = _send(dc, leader, _request(2, "c"))
+    assert list(first.first_offsets) == [0] and list(second.first_offsets) == [2]
+    assert list(_send(dc, leader, _request(1, "a", "b")).first_offsets) == [0]  # a retry: nothing appended
+    dc.nodes[leader].kill()
+    new = wait_for(lambda: (st := groups_of(dc, "Clicks")[0]).leader not in (None, leader) and st.leader,
+                   SESSION_TIMEOUT * 3, "a new leader of group 0")
+    wait_for(lambda: group_status(dc, new, "Clicks", 0).role == "leader", 20, "the new leader to serve")
+    assert list(_send(dc, new, _request(2, "c")).first_offsets) == [2]  # the new leader holds the window
+    assert list(_send(dc, new, _request(3, "d")).first_offsets) == [3]
+    with pytest.raises(grpc.RpcError) as e:  # the same number for another request is a client bug, refused
+        _send(dc, new, pb.AppendRequest(
+            module="Clicks", group=0, ack=pb.ACK_APPLIED, producer=0xFEED, sequence=3, appends=[
+                pb.DepotRecords(depot="*raw", task=0, records=[msgpack.packb(1)]),
+                pb.DepotRecords(depot="*raw", task=2, records=[msgpack.packb(2)])]))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "reused sequence 3" in (e.value.details() or "")
+    with Cluster.connect(dc.hosts) as cluster:
+        rows = cluster.depot("Clicks", "*raw").read(0, 0, None, 1 << 20)
+    assert [r["id"] for r in rows] == ["a", "b", "c", "d"]
+
+
+@pytest.mark.slow
 def test_leader_kills_and_a_pause_store_every_acknowledged_value_exactly_once(dc: DevCluster) -> None:
     deploy(dc, tasks=4, threads=2)
     with Cluster.connect(dc.hosts, timeout_s=40) as cluster:
