@@ -32,6 +32,7 @@ from pstate.errors import InvalidPath, SchemaMismatch
 from tests.integration.cluster_helpers import deploy, groups_of, wait_for
 
 MODULE = "Clicks"
+FOLLOWERS = ["bob", "cat", "dan"]
 #: what a refused input may answer; never UNKNOWN or INTERNAL (a bug), never a dead stream without a status
 TYPED = {"INVALID_ARGUMENT", "NOT_FOUND", "FAILED_PRECONDITION", "PERMISSION_DENIED", "OUT_OF_RANGE",
          "RESOURCE_EXHAUSTED"}
@@ -66,6 +67,11 @@ class Env:
             for task in range(4):
                 out[f"{depot.name}/{task}"] = depot.read(task, 0, None, 1 << 30)
         out["$$visits"] = [self.visits.scan(task) for task in range(4)]
+        for name in ("*follows", "*posts"):
+            for task in range(4):
+                out[f"Timeline {name}/{task}"] = self.cluster.depot("Timeline", name).read(task, 0, None, 1 << 30)
+        out["$$unread"] = [self.cluster.pstate("Timeline", "$$unread").scan(task) for task in range(4)]
+        out["$$timelines"] = [self.cluster.pstate("Timeline", "$$timelines").select(f, P.all()) for f in FOLLOWERS]
         return out
 
     def new_log(self) -> str:
@@ -84,10 +90,14 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     dc.start()
     try:
         deploy(dc, MODULE, tasks=4, threads=2)
+        deploy(dc, "Timeline", tasks=4, threads=2, module_ref="examples.timeline:Timeline")  # nested schemas, hops
         with Cluster.connect(dc.hosts, timeout_s=20) as cluster:
             e = Env(dc, cluster)
             e.clicks.append_many([{"user": f"u{i}", "id": f"seed{i}"} for i in range(40)])
             e.raw.append_many([f"raw{i}" for i in range(20)])
+            timeline = cluster.depot("Timeline", "*follows")
+            timeline.append_many([{"author": "ann", "follower": f} for f in FOLLOWERS])
+            cluster.depot("Timeline", "*posts").append_many([{"author": "ann", "id": i, "text": "hi"} for i in range(5)])
             e.baseline = e.state()
             yield e
     finally:
@@ -209,9 +219,15 @@ scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), 
 plain = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
                                                       st.dictionaries(st.text(max_size=5), inner, max_size=4)),
                      max_leaves=12)
-#: values *clicks (partitioned by record["user"]) cannot take: anything but a dict with a "user"
-not_a_click = st.one_of(scalars, st.lists(plain, max_size=4),
-                        st.dictionaries(st.text(max_size=5).filter(lambda k: k != "user"), plain, max_size=4))
+
+
+def lacking(field: str) -> st.SearchStrategy[Any]:
+    """Values a depot partitioned by ``record[field]`` cannot take: anything but a dict holding `field`."""
+    return st.one_of(scalars, st.lists(plain, max_size=4),
+                     st.dictionaries(st.text(max_size=5).filter(lambda k: k != field), plain, max_size=4))
+
+
+not_a_click = lacking("user")
 #: values msgpack cannot carry
 unencodable = st.one_of(st.integers(min_value=2**64), st.integers(max_value=-(2**63) - 1),
                         st.sets(st.integers(), min_size=1, max_size=3), st.complex_numbers(allow_nan=False),
@@ -250,6 +266,37 @@ def test_client_refuses_values_msgpack_cannot_carry(env: Env, value: Any, depot:
 def test_pstate_keys_of_every_wrong_type_are_schema_mismatch(env: Env, key: Any, one: bool) -> None:
     with pytest.raises(SchemaMismatch):
         env.visits.select_one(key) if one else env.visits.select(key)
+
+
+#: every PState of both modules, with the key types it takes (a top-level str, and under it what it holds)
+PSTATES = [("Clicks", "$$visits"), ("Timeline", "$$followers"), ("Timeline", "$$timelines"),
+           ("Timeline", "$$unread")]
+
+
+@NETWORK
+@given(where=st.sampled_from(PSTATES), key=not_a_str, one=st.booleans())
+def test_every_pstate_refuses_top_level_keys_of_the_wrong_type(env: Env, where: tuple[str, str], key: Any,
+                                                               one: bool) -> None:
+    ps = env.cluster.pstate(*where)
+    with pytest.raises(SchemaMismatch, match="key: expected str"):
+        ps.select_one(key) if one else ps.select(key)
+
+
+@NETWORK
+@given(sub=st.one_of(st.none(), st.text(max_size=5), st.floats(allow_nan=False), st.binary(max_size=5),
+                     st.booleans()), follower=st.sampled_from(FOLLOWERS))
+def test_nested_keys_of_the_wrong_type_are_schema_mismatch(env: Env, sub: Any, follower: str) -> None:
+    timelines = env.cluster.pstate("Timeline", "$$timelines")  # follower -> post id (int) -> author
+    with pytest.raises(SchemaMismatch, match="expected int"):
+        timelines.select_one(follower, P.key(sub))
+    assert timelines.select_one(follower, P.key(0)) == "ann"
+
+
+@NETWORK
+@given(value=lacking("author"), depot=st.sampled_from(["*follows", "*posts"]))
+def test_timeline_depots_refuse_records_without_an_author(env: Env, value: Any, depot: str) -> None:
+    with pytest.raises(SchemaMismatch, match="partitioner"):
+        env.cluster.depot("Timeline", depot).append(value)
 
 
 names = st.text(string.ascii_letters + string.digits + "*$_-./ ", min_size=0, max_size=20)
