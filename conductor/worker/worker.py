@@ -18,6 +18,7 @@ import functools
 import logging
 import shutil
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,8 @@ log = logging.getLogger("millrace.node")
 CODE_GRACE_S = 600.0
 #: peer message bodies of the replication protocol (only a group's replicas send these to each other)
 REPLICATION_BODIES = frozenset({"replicate", "ack", "epoch_request", "epoch_response", "far_horizon"})
+#: at most one log line per this many seconds about refused peer messages
+REFUSAL_LOG_S = 10.0
 #: seconds between attempts to open a module whose code no reachable worker could deliver yet
 CODE_RETRY_S = 5.0
 
@@ -121,6 +124,8 @@ class Worker:
         self.shelf = CheckpointShelf(self.data_dir / "checkpoints")
         #: module code versions this worker runs and serves (module names start with a letter: no clash)
         self.code = CodeCache(self.data_dir / "_code")
+        #: when refused peer messages were last logged (see deliver)
+        self._refusal_logged = -REFUSAL_LOG_S
 
     # ------------------------------------------------------------------------------ lifecycle
 
@@ -480,11 +485,15 @@ class Worker:
         Replication messages are taken only from the group's replicas (an unknown
         node id, or one that is no longer a replica, is refused); the others of
         the frame still go. Dataflow messages come from other groups' leaders.
+        A frame of which nothing was taken raises (its sender's stream ends with
+        the status); one with some good messages only drops the others, so a
+        peer's stream is never cut for the groups it does replicate.
         """
         if frame.dst != self.node_id:
             log.warning("dropped a replication frame for %s (this is %s)", frame.dst, self.node_id)
             return
         refused: Exception | None = None
+        taken = 0
         for m in frame.messages:
             host = self.host(m.module, m.group)
             if host is None:
@@ -500,9 +509,14 @@ class Worker:
                 refused = InvalidRequest("peer message", str(e))
                 continue
             host.post(event)
+            taken += 1
         if refused is not None:
-            log.warning("node %s: %s", self.node_id, refused)
-            raise refused
+            now = time.monotonic()
+            if now >= self._refusal_logged + REFUSAL_LOG_S:  # a misbehaving peer must not flood the log
+                self._refusal_logged = now
+                log.warning("node %s: %s", self.node_id, refused)
+            if not taken:
+                raise refused
 
     def host(self, module: str, group: int) -> ReplicaHost | None:
         rt = self.modules.get(module)

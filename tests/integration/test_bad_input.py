@@ -212,6 +212,20 @@ def test_replication_frames_from_an_unknown_or_non_replica_worker_are_refused(en
     assert groups_of(env.dc, MODULE)[0].epoch == st.epoch  # the forged epoch changed nothing
 
 
+def test_a_replica_frame_with_one_message_it_may_not_send_keeps_its_stream(env: Env) -> None:
+    """Only the refused message is dropped: a peer's stream is never cut for the groups it does replicate."""
+    groups = [(m, g, st) for m in (MODULE, "Timeline") for g, st in groups_of(env.dc, m).items()]
+    case = next(((src, dst, a, b) for a in groups for b in groups for src in a[2].replicas for dst in a[2].replicas
+                 if src != dst and dst in b[2].replicas and src not in b[2].replicas), None)
+    assert case is not None, f"placement left no group pair to try: {groups}"
+    src, dst, (ma, ga, sta), (mb, gb, _stb) = case
+    frame = pb.PeerFrame(src=src, dst=dst, messages=[
+        pb.PeerMessage(module=ma, group=ga, ack=pb.AckMsg(epoch=sta.epoch - 1, held=-1)),  # stale: ignored
+        pb.PeerMessage(module=mb, group=gb, ack=pb.AckMsg(epoch=1, held=-1))])
+    assert raw_call(env, dst, "/millrace.Replication/Deliver", frame.SerializeToString(), client_stream=True) \
+        == ("OK", "")
+
+
 # ---------------------------------------------------------------------------- bad input, hypothesis-driven (issue 16)
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), st.floats(allow_nan=False),
