@@ -131,3 +131,28 @@ def test_producers_idle_too_long_or_beyond_the_limit_are_forgotten(rs: ReplicaSt
     lead.append(["newer"], producer=99, sequence=producers.EXPIRY_CHECK_EVERY)  # checks now and then
     lead.apply_all()
     assert producers.producers(rs.store.applied_reader()) == 3
+
+
+def test_a_retry_gets_the_original_ack_values_of_the_topologies(tmp_path: FsPath) -> None:
+    from topology import load_module
+    from topology.stream import StreamRunner
+
+    md = load_module("examples.timeline:Timeline").build()
+    rs = ReplicaStore(TaskGroupStore(tmp_path / "tl", {n: d.schema for n, d in md.pstates.items()},
+                                     md.depot_names()))
+    runner = StreamRunner(md, 4, 1, 0)  # one task group: every hop stays here
+    try:
+        lead = Leader(rs)
+        follows = [("*follows", 0, _records(*({"author": "ann", "follower": f} for f in ("bob", "cat"))))]
+        builder, _f, _a = rs.build_client_append(follows, runner, PID, 1)
+        lead.log.append((lead.end, 1, rs.stage(lead.end, builder)))
+        lead.end += 1
+        lead.apply_all()
+        post = [("*posts", 0, _records({"author": "ann", "id": 1, "text": "hi"}))]
+        first = rs.build_client_append(post, runner, PID, 2)
+        assert first[2] == {"fanout": [2]}
+        rs.stage(lead.end, first[0])
+        again = rs.build_client_append(post, runner, PID, 2)
+        assert (again[1], again[2]) == (first[1], first[2]) and len(again[0]) == 0
+    finally:
+        rs.close()
