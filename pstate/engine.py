@@ -324,11 +324,8 @@ class Engine:
             return
         kind, a, _ = navs[i]
         if kind == KEY and isinstance(s, Map):
-            try:
-                ek = encode_key(a)
-            except SchemaMismatch:
-                select_value(s.value, None, navs, i + 1, out)  # an unencodable key is simply absent
-                return
+            s.key.validate(a, f"{self.name} key")  # a key of another type is a mistake, not an absent key
+            ek = encode_key(a)
             vs = s.value
             if vs.storage:
                 self.select_node(slot.child(ek, vs), navs, i + 1, out)

@@ -44,7 +44,7 @@ def decode_query(raw: bytes) -> Path:
     try:
         navs = msgpack.unpackb(raw, raw=False, strict_map_key=False, use_list=False)
     except (ValueError, msgpack.ExtraData) as e:
-        raise InvalidPath("query", f"undecodable path: {e}") from e
+        raise InvalidPath("query", f"undecodable path: {type(e).__name__} {str(e) or '(invalid msgpack)'}") from e
     out = []
     for n in navs:
         if not isinstance(n, tuple) or len(n) != 3 or not isinstance(n[0], int) or n[0] in _WIRE_FORBIDDEN:

@@ -363,6 +363,9 @@ class PStateView:
         self._store = store
         s = self._engine.root.schema
         self._fast = isinstance(s, Map) and not s.value.storage
+        self._key = s.key if isinstance(s, Map) else None
+        #: str keys take the hottest path (no validation needed: the type is checked on the spot)
+        self._str_keys = self._fast and isinstance(self._key, Scalar) and self._key.pytype is str
         self._vs = s.value if isinstance(s, Map) else None
         # point reads of applied state go straight to the column family (no reader layers)
         self._cfget = store._cfs[pstate_cf(name)].get \
@@ -377,7 +380,7 @@ class PStateView:
 
     def select_one(self, path: Path | Any = P) -> Any:
         """The single value the path reaches (None if none); a bare key means ``P.key(key)``."""
-        if type(path) is str and self._fast and self._cfget is not None and self._plain:
+        if type(path) is str and self._str_keys and self._cfget is not None and self._plain:
             try:  # the hottest path: a str key of a top-level map of plain values
                 raw = self._cfget(b"\x02\x05" + path.encode("utf-8", "surrogatepass").replace(b"\x00", b"\x00\xff")
                                   + b"\x00\x01")
@@ -385,11 +388,9 @@ class PStateView:
                 raise translate(exc, "get", self._store.path) from exc
             return None if raw is None else unpack(raw)
         if not isinstance(path, Path):
-            if self._fast and self._vs is not None:  # hot path: point lookup of a top-level key
-                try:
-                    ek = encode_key(path)
-                except SchemaMismatch:
-                    return None
+            if self._fast and self._vs is not None and self._key is not None:  # hot path: a top-level key
+                self._key.validate(path, f"{self._engine.name} key")
+                ek = encode_key(path)
                 raw = self._engine.get(b"\x02" + ek)
                 return None if raw is None else decode_value(self._vs, raw)
             path = P.key(path)

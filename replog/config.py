@@ -9,11 +9,18 @@ under a running leader.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
 #: ``replog.segment.bytes``: retention deletes whole segments, so this is also the granularity of disk use
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
+#: smallest segment: far above one frame's header (the log refuses a segment that cannot hold one), and a
+#: busy group does not make a file per frame (Kafka's floor is 1 MiB; 64 KiB lets tests exercise retention)
+MIN_SEGMENT_BYTES = 64 * 1024
+MAX_SEGMENT_BYTES = 1024 * 1024 * 1024
+#: longest timeout an option may take (a day): beyond it a stalled group looks like a hung one
+MAX_MILLIS = 24 * 60 * 60 * 1000
 
 #: dotted option name -> field of :class:`ReplicationConfig`
 OPTION_NAMES: dict[str, str] = {
@@ -111,3 +118,61 @@ def _dotted(field: str) -> str:
         if f == field:
             return name
     return field
+
+
+# ---------------------------------------------------------------------------------- option rules
+
+SEGMENT_BYTES_OPTION = "replog.segment.bytes"
+
+
+class OptionRuleError(ValueError):
+    """An option value outside its meaning, or inconsistent with another option; says which and why."""
+
+    def __init__(self, name: str, value: int, why: str) -> None:
+        self.name = name
+        self.value = value
+        self.why = why
+        super().__init__(f"invalid value {value!r} for option {name}: {why}")
+
+
+#: a follower is only heard from between heartbeats: the lag allowed must span two of them
+_HEARTBEAT_MS = ReplicationConfig().heartbeat_interval_ms
+
+
+#: option -> (smallest, largest) value and what the bound protects
+OPTION_RANGES: dict[str, tuple[int, int, str]] = {
+    "replication.max.time.lag.millis": (
+        2 * _HEARTBEAT_MS, MAX_MILLIS,
+        f"a follower is heard from every {_HEARTBEAT_MS} ms, so a shorter lag "
+        "drops healthy followers from the ISR"),
+    "replication.depot.append.timeout.millis": (1, MAX_MILLIS, "a timeout is positive and at most a day"),
+    "replication.max.near.sync.message.lag": (1, 1 << 31, "a count of replog entries"),
+    SEGMENT_BYTES_OPTION: (
+        MIN_SEGMENT_BYTES, MAX_SEGMENT_BYTES,
+        "a replog segment holds whole frames, and smaller ones would make a file per frame"),
+}
+
+
+def check_options(values: Mapping[str, int], replication_factor: int) -> None:
+    """Raise :class:`OptionRuleError` unless every value fits its meaning and the values fit each other.
+
+    ``values`` holds the effective value of every option concerned (stored or
+    default), so a change is checked against the options it did not touch.
+    """
+    for name, value in values.items():
+        bounds = OPTION_RANGES.get(name)
+        if bounds is not None:
+            lo, hi, why = bounds
+            if not lo <= value <= hi:
+                raise OptionRuleError(name, value, f"must be between {lo:,} and {hi:,}: {why}")
+    min_isr = values.get("replication.min.isr")
+    if min_isr is not None and not 1 <= min_isr <= replication_factor:
+        raise OptionRuleError("replication.min.isr", min_isr,
+                              f"must be at least 1 and cannot exceed the replication factor {replication_factor}")
+    lag = values.get("replication.max.time.lag.millis")
+    timeout = values.get("replication.depot.append.timeout.millis")
+    if lag is not None and timeout is not None and timeout <= lag:
+        raise OptionRuleError("replication.depot.append.timeout.millis", timeout,
+                              f"must exceed replication.max.time.lag.millis ({lag:,}): an append waits out "
+                              "a silent follower's removal from the ISR, or losing one follower fails appends "
+                              "instead of delaying them (lower the lag first, or raise this)")

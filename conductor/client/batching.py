@@ -23,9 +23,9 @@ def encode_record(record: Any) -> bytes:
     try:
         raw: bytes = msgpack.packb(record, use_bin_type=True)
         return raw
-    except TypeError as e:
-        raise ClientError(f"record {record!r} cannot be encoded: use str, int, float, bytes, bool, None, "
-                          f"lists, tuples and dicts of those ({e})") from None
+    except (TypeError, ValueError, OverflowError) as e:  # an unknown type, an int beyond 64 bits, too deep
+        raise ClientError(f"record {record!r:.200} cannot be encoded: use str, int (64 bits), float, bytes, bool, "
+                          f"None, lists, tuples and dicts of those ({e})") from None
 
 
 def _set_result(fut: concurrent.futures.Future[int], value: int) -> None:
@@ -102,6 +102,7 @@ class GroupBatcher:
         parts = list(by_part.items())
         req = pb.AppendRequest(module=self.module, group=self.group, ack=ack, appends=[  # type: ignore[arg-type]
             pb.DepotRecords(depot=d, task=t, records=[it[2] for it in its]) for (d, t), its in parts])
+        self.c.stamp(req)
         try:
             reply = await self.c._append_aio(self.module, self.group, req)
             firsts = list(reply.first_offsets)

@@ -51,6 +51,7 @@ from conductor.client.batching import GroupBatcher
 from conductor.client.code import CodeCache, default_cache, load_deployed
 from conductor.client.errors import ClientError
 from conductor.client.handles import Depot, PState
+from conductor.client.producer import Producer
 from conductor.client.retry import Retry
 from conductor.client.router import LeaderRouter, ModuleRoutes
 from conductor.client.streams import (
@@ -62,7 +63,7 @@ from conductor.client.streams import (
     checked,
 )
 from conductor.metastore import GroupState, Metastore, MetastoreError
-from conductor.metastore.module_spec import ModuleSpec
+from conductor.metastore.module_spec import NAME_RE, ModuleSpec
 from conductor.wire import millrace_pb2 as pb
 from conductor.wire import millrace_pb2_grpc as pbg
 from conductor.wire.errors import Unavailable
@@ -105,7 +106,7 @@ class Cluster:
 
     def __init__(self, zk_hosts: str, *, timeout_s: float = 45.0, linger_ms: float = 0.0,
                  max_batch_records: int = 10_000, max_inflight_per_group: int = 8,
-                 code_cache: CodeCache | None = None) -> None:
+                 code_cache: CodeCache | None = None, idempotent: bool = True) -> None:
         self.zk_hosts = zk_hosts
         #: where deployed modules' code is fetched to (default: ~/.cache/millrace/code)
         self.code_cache = code_cache or default_cache()
@@ -113,6 +114,9 @@ class Cluster:
         self.linger_ms = linger_ms
         self.max_batch_records = max_batch_records
         self.max_inflight_per_group = max_inflight_per_group
+        #: numbers every append request, so a retry is answered with the original offsets (exactly once);
+        #: None sends un-numbered requests (a retry may then append twice: at-least-once)
+        self.producer = Producer() if idempotent else None
         self._ms = Metastore(zk_hosts, session_timeout=10.0)
         #: where every group is led (kept current by the group watches installed in `_module`)
         self.router = LeaderRouter(self._ms)
@@ -252,6 +256,9 @@ class Cluster:
         return m
 
     def _routes(self, module: str) -> ModuleRoutes:
+        if not isinstance(module, str) or not NAME_RE.match(module):  # never a znode path of its own making
+            raise ClientError(f"{module!r} is not a module name (1-64 letters, digits, '_', '-' or '.', starting "
+                              f"with a letter), so it is not deployed; deployed modules: {self._ms.modules.names()}")
         try:
             return self.router.routes(module)
         except MetastoreError as e:
@@ -272,8 +279,9 @@ class Cluster:
         """Cancel every call in flight to `group`'s leader; their callers retry on the new leader.
 
         The old leader can no longer apply them (the new epoch fences it), and a
-        SIGSTOPped or partitioned one would never answer. Delivery stays
-        at-least-once, like Kafka's: an abandoned append may still have landed.
+        SIGSTOPped or partitioned one would never answer. An abandoned append may
+        still have landed: its retry carries the same producer sequence, so the
+        new leader answers it with the original offsets (``Producer``).
         Thread-safe: gRPC calls and futures may be cancelled from any thread.
         """
         key = (module, group)
@@ -449,6 +457,10 @@ class Cluster:
             now = time.monotonic()
             for stream in streams:
                 stream.expire(now)
+
+    def stamp(self, request: pb.AppendRequest) -> pb.AppendRequest:
+        """Number an append request before its first try (idempotent clients); retries resend it as is."""
+        return request if self.producer is None else self.producer.stamp(request)
 
     def _append_sync(self, module: str, group: int, request: pb.AppendRequest) -> pb.AppendReply:
         """`_call_sync(..., "Append", request)` on the group leader's AppendStream: same retries and abandonment."""

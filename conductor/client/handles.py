@@ -18,6 +18,7 @@ import msgpack
 from conductor.client.batching import MANY_INFLIGHT_PER_GROUP, encode_record, frame_group
 from conductor.client.errors import ClientError
 from conductor.wire import millrace_pb2 as pb
+from pstate.errors import SchemaMismatch
 from pstate.path import P
 from pstate.query import encode_query
 from topology.partitioners import task_for_key
@@ -65,8 +66,21 @@ class Depot:
 
     def _route(self, record: Any) -> tuple[int, int]:
         meta = self.c._module(self.module)
-        task = meta.definition.depots[self.name].partitioner(record, meta.spec.tasks)
+        task = self._task(meta.definition.depots[self.name].partitioner, record, meta.spec.tasks)
         return task, meta.spec.group_of(task)
+
+    def _task(self, partitioner: Any, record: Any, ntasks: int) -> int:
+        """The record's task; SchemaMismatch when the depot's partitioner cannot take it (not its bare error)."""
+        try:
+            task = partitioner(record, ntasks)
+        except Exception as e:
+            raise SchemaMismatch(f"{self.module} depot {self.name} record",
+                                 f"a record its partitioner accepts ({type(e).__name__}: {e})",
+                                 f"{type(record).__name__} {record!r:.80}") from None
+        if type(task) is not int or not 0 <= task < ntasks:
+            raise ClientError(f"the partitioner of depot {self.name} returned task {task!r} for {record!r:.80}; "
+                              f"a task is an int in [0, {ntasks})")
+        return task
 
     def append_async(self, record: Any, ack: str = "applied") -> concurrent.futures.Future[int]:
         """Queue one record; the future yields its depot offset (ack="applied") or -1."""
@@ -99,7 +113,7 @@ class Depot:
         task, group = self._route(record)
         req = pb.AppendRequest(module=self.module, group=group, ack=a,  # type: ignore[arg-type]
                                appends=[pb.DepotRecords(depot=self.name, task=task, records=[data])])
-        return self.c._append_sync(self.module, group, req)
+        return self.c._append_sync(self.module, group, self.c.stamp(req))
 
     def append_many(self, records: Sequence[Any] | Iterable[Any], ack: str = "applied") -> list[int]:
         """Append many records: one request per task group, sent in parallel; offsets in input order.
@@ -118,10 +132,10 @@ class Depot:
         for i, record in enumerate(records):
             try:
                 data = pack(record)
-            except TypeError:
+            except (TypeError, ValueError, OverflowError):
                 encode_record(record)  # raises the ClientError that says what can be encoded
                 raise
-            task = partitioner(record, ntasks)
+            task = self._task(partitioner, record, ntasks)
             slot = by_task.get(task)
             if slot is None:
                 slot = by_task[task] = ([], [])
@@ -144,6 +158,7 @@ class Depot:
 
             async def worker() -> None:
                 for req, parts in it:
+                    c.stamp(req)  # numbered when first sent, so this group's numbers follow its sending order
                     try:
                         reply = await c._call(self.module, group, "Append", req)
                     except Exception as e:

@@ -20,7 +20,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from replog.config import DEFAULT_SEGMENT_BYTES, OPTION_NAMES, ReplicationConfig
+from replog.config import (
+    DEFAULT_SEGMENT_BYTES,
+    OPTION_NAMES,
+    SEGMENT_BYTES_OPTION,
+    OptionRuleError,
+    ReplicationConfig,
+    check_options,
+)
 
 # Names become znode path segments and appear in logs and metrics labels, so
 # they must be free of "/" and whitespace; 64 characters keeps paths readable.
@@ -38,7 +45,7 @@ MIN_ISR = "replication.min.isr"
 MAX_TIME_LAG_MS = "replication.max.time.lag.millis"
 DEPOT_APPEND_TIMEOUT_MS = "replication.depot.append.timeout.millis"
 MAX_NEAR_SYNC_MESSAGE_LAG = "replication.max.near.sync.message.lag"
-SEGMENT_BYTES = "replog.segment.bytes"
+SEGMENT_BYTES = SEGMENT_BYTES_OPTION
 MIGRATION_BATCH_KEYS = "migration.batch.keys"
 MIGRATION_BATCH_INTERVAL_MS = "migration.batch.interval.millis"
 
@@ -201,6 +208,10 @@ class ModuleSpec:
             raise InvalidSpec("options", self.options, "must be a mapping of option name to string value")
         for key, value in self.options.items():
             self._check_option(key, value)
+        try:  # what each value means, and the values together (defaults included): replog.config's rules
+            check_options(self.effective_options(), self.replication_factor)
+        except OptionRuleError as e:
+            raise InvalidOption(e.name, self.options.get(e.name, f"{e.value} (default)"), e.why) from None
 
     def _check_option(self, key: str, value: str) -> int:
         definition = KNOWN_OPTIONS.get(key)
@@ -208,10 +219,7 @@ class ModuleSpec:
             raise UnknownOption(key)
         if not isinstance(value, str):
             raise InvalidOption(key, repr(value), "option values are strings (as typed on the command line)")
-        parsed = definition.parse(key, value)
-        if key == MIN_ISR and parsed > self.replication_factor:
-            raise InvalidOption(key, value, f"cannot exceed the replication factor {self.replication_factor}")
-        return parsed
+        return definition.parse(key, value)
 
     # ---- options -------------------------------------------------------------------------
 

@@ -34,8 +34,32 @@ class Unavailable(MillraceError):
     """No node answered (down, partitioned, or not started); retrying later may succeed."""
 
 
+class InvalidRequest(ValueError):
+    """A request a node cannot take as sent (undecodable body, unknown ack level); nothing was changed."""
+
+    grpc_code = "INVALID_ARGUMENT"
+
+    def __init__(self, what: str, reason: str) -> None:
+        self.what = what
+        self.reason = reason
+        super().__init__(f"invalid {what}: {reason}")
+
+
+class RefusedPeer(ValueError):
+    """A replication message from a node that is not a replica of its group (unknown, or no longer one)."""
+
+    grpc_code = "PERMISSION_DENIED"
+
+    def __init__(self, src: str, group: str, replicas: list[str]) -> None:
+        self.src = src
+        self.group = group
+        self.replicas = list(replicas)
+        super().__init__(f"refused replication messages for {group} from {src!r}: its replicas are "
+                         f"{self.replicas}; the frame was dropped")
+
+
 def _registry() -> dict[str, type[Exception]]:
-    reg: dict[str, type[Exception]] = {}
+    reg: dict[str, type[Exception]] = {"InvalidRequest": InvalidRequest, "RefusedPeer": RefusedPeer}
     for mod in (replog_errors, pstate_errors, topology_errors):
         for name, obj in vars(mod).items():
             if isinstance(obj, type) and issubclass(obj, Exception) and hasattr(obj, "grpc_code"):
@@ -68,7 +92,8 @@ def _ctor_args(exc: Exception) -> dict[str, Any]:
 
 def status_of(exc: Exception) -> tuple[grpc.StatusCode, str, tuple[tuple[str, str], ...]]:
     """(code, details, trailing metadata) for a typed error raised inside a node."""
-    code_name = getattr(exc, "grpc_code", "INTERNAL")
+    # a ValueError without a code of its own is bad input that a check caught (services only map those)
+    code_name = getattr(exc, "grpc_code", "INVALID_ARGUMENT" if isinstance(exc, ValueError) else "INTERNAL")
     code = getattr(grpc.StatusCode, code_name, grpc.StatusCode.INTERNAL)
     meta: tuple[tuple[str, str], ...] = ()
     if type(exc).__name__ in registry():
@@ -77,7 +102,7 @@ def status_of(exc: Exception) -> tuple[grpc.StatusCode, str, tuple[tuple[str, st
             meta = ((METADATA_KEY, payload),)
         except (TypeError, ValueError):
             meta = ()
-    return code, str(exc), meta
+    return code, str(exc) or type(exc).__name__, meta
 
 
 def error_json(exc: Exception) -> str:

@@ -41,6 +41,7 @@ import grpc
 
 from conductor.wire import millrace_pb2 as pb
 from conductor.wire import millrace_pb2_grpc as pbg
+from conductor.wire.checked import checked_handler
 from pstate.checkpoint import Manifest, ManifestFile
 from replog.catchup import MAX_ROUNDS, round_is_last
 
@@ -235,15 +236,9 @@ def serialize_chunk(message: pb.CheckpointChunk | bytes) -> bytes:
 
 
 def replication_handler(servicer: pbg.ReplicationServicer) -> grpc.GenericRpcHandler:
-    """The Replication service as generated, except that FetchCheckpoint may yield pre-encoded chunks."""
-    return grpc.method_handlers_generic_handler("millrace.Replication", {
-        "Deliver": grpc.stream_unary_rpc_method_handler(
-            servicer.Deliver, request_deserializer=pb.PeerFrame.FromString,
-            response_serializer=pb.DeliverSummary.SerializeToString),
-        "FetchCheckpoint": grpc.unary_stream_rpc_method_handler(
-            servicer.FetchCheckpoint, request_deserializer=pb.FetchCheckpointRequest.FromString,
-            response_serializer=serialize_chunk),
-    })
+    """The Replication service with checked request bodies; FetchCheckpoint may yield pre-encoded chunks."""
+    return checked_handler(pb.DESCRIPTOR.services_by_name["Replication"], servicer,
+                           {"FetchCheckpoint": serialize_chunk})
 
 
 ReadInto = Callable[[Path, int, bytearray], Awaitable[int]]

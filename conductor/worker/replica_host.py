@@ -569,6 +569,12 @@ class ReplicaHost:
 
     # ------------------------------------------------------------------------ introspection
 
+    @property
+    def replicas(self) -> tuple[str, ...] | None:
+        """The group's replicas as this replica last learnt them (None before it learnt any); any thread."""
+        st = self._znode
+        return None if st is None else tuple(st.replicas)
+
     def status(self) -> dict[str, Any]:
         """A snapshot for `conductor status` (read racily from another thread: good enough for display)."""
         r = self.replica

@@ -8,22 +8,25 @@ paths arrive in the wire format of :mod:`pstate.query`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import logging
+import time
+from collections.abc import Sequence
 from pathlib import Path as FsPath
 from typing import Any
 
 import msgpack
 
 from conductor.worker.group_code import GroupCode, tag_entry
-from pstate import P, TaskGroupStore
+from pstate import P, TaskGroupStore, producers
 from pstate.changes import ChangeSet
 from pstate.checkpoint import Manifest, install
 from pstate.query import decode_query
 from pstate.store import ChangeSetBuilder
-from topology.dataflow.entries import Sends, append_through_topologies, build_client_append
+from topology.dataflow.entries import Sends, append_through_topologies, build_client_append, decode_record
 from topology.dataflow.group import GroupDataflow
 from topology.stream import StreamRunner
 
+log = logging.getLogger("millrace.node")
 
 class ReplicaStore:
     """One replica's store, shaped for the replica host (task thread) and the query services (event loop)."""
@@ -34,6 +37,8 @@ class ReplicaStore:
         self.code = code
         if code is not None:
             code.open(store)
+        #: retried appends answered from the idempotence window (not appended again)
+        self.retries_answered = 0
 
     @classmethod
     def open_versioned(cls, path: FsPath, code: GroupCode) -> ReplicaStore:
@@ -61,10 +66,31 @@ class ReplicaStore:
             if self.code is not None and cs.topology is not None:
                 self.code.applied_entry(offset, cs, self.store)
 
-    def build_client_append(self, appends: Iterable[tuple[str, int, Sequence[bytes]]],
-                            runner: StreamRunner | None = None) -> tuple[ChangeSetBuilder, list[int], dict[str, list[Any]]]:
-        """Leader: one change set appending every record plus the topologies' effects and hops (see entries)."""
-        return build_client_append(self.store, self.code.runner if self.code is not None else runner, appends)
+    def build_client_append(self, appends: Sequence[tuple[str, int, Sequence[bytes]]],
+                            runner: StreamRunner | None = None, producer: int = 0, sequence: int = 0,
+                            ) -> tuple[ChangeSetBuilder, list[int], dict[str, list[Any]]]:
+        """Leader: one change set appending every record plus the topologies' effects and hops (see entries).
+
+        With a ``producer`` (idempotent appends, :mod:`pstate.producers`) a retried
+        request gets an entry with no writes and the original reply: the entry
+        reaches the ack level only after the original one did, since the log is
+        applied in order, so the answer is as durable as the first one would have been.
+        """
+        seen = producers.lookup(self.store.leader_reader(), producer, sequence) if producer else None
+        if seen is not None and seen.previous is not None:
+            prev = seen.previous
+            if len(prev.firsts) != len(appends):
+                raise ValueError(f"producer {producer:#x} reused sequence {sequence} for another request "
+                                 f"({len(appends)} partition(s), the first had {len(prev.firsts)})")
+            self.retries_answered += 1
+            log.info("answered a retried append (producer %#x, sequence %d) with its original offsets",
+                     producer, sequence)
+            return self.store.changes(), prev.firsts, prev.acks
+        builder, firsts, acks = build_client_append(self.store, self.code.runner if self.code is not None else runner, appends)
+        if seen is not None and not producers.record(builder, seen, firsts, acks, int(time.time() * 1000)):
+            log.warning("producer %#x sequence %d is past the idempotence window of %d: appended again "
+                        "(at-least-once)", producer, sequence, producers.WINDOW)
+        return builder, firsts, acks
 
     def build_batch_commit(self, topology: str, batch_id: int, changes: Sequence[Any],
                            runner: StreamRunner | None = None) -> ChangeSetBuilder | None:
@@ -80,8 +106,8 @@ class ReplicaStore:
         b = self.store.changes(topology, batch_id)
         sends = Sends()
         for c in changes:
-            key = msgpack.unpackb(c.key, raw=False, strict_map_key=False) if c.key else None
-            value = msgpack.unpackb(c.value, raw=False, strict_map_key=False) if c.value else None
+            key = decode_record(c.target, c.task, c.key) if c.key else None
+            value = decode_record(c.target, c.task, c.value) if c.value else None
             if c.op == "set":
                 b.transform(c.target, P.key(key).set(value))
             elif c.op == "add":

@@ -25,7 +25,7 @@ import msgpack
 from conductor.wire import admin_pb2, admin_pb2_grpc
 from conductor.wire import millrace_pb2 as pb
 from conductor.wire import millrace_pb2_grpc as pbg
-from conductor.wire.errors import error_json, status_of
+from conductor.wire.errors import InvalidRequest, RefusedPeer, error_json, status_of
 from conductor.wire.packing import pack_lengths
 from conductor.worker.far_horizon import read_chunk_into, stream_checkpoint
 from conductor.worker.lifecycle import code_status
@@ -101,6 +101,10 @@ class ReplicationService(pbg.ReplicationServicer):
                 n += 1
         except asyncio.CancelledError:
             pass  # the node is stopping: peers reconnect to whoever leads next
+        except (RefusedPeer, InvalidRequest) as e:  # the sender is not a replica, or sent garbage: end its stream
+            code, details, meta = status_of(e)
+            context.set_trailing_metadata(meta)
+            await context.abort(code, details)
         return pb.DeliverSummary(frames=n)
 
     @maps_errors
@@ -126,6 +130,9 @@ class ClientService(pbg.ClientServicer):
     def _start_append(self, request: pb.AppendRequest) -> asyncio.Future[pb.AppendReply]:
         """Post `request` to its leader's task thread; the future gets the reply (or the error)."""
         node = self.node
+        ack = _ACKS.get(request.ack)
+        if ack is None:  # a newer client's level, or garbage: never a weaker guarantee than asked for
+            raise InvalidRequest("ack", f"unknown ack level {request.ack}; use ACK_NONE, ACK_APPEND or ACK_APPLIED")
         host = node.leader_host(request.module, request.group)
         rt = node.modules[request.module]
         appends = []
@@ -146,8 +153,8 @@ class ClientService(pbg.ClientServicer):
 
         store = rt.stores[request.group]
         runner = rt.runners.get(request.group)
-        host.post(PendingEntry(functools.partial(_client_entry, store, appends, runner), nbytes,
-                               _ACKS.get(request.ack, Ack.APPEND), done))
+        host.post(PendingEntry(functools.partial(_client_entry, store, appends, runner, request.producer,
+                                                 request.sequence), nbytes, ack, done))
         return fut
 
     @maps_errors
@@ -325,8 +332,8 @@ def settle_future(fut: asyncio.Future[Any], result: Any, error: Exception | None
 
 
 def _client_entry(store: ReplicaStore, appends: list[tuple[str, int, list[bytes]]],
-                  runner: StreamRunner | None) -> tuple[Any, Any]:
-    builder, firsts, acks = store.build_client_append(appends, runner)
+                  runner: StreamRunner | None, producer: int, sequence: int) -> tuple[Any, Any]:
+    builder, firsts, acks = store.build_client_append(appends, runner, producer, sequence)
     return builder, (firsts, acks)
 
 

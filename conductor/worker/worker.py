@@ -18,6 +18,7 @@ import functools
 import logging
 import shutil
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,9 +31,10 @@ from conductor.client.router import LeaderRouter
 from conductor.metastore import MODULES_PATH, Metastore, MetastoreError, VersionConflict
 from conductor.metastore.module_spec import SEGMENT_BYTES, ModuleSpec
 from conductor.settings import Listen
-from conductor.wire import admin_pb2_grpc, code_pb2_grpc
+from conductor.wire import admin_pb2, code_pb2
 from conductor.wire import millrace_pb2 as pb
-from conductor.wire import millrace_pb2_grpc as pbg
+from conductor.wire.checked import checked_handler
+from conductor.wire.errors import InvalidRequest, RefusedPeer
 from conductor.wire.options import GRPC_OPTIONS
 from conductor.worker.code_service import CodeService
 from conductor.worker.dataflow import DataflowDriver, Inflow
@@ -72,6 +74,10 @@ log = logging.getLogger("millrace.node")
 #: a code version no deployed module keeps is deleted after this long (a deploy in flight stores its version
 #: on workers before the metastore names it)
 CODE_GRACE_S = 600.0
+#: peer message bodies of the replication protocol (only a group's replicas send these to each other)
+REPLICATION_BODIES = frozenset({"replicate", "ack", "epoch_request", "epoch_response", "far_horizon"})
+#: at most one log line per this many seconds about refused peer messages
+REFUSAL_LOG_S = 10.0
 #: seconds between attempts to open a module whose code no reachable worker could deliver yet
 CODE_RETRY_S = 5.0
 
@@ -122,6 +128,8 @@ class Worker:
         self.code = CodeCache(self.data_dir / "_code")
         #: prepares code versions, has leaders switch to the spec's, paces PState migrations
         self.lifecycle = CodeLifecycle(self)
+        #: when refused peer messages were last logged (see deliver)
+        self._refusal_logged = -REFUSAL_LOG_S
 
     # ------------------------------------------------------------------------------ lifecycle
 
@@ -130,10 +138,13 @@ class Worker:
         self.settler = LoopSettler(self.loop)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.server = grpc.aio.server(options=GRPC_OPTIONS)
-        admin_pb2_grpc.add_AdminServicer_to_server(AdminService(self), self.server)
-        code_pb2_grpc.add_CodeServicer_to_server(CodeService(self), self.server)
-        pbg.add_ClientServicer_to_server(ClientService(self), self.server)
-        self.server.add_generic_rpc_handlers((replication_handler(ReplicationService(self)),))
+        # every request body is checked: one that does not decode gets INVALID_ARGUMENT (conductor.wire.checked)
+        self.server.add_generic_rpc_handlers((
+            checked_handler(admin_pb2.DESCRIPTOR.services_by_name["Admin"], AdminService(self)),
+            checked_handler(code_pb2.DESCRIPTOR.services_by_name["Code"], CodeService(self)),
+            checked_handler(pb.DESCRIPTOR.services_by_name["Client"], ClientService(self)),
+            replication_handler(ReplicationService(self)),
+        ))
         try:
             bound = self.server.add_insecure_port(self.listen.bind(self.port))
         except RuntimeError:
@@ -482,13 +493,43 @@ class Worker:
         self.transport.send_many(module, group, [(node, msg)])
 
     def deliver(self, frame: pb.PeerFrame) -> None:
+        """Hand a peer's messages to their replicas; RefusedPeer / InvalidRequest for those that must not go.
+
+        Replication messages are taken only from the group's replicas (an unknown
+        node id, or one that is no longer a replica, is refused); the others of
+        the frame still go. Dataflow messages come from other groups' leaders.
+        A frame of which nothing was taken raises (its sender's stream ends with
+        the status); one with some good messages only drops the others, so a
+        peer's stream is never cut for the groups it does replicate.
+        """
         if frame.dst != self.node_id:
             log.warning("dropped a replication frame for %s (this is %s)", frame.dst, self.node_id)
             return
+        refused: Exception | None = None
+        taken = 0
         for m in frame.messages:
             host = self.host(m.module, m.group)
-            if host is not None:
-                host.post(from_proto(frame.src, self.node_id, m))
+            if host is None:
+                continue
+            if m.WhichOneof("body") in REPLICATION_BODIES:
+                replicas = host.replicas
+                if replicas is not None and frame.src not in replicas:
+                    refused = RefusedPeer(frame.src, host.name, list(replicas))
+                    continue
+            try:
+                event = from_proto(frame.src, self.node_id, m)
+            except ValueError as e:  # no body, or lengths that do not match the packed envelopes
+                refused = InvalidRequest("peer message", str(e))
+                continue
+            host.post(event)
+            taken += 1
+        if refused is not None:
+            now = time.monotonic()
+            if now >= self._refusal_logged + REFUSAL_LOG_S:  # a misbehaving peer must not flood the log
+                self._refusal_logged = now
+                log.warning("node %s: %s", self.node_id, refused)
+            if not taken:
+                raise refused
 
     def host(self, module: str, group: int) -> ReplicaHost | None:
         rt = self.modules.get(module)

@@ -230,6 +230,10 @@ def test_set_option_validates_and_prints_old_and_new(cluster: DevCluster, clicks
                         "replication.min.isr", "replication.max.time.lag.millis")
     assert_one_red_line(cli(cluster, "set-option", "Clicks", "replication.min.isr", "4"),
                         "cannot exceed the replication factor 3")
+    assert_one_red_line(cli(cluster, "set-option", "Clicks", "replog.segment.bytes", "1"),
+                        "replog.segment.bytes", "must be between 65,536")
+    assert_one_red_line(cli(cluster, "set-option", "Clicks", "replication.depot.append.timeout.millis", "500"),
+                        "must exceed replication.max.time.lag.millis")
     with Metastore(cluster.hosts) as ms:  # the refused values never reached ZooKeeper
         assert ms.modules.get("Clicks")[0].options == {"replication.min.isr": "1"}
 

@@ -72,6 +72,43 @@ def test_options_are_validated() -> None:
     assert spec().with_option(MIN_ISR, "1").option(MIN_ISR) == 1
 
 
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({SEGMENT_BYTES: "1"}, r"replog\.segment\.bytes: must be between 65,536 and 1,073,741,824"),
+        ({SEGMENT_BYTES: str(2 << 30)}, "must be between 65,536"),
+        ({SEGMENT_BYTES: "-5"}, "greater than 0"),
+        ({MAX_TIME_LAG_MS: "0"}, "greater than 0"),
+        ({MAX_TIME_LAG_MS: "-100"}, "greater than 0"),
+        ({MAX_TIME_LAG_MS: "50"}, "drops healthy followers"),
+        ({MAX_TIME_LAG_MS: str(10 * 24 * 3600 * 1000)}, "at most a day|between 400"),
+        ({DEPOT_APPEND_TIMEOUT_MS: "0"}, "greater than 0"),
+        ({DEPOT_APPEND_TIMEOUT_MS: "1.5"}, "whole number"),
+        ({DEPOT_APPEND_TIMEOUT_MS: "5000"}, r"must exceed replication\.max\.time\.lag\.millis \(10,000\)"),
+        ({MAX_TIME_LAG_MS: "40000"}, r"'30000 \(default\)'.*must exceed .*\(40,000\)"),
+        ({MAX_NEAR_SYNC_MESSAGE_LAG: str(1 << 40)}, "a count of replog entries"),
+        ({MIN_ISR: "0"}, "greater than 0"),
+        ({MIN_ISR: "4"}, "cannot exceed the replication factor 3"),
+    ],
+)
+def test_each_option_rule_refuses_with_what_to_fix(options: dict[str, str], match: str) -> None:
+    with pytest.raises(InvalidOption, match=match):
+        spec(options=options)
+    key, value = next(iter(options.items()))
+    with pytest.raises(InvalidOption, match=match):  # set-option goes through the same rules
+        spec().with_option(key, value)
+
+
+def test_options_are_checked_together_and_against_the_replication_factor() -> None:
+    both = spec(options={MAX_TIME_LAG_MS: "1500", DEPOT_APPEND_TIMEOUT_MS: "3000"})
+    with pytest.raises(InvalidOption, match="must exceed"):
+        both.with_option(MAX_TIME_LAG_MS, "3000")
+    assert both.with_option(DEPOT_APPEND_TIMEOUT_MS, "3001").option(DEPOT_APPEND_TIMEOUT_MS) == 3001
+    with pytest.raises(InvalidOption, match="cannot exceed the replication factor 1"):
+        spec(replication_factor=1, workers=1, options={MIN_ISR: "2"})
+    assert spec(options={SEGMENT_BYTES: str(64 * 1024)}).option(SEGMENT_BYTES) == 64 * 1024
+
+
 def test_from_json_rejects_garbage() -> None:
     with pytest.raises(InvalidSpec, match="not valid JSON"):
         ModuleSpec.from_json(b"{nope")

@@ -28,6 +28,7 @@ import msgpack
 
 from pstate import outbox
 from pstate.changes import ChangeSet
+from pstate.errors import SchemaMismatch
 from pstate.store import ChangeSetBuilder, TaskGroupStore
 from replog.errors import Backpressure
 from topology.dataflow.completion import CompletionTracker
@@ -117,7 +118,7 @@ def build_client_append(store: TaskGroupStore, runner: StreamRunner | None,
     sends = Sends()
     for depot, task, records in appends:
         # Decoding validates each record (one msgpack object, nothing after it); the bytes are stored as sent.
-        values = [msgpack.unpackb(r, raw=False, strict_map_key=False) for r in records]
+        values = [decode_record(depot, task, r) for r in records]
         offsets = b.depot_append_encoded(depot, task, records)
         firsts.append(offsets[0] if offsets else 0)
         if runner is not None and depot in runner.by_depot:
@@ -130,6 +131,16 @@ def build_client_append(store: TaskGroupStore, runner: StreamRunner | None,
         check_room(b, runner, sends)
         sends.write(b)
     return b, firsts, acks
+
+
+def decode_record(depot: str, task: int, raw: bytes) -> Any:
+    """One record as a client sent it; SchemaMismatch (INVALID_ARGUMENT) with the reason if it does not decode."""
+    try:
+        return msgpack.unpackb(raw, raw=False, strict_map_key=False)
+    except Exception as e:  # untrusted bytes: truncated, extra data, reserved codes, unhashable map keys...
+        raise SchemaMismatch(f"{depot}[{task}] record", "one msgpack value (str, int, float, bytes, bool, None, "
+                             "lists and maps of those)",
+                             f"{len(raw)} undecodable bytes ({type(e).__name__}: {str(e) or 'invalid format'})") from None
 
 
 def append_through_topologies(runner: StreamRunner, sends: Sends, depot: str, task: int, record: Any) -> None:
