@@ -1,6 +1,6 @@
 """Spark over depots: read throughput of ``millrace.depot`` against the same records in Delta Lake.
 
-    python -m bench.microbatch [--quick] [--records N] [--runs K] [--dir PATH]
+    python -m bench.microbatch [--quick] [--records N] [--runs K] [--dir PATH] [--standalone | --master URL]
 
 A :class:`~conductor.devcluster.DevCluster` (real ZooKeeper, one conductor,
 three worker processes on 127.0.0.1) runs ``examples.clicks:Clicks`` (4 tasks,
@@ -35,6 +35,15 @@ Diagnostics (not goals), to show where the time goes:
 * ``fetch_decode_rows_per_s``: the source's own read path (pipelined
   ``DepotRead`` + msgpack + Arrow, exactly the code a Spark task runs) in this
   process, one partition after another, without Spark: the Python ceiling.
+
+With ``--standalone`` (a master and two one-core workers started here with the
+launcher pyspark ships, :mod:`conductor.spark_standalone`) or ``--master
+spark://HOST:PORT`` (a cluster of your own; ``--dir`` must then be a folder
+its workers share, for the Delta table), the depot, Delta and ceiling jobs run
+again on that cluster after the local ones, and the JSON gains
+``standalone_depot_rows_per_s``, ``standalone_delta_rows_per_s``,
+``standalone_ceiling_rows_per_s`` and ``standalone_depot_vs_ceiling``: the
+same-run ceiling of the API on a cluster, beside the local-mode figures.
 
 The last line is one JSON object (DESIGN.md section 7). It has
 ``depot_rows_per_s``, ``delta_rows_per_s`` and ``ratio_vs_delta`` (goal >= 1.0), and
