@@ -1,6 +1,6 @@
 """Spark over depots: read throughput of ``millrace.depot`` against the same records in Delta Lake.
 
-    python -m bench.microbatch [--quick] [--records N] [--runs K] [--dir PATH]
+    python -m bench.microbatch [--quick] [--records N] [--runs K] [--dir PATH] [--standalone | --master URL]
 
 A :class:`~conductor.devcluster.DevCluster` (real ZooKeeper, one conductor,
 three worker processes on 127.0.0.1) runs ``examples.clicks:Clicks`` (4 tasks,
@@ -36,6 +36,15 @@ Diagnostics (not goals), to show where the time goes:
   ``DepotRead`` + msgpack + Arrow, exactly the code a Spark task runs) in this
   process, one partition after another, without Spark: the Python ceiling.
 
+With ``--standalone`` (a master and two one-core workers started here with the
+launcher pyspark ships, :mod:`conductor.spark_standalone`) or ``--master
+spark://HOST:PORT`` (a cluster of your own; ``--dir`` must then be a folder
+its workers share, for the Delta table), the depot, Delta and ceiling jobs run
+again on that cluster after the local ones, and the JSON gains
+``standalone_depot_rows_per_s``, ``standalone_delta_rows_per_s``,
+``standalone_ceiling_rows_per_s`` and ``standalone_depot_vs_ceiling``: the
+same-run ceiling of the API on a cluster, beside the local-mode figures.
+
 The last line is one JSON object (DESIGN.md section 7). It has
 ``depot_rows_per_s``, ``delta_rows_per_s`` and ``ratio_vs_delta`` (goal >= 1.0), and
 ``append_to_visible_p50_ms`` (goal <= 1,000 ms): the time from an ``ack="applied"``
@@ -53,6 +62,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -192,6 +202,60 @@ def visibility_latencies(spark: Any, hosts: str, root: Path, samples: int) -> li
             query.stop()
 
 
+def depot_df(spark: Any, hosts: str, with_schema: bool = True) -> Any:
+    r = spark.read.format("millrace.depot").option("cluster", hosts).option("module", MODULE).option("depot", DEPOT)
+    return r.option("valueSchema", VALUE_SCHEMA).load() if with_schema else r.load()
+
+
+def job(df: Any) -> tuple[int, int]:
+    """The timed Spark job: groupBy(user).agg(count, sum(n)), collected; (rows, sum of n)."""
+    from pyspark.sql import functions as F
+
+    rows = df.groupBy("user").agg(F.count(F.lit(1)).alias("c"), F.sum("n").alias("s")).collect()
+    return sum(r["c"] for r in rows), sum(r["s"] for r in rows)
+
+
+def source_jobs(spark: Any, hosts: str, table: str, n: int, partitions: int) -> dict[str, Callable[[], Any]]:
+    """The same job over the depot, the Delta table and the API's ceiling (see the module docstring)."""
+    return {
+        "depot": lambda: job(depot_df(spark, hosts)),
+        "delta": lambda: job(spark.read.format("delta").load(table)),
+        "ceiling": lambda: job(spark.read.format(CEILING).option("records", str(n))
+                               .option("partitions", str(partitions)).load()),
+    }
+
+
+def time_jobs(jobs: dict[str, Callable[[], Any]], expected: tuple[int, int], runs: int, console: Console,
+              mode: str) -> dict[str, float]:
+    """Warm every job up (checking its answer), then time them alternating; rows/s and median s per job.
+
+    Warm-up, untimed: Python workers, Delta's log cache, the ceiling's batches in each Python worker, and
+    the JIT, which keeps compiling Spark's Python-source path (a few hundred ms of CPU per job on these two
+    cores) for the first few jobs of each kind.
+    """
+    times: dict[str, list[float]] = {k: [] for k in jobs}
+    for w in range(WARMUP_ROUNDS):
+        for k, fn in jobs.items():
+            if k == "depot_json" and w:
+                continue
+            got = fn()
+            if got != expected:
+                raise AssertionError(f"{mode}: {k} job returned (rows, sum n) = {got}, expected {expected}")
+    for i in range(runs):
+        for k, fn in jobs.items():
+            if k == "depot_json" and i >= max(1, runs // 2):
+                continue
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+        console.log(f"{mode} run {i + 1}/{runs}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in times.items()))
+    out: dict[str, float] = {}
+    for k, v in times.items():
+        out[f"{k}_rows_per_s"] = expected[0] / statistics.median(v)
+        out[f"{k}_median_s"] = statistics.median(v)
+    return out
+
+
 def run(args: argparse.Namespace, root: Path, console: Console) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
@@ -219,61 +283,57 @@ def run(args: argparse.Namespace, root: Path, console: Console) -> dict[str, Any
             if exported != n:
                 raise AssertionError(f"exported {exported} rows, expected {n}")
 
-            def depot_df(with_schema: bool = True) -> Any:
-                r = (spark.read.format("millrace.depot").option("cluster", dc.hosts).option("module", MODULE)
-                     .option("depot", DEPOT))
-                return r.option("valueSchema", VALUE_SCHEMA).load() if with_schema else r.load()
-
-            def job(df: Any) -> tuple[int, int]:
-                rows = df.groupBy("user").agg(F.count(F.lit(1)).alias("c"), F.sum("n").alias("s")).collect()
-                return sum(r["c"] for r in rows), sum(r["s"] for r in rows)
-
             def json_job() -> tuple[int, int]:
-                df = depot_df(False).select(F.get_json_object("value", "$.user").alias("user"),
-                                            F.get_json_object("value", "$.n").cast("long").alias("n"))
+                df = depot_df(spark, dc.hosts, False).select(
+                    F.get_json_object("value", "$.user").alias("user"),
+                    F.get_json_object("value", "$.n").cast("long").alias("n"))
                 return job(df)
 
             spark.dataSource.register(CeilingSource)
-
-            def ceiling_df() -> Any:
-                return spark.read.format(CEILING).option("records", str(n)).option("partitions", str(args.threads)).load()
-
-            jobs = {
-                "depot": lambda: job(depot_df()),
-                "delta": lambda: job(spark.read.format("delta").load(table)),
-                "ceiling": lambda: job(ceiling_df()),
-                "depot_json": json_job,
-            }
-            expected = (n, (n - 1) * (n - 2) // 2 - 1)  # n = 0 .. n-2, plus the warm-up record's -1
-            times: dict[str, list[float]] = {k: [] for k in jobs}
-            # Warm-up, untimed: Python workers, Delta's log cache, the ceiling's batches in each of local[2]'s
-            # workers, and the JIT, which keeps compiling Spark's Python-source path (a few hundred ms of CPU
-            # per job on these two cores) for the first few jobs of each kind.
-            for w in range(WARMUP_ROUNDS):
-                for k, fn in jobs.items():
-                    if k == "depot_json" and w:
-                        continue
-                    got = fn()
-                    if got != expected:
-                        raise AssertionError(f"{k} job returned (rows, sum n) = {got}, expected {expected}")
-            for i in range(args.runs):
-                for k, fn in jobs.items():
-                    if k == "depot_json" and i >= max(1, args.runs // 2):
-                        continue
-                    t0 = time.perf_counter()
-                    fn()
-                    times[k].append(time.perf_counter() - t0)
-                console.log(f"run {i + 1}/{args.runs}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in times.items()))
-            for k, v in times.items():
-                result[f"{k}_rows_per_s"] = n / statistics.median(v)
-                result[f"{k}_median_s"] = statistics.median(v)
+            jobs = source_jobs(spark, dc.hosts, table, n, args.threads)
+            jobs["depot_json"] = json_job
+            result.update(time_jobs(jobs, (n, (n - 1) * (n - 2) // 2 - 1), args.runs, console, "local[2]"))
             console.log("measuring append -> visible through a microbatch topology (processingTime 0)")
             result["append_to_visible_ms"] = visibility_latencies(spark, dc.hosts, root, args.visibility_samples)
         finally:
             spark.stop()
+        if args.standalone or args.master:
+            result["cluster"] = on_cluster(args, root, dc.hosts, table, n, console)
         result["fetch_decode_rows_per_s"] = fetch_decode_rate(dc.hosts, n)
     result["records"] = n
     return result
+
+
+def on_cluster(args: argparse.Namespace, root: Path, hosts: str, table: str, n: int,
+               console: Console) -> dict[str, Any]:
+    """The depot, Delta and ceiling jobs again, on a standalone cluster: `--master`'s, or (`--standalone`) a
+    master and two one-core workers started here with pyspark's launcher, as many cores as local[2].
+
+    The executors import :mod:`bench` (the ceiling's records) from a zip this driver ships with the job; the
+    Delta table is read from `table`'s path, so on other machines `--dir` must be a shared folder."""
+    from conductor.spark_standalone import StandaloneCluster
+    from topology.spark import register
+    from topology.spark.session import spark_session
+
+    sc = StandaloneCluster(root / "spark", workers=2).start() if args.standalone else None
+    master = sc.master_url if sc is not None else args.master
+    console.log(f"the same jobs on the standalone cluster {master}")
+    try:
+        spark = spark_session("bench-microbatch-cluster", warehouse=root / "warehouse", cores=2, master=master)
+        try:
+            spark.sparkContext.addPyFile(shutil.make_archive(str(root / "bench"), "zip", Path(__file__).parents[1],
+                                                             "bench"))
+            register(spark)
+            spark.dataSource.register(CeilingSource)
+            out: dict[str, Any] = time_jobs(source_jobs(spark, hosts, table, n, args.threads),
+                                            (n, (n - 1) * (n - 2) // 2 - 1), args.runs, console, "standalone")
+        finally:
+            spark.stop()
+    finally:
+        if sc is not None:
+            sc.stop()
+    out["master"] = master
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -284,6 +344,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tasks", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2, help="task groups")
     ap.add_argument("--dir", help="parent of the working directory (default: the system temp dir)")
+    ap.add_argument("--standalone", action="store_true",
+                    help="also run the jobs on a Spark standalone cluster (a master and two workers) started here")
+    ap.add_argument("--master", default=None, help="also run the jobs on this standalone master, spark://HOST:PORT")
     ap.add_argument("--visibility-samples", type=int, default=None, help="markers timed (20 quick, 100 full)")
     args = ap.parse_args(argv)
     args.records = args.records or (200_000 if args.quick else 1_000_000)
@@ -327,7 +390,22 @@ def main(argv: list[str] | None = None) -> None:
     table.add_row(f"append -> visible in a PState via microbatch, p50 ms (p90 {vis[int(len(vis) * 0.9) - 1]:.0f})",
                   f"{vis_p50:.0f}", "-", "-",
                   f"<= {GOAL_VISIBLE_P50_MS:.0f} " + ("[green]met[/]" if vis_met else "[red]MISSED[/]"))
+    cluster = r.get("cluster")
+    if cluster is not None:
+        for k, what in (("depot", "millrace.depot (valueSchema columns)"), ("delta", "Delta table"),
+                        ("ceiling", "  no-op Python source (API ceiling)")):
+            table.add_row(f"standalone {cluster['master']}: {what}", f"{cluster[f'{k}_rows_per_s']:,.0f}",
+                          f"{cluster[f'{k}_median_s']:.2f}",
+                          f"{cluster[f'{k}_rows_per_s'] / cluster['delta_rows_per_s']:.2f}", "")
     console.print(table)
+    standalone = {} if cluster is None else {
+        "standalone_master": cluster["master"],
+        "standalone_depot_rows_per_s": round(cluster["depot_rows_per_s"]),
+        "standalone_delta_rows_per_s": round(cluster["delta_rows_per_s"]),
+        "standalone_ceiling_rows_per_s": round(cluster["ceiling_rows_per_s"]),
+        "standalone_ratio_vs_delta": round(cluster["depot_rows_per_s"] / cluster["delta_rows_per_s"], 3),
+        "standalone_depot_vs_ceiling": round(cluster["depot_rows_per_s"] / cluster["ceiling_rows_per_s"], 3),
+    }
     print(json.dumps({
         "bench": "microbatch",
         "quick": bool(args.quick),
@@ -345,6 +423,7 @@ def main(argv: list[str] | None = None) -> None:
         "delta_export_s": round(r["delta_export_s"], 2),
         "append_to_visible_p50_ms": round(vis_p50, 1),
         "goal_visible_p50_met": vis_met,
+        **standalone,
     }))
 
 

@@ -83,9 +83,9 @@ def converged(dc: DevCluster, module: str, require_full_isr: bool = True) -> boo
     return True
 
 
-def replica_state(root: Path, node_id: str, module: str, group: int) -> dict[str, Any]:
+def replica_state(root: Path, node_id: str, module: str, group: int, module_ref: str = MODULE_REF) -> dict[str, Any]:
     """Open one replica's replog and store (the node must be stopped) and read everything."""
-    definition = load_module(MODULE_REF).build()
+    definition = load_module(module_ref).build()
     gdir = root / "nodes" / node_id / module / str(group)
     with Log.open(gdir / "replog") as log:
         replog = log.read(log.start_offset, 1 << 30) if log.end_offset > log.start_offset else b""

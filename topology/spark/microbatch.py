@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 
 from conductor.client import Cluster
+from conductor.settings import LOOPBACK
 from conductor.wire import millrace_pb2 as pb
 from topology.errors import TopologyError
 from topology.module import ModuleDefinition, TopologyDecl
@@ -206,7 +207,8 @@ def run_microbatch(spark: SparkSession, zk: str, module: str, topology: str, che
 def main(argv: list[str] | None = None) -> int:
     """``python -m topology.spark.microbatch --zk ... --module M --topology T --checkpoint DIR [--available-now]``."""
     p = argparse.ArgumentParser(prog="python -m topology.spark.microbatch",
-                                description="Run a Millrace microbatch topology on Spark (local[2]).")
+                                description="Run a Millrace microbatch topology on Spark (local[2], or a standalone "
+                                            "cluster with --master).")
     p.add_argument("--zk", required=True)
     p.add_argument("--module", required=True)
     p.add_argument("--topology", required=True)
@@ -214,13 +216,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--available-now", action="store_true", help="process what is applied now, then stop")
     p.add_argument("--interval", default="1 second", help="processing-time trigger when not --available-now")
     p.add_argument("--max-records-per-trigger", type=int, default=None)
+    p.add_argument("--master", default=None, help="a standalone master, spark://HOST:7077 (default: local[2])")
+    p.add_argument("--host", default=LOOPBACK,
+                   help="address the driver binds and executors reach it at (this machine's, with --master)")
+    p.add_argument("--cores", type=int, default=2, help="local cores, or executor cores at most on a cluster")
     p.add_argument("--log-level", default="WARNING")
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from topology.spark.session import spark_session
 
-    spark = spark_session(f"millrace-{args.module}-{args.topology}")
+    spark = spark_session(f"millrace-{args.module}-{args.topology}", cores=args.cores, master=args.master,
+                          host=args.host)
     trigger = {"availableNow": True} if args.available_now else {"processingTime": args.interval}
     query = run_microbatch(spark, args.zk, args.module, args.topology, args.checkpoint, trigger=trigger,
                            max_records_per_trigger=args.max_records_per_trigger)

@@ -1,8 +1,11 @@
-"""One way to build a local Spark session with Delta Lake from the cached jars.
+"""One way to build a Spark session with Delta Lake from the cached jars, local or on a standalone cluster.
 
 The session starts offline: jars come from ``build/jars`` (filled once by
 `make jars`), never from Ivy at run time, so tests and the demo behave the same
-with and without a network.
+with and without a network. On a cluster (``master="spark://host:7077"``) the
+same jars travel with the job (``spark.jars``: the driver serves them to its
+executors), so Spark workers need nothing but pyspark and Millrace; the
+driver binds `host`, which executors must reach (its machine's address).
 """
 
 from __future__ import annotations
@@ -23,24 +26,30 @@ log = logging.getLogger("millrace.spark")
 GATEWAY_ATTEMPTS = 3
 
 
-def spark_session(app_name: str = "millrace", warehouse: Path | None = None, cores: int = 2) -> SparkSession:
-    """A local[cores] Spark session with Delta configured, UI off, quiet logs, and our venv for workers."""
+def spark_session(app_name: str = "millrace", warehouse: Path | None = None, cores: int = 2,
+                  master: str | None = None, host: str = LOOPBACK) -> SparkSession:
+    """A Spark session with Delta configured, UI off, quiet logs, and our venv for Python workers.
+
+    `master` None runs ``local[cores]``; a ``spark://`` URL runs on that standalone cluster with at most
+    `cores` executor cores (512 MiB executors: the cluster shares its machines with Millrace's workers).
+    The driver binds and advertises `host`.
+    """
     require_java17()
     jars = ",".join(str(j) for j in delta_jars())
-    os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)  # bind only to loopback
+    os.environ.setdefault("SPARK_LOCAL_IP", host)  # bind only to the address given
     os.environ.setdefault("PYSPARK_PYTHON", venv_python())
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", venv_python())
     from pyspark.sql import SparkSession
 
     builder = (
         SparkSession.builder.appName(app_name)
-        .master(f"local[{cores}]")
+        .master(master or f"local[{cores}]")
         .config("spark.jars", jars)
         .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
         .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
         .config("spark.ui.enabled", "false")
-        .config("spark.driver.bindAddress", LOOPBACK)
-        .config("spark.driver.host", LOOPBACK)
+        .config("spark.driver.bindAddress", host)
+        .config("spark.driver.host", host)
         .config("spark.sql.shuffle.partitions", str(max(2, cores)))
         .config("spark.default.parallelism", str(max(2, cores)))
         .config("spark.driver.memory", "1g")
@@ -49,6 +58,10 @@ def spark_session(app_name: str = "millrace", warehouse: Path | None = None, cor
         # Delta's default of 50 snapshot partitions is tuned for clusters; on 2 local cores it is pure overhead.
         .config("spark.databricks.delta.snapshotPartitions", str(max(2, cores)))
     )
+    if master is not None:
+        builder = (builder.config("spark.cores.max", str(cores)).config("spark.executor.cores", "1")
+                   .config("spark.executor.memory", "512m")
+                   .config("spark.executorEnv.PYSPARK_PYTHON", os.environ["PYSPARK_PYTHON"]))
     if warehouse is not None:
         builder = builder.config("spark.sql.warehouse.dir", str(warehouse))
     spark = _launch(builder)
