@@ -77,7 +77,7 @@ class FollowerRules(ReplicaState):
         assert self.leader is not None
         self._last_ack_ms = self._now
         self._out.append(Send(ReplicateAck(self.node_id, self.leader, self.epoch, self.flushed_end - 1,
-                                           self.log_end, reset)))
+                                           self.log_end, reset, self.incarnation or 0)))
 
     def _on_replicate(self, m: Replicate) -> None:
         if m.epoch < self.epoch:

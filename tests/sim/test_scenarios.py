@@ -20,6 +20,7 @@ def scripted(nodes: int, replica_cls: type[Replica] = Replica, **config: int) ->
     sim = Sim(7, nodes=nodes, config=sim_config(nodes, **config), replica_cls=replica_cls, trace=True)
     sim.auto_elect = False
     sim.start()
+    sim.run_until_true(lambda: all(n.replica.registered for n in sim.nodes.values()))  # storage recorded
     return sim
 
 

@@ -94,3 +94,11 @@ def test_regression_seeds_live_option_changes(seed: int) -> None:
     under the lower min-ISR a moment before)."""
     result = run_seed(seed)
     assert result.error is None, result.error
+
+
+@pytest.mark.parametrize("seed", [2008135, 2038463])
+def test_regression_seeds_follower_stuck_after_heal(seed: int) -> None:
+    """Found by a sweep on an earlier branch (lost): a follower stayed stuck at 717 of 747 entries after
+    healing. Kept as regression seeds; they pass with the shared election rule and storage records."""
+    result = run_seed(seed)
+    assert result.error is None, result.error
