@@ -102,3 +102,11 @@ def test_regression_seeds_follower_stuck_after_heal(seed: int) -> None:
     healing. Kept as regression seeds; they pass with the shared election rule and storage records."""
     result = run_seed(seed)
     assert result.error is None, result.error
+
+
+def test_regression_seed_stale_epoch_answer_after_far_horizon_install() -> None:
+    """Seed 5050635 (sweep 5,000,000+): a follower rebuilt by a far-horizon install got the leader's answer
+    to the epoch question its previous replica object had asked (same epoch, older log end) and was told
+    to cut below what it had applied (issue 13 item 9's `would truncate applied entries`)."""
+    result = run_seed(5050635)
+    assert result.error is None, result.error
