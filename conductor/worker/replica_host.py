@@ -437,8 +437,10 @@ class ReplicaHost:
             log.error("%s: storage lost acknowledged entries and this is the last in-sync replica: marking it "
                       "lost in the group znode; the group stalls until its data is restored", self.name)
         elif me in (self._znode.isr if self._znode is not None else ()) and me not in new.isr:
-            log.warning("%s: leaving the ISR%s: storage lost entries it acknowledged (%s)", self.name,
-                        " and the leadership" if new.leader is None else "", self.storage_lost)
+            log.warning("%s: leaving the ISR%s before serving anything: %s; it rebuilds from the leader",
+                        self.name, " and the leadership" if new.leader is None else "",
+                        self.storage_lost or "its storage is new (the directory was emptied or replaced) while "
+                                             "the group records the storage it had")
         else:
             log.info("%s: recording storage incarnation %016x under session %x", self.name, self.incarnation,
                      self.replica.session)
