@@ -134,7 +134,7 @@ def leaderless_reason(state: GroupState, live_nodes: Iterable[str] | Mapping[str
         return (f"no intact in-sync replica: {lost} lost entries it had acknowledged (its storage was replaced "
                 "or damaged) and is never elected; the group stalls (writes it acknowledged may be lost: "
                 "restore its data)")
-    unconfirmed = [x for x in state.isr if x in live and not eligible(state, x, live[x])]
+    unconfirmed = unconfirmed_members(state, live)
     if unconfirmed:
         return (f"in-sync replica(s) {unconfirmed} are live but have not confirmed their storage since they "
                 "(re)started; the conductor elects one once it has")
@@ -142,6 +142,14 @@ def leaderless_reason(state: GroupState, live_nodes: Iterable[str] | Mapping[str
     if live_osr:
         why += f"; OSR member(s) {live_osr} are live but may lack applied entries, so they are never elected"
     return why + "; the group waits for an ISR member to return"
+
+
+def unconfirmed_members(state: GroupState, live_nodes: Iterable[str] | Mapping[str, int]) -> list[str]:
+    """Live ISR members not electable only because they have not confirmed their storage under their session
+    yet (they do so within a metastore round trip of starting): worth electing again shortly."""
+    live = live_sessions(live_nodes)
+    return [x for x in state.isr if x in live and state.incarnation_of(x) != STORAGE_LOST
+            and not eligible(state, x, live[x])]
 
 
 def switch_leader(state: GroupState, to: str, session: int = 0) -> GroupState:

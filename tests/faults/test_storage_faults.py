@@ -12,7 +12,9 @@ after recovery every replica must be byte-identical.
 
 from __future__ import annotations
 
+import asyncio
 import shutil
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,6 +24,7 @@ import pytest
 from conductor.client import Cluster
 from conductor.devcluster import DevCluster
 from conductor.metastore import Metastore
+from conductor.worker.worker import Worker
 from tests.integration.cluster_helpers import (
     Appender,
     assert_replicas_identical,
@@ -118,3 +121,56 @@ def test_follower_that_lost_an_acknowledged_tail_is_not_elected_when_the_leader_
     """Scenario 2 of issue 13: the follower cut its torn tail on restart and stayed electable."""
     log = _follower_loses_storage_then_leader_dies(dc, _cut_replog_tail)
     assert "the tail it acknowledged was lost" in log
+
+
+class _InProcessWorker:
+    """One worker run in this process (its asyncio loop in a thread), so a test can call into it."""
+
+    def __init__(self, dc: DevCluster, node_id: str) -> None:
+        self.worker = Worker(dc.hosts, node_id, dc.node_dir(node_id), 0, SESSION_TIMEOUT)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name=f"worker-{node_id}", daemon=True)
+        self.thread.start()
+        asyncio.run_coroutine_threadsafe(self.worker.start(), self.loop).result(timeout=60)
+        (dc.node_dir(node_id) / "node.address").write_text(self.worker.address)
+
+    def stop(self) -> None:
+        try:
+            asyncio.run_coroutine_threadsafe(self.worker.stop(), self.loop).result(timeout=60)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout=10)
+
+
+def test_replica_reopened_empty_while_its_worker_runs_leaves_the_isr_and_rebuilds(dc: DevCluster) -> None:
+    """The fault path of a replica that finds its data damaged: the worker discards the replica's storage
+    and reopens it without restarting (same ZooKeeper session). The open-time check must treat it as lost
+    storage: the replica leaves the ISR before serving, rebuilds from the leader and is re-admitted."""
+    groups = deploy(dc, options={"replication.min.isr": "2"})
+    leader = groups[0].leader
+    follower = next(r for r in groups[0].replicas if r != leader)
+    dc.nodes[follower].stop()
+    wait_for(lambda: follower not in _live(dc), SESSION_TIMEOUT + 10, "the follower's session to end", interval_s=0.2)
+    node = _InProcessWorker(dc, follower)
+    try:
+        wait_for(lambda: follower in groups_of(dc, "Clicks")[0].isr and converged(dc, "Clicks"), 60,
+                 "the in-process worker to catch up")
+        with Cluster.connect(dc.hosts, timeout_s=30) as cluster:
+            appender = Appender(cluster.depot("Clicks", "*raw"), window=32).start()
+            try:
+                wait_for(lambda: appender.count() > 200, 30, "appends to flow")
+                recorded = groups_of(dc, "Clicks")[0].incarnation_of(follower)
+                node.worker.reopen_replica("Clicks", 0, discard_storage=True, why="test: damaged data").join(60)
+                st = wait_for(lambda: (s := groups_of(dc, "Clicks")[0]).incarnation_of(follower) != recorded and s,
+                              30, "the reopened replica to record its new storage")
+                assert follower not in st.isr, f"the emptied replica stayed in the ISR: {st}"
+                wait_for(lambda: follower in groups_of(dc, "Clicks")[0].isr, 60, "it to rebuild and rejoin the ISR")
+                before = appender.count()
+                wait_for(lambda: appender.count() > before + 200, 30, "appends after it rejoined")
+            finally:
+                appender.stop()
+        wait_for(lambda: converged(dc, "Clicks"), 60, "every replica to catch up")
+    finally:
+        node.stop()
+    assert appender.failed == 0, appender.errors[:3]
+    assert_replicas_identical(dc, "Clicks", appender.acked)

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replog.election import elect_leader, leaderless_reason, next_leadership
+from replog.election import elect_leader, leaderless_reason, next_leadership, unconfirmed_members
 from replog.eligibility import StorageMarks, check_storage, eligible, record_storage
 from replog.messages import STORAGE_LOST, GroupState, InvalidGroupState
 
@@ -74,6 +74,7 @@ def test_a_restarted_replica_is_elected_only_once_it_confirmed_its_storage_under
     assert elect_leader(s, {"n1": 99}) is None
     reason = leaderless_reason(s, {"n1": 99})
     assert reason is not None and "have not confirmed their storage" in reason
+    assert unconfirmed_members(s, {"n1": 99, "n2": 22}) == ["n1"]  # the conductor looks again soon
     confirmed = record_storage(s, "n1", 100, 99)  # intact storage: only the session changes
     assert confirmed is not None and confirmed.isr == s.isr and confirmed.storage_session("n1") == 99
     assert elect_leader(confirmed, {"n1": 99}) == "n1"
