@@ -254,21 +254,20 @@ class Conductor:
         for module in self.ms.modules.names():
             try:
                 groups = self.ms.groups.all(module)
-                min_isr = self.ms.modules.get(module)[0].replication_config().effective_min_isr
             except ModuleNotFound:
                 continue  # destroyed meanwhile
             for g, (state, version) in groups.items():
                 if self._stopping.is_set() or self._term_over.is_set():
                     return
-                settled = self._settle_group(module, g, state, version, sessions, disallowed, min_isr)
+                settled = self._settle_group(module, g, state, version, sessions, disallowed)
                 if settled.leader is None and unconfirmed_members(settled, sessions):
                     self._awaiting_storage = True
 
     def _settle_group(self, module: str, g: int, state: GroupState, version: int,
-                      live: dict[str, int], disallowed: Iterable[str] = (), min_isr: int = 1) -> GroupState:
+                      live: dict[str, int], disallowed: Iterable[str] = ()) -> GroupState:
         """Apply ``next_leadership`` with a CAS, re-deciding from fresh state on every conflict; the state now."""
         for _ in range(_MAX_CAS_ATTEMPTS):
-            new = next_leadership(state, live, disallowed, min_isr=min_isr)
+            new = next_leadership(state, live, disallowed)
             if new is None:
                 return state
             try:

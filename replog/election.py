@@ -79,17 +79,12 @@ def elect_leader(state: GroupState, live_nodes: Iterable[str] | Mapping[str, int
 
 
 def next_leadership(state: GroupState, live_nodes: Iterable[str] | Mapping[str, int],
-                    disallowed: Iterable[str] = (), order: Sequence[str] = (), min_isr: int = 1) -> GroupState | None:
+                    disallowed: Iterable[str] = (), order: Sequence[str] = ()) -> GroupState | None:
     """The state after reacting to the live set, or None if nothing must change.
 
     * leader lost (dead, or restarted under a new session), another ISR member
-      live: that member leads, epoch + 1; the old leader moves to the OSR (it
-      must catch up before rejoining) if the ISR keeps at least ``min_isr``
-      members without it. Otherwise it stays: the group cannot apply anything
-      until it returns anyway, and it holds every applied entry (a leader
-      applies only what it flushed), so it remains a copy the group may need
-      (the idea of KIP-966's eligible leader replicas: the new leader may yet
-      turn out to have lost its storage).
+      live: that member leads; the old leader moves to the OSR (it must catch
+      up before rejoining); epoch + 1.
     * leader restarted and no other ISR member is live: it is elected again
       under its new session (it is in the ISR, so this is a clean election), epoch + 1.
     * leader dead, no ISR member live: leaderless, ISR kept as it is (only those
@@ -112,9 +107,6 @@ def next_leadership(state: GroupState, live_nodes: Iterable[str] | Mapping[str, 
     old = state.leader
     new_leader = elect_leader(state, live, exclude=[old], disallowed=disallowed, order=order)
     if new_leader is not None:
-        if len(state.isr) - 1 < min_isr:
-            return replace(state, leader=new_leader, epoch=state.epoch + 1, version=state.version + 1,
-                           leader_session=live[new_leader])
         return replace(
             state,
             leader=new_leader,
@@ -168,7 +160,7 @@ def switch_leader(state: GroupState, to: str, session: int = 0) -> GroupState:
 
 
 def abdicate(state: GroupState, node: str, live_nodes: Iterable[str] | Mapping[str, int],
-             disallowed: Iterable[str] = (), min_isr: int = 1) -> GroupState | None:
+             disallowed: Iterable[str] = ()) -> GroupState | None:
     """The state after leader ``node`` gives up leadership because of a fault; None if it does not lead.
 
     The worker writes it with a versioned compare-and-set (on a conflict it
@@ -177,13 +169,9 @@ def abdicate(state: GroupState, node: str, live_nodes: Iterable[str] | Mapping[s
     * ``node`` no longer leads, and the epoch is bumped, so whatever it still
       sends is fenced;
     * ``node`` leaves the ISR (to the OSR: it rejoins only by catching up from
-      the next leader) when at least ``min_isr`` other ISR members remain (so
-      never emptying the ISR); the remaining members hold every applied entry,
-      so no acknowledged write is lost by the move. Otherwise it stays, as a
-      dead leader does in a failover: the group cannot apply without it anyway,
-      and its data is not in question here (a replica whose storage lost
-      entries leaves through ``replog.eligibility.record_storage`` when it
-      reopens);
+      the next leader) when another ISR member remains, since the ISR never
+      becomes empty; the remaining members hold every applied entry, so no
+      acknowledged write is lost by the move;
     * the next leader is elected by the same rule as a failover
       (:func:`elect_leader`: ISR ∩ live, ``node`` excluded) in the same CAS; if
       no other ISR member is live, the group is leaderless until one returns.
@@ -196,9 +184,8 @@ def abdicate(state: GroupState, node: str, live_nodes: Iterable[str] | Mapping[s
     live = live_sessions(live_nodes)
     successor = elect_leader(state, live, exclude=[node], disallowed=disallowed)
     others = tuple(x for x in state.isr if x != node)
-    if not others or len(others) < min_isr:
-        return replace(state, leader=successor, epoch=state.epoch + 1, version=state.version + 1,
-                       leader_session=live[successor] if successor is not None else 0)
+    if not others:
+        return replace(state, leader=None, epoch=state.epoch + 1, version=state.version + 1, leader_session=0)
     return replace(
         state,
         leader=successor,

@@ -724,7 +724,7 @@ class Sim:
         live = {m: n.session for m, n in self.nodes.items() if n.alive and n.session_live}
         order = list(self.ids)
         self.rng.shuffle(order)
-        new = next_leadership(self.znode, live, order=order, min_isr=self.config.effective_min_isr)
+        new = next_leadership(self.znode, live, order=order)
         if new is not None:
             self._write_znode(new)
         if self.znode.leader is None:

@@ -110,11 +110,3 @@ def test_regression_seed_stale_epoch_answer_after_far_horizon_install() -> None:
     to cut below what it had applied (issue 13 item 9's `would truncate applied entries`)."""
     result = run_seed(5050635)
     assert result.error is None, result.error
-
-
-def test_regression_seed_failover_keeps_the_dead_leader_in_an_isr_below_min_isr() -> None:
-    """Seed 5100562 (sweep 5,100,000+): the conductor's failover dropped the dead leader from an ISR
-    that was then below min-ISR; the new leader had just found its own data damaged and could not stay
-    in the ISR, so the only intact copy (the dead leader, back later) was in the OSR and never elected."""
-    result = run_seed(5100562)
-    assert result.error is None, result.error
