@@ -110,3 +110,12 @@ def test_regression_seed_stale_epoch_answer_after_far_horizon_install() -> None:
     to cut below what it had applied (issue 13 item 9's `would truncate applied entries`)."""
     result = run_seed(5050635)
     assert result.error is None, result.error
+
+
+def test_regression_seed_storage_fault_on_the_last_copy_while_the_leader_is_down() -> None:
+    """Seed 5100562 (sweep 5,100,000+): damage was found on the only other in-sync copy while the leader
+    was down; the failover dropped the leader from the ISR, the damaged replica could not stay in it, and
+    the group stalled (no intact in-sync replica: a double fault, not a lost write). Storage faults are
+    now injected only while another intact ISR member is up."""
+    result = run_seed(5100562)
+    assert result.error is None, result.error
