@@ -52,6 +52,12 @@ Rules, and why:
   ``append_timeout_ms`` (a stalled ISR, a lost successor) it gives up and takes
   appends again; a CAS in flight is always awaited first, since it may land.
 
+* A replica acknowledges, applies and leads nothing until the group znode
+  records its storage's incarnation; storage that lost entries it acknowledged
+  is recorded in the same CAS that takes it out of the ISR and the leadership,
+  and a leader counts only acks of the recorded incarnation
+  (:mod:`replog.eligibility`, KIP-966/KIP-903).
+
 Assertions state invariants the protocol guarantees; a failing one is a bug in
 the protocol or the driver, not bad input (bad input is rejected by the event
 constructors or answered with typed errors).
