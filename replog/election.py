@@ -11,7 +11,9 @@ Safety rules (DESIGN.md section 4):
   (no unclean election: an OSR member may lack applied entries);
 * every change of leadership, including to "no leader", bumps the epoch so a
   deposed leader's messages are fenced;
-* if no ISR member is live the group stays leaderless, keeping its ISR, until
+* only *eligible* ISR members are elected: not one whose storage lost entries
+  it acknowledged (``replog.eligibility``; KIP-966's eligible leader replicas);
+* if no eligible ISR member is live the group stays leaderless, keeping its ISR, until
   an ISR member returns;
 * a new state carries the znode version it will have once written (the read
   one plus one), as the replication state machine's proposals do;
@@ -30,7 +32,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
-from replog.messages import GroupState, InvalidGroupState
+from replog.eligibility import eligible
+from replog.messages import STORAGE_LOST, GroupState, InvalidGroupState
 
 
 def live_sessions(live_nodes: Iterable[str] | Mapping[str, int]) -> dict[str, int]:
@@ -52,19 +55,23 @@ def leader_alive(state: GroupState, live_nodes: Iterable[str] | Mapping[str, int
 def elect_leader(state: GroupState, live_nodes: Iterable[str] | Mapping[str, int],
                  exclude: Iterable[str] = (), disallowed: Iterable[str] = (),
                  order: Sequence[str] = ()) -> str | None:
-    """The new leader: the first replica (in preference order) that is in the ISR and live.
+    """The new leader: the first replica (in preference order) that is in the ISR, eligible and live.
 
     The preference order is the placement (``state.replicas``) unless ``order``
     gives another (the simulator passes a random one to explore every choice).
 
     Never an OSR member: it may lack entries that were already applied, so
-    electing it would lose acknowledged writes. None if no ISR member is live.
+    electing it would lose acknowledged writes; never a member whose storage
+    is lost or not confirmed under its live session (``replog.eligibility``).
+    None if no ISR member qualifies.
     Nodes drained of leadership (``disallowed``) are taken only when no allowed
     ISR member is live: availability beats the drain.
     """
-    live = set(live_sessions(live_nodes)) - set(exclude)
+    sessions = live_sessions(live_nodes)
+    live = set(sessions) - set(exclude)
     isr = set(state.isr)
-    candidates = [node for node in (order or state.replicas) if node in isr and node in live]
+    candidates = [node for node in (order or state.replicas)
+                  if node in isr and node in live and eligible(state, node, sessions[node])]
     banned = set(disallowed)
     allowed = [node for node in candidates if node not in banned]
     pick = allowed or candidates
@@ -108,7 +115,7 @@ def next_leadership(state: GroupState, live_nodes: Iterable[str] | Mapping[str, 
             osr=tuple(x for x in state.replicas if x == old or x in state.osr),
             leader_session=live[new_leader],
         )
-    if old in live:  # restarted, and the only live in-sync replica
+    if old in live and eligible(state, old, live[old]):  # restarted, and the only live in-sync replica
         return replace(state, epoch=state.epoch + 1, version=state.version + 1, leader_session=live[old])
     return replace(state, leader=None, epoch=state.epoch + 1, version=state.version + 1, leader_session=0)
 
@@ -122,10 +129,27 @@ def leaderless_reason(state: GroupState, live_nodes: Iterable[str] | Mapping[str
         return (f"leader {state.leader} restarted under a new ZooKeeper session; the conductor re-elects "
                 "a leader shortly")
     live_osr = [x for x in state.osr if x in live]
+    lost = [x for x in state.isr if state.incarnation_of(x) == STORAGE_LOST]
+    if lost:  # only ever the last ISR member: the others leave the ISR instead
+        return (f"no intact in-sync replica: {lost} lost entries it had acknowledged (its storage was replaced "
+                "or damaged) and is never elected; the group stalls (writes it acknowledged may be lost: "
+                "restore its data)")
+    unconfirmed = unconfirmed_members(state, live)
+    if unconfirmed:
+        return (f"in-sync replica(s) {unconfirmed} are live but have not confirmed their storage since they "
+                "(re)started; the conductor elects one once it has")
     why = f"no in-sync replica is live (ISR {list(state.isr)} all down)"
     if live_osr:
         why += f"; OSR member(s) {live_osr} are live but may lack applied entries, so they are never elected"
     return why + "; the group waits for an ISR member to return"
+
+
+def unconfirmed_members(state: GroupState, live_nodes: Iterable[str] | Mapping[str, int]) -> list[str]:
+    """Live ISR members not electable only because they have not confirmed their storage under their session
+    yet (they do so within a metastore round trip of starting): worth electing again shortly."""
+    live = live_sessions(live_nodes)
+    return [x for x in state.isr if x in live and state.incarnation_of(x) != STORAGE_LOST
+            and not eligible(state, x, live[x])]
 
 
 def switch_leader(state: GroupState, to: str, session: int = 0) -> GroupState:

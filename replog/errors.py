@@ -144,3 +144,14 @@ class CorruptEpochFile(ReplogError):
             f"corrupt leader-epoch checkpoint {path}: {reason}; "
             "the replica must be rebuilt from the leader (delete its data directory and restart it)"
         )
+
+
+class CorruptStorageMarks(ReplogError):
+    """The storage marks file is damaged: the replica cannot tell what it acknowledged."""
+
+    grpc_code = "DATA_LOSS"
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"storage marks {path} are damaged: {reason}")

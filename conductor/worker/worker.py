@@ -292,27 +292,10 @@ class Worker:
         code = self.lifecycle.module_code(spec)
         code.get(spec.version)  # the version leaders switch to, loaded now (off the task threads)
         rt = ModuleRuntime(spec, code)
-        config = spec.replication_config()
         for g, st in sorted(groups.items()):
             rt.replicas[g] = tuple(st.replicas)
-            if self.node_id not in st.replicas:
-                continue
-            gdir = self.data_dir / module / str(g)
-            # defined by the version its applied state is in; it switches where its replog says
-            store = ReplicaStore.open_versioned(gdir / "state", GroupCode(code, spec.tasks, spec.threads, g))
-            assert store.code is not None and store.code.runner is not None
-            runner = rt.runners[g] = store.code.runner
-            rt.stores[g] = store
-            dataflow = None
-            if runner.active or store.code.runner_of(spec.version).active:  # hops exist only where topologies run
-                flow = GroupDataflow(store.current, runner)  # (a far-horizon install swaps the store object)
-                store.code.flow = flow
-                dataflow = DataflowDriver(f"{module}/{g}", flow, functools.partial(self._send_flow, module))
-            host = ReplicaHost(self.node_id, module, g, gdir, config, self.session or 0, store,
-                               self._send, self._change_isr, hand_off=self._hand_off,
-                               on_far_horizon=self._start_catchup, segment_bytes=spec.option(SEGMENT_BYTES),
-                               dataflow=dataflow)
-            rt.hosts[g] = host
+            if self.node_id in st.replicas:
+                self._open_replica(rt, g)
         with self._lock:
             self.modules[module] = rt
         for host in rt.hosts.values():
@@ -324,6 +307,66 @@ class Worker:
             self.metastore.resigns.watch(module, g, functools.partial(self._on_resign, rt, g))
         log.warning("node %s hosts %d replica(s) of module %s: groups %s", self.node_id, len(rt.hosts), module,
                     sorted(rt.hosts))
+
+    def _open_replica(self, rt: ModuleRuntime, g: int) -> ReplicaHost:
+        """Open group ``g``'s replica from its directory (not started yet).
+
+        Its store is defined by the code version its applied state is in; it
+        switches where its replog says (``group_code``).
+        """
+        spec, module = rt.spec, rt.spec.name
+        gdir = self.data_dir / module / str(g)
+        store = ReplicaStore.open_versioned(gdir / "state", GroupCode(rt.code, spec.tasks, spec.threads, g))
+        assert store.code is not None and store.code.runner is not None
+        runner = rt.runners[g] = store.code.runner
+        rt.stores[g] = store
+        dataflow = None
+        if runner.active or store.code.runner_of(spec.version).active:  # hops exist only where topologies run
+            flow = GroupDataflow(store.current, runner)  # (a far-horizon install swaps the store object)
+            store.code.flow = flow
+            dataflow = DataflowDriver(f"{module}/{g}", flow, functools.partial(self._send_flow, module))
+        host = ReplicaHost(self.node_id, module, g, gdir, spec.replication_config(), self.session or 0, store,
+                           self._send, self._change_isr, hand_off=self._hand_off,
+                           on_far_horizon=self._start_catchup, segment_bytes=spec.option(SEGMENT_BYTES),
+                           dataflow=dataflow)
+        rt.hosts[g] = host
+        return host
+
+    def reopen_replica(self, module: str, group: int, discard_storage: bool, why: str) -> threading.Thread:
+        """Close one replica and open it again from its directory, in a thread of its own (returned).
+
+        For a fault found while the worker runs (e.g. damaged data): with
+        ``discard_storage`` the group's directory is deleted first, so the
+        replica reopens empty; either way the open-time check
+        (``replog.eligibility``) finds what it lost, and the replica leaves the
+        ISR before serving anything and rebuilds from the leader. Safe to call
+        from the replica's own task thread (the old one is joined elsewhere).
+        """
+        def run() -> None:
+            rt = self.modules.get(module)
+            old = rt.hosts.get(group) if rt is not None else None
+            if rt is None or old is None:
+                return
+            log.error("%s: reopening the replica%s: %s", old.name, " with its storage discarded" if discard_storage
+                      else "", why)
+            old.stop()
+            if old.thread.is_alive():
+                old.thread.join()
+            if discard_storage:
+                shutil.rmtree(self.data_dir / module / str(group), ignore_errors=True)
+            if self.modules.get(module) is not rt:
+                return  # closed or redeployed meanwhile
+            host = self._open_replica(rt, group)
+            host.start()
+            assert self.metastore is not None
+            try:
+                host.post(MetastoreChanged(self.metastore.groups.get(module, group)[0]))
+            except MetastoreError as e:  # the group watch delivers the next change
+                log.warning("%s: could not read the group znode after reopening: %s", host.name, e)
+
+        thread = threading.Thread(target=run, name=f"reopen-{module}/{group}", daemon=True)
+        thread.start()
+        return thread
 
     def _on_spec(self, rt: ModuleRuntime, spec: ModuleSpec | None) -> None:
         """`conductor set-option`: hand the replicas the new replication options (they apply at once);

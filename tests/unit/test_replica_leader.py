@@ -25,6 +25,7 @@ from replog.messages import (
     LocalFlushed,
     MetastoreChanged,
     PersistEpochs,
+    RecordStorage,
     ReplicateAck,
     Reply,
     Role,
@@ -277,3 +278,28 @@ def test_lowering_min_isr_live_unstalls_the_group() -> None:
     assert [x.request_id for x in of(out, Reply) if x.error is None] == [1]
     with pytest.raises(AssertionError, match="replication factor"):
         r.handle(ConfigChanged(ReplicationConfig(replication_factor=5)), 303)
+
+
+def test_storage_is_recorded_before_leading_and_only_acks_of_recorded_storage_count() -> None:
+    """replog.eligibility: no leading before the znode records this storage; a follower's acks count only
+    from the incarnation the znode records, and a new incarnation makes the leader forget the old one's."""
+    cfg = ReplicationConfig(replication_factor=3, max_time_lag_ms=100, append_timeout_ms=500)
+    st = GroupState("a", 1, ("a", "b", "c"), (), 1, 1, storage=(("b", 20, 2), ("c", 30, 3)))
+    r = Replica("a", "g", cfg, session=1, incarnation=10)
+    out = r.handle(MetastoreChanged(st), 0)
+    (rec,) = of(out, RecordStorage)
+    assert not r.is_leader and rec.expected_version == 1 and rec.new.incarnation_of("a") == 10
+    r.handle(IsrChanged(rec.new), 1)
+    assert r.is_leader
+    r.handle(ClientAppend(1, 1, 10, Ack.APPLIED), 2)
+    r.handle(LocalFlushed(1), 3)
+    r.handle(ReplicateAck("b", "a", 1, 0, 1, incarnation=99), 4)  # a storage the znode does not record
+    r.handle(ReplicateAck("c", "a", 1, 0, 1, incarnation=30), 4)
+    assert r.follower_offsets() == {"b": -1, "c": 0} and r.apply_offset == -1
+    out = r.handle(ReplicateAck("b", "a", 1, 0, 1, incarnation=20), 5)
+    assert r.apply_offset == 0 and Reply(1, 0, 1) in of(out, Reply)
+    # b's disk is replaced: it records its new storage, leaving the ISR; the leader forgets what b held.
+    moved = GroupState("a", 1, ("a", "c"), ("b",), rec.new.version + 1, 1,
+                       storage=(("a", 10, 1), ("b", 21, 2), ("c", 30, 3)))
+    r.handle(MetastoreChanged(moved), 6)
+    assert r.isr == ("a", "c") and r.follower_offsets()["b"] == -1
