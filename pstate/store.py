@@ -57,7 +57,7 @@ from pstate.errors import (
 )
 from pstate.keys import encode_key
 from pstate.path import KEY, P, Path, Transform, as_transform
-from pstate.reader import DbReader
+from pstate.reader import DbReader, verify_column_families
 from pstate.schema import Map, Scalar, Set, check_top_level
 
 META = "_meta"
@@ -174,6 +174,18 @@ class TaskGroupStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def verify(self) -> None:
+        """Read every block of every column family with checksums on; :class:`CorruptStore` at the first damage.
+
+        A replica calls it when it opens, so damage done while it was down (a
+        flipped byte in an SST file) is found before it serves or is elected,
+        not by whichever scan happens to touch the block first.
+        """
+        with self._lock:
+            self._check_open()
+            with rocks_errors("verify", self.path):
+                verify_column_families(self._cfs.values())
 
     def flush(self) -> None:
         """Persist memtables of ALL column families in one atomic flush (see the module docstring)."""
