@@ -257,17 +257,20 @@ class TaskGroupStore:
                 self._pending = Overlay()
             return not skip
 
-    def stage(self, offset: int, builder: ChangeSetBuilder) -> bytes:
+    def stage(self, offset: int, builder: ChangeSetBuilder, payload: bytes | None = None) -> bytes:
         """Leader: record an entry appended to the replog but not yet applied; return its payload.
 
         Later builders read through staged writes, so two in-flight entries that
         ``update`` the same key compose instead of losing an update.  Applying
-        up to the highest staged offset clears the overlay.
+        up to the highest staged offset clears the overlay. ``payload`` is the
+        builder's encoding when the caller made it already (to check its size).
         """
+        if payload is None:
+            payload = builder.encode()
         with self._lock:
             self._pending.merge(builder.writes.overlay)
             self._staged_upto = max(self._staged_upto, offset)
-            return builder.encode()
+            return payload
 
     def drop_staged(self) -> None:
         """Forget staged entries (leadership lost, or the replog was truncated)."""

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from replog.config import DEFAULT_SEGMENT_BYTES, OPTION_NAMES, ReplicationConfig
+from replog.config import DEFAULT_SEGMENT_BYTES, MAX_ENTRY_BYTES_CEILING, OPTION_NAMES, ReplicationConfig
 
 # Names become znode path segments and appear in logs and metrics labels, so
 # they must be free of "/" and whitespace; 64 characters keeps paths readable.
@@ -37,6 +37,8 @@ MAX_TIME_LAG_MS = "replication.max.time.lag.millis"
 DEPOT_APPEND_TIMEOUT_MS = "replication.depot.append.timeout.millis"
 MAX_NEAR_SYNC_MESSAGE_LAG = "replication.max.near.sync.message.lag"
 SEGMENT_BYTES = "replog.segment.bytes"
+MAX_RECORD_BYTES = "replication.max.record.bytes"
+MAX_ENTRY_BYTES = "replication.max.entry.bytes"
 
 
 class SpecError(ValueError):
@@ -92,6 +94,14 @@ def _positive_int(name: str, raw: str) -> int:
     return value
 
 
+def _entry_size(name: str, raw: str) -> int:
+    value = _positive_int(name, raw)
+    if value > MAX_ENTRY_BYTES_CEILING:
+        raise InvalidOption(name, raw, f"must be at most {MAX_ENTRY_BYTES_CEILING:,} (half the transport's "
+                            "message limit, so every entry can be replicated)")
+    return value
+
+
 @dataclass(frozen=True)
 class OptionDef:
     """One known dynamic option: its parser and its default (which may depend on the spec)."""
@@ -116,7 +126,8 @@ def _default_min_isr(spec: ModuleSpec) -> int:
 
 
 #: the options a module spec carries that reach the replication state machines (ConfigChanged)
-REPLICATION_OPTIONS = (MIN_ISR, MAX_TIME_LAG_MS, DEPOT_APPEND_TIMEOUT_MS, MAX_NEAR_SYNC_MESSAGE_LAG)
+REPLICATION_OPTIONS = (MIN_ISR, MAX_TIME_LAG_MS, DEPOT_APPEND_TIMEOUT_MS, MAX_NEAR_SYNC_MESSAGE_LAG,
+                       MAX_RECORD_BYTES, MAX_ENTRY_BYTES)
 
 KNOWN_OPTIONS: dict[str, OptionDef] = {
     o.name: o
@@ -133,6 +144,11 @@ KNOWN_OPTIONS: dict[str, OptionDef] = {
         OptionDef(SEGMENT_BYTES, _positive_int, lambda s: DEFAULT_SEGMENT_BYTES,
                   "replog segment size; retention deletes whole segments, so it is also the granularity "
                   "of the replog's disk use"),
+        OptionDef(MAX_RECORD_BYTES, _entry_size, _replication_default(MAX_RECORD_BYTES),
+                  "largest record an append may carry; larger ones fail with EntryTooLarge"),
+        OptionDef(MAX_ENTRY_BYTES, _entry_size, _replication_default(MAX_ENTRY_BYTES),
+                  "largest replog entry one append may become (records, topology effects, hop messages); "
+                  "larger ones fail with EntryTooLarge before anything is logged"),
     )
 }
 
@@ -195,6 +211,12 @@ class ModuleSpec:
         parsed = definition.parse(key, value)
         if key == MIN_ISR and parsed > self.replication_factor:
             raise InvalidOption(key, value, f"cannot exceed the replication factor {self.replication_factor}")
+        if key in (MAX_RECORD_BYTES, MAX_ENTRY_BYTES):
+            other = MAX_ENTRY_BYTES if key == MAX_RECORD_BYTES else MAX_RECORD_BYTES
+            record, entry = (parsed, self.option(other)) if key == MAX_RECORD_BYTES else (self.option(other), parsed)
+            if record > entry:
+                raise InvalidOption(key, value, f"{MAX_RECORD_BYTES} ({record:,}) must not exceed "
+                                    f"{MAX_ENTRY_BYTES} ({entry:,})")
         return parsed
 
     # ---- options -------------------------------------------------------------------------

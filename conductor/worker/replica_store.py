@@ -95,8 +95,8 @@ class ReplicaStore:
         sends.write(b)
         return b
 
-    def stage(self, offset: int, builder: ChangeSetBuilder) -> bytes:
-        return self.store.stage(offset, builder)
+    def stage(self, offset: int, builder: ChangeSetBuilder, payload: bytes | None = None) -> bytes:
+        return self.store.stage(offset, builder, payload)
 
     def stage_inherited(self, entries: list[tuple[int, int, bytes]]) -> None:
         """A new leader's log tail `(applied, log end)` from earlier epochs: make it visible to builders.

@@ -18,6 +18,7 @@ import functools
 import logging
 import shutil
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -45,12 +46,14 @@ from conductor.worker.far_horizon import (
     replication_handler,
 )
 from conductor.worker.metrics import node_registry
+from conductor.worker.replica_faults import CORRUPT, Backoff, Fault, describe, fault_kind, quarantine
 from conductor.worker.replica_host import ReplicaHost
 from conductor.worker.replica_store import ReplicaStore
 from conductor.worker.services import AdminService, ClientService, LoopSettler, ReplicationService
 from conductor.worker.transport import PeerTransport, from_proto
 from pstate.checkpoint import Manifest
-from replog.errors import NotLeader
+from pstate.errors import CorruptStore
+from replog.errors import NotLeader, ReplicaFailed
 from replog.messages import (
     ConfigChanged,
     GroupState,
@@ -85,6 +88,9 @@ class ModuleRuntime:
         self.stores: dict[int, ReplicaStore] = {}
         self.runners: dict[int, StreamRunner] = {}
         self.replicas: dict[int, tuple[str, ...]] = {}
+        #: per group: the last fault of the local replica and its restart backoff (kept across restarts)
+        self.faults: dict[int, Fault] = {}
+        self.backoffs: dict[int, Backoff] = {}
 
 
 class Worker:
@@ -274,24 +280,10 @@ class Worker:
             return
         definition = load_deployed(self.metastore, spec, self.code, exclude=self.node_id).build()
         rt = ModuleRuntime(spec, definition)
-        config = spec.replication_config()
         for g, st in sorted(groups.items()):
             rt.replicas[g] = tuple(st.replicas)
-            if self.node_id not in st.replicas:
-                continue
-            runner = rt.runners[g] = StreamRunner(definition, spec.tasks, spec.threads, g)
-            gdir = self.data_dir / module / str(g)
-            store = ReplicaStore.open(gdir / "state", definition)
-            rt.stores[g] = store
-            dataflow = None
-            if runner.active:  # hop messages exist only where topologies run
-                flow = GroupDataflow(store.current, runner)  # (a far-horizon install swaps the store object)
-                dataflow = DataflowDriver(f"{module}/{g}", flow, functools.partial(self._send_flow, module))
-            host = ReplicaHost(self.node_id, module, g, gdir, config, self.session or 0, store,
-                               self._send, self._change_isr, hand_off=self._hand_off,
-                               on_far_horizon=self._start_catchup, segment_bytes=spec.option(SEGMENT_BYTES),
-                               dataflow=dataflow)
-            rt.hosts[g] = host
+            if self.node_id in st.replicas:
+                rt.hosts[g] = self._open_replica(rt, g)
         with self._lock:
             self.modules[module] = rt
         for host in rt.hosts.values():
@@ -303,6 +295,128 @@ class Worker:
             self.metastore.resigns.watch(module, g, functools.partial(self._on_resign, rt, g))
         log.warning("node %s hosts %d replica(s) of module %s: groups %s", self.node_id, len(rt.hosts), module,
                     sorted(rt.hosts))
+
+    def _open_replica(self, rt: ModuleRuntime, g: int) -> ReplicaHost:
+        """Open the local replica of group ``g`` from disk (store verified first) and its host, not started.
+
+        A store that fails verification (damage done while the replica was down)
+        is quarantined and the replica opens empty, to be rebuilt from the leader.
+        """
+        module = rt.spec.name
+        runner = rt.runners[g] = StreamRunner(rt.definition, rt.spec.tasks, rt.spec.threads, g)
+        gdir = self.data_dir / module / str(g)
+        store = ReplicaStore.open(gdir / "state", rt.definition)
+        try:
+            store.store.verify()
+        except CorruptStore as e:
+            store.close()
+            self._quarantine(rt, g, e)
+            store = ReplicaStore.open(gdir / "state", rt.definition)
+        rt.stores[g] = store
+        dataflow = None
+        if runner.active:  # hop messages exist only where topologies run
+            flow = GroupDataflow(store.current, runner)  # (a far-horizon install swaps the store object)
+            dataflow = DataflowDriver(f"{module}/{g}", flow, functools.partial(self._send_flow, module))
+        return ReplicaHost(self.node_id, module, g, gdir, rt.spec.replication_config(), self.session or 0, store,
+                           self._send, self._change_isr, hand_off=self._hand_off,
+                           on_far_horizon=self._start_catchup, segment_bytes=rt.spec.option(SEGMENT_BYTES),
+                           dataflow=dataflow, on_fault=self._on_replica_fault)
+
+    def _quarantine(self, rt: ModuleRuntime, g: int, exc: BaseException) -> None:
+        """Move a replica's damaged data aside (it reopens empty and is rebuilt) and say so, once, clearly."""
+        name = f"{rt.spec.name}/{g}"
+        fault = rt.faults.get(g)
+        if fault is None or fault.kind != CORRUPT:
+            fault = rt.faults[g] = Fault(CORRUPT, describe(exc), time.time(), fault.restarts if fault else 0)
+        dest = quarantine(self.data_dir / rt.spec.name / str(g), self.data_dir / "_quarantine", name)
+        fault.quarantined = fault.quarantined + 1
+        log.error("%s: DAMAGED DATA on node %s (%s); moved the replica's files to %s and rebuilding it from an "
+                  "intact replica (far-horizon catchup); the damaged copy is kept for inspection", name,
+                  self.node_id, fault.reason, dest)
+
+    def _on_replica_fault(self, host: ReplicaHost, exc: BaseException) -> None:
+        """A replica's task thread stopped on a fault: give up leadership now, then restart it from disk.
+
+        Runs on the failed replica's task thread (its disk already closed); the
+        restart waits its backoff on a thread of its own, so a worker never
+        keeps a dead replica.
+        """
+        rt = self.modules.get(host.module)
+        if rt is None or rt.hosts.get(host.group) is not host:
+            return  # closed meanwhile (module destroyed, worker stopping)
+        assert host.fault is not None
+        old = rt.faults.get(host.group)
+        fault = rt.faults[host.group] = dataclasses.replace(host.fault, restarts=old.restarts if old else 0,
+                                                            quarantined=old.quarantined if old else 0)
+        self._abdicate(host, fault)
+        delay = rt.backoffs.setdefault(host.group, Backoff()).delay(time.monotonic())
+        log.warning("%s: restarting the replica from disk in %.1fs", host.name, delay)
+        timer = threading.Timer(delay, self._restart_replica, args=(rt, host, fault_kind(exc) == CORRUPT, exc))
+        timer.daemon = True
+        timer.start()
+
+    def _restart_replica(self, rt: ModuleRuntime, failed: ReplicaHost, damaged: bool, exc: BaseException) -> None:
+        """Reopen a failed replica from disk (after quarantining damaged data); on failure, try again later.
+
+        The one seam of recovery: quarantine + reopen. A replica reopened empty
+        is rebuilt from the leader like any replica that lost its storage.
+        """
+        if self.metastore is None or self.metastore.closed or rt.hosts.get(failed.group) is not failed:
+            return
+        g = failed.group
+        if failed.catchup is not None:
+            failed.catchup.stop()
+        try:
+            if damaged:
+                self._quarantine(rt, g, exc)
+            host = self._open_replica(rt, g)
+        except Exception as e:  # the disk is still full, or worse: the same backoff, again
+            failed.fault = Fault(fault_kind(e), describe(e), time.time())
+            log.error("%s: reopening the replica failed (%s); trying again", failed.name, failed.fault.reason)
+            self._on_replica_fault(failed, e)
+            return
+        fault = rt.faults[g]
+        fault.restarts += 1
+        host.stats.update({k: v for k, v in failed.stats.items()})
+        with self._lock:
+            if rt.hosts.get(g) is not failed:
+                host.stop()
+                return
+            rt.hosts[g] = host
+        host.start()
+        try:
+            st, _version = self.metastore.groups.get(rt.spec.name, g)
+            host.post(MetastoreChanged(st))
+        except MetastoreError:
+            pass  # the group watch delivers it when ZooKeeper is back
+        log.warning("%s: replica restarted from disk (restart %d; last fault %s)", host.name, fault.restarts,
+                    fault.line())
+
+    def _abdicate(self, host: ReplicaHost, fault: Fault) -> None:
+        """A failed replica leaves the ISR and, if it led, gives up leadership: one CAS on the group znode.
+
+        Another in-sync replica is elected by the conductor at once, instead of
+        after this worker's session (which stays up) times out. A follower is
+        left to its leader, which moves it to the OSR when it stops confirming.
+        """
+        assert self.metastore is not None
+        ms = self.metastore
+        reason = f"{fault.kind}: {fault.reason}"
+        for _ in range(5):
+            try:
+                st, version = ms.groups.get(host.module, host.group)
+                new = abdicated(st, self.node_id)
+                if new is None:
+                    return
+                ms.groups.cas(host.module, host.group, new, version)
+                log.warning("%s: gave up leadership (epoch %d -> %d) and left the ISR %s because the replica failed "
+                            "(%s)", host.name, st.epoch, new.epoch, list(new.isr), reason)
+                return
+            except VersionConflict:
+                continue
+            except MetastoreError as e:
+                log.warning("%s: could not give up leadership (%s); the session timeout moves it", host.name, e)
+                return
 
     def _on_spec(self, rt: ModuleRuntime, spec: ModuleSpec | None) -> None:
         """`conductor set-option`: hand the replicas the new replication options (they apply at once)."""
@@ -487,10 +601,27 @@ class Worker:
         if host is None:
             raise NotLeader(f"{module}/{group}", None, None)
         r = host.replica
+        if host.fault is not None:
+            raise ReplicaFailed(host.name, host.fault.kind, host.fault.reason)
         if not r.is_leader:
             retry = self._resolve(r.leader) if r.leader else None
             raise NotLeader(host.name, r.leader, r.epoch, retry_at=retry)
         return host
+
+
+def abdicated(st: GroupState, node: str) -> GroupState | None:
+    """The group's state once ``node``'s replica gave up on a fault (None: nothing to change).
+
+    A leader steps down (leaderless, epoch + 1, so the conductor elects another
+    ISR member and the old epoch is fenced) and leaves the ISR unless it is its
+    last member; it rejoins by catching up, like any replica that fell behind.
+    """
+    if st.leader != node:
+        return None
+    isr = tuple(n for n in st.isr if n != node) or st.isr
+    osr = st.osr + ((node,) if isr != st.isr else ())
+    return dataclasses.replace(st, leader=None, epoch=st.epoch + 1, isr=isr, osr=osr, leader_session=0,
+                               version=st.version + 1)
 
 
 def _count_catchup(host: ReplicaHost, p: CatchupProgress) -> None:
