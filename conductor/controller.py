@@ -48,15 +48,9 @@ from conductor.metastore import (
 )
 from conductor.metastore.module_spec import DEPOT_APPEND_TIMEOUT_MS, ModuleSpec
 from conductor.metastore.versions import CodeVersion
-from conductor.placement import (
-    balance_leaders,
-    fully_in_sync,
-    leaderless_reason,
-    next_leadership,
-    place,
-    switch_leader,
-)
+from conductor.placement import balance_leaders, fully_in_sync, place
 from conductor.settings import REQUIRED, Setting, SettingsError, add_arguments, parse_seconds, resolve
+from replog.election import leaderless_reason, next_leadership, switch_leader
 
 log = logging.getLogger("millrace.conductor")
 

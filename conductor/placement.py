@@ -1,38 +1,23 @@
-"""Pure placement and leadership decisions: which node holds which replica, who leads.
+"""Pure placement and balancing decisions: which node holds which replica, which one should lead.
 
 Nothing here talks to ZooKeeper. The conductor reads the metastore, asks these
 functions what the next state should be, and writes it back with a versioned
 compare-and-set. Keeping the decisions pure lets us test them exhaustively
 (hypothesis, brute force on small cases) and reuse them in the simulator.
 
-Safety rules encoded here (DESIGN.md section 4):
-
-* a leader is only ever chosen from ISR ∩ live nodes, never from the OSR
-  (no unclean election: an OSR member may lack applied entries);
-* every change of leadership, including to "no leader", bumps the epoch so a
-  deposed leader's messages are fenced;
-* if no ISR member is live the group stays leaderless, keeping its ISR, until
-  an ISR member returns;
-* a new state carries the znode version it will have once written (the read
-  one plus one), as the replication state machine's proposals do;
-* leadership is bound to the ZooKeeper session of the elected node
-  (``leader_session``): a node that restarted under the same id but a new
-  session may have lost its unflushed tail, so it does not silently keep
-  leading; the conductor treats it like a lost leader.
-
-"Live" is given either as node ids or as a mapping node id -> session id (the
-``ephemeralOwner`` of ``/millrace/nodes/<id>``); only the mapping lets the
-session check happen.
+Who leads after a failure, a hand-off or an abdication is the election rule,
+in ``replog/election.py`` (the simulator runs it); here are placement and
+leader balancing, which only ever move leadership between in-sync replicas.
 """
 
 from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Hashable, Iterable, Mapping, Sequence
-from dataclasses import replace
 from typing import TypeVar
 
-from conductor.metastore import GroupState, InvalidGroupState
+from conductor.metastore import GroupState
+from replog.election import leader_alive, live_sessions
 
 K = TypeVar("K", bound=Hashable)
 
@@ -71,115 +56,14 @@ def place(groups: int | Iterable[int], nodes: Sequence[str], rf: int) -> dict[in
     return {g: [leaders[g]] + [x for x in s if x != leaders[g]] for g, s in sets.items()}
 
 
-# ---- leader election --------------------------------------------------------------------------
-
-
-def _sessions(live_nodes: Iterable[str] | Mapping[str, int]) -> dict[str, int]:
-    """Normalise "live" to node -> session id (0 = unknown, which disables the session check)."""
-    if isinstance(live_nodes, Mapping):
-        return {str(k): int(v) for k, v in live_nodes.items()}
-    return dict.fromkeys(live_nodes, 0)
-
-
-def leader_alive(state: GroupState, live_nodes: Iterable[str] | Mapping[str, int]) -> bool:
-    """True if the leader is live under the session it was elected in (when both sessions are known)."""
-    live = _sessions(live_nodes)
-    if state.leader is None or state.leader not in live:
-        return False
-    now = live[state.leader]
-    return state.leader_session == 0 or now == 0 or now == state.leader_session
-
-
-def elect_leader(state: GroupState, live_nodes: Iterable[str] | Mapping[str, int],
-                 exclude: Iterable[str] = (), disallowed: Iterable[str] = ()) -> str | None:
-    """The new leader: the first replica (in preference order) that is in the ISR and live.
-
-    Never an OSR member: it may lack entries that were already applied, so
-    electing it would lose acknowledged writes. None if no ISR member is live.
-    Nodes drained of leadership (``disallowed``) are taken only when no allowed
-    ISR member is live: availability beats the drain.
-    """
-    live = set(_sessions(live_nodes)) - set(exclude)
-    isr = set(state.isr)
-    candidates = [node for node in state.replicas if node in isr and node in live]
-    banned = set(disallowed)
-    allowed = [node for node in candidates if node not in banned]
-    pick = allowed or candidates
-    return pick[0] if pick else None
-
-
-def next_leadership(state: GroupState, live_nodes: Iterable[str] | Mapping[str, int],
-                    disallowed: Iterable[str] = ()) -> GroupState | None:
-    """The state after reacting to the live set, or None if nothing must change.
-
-    * leader lost (dead, or restarted under a new session), another ISR member
-      live: that member leads; the old leader moves to the OSR (it must catch
-      up before rejoining); epoch + 1.
-    * leader restarted and no other ISR member is live: it is elected again
-      under its new session (it is in the ISR, so this is a clean election), epoch + 1.
-    * leader dead, no ISR member live: leaderless, ISR kept as it is (only those
-      replicas hold every applied entry), epoch + 1 to fence the old leader.
-    * leaderless and an ISR member is live again: it leads, epoch + 1.
-
-    Dead followers are left alone: the leader moves them to the OSR itself,
-    because only it knows whether the ISR may shrink without going below min-ISR.
-    Elections prefer nodes not in ``disallowed`` (see ``elect_leader``).
-    """
-    live = _sessions(live_nodes)
-    if leader_alive(state, live):
-        return None
-    if state.leader is None:
-        new_leader = elect_leader(state, live, disallowed=disallowed)
-        if new_leader is None:
-            return None
-        return replace(state, leader=new_leader, epoch=state.epoch + 1, version=state.version + 1,
-                       leader_session=live[new_leader])
-    old = state.leader
-    new_leader = elect_leader(state, live, exclude=[old], disallowed=disallowed)
-    if new_leader is not None:
-        return replace(
-            state,
-            leader=new_leader,
-            epoch=state.epoch + 1, version=state.version + 1,
-            isr=tuple(x for x in state.isr if x != old),
-            osr=tuple(x for x in state.replicas if x == old or x in state.osr),
-            leader_session=live[new_leader],
-        )
-    if old in live:  # restarted, and the only live in-sync replica
-        return replace(state, epoch=state.epoch + 1, version=state.version + 1, leader_session=live[old])
-    return replace(state, leader=None, epoch=state.epoch + 1, version=state.version + 1, leader_session=0)
-
-
-def leaderless_reason(state: GroupState, live_nodes: Iterable[str] | Mapping[str, int]) -> str | None:
-    """Why a group has no (live) leader, in words for `conductor status`; None if it is led."""
-    live = _sessions(live_nodes)
-    if leader_alive(state, live):
-        return None
-    if state.leader is not None and state.leader in live:
-        return (f"leader {state.leader} restarted under a new ZooKeeper session; the conductor re-elects "
-                "a leader shortly")
-    live_osr = [x for x in state.osr if x in live]
-    why = f"no in-sync replica is live (ISR {list(state.isr)} all down)"
-    if live_osr:
-        why += f"; OSR member(s) {live_osr} are live but may lack applied entries, so they are never elected"
-    return why + "; the group waits for an ISR member to return"
-
-
 def fully_in_sync(state: GroupState, live_nodes: Iterable[str] | Mapping[str, int]) -> bool:
     """The leader is alive and every replica is live and in the ISR: nothing for failover to repair.
 
     Periodic balancing waits for this, so it never fights a failover or moves
     leadership to a replica that is about to be dropped from the ISR.
     """
-    live = _sessions(live_nodes)
+    live = live_sessions(live_nodes)
     return leader_alive(state, live) and not state.osr and all(r in live for r in state.replicas)
-
-
-def switch_leader(state: GroupState, to: str, session: int = 0) -> GroupState:
-    """Hand leadership to an in-sync replica (balancing or a resign) under ``session``, bumping the epoch."""
-    if to not in state.isr:
-        raise InvalidGroupState(f"cannot hand leadership to {to}: not in the ISR {list(state.isr)}")
-    return replace(state, leader=to, epoch=state.epoch + 1, version=state.version + 1, leader_session=session)
 
 
 # ---- leader balancing ----------------------------------------------------------------------------
@@ -202,7 +86,7 @@ def balance_leaders(groups: Mapping[K, GroupState], live_nodes: Iterable[str] | 
     Solved exactly as a min-cost flow with convex node costs, so it is optimal,
     not a greedy approximation (the tests check it against brute force).
     """
-    sessions = _sessions(live_nodes)
+    sessions = live_sessions(live_nodes)
     live = set(sessions)
     banned = set(disallowed)
     counted = live - banned

@@ -27,10 +27,10 @@ import grpc
 
 from conductor.metastore import GroupState, Metastore, ModuleNotFound
 from conductor.metastore.module_spec import MIN_ISR, ModuleSpec
-from conductor.placement import leaderless_reason
 from conductor.wire import millrace_pb2 as pb
 from conductor.wire import millrace_pb2_grpc as pbg
 from conductor.wire.options import GRPC_OPTIONS
+from replog.election import leaderless_reason
 
 #: How long one GroupStatus call may take before the leader is shown as unreachable. A stopped or
 #: partitioned node would otherwise hang the whole status view.

@@ -386,7 +386,7 @@ def test_periodic_balancing_waits_for_full_isr_then_requests_hand_offs(hosts: st
         st = module_status(ms, "WordCount", rpc_timeout_s=0.2)
         assert st["state"] == LEADERSHIP_BALANCING and st["groups"][g]["handing_off_to"] == "n3"
         # The leader hands off (what its replica does once n3 holds everything): CAS + request delete.
-        from conductor.placement import switch_leader
+        from replog.election import switch_leader
 
         ms.resigns.complete("WordCount", g, switch_leader(state, "n3", request["to_session"]), version)
         assert module_status(ms, "WordCount", rpc_timeout_s=0.2)["state"] == RUNNING

@@ -22,8 +22,8 @@ from conductor.metastore import (
 )
 from conductor.metastore.layout import group_path
 from conductor.metastore.module_spec import MIN_ISR, InvalidOption, ModuleSpec, UnknownOption
-from conductor.placement import switch_leader
 from conductor.zkserver import ZooKeeperServer
+from replog.election import switch_leader
 
 
 def wait_for(cond: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:

@@ -4,7 +4,7 @@ Everything nondeterministic comes from one seeded PRNG and one virtual clock:
 message delays (hence reordering), drops, duplicates, partitions, crashes that
 lose every unflushed entry, restarts that recover from the durable disk only,
 slow flushes, a versioned metastore with compare-and-set and session expiry,
-a controller that elects leaders from the ISR only, and a balancer that asks
+a controller that elects leaders from the ISR only (the conductor's own rule), and a balancer that asks
 leaders to hand leadership to an in-sync follower (resign requests).
 
 The simulator is the driver of :mod:`replog.messages`: it performs every
@@ -25,6 +25,7 @@ from typing import Any
 
 from replog.catchup import round_is_last
 from replog.config import ReplicationConfig
+from replog.election import next_leadership
 from replog.messages import (
     Ack,
     Action,
@@ -646,22 +647,20 @@ class Sim:
             self.electing = True
             self.at(self.now + delay, self._elect)
 
-    def _elect(self, only: str | None = None) -> None:
-        """The controller: elect a live ISR member (never anyone else) and bump the epoch, in one CAS."""
+    def _elect(self) -> None:
+        """The controller: the conductor's election rule (``replog.election``) over the live sessions, in one CAS.
+
+        The preference order is random, so every ISR member gets elected in some run.
+        """
         self.electing = False
-        z = self.znode
-        if z.leader is not None:
-            ln = self.nodes[z.leader]
-            if ln.alive and ln.session_live and ln.session == z.leader_session:
-                return  # the leader's elected session is alive
-        cands = [m for m in z.isr if self.nodes[m].alive and self.nodes[m].session_live]
-        if only is not None:
-            cands = [m for m in cands if m == only]
-        if not cands:
+        live = {m: n.session for m, n in self.nodes.items() if n.alive and n.session_live}
+        order = list(self.ids)
+        self.rng.shuffle(order)
+        new = next_leadership(self.znode, live, order=order)
+        if new is not None:
+            self._write_znode(new)
+        if self.znode.leader is None:
             self._elect_later(20)
-            return
-        c = self.rng.choice(cands)
-        self._write_znode(GroupState(c, z.epoch + 1, z.isr, z.osr, z.version + 1, self.nodes[c].session))
 
     def expire_session(self, nid: str, notify_after_ms: int = 5) -> None:
         """The metastore expires ``nid``'s session; the replica hears of it ``notify_after_ms`` later."""

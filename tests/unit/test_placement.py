@@ -10,15 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conductor.metastore import GroupState, InvalidGroupState
-from conductor.placement import (
-    balance_leaders,
-    elect_leader,
-    fully_in_sync,
-    leaderless_reason,
-    next_leadership,
-    place,
-    switch_leader,
-)
+from conductor.placement import balance_leaders, fully_in_sync, place
+from replog.election import elect_leader, leaderless_reason, next_leadership, switch_leader
 
 NODES = [f"n{i}" for i in range(1, 7)]
 

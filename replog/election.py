@@ -1,0 +1,172 @@
+"""Who leads a task group: the election rule, shared by the conductor and the simulator (pure).
+
+Nothing here talks to ZooKeeper. The conductor reads the metastore, asks these
+functions what the next state should be, and writes it back with a versioned
+compare-and-set; the simulator (``tests/sim``) calls the same functions, so the
+rule it checks is the rule that runs.
+
+Safety rules (DESIGN.md section 4):
+
+* a leader is only ever chosen from ISR ∩ live nodes, never from the OSR
+  (no unclean election: an OSR member may lack applied entries);
+* every change of leadership, including to "no leader", bumps the epoch so a
+  deposed leader's messages are fenced;
+* if no ISR member is live the group stays leaderless, keeping its ISR, until
+  an ISR member returns;
+* a new state carries the znode version it will have once written (the read
+  one plus one), as the replication state machine's proposals do;
+* leadership is bound to the ZooKeeper session of the elected node
+  (``leader_session``): a node that restarted under the same id but a new
+  session may have lost its unflushed tail, so it does not silently keep
+  leading; the conductor treats it like a lost leader.
+
+"Live" is given either as node ids or as a mapping node id -> session id (the
+``ephemeralOwner`` of ``/millrace/nodes/<id>``); only the mapping lets the
+session check happen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+
+from replog.messages import GroupState, InvalidGroupState
+
+
+def live_sessions(live_nodes: Iterable[str] | Mapping[str, int]) -> dict[str, int]:
+    """Normalise "live" to node -> session id (0 = unknown, which disables the session check)."""
+    if isinstance(live_nodes, Mapping):
+        return {str(k): int(v) for k, v in live_nodes.items()}
+    return dict.fromkeys(live_nodes, 0)
+
+
+def leader_alive(state: GroupState, live_nodes: Iterable[str] | Mapping[str, int]) -> bool:
+    """True if the leader is live under the session it was elected in (when both sessions are known)."""
+    live = live_sessions(live_nodes)
+    if state.leader is None or state.leader not in live:
+        return False
+    now = live[state.leader]
+    return state.leader_session == 0 or now == 0 or now == state.leader_session
+
+
+def elect_leader(state: GroupState, live_nodes: Iterable[str] | Mapping[str, int],
+                 exclude: Iterable[str] = (), disallowed: Iterable[str] = (),
+                 order: Sequence[str] = ()) -> str | None:
+    """The new leader: the first replica (in preference order) that is in the ISR and live.
+
+    The preference order is the placement (``state.replicas``) unless ``order``
+    gives another (the simulator passes a random one to explore every choice).
+
+    Never an OSR member: it may lack entries that were already applied, so
+    electing it would lose acknowledged writes. None if no ISR member is live.
+    Nodes drained of leadership (``disallowed``) are taken only when no allowed
+    ISR member is live: availability beats the drain.
+    """
+    live = set(live_sessions(live_nodes)) - set(exclude)
+    isr = set(state.isr)
+    candidates = [node for node in (order or state.replicas) if node in isr and node in live]
+    banned = set(disallowed)
+    allowed = [node for node in candidates if node not in banned]
+    pick = allowed or candidates
+    return pick[0] if pick else None
+
+
+def next_leadership(state: GroupState, live_nodes: Iterable[str] | Mapping[str, int],
+                    disallowed: Iterable[str] = (), order: Sequence[str] = ()) -> GroupState | None:
+    """The state after reacting to the live set, or None if nothing must change.
+
+    * leader lost (dead, or restarted under a new session), another ISR member
+      live: that member leads; the old leader moves to the OSR (it must catch
+      up before rejoining); epoch + 1.
+    * leader restarted and no other ISR member is live: it is elected again
+      under its new session (it is in the ISR, so this is a clean election), epoch + 1.
+    * leader dead, no ISR member live: leaderless, ISR kept as it is (only those
+      replicas hold every applied entry), epoch + 1 to fence the old leader.
+    * leaderless and an ISR member is live again: it leads, epoch + 1.
+
+    Dead followers are left alone: the leader moves them to the OSR itself,
+    because only it knows whether the ISR may shrink without going below min-ISR.
+    Elections prefer nodes not in ``disallowed``, then follow ``order`` (see ``elect_leader``).
+    """
+    live = live_sessions(live_nodes)
+    if leader_alive(state, live):
+        return None
+    if state.leader is None:
+        new_leader = elect_leader(state, live, disallowed=disallowed, order=order)
+        if new_leader is None:
+            return None
+        return replace(state, leader=new_leader, epoch=state.epoch + 1, version=state.version + 1,
+                       leader_session=live[new_leader])
+    old = state.leader
+    new_leader = elect_leader(state, live, exclude=[old], disallowed=disallowed, order=order)
+    if new_leader is not None:
+        return replace(
+            state,
+            leader=new_leader,
+            epoch=state.epoch + 1, version=state.version + 1,
+            isr=tuple(x for x in state.isr if x != old),
+            osr=tuple(x for x in state.replicas if x == old or x in state.osr),
+            leader_session=live[new_leader],
+        )
+    if old in live:  # restarted, and the only live in-sync replica
+        return replace(state, epoch=state.epoch + 1, version=state.version + 1, leader_session=live[old])
+    return replace(state, leader=None, epoch=state.epoch + 1, version=state.version + 1, leader_session=0)
+
+
+def leaderless_reason(state: GroupState, live_nodes: Iterable[str] | Mapping[str, int]) -> str | None:
+    """Why a group has no (live) leader, in words for `conductor status`; None if it is led."""
+    live = live_sessions(live_nodes)
+    if leader_alive(state, live):
+        return None
+    if state.leader is not None and state.leader in live:
+        return (f"leader {state.leader} restarted under a new ZooKeeper session; the conductor re-elects "
+                "a leader shortly")
+    live_osr = [x for x in state.osr if x in live]
+    why = f"no in-sync replica is live (ISR {list(state.isr)} all down)"
+    if live_osr:
+        why += f"; OSR member(s) {live_osr} are live but may lack applied entries, so they are never elected"
+    return why + "; the group waits for an ISR member to return"
+
+
+def switch_leader(state: GroupState, to: str, session: int = 0) -> GroupState:
+    """Hand leadership to an in-sync replica (balancing or a resign) under ``session``, bumping the epoch."""
+    if to not in state.isr:
+        raise InvalidGroupState(f"cannot hand leadership to {to}: not in the ISR {list(state.isr)}")
+    return replace(state, leader=to, epoch=state.epoch + 1, version=state.version + 1, leader_session=session)
+
+
+def abdicate(state: GroupState, node: str, live_nodes: Iterable[str] | Mapping[str, int],
+             disallowed: Iterable[str] = ()) -> GroupState | None:
+    """The state after leader ``node`` gives up leadership because of a fault; None if it does not lead.
+
+    The worker writes it with a versioned compare-and-set (on a conflict it
+    re-reads and asks again, so a stale answer is never written). Guarantees:
+
+    * ``node`` no longer leads, and the epoch is bumped, so whatever it still
+      sends is fenced;
+    * ``node`` leaves the ISR (to the OSR: it rejoins only by catching up from
+      the next leader) when another ISR member remains, since the ISR never
+      becomes empty; the remaining members hold every applied entry, so no
+      acknowledged write is lost by the move;
+    * the next leader is elected by the same rule as a failover
+      (:func:`elect_leader`: ISR ∩ live, ``node`` excluded) in the same CAS; if
+      no other ISR member is live, the group is leaderless until one returns.
+      If ``node`` is the only ISR member it stays in the ISR (it alone holds
+      every applied entry) and the group is leaderless: the conductor's next
+      election may pick it again once it has restarted.
+    """
+    if state.leader != node:
+        return None  # stale: leadership already moved on
+    live = live_sessions(live_nodes)
+    successor = elect_leader(state, live, exclude=[node], disallowed=disallowed)
+    others = tuple(x for x in state.isr if x != node)
+    if not others:
+        return replace(state, leader=None, epoch=state.epoch + 1, version=state.version + 1, leader_session=0)
+    return replace(
+        state,
+        leader=successor,
+        epoch=state.epoch + 1, version=state.version + 1,
+        isr=others,
+        osr=tuple(x for x in state.replicas if x == node or x in state.osr),
+        leader_session=live[successor] if successor is not None else 0,
+    )

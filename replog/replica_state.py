@@ -1,0 +1,166 @@
+"""What one replica keeps between events, shared by its leader rules and its follower rules (sans-IO).
+
+:class:`ReplicaState` holds the log metadata (never entry bytes: see
+:mod:`replog.replica`), the primitives both roles use (apply, persist the epoch
+cache, step down) and names the role changes that the rules trigger, which
+:class:`replog.replica.Replica` defines. :class:`LeaderState` is what a leader
+knows in its current epoch; it dies with the leadership.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from replog.config import ReplicationConfig
+from replog.epochs import EpochCache
+from replog.errors import NotLeader
+from replog.messages import Action, Apply, GroupState, PersistEpochs, Reply, Role, RoleChanged
+
+
+@dataclass(slots=True)
+class Peer:
+    """What the leader knows about one follower in the current epoch."""
+
+    held: int = -1  #: highest offset the follower reported durable in this epoch
+    acked_end: int = 0  #: follower log end as last reported
+    next: int = 0  #: next offset to send
+    reconciled: bool = False  #: has acknowledged anything in this epoch (so its log is a prefix of ours)
+    sent_apply: int = -1  #: apply offset last sent to it
+    last_send_ms: int = -(10**18)
+    last_progress_ms: int = 0  #: last time acked_end advanced (or a resend started)
+    far: bool = False  #: far-horizon catchup in progress
+    far_since_ms: int = 0
+
+
+@dataclass(slots=True)
+class PendingAppend:
+    request_id: int
+    first: int
+    count: int
+    deadline_ms: int
+
+    @property
+    def last(self) -> int:
+        return self.first + self.count - 1
+
+
+@dataclass(slots=True)
+class Resign:
+    """A hand-off in progress: leadership goes to ``to`` (under ``to_session``) unless ``deadline_ms`` passes."""
+
+    to: str
+    to_session: int
+    deadline_ms: int
+
+
+@dataclass(slots=True)
+class LeaderState:
+    isr: tuple[str, ...]
+    osr: tuple[str, ...]
+    version: int
+    peers: dict[str, Peer]
+    #: proposed znode of an in-flight ChangeIsr (at most one at a time)
+    pending_change: GroupState | None = None
+    #: ends and append times of batches not yet applied, for the time-lag rule
+    batch_ends: list[int] = field(default_factory=list)
+    batch_times: list[int] = field(default_factory=list)
+    #: cumulative bytes of entries appended under this leadership, from ``bytes_base``
+    bytes_base: int = 0
+    cum_bytes: list[int] = field(default_factory=lambda: [0])
+    wait_append: deque[PendingAppend] = field(default_factory=deque)
+    wait_applied: deque[PendingAppend] = field(default_factory=deque)
+    stalled: bool = False
+    #: set while resigning (coordinated hand-off): appends are refused until it lands or is given up
+    resign: Resign | None = None
+
+
+class ReplicaState:
+    """The state of one replica and the steps both roles share; the rules are in the subclasses."""
+
+    def __init__(
+        self,
+        node_id: str,
+        group: str,
+        config: ReplicationConfig,
+        *,
+        session: int = 0,
+        log_start: int = 0,
+        log_end: int = 0,
+        epoch_pairs: tuple[tuple[int, int], ...] | list[tuple[int, int]] = (),
+        applied: int = -1,
+    ) -> None:
+        assert applied < log_end or (applied == -1 and log_end >= 0), (
+            f"applied offset {applied} is not in the recovered log [0, {log_end})"
+        )
+        assert 0 <= log_start <= applied + 1, (
+            f"log starts at {log_start} but only [0, {applied}] is applied: entries in between are lost"
+        )
+        self.node_id = node_id
+        self.group = group
+        self.config = config
+        self.session = session
+        self.session_ok = True
+        self.epochs = EpochCache(epoch_pairs)
+        # The checkpoint may name epochs whose entries the crash took with it.
+        self.epochs.truncate_from_end(log_end)
+        self.log_start = log_start
+        self.log_end = log_end
+        self.flushed_end = log_end
+        self.applied = applied
+        #: highest offset known to be applied group-wide (the leader's apply offset)
+        self.apply_offset = applied
+        latest = self.epochs.latest_epoch()
+        self.epoch = latest if latest is not None else 0
+        self.leader: str | None = None
+        self.role = Role.UNATTACHED
+        # follower state
+        self.reconciled = False
+        self._requested_epoch: int | None = None
+        self._request_sent_ms = 0
+        #: follower: when we last acknowledged (beats are answered at most once per heartbeat interval)
+        self._last_ack_ms = -(1 << 62)
+        # leader state
+        self._ls: LeaderState | None = None
+        self._out: list[Action] = []
+        self._now = 0
+
+    def _step_down(self, epoch: int, leader: str | None, announce: bool = True) -> None:
+        """Leave the leader role (if held), failing the clients still waiting; become unattached."""
+        ls = self._ls
+        if ls is not None:
+            err = NotLeader(self.group, leader, epoch)
+            for p in (*ls.wait_append, *ls.wait_applied):
+                self._out.append(Reply(p.request_id, p.first, p.count, err))
+            self._ls = None
+        assert epoch >= self.epoch
+        self.epoch = epoch
+        self.leader = leader
+        self.reconciled = False
+        self._requested_epoch = None
+        changed = self.role is not Role.UNATTACHED
+        self.role = Role.UNATTACHED
+        if changed and announce:
+            self._out.append(RoleChanged(Role.UNATTACHED, epoch, leader))
+
+    def _apply_to(self, up_to: int) -> None:
+        if up_to <= self.applied:
+            return
+        assert up_to < self.flushed_end, f"apply {up_to} beyond durable end {self.flushed_end}"
+        assert up_to <= self.apply_offset
+        self.applied = up_to
+        self._out.append(Apply(up_to))
+
+    def _persist_epochs(self) -> None:
+        self._out.append(PersistEpochs(tuple(self.epochs.to_pairs())))
+
+    # Role changes, defined by Replica (they need both roles' rules).
+
+    def _on_metastore(self, st: GroupState) -> None:
+        raise NotImplementedError
+
+    def _become_follower(self, epoch: int, leader: str) -> None:
+        raise NotImplementedError
+
+    def _on_session_expired(self) -> None:
+        raise NotImplementedError
