@@ -159,6 +159,8 @@ class ReplicaHost:
         self._on_fault = on_fault
         #: the fault that stopped this replica (it serves nothing once set; the worker replaces it)
         self.fault: Fault | None = None
+        #: the last fault of this group's replica on this node, before it was (re)opened (status, metrics)
+        self.last_fault: Fault | None = None
         applied = store.applied_offset
         if applied >= self.log.end_offset:
             # Only a far-horizon install interrupted between swapping the store and resetting the
@@ -627,7 +629,7 @@ class ReplicaHost:
             "followers": r.follower_offsets(), "isr": list(r.isr), "stalled": r.stalled,
             "catchup": self.catchup.progress if self.catchup is not None and self.catchup.running else None,
             "dataflow": self.dataflow.status() if self.dataflow is not None else None,
-            "fault": self.fault,
+            "fault": self.fault or self.last_fault, "failed": self.fault is not None,
         }
 
 

@@ -53,6 +53,7 @@ from conductor.worker.services import AdminService, ClientService, LoopSettler, 
 from conductor.worker.transport import PeerTransport, from_proto
 from pstate.checkpoint import Manifest
 from pstate.errors import CorruptStore
+from replog.election import abdicate
 from replog.errors import NotLeader, ReplicaFailed
 from replog.messages import (
     ConfigChanged,
@@ -317,10 +318,12 @@ class Worker:
         if runner.active:  # hop messages exist only where topologies run
             flow = GroupDataflow(store.current, runner)  # (a far-horizon install swaps the store object)
             dataflow = DataflowDriver(f"{module}/{g}", flow, functools.partial(self._send_flow, module))
-        return ReplicaHost(self.node_id, module, g, gdir, rt.spec.replication_config(), self.session or 0, store,
+        host = ReplicaHost(self.node_id, module, g, gdir, rt.spec.replication_config(), self.session or 0, store,
                            self._send, self._change_isr, hand_off=self._hand_off,
                            on_far_horizon=self._start_catchup, segment_bytes=rt.spec.option(SEGMENT_BYTES),
                            dataflow=dataflow, on_fault=self._on_replica_fault)
+        host.last_fault = rt.faults.get(g)
+        return host
 
     def _quarantine(self, rt: ModuleRuntime, g: int, exc: BaseException) -> None:
         """Move a replica's damaged data aside (it reopens empty and is rebuilt) and say so, once, clearly."""
@@ -395,9 +398,10 @@ class Worker:
     def _abdicate(self, host: ReplicaHost, fault: Fault) -> None:
         """A failed replica leaves the ISR and, if it led, gives up leadership: one CAS on the group znode.
 
-        Another in-sync replica is elected by the conductor at once, instead of
-        after this worker's session (which stays up) times out. A follower is
-        left to its leader, which moves it to the OSR when it stops confirming.
+        The successor is elected in the same CAS (``replog.election.abdicate``),
+        instead of after this worker's session (which stays up) times out. A
+        follower is left to its leader, which moves it to the OSR when it stops
+        confirming.
         """
         assert self.metastore is not None
         ms = self.metastore
@@ -405,12 +409,13 @@ class Worker:
         for _ in range(5):
             try:
                 st, version = ms.groups.get(host.module, host.group)
-                new = abdicated(st, self.node_id)
+                new = abdicate(st, self.node_id, ms.nodes.sessions(), ms.drains.nodes())
                 if new is None:
                     return
-                ms.groups.cas(host.module, host.group, new, version)
-                log.warning("%s: gave up leadership (epoch %d -> %d) and left the ISR %s because the replica failed "
-                            "(%s)", host.name, st.epoch, new.epoch, list(new.isr), reason)
+                ms.groups.cas(host.module, host.group, dataclasses.replace(new, placement=st.replicas), version)
+                log.warning("%s: gave up leadership because the replica failed (%s): epoch %d -> %d, leader %s, "
+                            "ISR %s", host.name, reason, st.epoch, new.epoch, new.leader or "none (elected next)",
+                            list(new.isr))
                 return
             except VersionConflict:
                 continue
@@ -607,21 +612,6 @@ class Worker:
             retry = self._resolve(r.leader) if r.leader else None
             raise NotLeader(host.name, r.leader, r.epoch, retry_at=retry)
         return host
-
-
-def abdicated(st: GroupState, node: str) -> GroupState | None:
-    """The group's state once ``node``'s replica gave up on a fault (None: nothing to change).
-
-    A leader steps down (leaderless, epoch + 1, so the conductor elects another
-    ISR member and the old epoch is fenced) and leaves the ISR unless it is its
-    last member; it rejoins by catching up, like any replica that fell behind.
-    """
-    if st.leader != node:
-        return None
-    isr = tuple(n for n in st.isr if n != node) or st.isr
-    osr = st.osr + ((node,) if isr != st.isr else ())
-    return dataclasses.replace(st, leader=None, epoch=st.epoch + 1, isr=isr, osr=osr, leader_session=0,
-                               version=st.version + 1)
 
 
 def _count_catchup(host: ReplicaHost, p: CatchupProgress) -> None:

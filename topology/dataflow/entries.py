@@ -28,6 +28,7 @@ import msgpack
 
 from pstate import outbox
 from pstate.changes import ChangeSet
+from pstate.errors import SchemaMismatch
 from pstate.store import ChangeSetBuilder, TaskGroupStore
 from replog.errors import Backpressure
 from topology.dataflow.completion import CompletionTracker
@@ -117,7 +118,11 @@ def build_client_append(store: TaskGroupStore, runner: StreamRunner | None,
     sends = Sends()
     for depot, task, records in appends:
         # Decoding validates each record (one msgpack object, nothing after it); the bytes are stored as sent.
-        values = [msgpack.unpackb(r, raw=False, strict_map_key=False) for r in records]
+        try:
+            values = [msgpack.unpackb(r, raw=False, strict_map_key=False) for r in records]
+        except (TypeError, ValueError) as e:  # e.g. a map with array keys (a Python dict keyed by tuples)
+            raise SchemaMismatch(f"{depot}[{task}]", "records of one msgpack object each, with hashable "
+                                 "map keys (str, int, float, bytes, bool)", f"a record that does not decode: {e}") from e
         offsets = b.depot_append_encoded(depot, task, records)
         firsts.append(offsets[0] if offsets else 0)
         if runner is not None and depot in runner.by_depot:
