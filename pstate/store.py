@@ -184,8 +184,14 @@ class TaskGroupStore:
         """
         with self._lock:
             self._check_open()
-            with rocks_errors("verify", self.path):
+            try:
                 verify_column_families(self._cfs.values())
+                return
+            except Exception as exc:
+                err = translate(exc, "verify", self.path)
+        # Raised outside the handler, unchained: the failed iterators' frames (which hold column family
+        # handles) must not outlive this call, or close() cannot release the database's lock.
+        raise err
 
     def flush(self) -> None:
         """Persist memtables of ALL column families in one atomic flush (see the module docstring)."""

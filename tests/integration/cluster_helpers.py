@@ -83,9 +83,10 @@ def converged(dc: DevCluster, module: str, require_full_isr: bool = True) -> boo
     return True
 
 
-def replica_state(root: Path, node_id: str, module: str, group: int) -> dict[str, Any]:
+def replica_state(root: Path, node_id: str, module: str, group: int,
+                  module_ref: str = MODULE_REF) -> dict[str, Any]:
     """Open one replica's replog and store (the node must be stopped) and read everything."""
-    definition = load_module(MODULE_REF).build()
+    definition = load_module(module_ref).build()
     gdir = root / "nodes" / node_id / module / str(group)
     with Log.open(gdir / "replog") as log:
         replog = log.read(log.start_offset, 1 << 30) if log.end_offset > log.start_offset else b""
@@ -150,13 +151,13 @@ class Appender:
         return len(self.acked)
 
 
-def assert_replicas_identical(dc: DevCluster, module: str, acked: list[dict]) -> None:
+def assert_replicas_identical(dc: DevCluster, module: str, acked: list[dict], module_ref: str = MODULE_REF) -> None:
     """Stop the cluster, then every replica of every group holds the same replog bytes and depot records."""
     groups = groups_of(dc, module)
     dc.stop()
     seen: Counter[str] = Counter()
     for g, st in groups.items():
-        states = {r: replica_state(dc.root, r, module, g) for r in st.replicas}
+        states = {r: replica_state(dc.root, r, module, g, module_ref) for r in st.replicas}
         first = states[st.replicas[0]]
         for r, s in states.items():
             assert s["log_end"] == first["log_end"], f"group {g}: {r} log end {s['log_end']} != {first['log_end']}"
