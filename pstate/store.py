@@ -22,6 +22,7 @@ atomically.)
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import threading
@@ -168,6 +169,34 @@ class TaskGroupStore:
                 self._cfs.clear()
                 self._db.close()
                 del self._db
+
+    def abandon(self) -> None:
+        """Release RocksDB without persisting anything more: the store of a replica that failed.
+
+        Nothing is lost: what the memtables hold is above the durable applied
+        offset, and the replog replays it on reopen. But nothing may be half
+        kept either: releasing the last handle flushes column families one at a
+        time, and on a nearly full disk the small ``_meta`` flush succeeded
+        where a depot's failed, persisting an applied offset without its data
+        (the full-disk test caught it). So the directory is moved aside while
+        the handles go: every flush then fails whole, and the files come back
+        as they were. Callers drop their own handles (an exception's frames
+        hold some) before calling this.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._pending = Overlay()
+            aside = f"{self.path}.abandoning-{uuid.uuid4().hex[:8]}"
+            os.rename(self.path, aside)
+            try:
+                self._handles.clear()
+                self._cfs.clear()
+                del self._db
+                gc.collect()  # handles held in reference cycles go now, while the directory is away
+            finally:
+                os.rename(aside, self.path)
 
     def __enter__(self) -> TaskGroupStore:
         return self

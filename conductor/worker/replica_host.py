@@ -98,6 +98,8 @@ class EntryApplier(Protocol):
 
     def close(self) -> None: ...
 
+    def abandon(self) -> None: ...
+
 
 @dataclass
 class PendingEntry:
@@ -136,7 +138,7 @@ class ReplicaHost:
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         hand_off: Callable[[ReplicaHost, int, GroupState], None] | None = None,
         dataflow: DataflowDriver | None = None,
-        on_fault: Callable[[ReplicaHost, BaseException], None] | None = None,
+        on_fault: Callable[[ReplicaHost], None] | None = None,
     ) -> None:
         self.node_id = node_id
         self.module = module
@@ -255,16 +257,19 @@ class ReplicaHost:
                     self._next_retain_ms = now + RETAIN_INTERVAL_MS
                     self._retain()
         except Exception as exc:
-            self.fault = Fault(fault_kind(exc), describe(exc), time.time())
+            failed = Fault(fault_kind(exc), describe(exc), time.time())
             log.error("%s: replica failed (%s): %s; it stops serving, gives up leadership and restarts",
-                      self.name, self.fault.kind, self.fault.reason, exc_info=True)
-            self.last_error = self.fault.reason
-            self._fail_all(ReplicaFailed(self.name, self.fault.kind, self.fault.reason))
-            self._close_disk()
-            if self._on_fault is not None:
-                self._on_fault(self, exc)
+                      self.name, failed.kind, failed.reason, exc_info=True)
         else:
             self._close_disk()
+            return
+        # Out of the handler: the exception's frames (which hold RocksDB handles) are gone before the disk closes.
+        self.fault = failed
+        self.last_error = failed.reason
+        self._fail_all(ReplicaFailed(self.name, failed.kind, failed.reason))
+        self._close_disk()
+        if self._on_fault is not None:
+            self._on_fault(self)
 
     def report(self, exc: BaseException) -> None:
         """Any thread: a read found this replica's data damaged; the task thread stops on it (a fault)."""
@@ -536,12 +541,10 @@ class ReplicaHost:
                 raise
             log.warning("%s: closing the failed replica's replog: %s", self.name, self.log, exc_info=True)
         finally:
-            try:
+            if self.fault is None:
                 self.store.close()
-            except Exception:
-                if self.fault is None:
-                    raise
-                log.warning("%s: closing the failed replica's store", self.name, exc_info=True)
+            else:  # (its flush may be what failed; the replog replays what the memtables held)
+                self.store.abandon()
 
     # ------------------------------------------------------------------------ retention
 

@@ -136,6 +136,9 @@ class ReplicaStore:
     def close(self) -> None:
         self.store.close()
 
+    def abandon(self) -> None:
+        self.store.abandon()
+
     # ---------------------------------------------------------------- queries (any thread)
 
     def select(self, pstate: str, task: int, raw_path: bytes, one: bool) -> tuple[bytes, int]:

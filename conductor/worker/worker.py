@@ -310,34 +310,39 @@ class Worker:
         try:
             store.store.verify()
         except CorruptStore as e:
-            store.close()
-            self._quarantine(rt, g, e)
+            store.abandon()
+            self._quarantine(rt, g, describe(e))
             store = ReplicaStore.open(gdir / "state", rt.definition)
-        rt.stores[g] = store
         dataflow = None
         if runner.active:  # hop messages exist only where topologies run
             flow = GroupDataflow(store.current, runner)  # (a far-horizon install swaps the store object)
             dataflow = DataflowDriver(f"{module}/{g}", flow, functools.partial(self._send_flow, module))
-        host = ReplicaHost(self.node_id, module, g, gdir, rt.spec.replication_config(), self.session or 0, store,
-                           self._send, self._change_isr, hand_off=self._hand_off,
-                           on_far_horizon=self._start_catchup, segment_bytes=rt.spec.option(SEGMENT_BYTES),
-                           dataflow=dataflow, on_fault=self._on_replica_fault)
+        try:
+            host = ReplicaHost(self.node_id, module, g, gdir, rt.spec.replication_config(), self.session or 0,
+                               store, self._send, self._change_isr, hand_off=self._hand_off,
+                               on_far_horizon=self._start_catchup, segment_bytes=rt.spec.option(SEGMENT_BYTES),
+                               dataflow=dataflow, on_fault=self._on_replica_fault)
+        except BaseException:
+            store.abandon()  # (the replog could not open: a full disk, damage) the next try needs the lock
+            raise
+        rt.stores[g] = store
         host.last_fault = rt.faults.get(g)
         return host
 
-    def _quarantine(self, rt: ModuleRuntime, g: int, exc: BaseException) -> None:
+    def _quarantine(self, rt: ModuleRuntime, g: int, reason: str) -> None:
         """Move a replica's damaged data aside (it reopens empty and is rebuilt) and say so, once, clearly."""
         name = f"{rt.spec.name}/{g}"
         fault = rt.faults.get(g)
         if fault is None or fault.kind != CORRUPT:
-            fault = rt.faults[g] = Fault(CORRUPT, describe(exc), time.time(), fault.restarts if fault else 0)
+            fault = rt.faults[g] = Fault(CORRUPT, reason, time.time(), fault.restarts if fault else 0,
+                                         fault.quarantined if fault else 0)
         dest = quarantine(self.data_dir / rt.spec.name / str(g), self.data_dir / "_quarantine", name)
         fault.quarantined = fault.quarantined + 1
         log.error("%s: DAMAGED DATA on node %s (%s); moved the replica's files to %s and rebuilding it from an "
                   "intact replica (far-horizon catchup); the damaged copy is kept for inspection", name,
                   self.node_id, fault.reason, dest)
 
-    def _on_replica_fault(self, host: ReplicaHost, exc: BaseException) -> None:
+    def _on_replica_fault(self, host: ReplicaHost) -> None:
         """A replica's task thread stopped on a fault: give up leadership now, then restart it from disk.
 
         Runs on the failed replica's task thread (its disk already closed); the
@@ -354,11 +359,12 @@ class Worker:
         self._abdicate(host, fault)
         delay = rt.backoffs.setdefault(host.group, Backoff()).delay(time.monotonic())
         log.warning("%s: restarting the replica from disk in %.1fs", host.name, delay)
-        timer = threading.Timer(delay, self._restart_replica, args=(rt, host, fault_kind(exc) == CORRUPT, exc))
+        # (the fault travels as words: a live exception's frames would hold RocksDB handles open)
+        timer = threading.Timer(delay, self._restart_replica, args=(rt, host))
         timer.daemon = True
         timer.start()
 
-    def _restart_replica(self, rt: ModuleRuntime, failed: ReplicaHost, damaged: bool, exc: BaseException) -> None:
+    def _restart_replica(self, rt: ModuleRuntime, failed: ReplicaHost) -> None:
         """Reopen a failed replica from disk (after quarantining damaged data); on failure, try again later.
 
         The one seam of recovery: quarantine + reopen. A replica reopened empty
@@ -370,13 +376,14 @@ class Worker:
         if failed.catchup is not None:
             failed.catchup.stop()
         try:
-            if damaged:
-                self._quarantine(rt, g, exc)
+            if failed.fault is not None and failed.fault.kind == CORRUPT:
+                self._quarantine(rt, g, failed.fault.reason)
             host = self._open_replica(rt, g)
         except Exception as e:  # the disk is still full, or worse: the same backoff, again
             failed.fault = Fault(fault_kind(e), describe(e), time.time())
+            del e
             log.error("%s: reopening the replica failed (%s); trying again", failed.name, failed.fault.reason)
-            self._on_replica_fault(failed, e)
+            self._on_replica_fault(failed)
             return
         fault = rt.faults[g]
         fault.restarts += 1

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import glob
 import os
+import subprocess
 import threading
 from pathlib import Path
 
@@ -167,3 +168,47 @@ def test_bad_records_and_raising_update_fail_alone_and_big_entries_are_refused(d
         for rows in replica_state(dc.root, "n1", "Faulty", g, FAULTY)["depots"].values():
             ids.update(rec["id"] for _o, rec in rows)
     assert ids and not ids & {"bad", "boom", "huge", "large"}
+
+
+def test_full_disk_on_one_node_recovers_when_space_returns(tmp_path: Path) -> None:
+    """n3's data directory is a small tmpfs; filled up, its replicas fail (disk_full), give up leadership and
+    retry with backoff while n1 and n2 serve; once space returns n3 resumes and catches up."""
+    root = tmp_path / "cluster"
+    n3 = root / "nodes" / "n3"
+    n3.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(n3)], check=True)
+    dc = DevCluster(root, nodes=3, conductors=1, session_timeout=4.0, log_level="WARNING")
+    filler = n3 / "filler"
+    try:
+        dc.start()
+        deploy(dc, options={**OPTIONS, "replog.segment.bytes": str(1 << 20)})
+        with Cluster.connect(dc.hosts, timeout_s=30) as cluster:
+            pad = "p" * 2000
+            appender = Appender(cluster.depot("Clicks", "*clicks"), window=32,
+                                make=lambda n: {"user": f"u{n % 13}", "id": f"r{n}", "pad": pad}).start()
+            try:
+                wait_for(lambda: appender.count() > 500, 60, "appends to flow")
+                free = os.statvfs(n3).f_bavail * os.statvfs(n3).f_frsize
+                with open(filler, "wb") as f:  # leave n3 about 1 MiB
+                    f.write(b"\0" * max(0, free - (1 << 20)))
+                wait_for(lambda: "disk_full" in dc.nodes["n3"].log_path.read_text(), 60, "n3 to hit the full disk")
+                wait_for(lambda: all(st.leader != "n3" for st in groups_of(dc, "Clicks").values()), 30,
+                         "n3 to give up leadership")
+                n = appender.count()
+                wait_for(lambda: appender.count() > n + 500, 30, "appends through n1 and n2 while n3's disk is full")
+                assert any(group_status(dc, "n1", "Clicks", g).fault == "" for g in (0, 1))
+                filler.unlink()
+                wait_for(lambda: all("n3" in st.isr for st in groups_of(dc, "Clicks").values()), 90,
+                         "n3 to resume and rejoin every ISR once space returned")
+                n = appender.count()
+                wait_for(lambda: appender.count() > n + 300, 30, "appends after n3 is back")
+            finally:
+                appender.stop()
+        faults = [group_status(dc, "n3", "Clicks", g).fault for g in (0, 1)]
+        assert any("disk_full" in f for f in faults), faults
+        wait_for(lambda: converged(dc, "Clicks"), 60, "every replica to catch up")
+        assert_replicas_identical(dc, "Clicks", appender.acked)
+    finally:
+        dc.stop()
+        filler.unlink(missing_ok=True)
+        subprocess.run(["umount", "-l", str(n3)], check=False)
