@@ -16,14 +16,19 @@ import glob
 import os
 import subprocess
 import threading
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 from conductor.client import Cluster
+from conductor.controller import Conductor
 from conductor.devcluster import DevCluster
+from conductor.metastore import Metastore
+from conductor.status import module_status
 from pstate.errors import CorruptStore, SchemaMismatch
 from replog.errors import AppendFailed, EntryTooLarge
+from tests.faults.conftest import SESSION_TIMEOUT
 from tests.integration.cluster_helpers import (
     Appender,
     assert_replicas_identical,
@@ -177,11 +182,12 @@ def test_full_disk_on_one_node_recovers_when_space_returns(tmp_path: Path) -> No
     n3 = root / "nodes" / "n3"
     n3.mkdir(parents=True)
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(n3)], check=True)
-    dc = DevCluster(root, nodes=3, conductors=1, session_timeout=4.0, log_level="WARNING")
+    dc = DevCluster(root, nodes=3, conductors=1, session_timeout=SESSION_TIMEOUT, log_level="WARNING")
     filler = n3 / "filler"
     try:
         dc.start()
         deploy(dc, options={**OPTIONS, "replog.segment.bytes": str(1 << 20)})
+        _lead_everything_from(dc, "n3")
         with Cluster.connect(dc.hosts, timeout_s=30) as cluster:
             pad = "p" * 2000
             appender = Appender(cluster.depot("Clicks", "*clicks"), window=32,
@@ -192,8 +198,10 @@ def test_full_disk_on_one_node_recovers_when_space_returns(tmp_path: Path) -> No
                 with open(filler, "wb") as f:  # leave n3 about 1 MiB
                     f.write(b"\0" * max(0, free - (1 << 20)))
                 wait_for(lambda: "disk_full" in dc.nodes["n3"].log_path.read_text(), 60, "n3 to hit the full disk")
-                wait_for(lambda: all(st.leader != "n3" for st in groups_of(dc, "Clicks").values()), 30,
-                         "n3 to give up leadership")
+                # its session stays up: only giving up leadership moves it, within moments
+                wait_for(lambda: all(st.leader not in ("n3", None) for st in groups_of(dc, "Clicks").values()),
+                         SESSION_TIMEOUT + 2, "n3 to give up leadership to n1 or n2")
+                assert "gave up leadership because the replica failed (disk_full" in dc.nodes["n3"].log_path.read_text()
                 n = appender.count()
                 wait_for(lambda: appender.count() > n + 500, 30, "appends through n1 and n2 while n3's disk is full")
                 assert any(group_status(dc, "n1", "Clicks", g).fault == "" for g in (0, 1))
@@ -205,10 +213,33 @@ def test_full_disk_on_one_node_recovers_when_space_returns(tmp_path: Path) -> No
             finally:
                 appender.stop()
         faults = [group_status(dc, "n3", "Clicks", g).fault for g in (0, 1)]
-        assert any("disk_full" in f for f in faults), faults
+        assert all("disk_full" in f for f in faults), faults
+        with Metastore(dc.hosts) as ms:  # `conductor status` names the fault
+            rows = module_status(ms, "Clicks")["groups"]
+        assert all(any(f["node"] == "n3" and "disk_full" in f["fault"] for f in r["faults"]) for r in rows), rows
+        metrics = urllib.request.urlopen(f"http://{(dc.node_dir('n3') / 'node.metrics').read_text()}/metrics",
+                                         timeout=5).read().decode()
+        restarts = [line for line in metrics.splitlines() if line.startswith("millrace_replica_restarts_total")]
+        assert restarts and all(float(line.split()[-1]) >= 1 for line in restarts), restarts
         wait_for(lambda: converged(dc, "Clicks"), 60, "every replica to catch up")
         assert_replicas_identical(dc, "Clicks", appender.acked)
     finally:
         dc.stop()
         filler.unlink(missing_ok=True)
         subprocess.run(["umount", "-l", str(n3)], check=False)
+
+
+def _lead_everything_from(dc: DevCluster, node: str) -> None:
+    """Hand every group's leadership to ``node`` (drain the others, then allow them again)."""
+    c = Conductor(dc.hosts, "test-drain")
+    c.ms.start()
+    try:
+        others = [n for n in dc.nodes if n != node]
+        for n in others:
+            c.disallow_leaders(n)
+        c.await_switches(c.request_switches(["Clicks"]), 30)
+        for n in others:
+            c.allow_leaders(n)
+    finally:
+        c.ms.close()
+    wait_for(lambda: all(st.leader == node for st in groups_of(dc, "Clicks").values()), 30, f"{node} to lead")
