@@ -52,9 +52,9 @@ from conductor.worker.replica_store import ReplicaStore
 from conductor.worker.services import AdminService, ClientService, LoopSettler, ReplicationService
 from conductor.worker.transport import PeerTransport, from_proto
 from pstate.checkpoint import Manifest
-from pstate.errors import CorruptStore
+from pstate.errors import CorruptStore, PStateError
 from replog.election import abdicate
-from replog.errors import NotLeader, ReplicaFailed
+from replog.errors import NotLeader, ReplicaFailed, ReplogError
 from replog.messages import (
     ConfigChanged,
     GroupState,
@@ -281,10 +281,14 @@ class Worker:
             return
         definition = load_deployed(self.metastore, spec, self.code, exclude=self.node_id).build()
         rt = ModuleRuntime(spec, definition)
+        unopened: dict[int, tuple[str, str]] = {}  # group -> (fault kind, reason)
         for g, st in sorted(groups.items()):
             rt.replicas[g] = tuple(st.replicas)
             if self.node_id in st.replicas:
-                rt.hosts[g] = self._open_replica(rt, g)
+                try:
+                    rt.hosts[g] = self._open_replica(rt, g)
+                except (OSError, PStateError, ReplogError) as e:  # one replica's disk: the others open
+                    unopened[g] = (fault_kind(e), describe(e))
         with self._lock:
             self.modules[module] = rt
         for host in rt.hosts.values():
@@ -292,8 +296,10 @@ class Worker:
         for g in groups:
             self.metastore.groups.watch(module, g, functools.partial(self._on_group, rt, g))
         self.metastore.modules.watch(module, functools.partial(self._on_spec, rt))
-        for g in rt.hosts:
+        for g in [*rt.hosts, *unopened]:
             self.metastore.resigns.watch(module, g, functools.partial(self._on_resign, rt, g))
+        for g, (kind, reason) in unopened.items():
+            self._open_later(rt, g, kind, reason)
         log.warning("node %s hosts %d replica(s) of module %s: groups %s", self.node_id, len(rt.hosts), module,
                     sorted(rt.hosts))
 
@@ -385,12 +391,18 @@ class Worker:
             log.error("%s: reopening the replica failed (%s); trying again", failed.name, failed.fault.reason)
             self._on_replica_fault(failed)
             return
+        host.stats.update(failed.stats)
+        self._start_reopened(rt, g, host, failed)
+
+    def _start_reopened(self, rt: ModuleRuntime, g: int, host: ReplicaHost, replacing: ReplicaHost | None) -> None:
+        """Put a reopened replica in place of ``replacing`` (None: of none), start it and tell it the group's state."""
+        assert self.metastore is not None
         fault = rt.faults[g]
         fault.restarts += 1
-        host.stats.update({k: v for k, v in failed.stats.items()})
         with self._lock:
-            if rt.hosts.get(g) is not failed:
-                host.stop()
+            if rt.hosts.get(g) is not replacing or self.modules.get(rt.spec.name) is not rt:
+                host.store.close()  # (closed meanwhile: module destroyed, worker stopping)
+                host.log.close()
                 return
             rt.hosts[g] = host
         host.start()
@@ -401,6 +413,27 @@ class Worker:
             pass  # the group watch delivers it when ZooKeeper is back
         log.warning("%s: replica restarted from disk (restart %d; last fault %s)", host.name, fault.restarts,
                     fault.line())
+
+    def _open_later(self, rt: ModuleRuntime, g: int, kind: str, reason: str) -> None:
+        """A replica that could not open (a full disk, damage the quarantine could not move) is tried again."""
+        old = rt.faults.get(g)
+        rt.faults[g] = Fault(kind, reason, time.time(), old.restarts if old else 0, old.quarantined if old else 0)
+        delay = rt.backoffs.setdefault(g, Backoff()).delay(time.monotonic())
+        log.error("%s/%d: the replica could not open (%s); trying again in %.1fs", rt.spec.name, g,
+                  rt.faults[g].reason, delay)
+        timer = threading.Timer(delay, self._open_missing, args=(rt, g))
+        timer.daemon = True
+        timer.start()
+
+    def _open_missing(self, rt: ModuleRuntime, g: int) -> None:
+        if self.metastore is None or self.metastore.closed or g in rt.hosts:
+            return
+        try:
+            host = self._open_replica(rt, g)
+        except Exception as e:
+            self._open_later(rt, g, fault_kind(e), describe(e))
+            return
+        self._start_reopened(rt, g, host, None)
 
     def _abdicate(self, host: ReplicaHost, fault: Fault) -> None:
         """A failed replica leaves the ISR and, if it led, gives up leadership: one CAS on the group znode.
