@@ -157,7 +157,7 @@ class ReplicaHost:
         self._hand_off = hand_off
         #: hop messages of the module's topologies (None when no topology runs here)
         self.dataflow = dataflow
-        #: told (on the task thread, after the disk is closed) when a fault stopped this replica
+        #: told (on the task thread, before its disk closes) when a fault stopped this replica
         self._on_fault = on_fault
         #: the fault that stopped this replica (it serves nothing once set; the worker replaces it)
         self.fault: Fault | None = None
@@ -267,9 +267,9 @@ class ReplicaHost:
         self.fault = failed
         self.last_error = failed.reason
         self._fail_all(ReplicaFailed(self.name, failed.kind, failed.reason))
-        self._close_disk()
         if self._on_fault is not None:
-            self._on_fault(self)
+            self._on_fault(self)  # first: leadership moves while this disk closes (the restart waits for it)
+        self._close_disk()
 
     def report(self, exc: BaseException) -> None:
         """Any thread: a read found this replica's data damaged; the task thread stops on it (a fault)."""

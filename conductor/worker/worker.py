@@ -351,9 +351,9 @@ class Worker:
     def _on_replica_fault(self, host: ReplicaHost) -> None:
         """A replica's task thread stopped on a fault: give up leadership now, then restart it from disk.
 
-        Runs on the failed replica's task thread (its disk already closed); the
-        restart waits its backoff on a thread of its own, so a worker never
-        keeps a dead replica.
+        Runs on the failed replica's task thread, before it closes its disk; the
+        restart waits for that and its backoff on a thread of its own, so a
+        worker never keeps a dead replica.
         """
         rt = self.modules.get(host.module)
         if rt is None or rt.hosts.get(host.group) is not host:
@@ -376,6 +376,8 @@ class Worker:
         The one seam of recovery: quarantine + reopen. A replica reopened empty
         is rebuilt from the leader like any replica that lost its storage.
         """
+        if threading.current_thread() is not failed.thread:
+            failed.thread.join(timeout=60)  # its disk is closed when its task thread ends
         if self.metastore is None or self.metastore.closed or rt.hosts.get(failed.group) is not failed:
             return
         g = failed.group

@@ -243,3 +243,45 @@ def _lead_everything_from(dc: DevCluster, node: str) -> None:
     finally:
         c.ms.close()
     wait_for(lambda: all(st.leader == node for st in groups_of(dc, "Clicks").values()), 30, f"{node} to lead")
+
+
+def test_leader_finding_a_damaged_replog_segment_gives_up_and_is_rebuilt(dc: DevCluster) -> None:
+    """A byte flipped in a sealed replog segment of group 0's leader; it reads that segment to catch a follower
+    up, finds the damage (CRC), gives up leadership to the intact follower and is rebuilt from it."""
+    groups = deploy(dc, options={**OPTIONS, "replog.segment.bytes": str(1 << 20)})
+    leader = groups[0].leader
+    assert leader is not None
+    lagging = next(r for r in groups[0].replicas if r != leader)
+    segments = dc.node_dir(leader) / "Clicks" / "0" / "replog"
+    with Cluster.connect(dc.hosts, timeout_s=30) as cluster:
+        pad = "p" * 2000
+        appender = Appender(cluster.depot("Clicks", "*clicks"), window=32,
+                            make=lambda n: {"user": f"u{n % 13}", "id": f"r{n}", "pad": pad}).start()
+        try:
+            wait_for(lambda: appender.count() > 300, 60, "appends to flow")
+            dc.nodes[lagging].stop()
+            before = {p.name for p in segments.glob("*.log")}
+            wait_for(lambda: len({p.name for p in segments.glob("*.log")} - before) >= 3, 60,
+                     "the leader to seal segments the stopped follower lacks")
+            sealed = sorted(p for p in segments.glob("*.log") if p.name not in before)[0]
+            size = sealed.stat().st_size
+            with open(sealed, "r+b") as f:
+                f.seek(size // 2)
+                b = f.read(1)
+                f.seek(size // 2)
+                f.write(bytes([b[0] ^ 0xFF]))
+            dc.start_node(lagging)
+            dc.wait_nodes([lagging])
+            wait_for(lambda: groups_of(dc, "Clicks")[0].leader not in (leader, None), SESSION_TIMEOUT + 2,
+                     "the leader to give up leadership on finding the damage")
+            n = appender.count()
+            wait_for(lambda: appender.count() > n + 300, 30, "appends through the new leader")
+        finally:
+            appender.stop()
+    log = dc.nodes[leader].log_path.read_text()
+    assert "gave up leadership because the replica failed (corrupt: CorruptLog" in log, log[-3000:]
+    assert "DAMAGED DATA" in log
+    wait_for(lambda: set(groups_of(dc, "Clicks")[0].isr) == set(groups[0].replicas), 90,
+             "the damaged leader and the lagging follower to rejoin the ISR")
+    wait_for(lambda: converged(dc, "Clicks"), 60, "every replica to catch up")
+    assert_replicas_identical(dc, "Clicks", appender.acked)
