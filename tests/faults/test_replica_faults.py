@@ -7,6 +7,9 @@ Scenario 4: a record the leader cannot decode and an update function raising
 an exception of an unknown type fail their own append with a typed error while
 the writer's appends go on; no restart. Scenario 5: a value too large for an
 entry, through a topology, gets EntryTooLarge and nothing of it is logged.
+A full disk (a tmpfs) on the node leading every group: it gives up leadership,
+retries with backoff and resumes once space returns. A leader that finds a
+damaged replog segment gives up leadership and is rebuilt.
 After each: 0 acknowledged writes lost, replicas byte-identical.
 """
 
@@ -128,6 +131,16 @@ def test_damaged_sst_on_a_stopped_follower_is_found_at_open_and_rebuilt(dc: DevC
     assert "DAMAGED DATA" in log and sst.name in log, log[-3000:]
     wait_for(lambda: victim in groups_of(dc, "Clicks")[0].isr, 60, f"{victim} to rejoin the ISR of group 0")
     wait_for(lambda: converged(dc, "Clicks"), 60, "every replica to catch up")
+    _lead_everything_from(dc, victim)  # the rebuilt replica serves every record as leader
+    with Cluster.connect(dc.hosts, timeout_s=30) as cluster:
+        clicks = cluster.depot("Clicks", "*clicks")
+        served = set()
+        for task in range(4):
+            start, end = clicks.partition_info(task)
+            got = clicks.read(task, start, end, max_bytes=1 << 30) if end > start else []
+            assert len(got) == end - start
+            served.update(rec["id"] for rec in got)
+    assert {r["id"] for r in appender.acked} <= served
     assert not reader.partial, f"partial reads served: {reader.partial[:5]}"
     assert reader.complete > 0
     assert appender.count() > 3000
@@ -189,9 +202,7 @@ def test_full_disk_on_one_node_recovers_when_space_returns(tmp_path: Path) -> No
         deploy(dc, options={**OPTIONS, "replog.segment.bytes": str(1 << 20)})
         _lead_everything_from(dc, "n3")
         with Cluster.connect(dc.hosts, timeout_s=30) as cluster:
-            pad = "p" * 2000
-            appender = Appender(cluster.depot("Clicks", "*clicks"), window=32,
-                                make=lambda n: {"user": f"u{n % 13}", "id": f"r{n}", "pad": pad}).start()
+            appender = _padded_appender(cluster)
             try:
                 wait_for(lambda: appender.count() > 500, 60, "appends to flow")
                 free = os.statvfs(n3).f_bavail * os.statvfs(n3).f_frsize
@@ -254,9 +265,7 @@ def test_leader_finding_a_damaged_replog_segment_gives_up_and_is_rebuilt(dc: Dev
     lagging = next(r for r in groups[0].replicas if r != leader)
     segments = dc.node_dir(leader) / "Clicks" / "0" / "replog"
     with Cluster.connect(dc.hosts, timeout_s=30) as cluster:
-        pad = "p" * 2000
-        appender = Appender(cluster.depot("Clicks", "*clicks"), window=32,
-                            make=lambda n: {"user": f"u{n % 13}", "id": f"r{n}", "pad": pad}).start()
+        appender = _padded_appender(cluster)
         try:
             wait_for(lambda: appender.count() > 300, 60, "appends to flow")
             dc.nodes[lagging].stop()
@@ -285,3 +294,10 @@ def test_leader_finding_a_damaged_replog_segment_gives_up_and_is_rebuilt(dc: Dev
              "the damaged leader and the lagging follower to rejoin the ISR")
     wait_for(lambda: converged(dc, "Clicks"), 60, "every replica to catch up")
     assert_replicas_identical(dc, "Clicks", appender.acked)
+
+
+def _padded_appender(cluster: Cluster) -> Appender:
+    """A writer of unique 2 kB records (segments of 1 MiB fill in a few hundred appends)."""
+    pad = "p" * 2000
+    return Appender(cluster.depot("Clicks", "*clicks"), window=32,
+                    make=lambda n: {"user": f"u{n % 13}", "id": f"r{n}", "pad": pad}).start()
