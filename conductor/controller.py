@@ -50,13 +50,16 @@ from conductor.metastore.module_spec import DEPOT_APPEND_TIMEOUT_MS, ModuleSpec
 from conductor.metastore.versions import CodeVersion
 from conductor.placement import balance_leaders, fully_in_sync, place
 from conductor.settings import REQUIRED, Setting, SettingsError, add_arguments, parse_seconds, resolve
-from replog.election import leaderless_reason, next_leadership, switch_leader
+from replog.election import leaderless_reason, next_leadership, switch_leader, unconfirmed_members
 
 log = logging.getLogger("millrace.conductor")
 
 # A group whose CAS keeps losing races is left for the next reconcile rather than spun on.
 _MAX_CAS_ATTEMPTS = 10
 
+
+#: how soon a leaderless group is looked at again while a live in-sync replica confirms its storage
+_CONFIRM_RECHECK_S = 0.5
 
 #: a resign request the leader has not served after its append timeout plus this margin was given up
 _RESIGN_GRACE_S = 5.0
@@ -124,6 +127,8 @@ class Conductor:
         self._election_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._known_live: set[str] | None = None
+        #: a leaderless group waits for a live in-sync replica to confirm its storage (look again soon)
+        self._awaiting_storage = False
         self._started = False
 
     # ---- lifecycle ----------------------------------------------------------------------------
@@ -221,6 +226,8 @@ class Conductor:
                 except (MetastoreError, KazooException) as e:
                     log.warning("conductor %s: reconcile failed (%s); retrying", self.name, e)
                 wait = self.reconcile_interval
+                if self._awaiting_storage:  # a leaderless group's replica is confirming its storage
+                    wait = min(wait, _CONFIRM_RECHECK_S)
                 if self.balance_interval > 0:
                     wait = max(0.0, min(wait, self._next_balance - time.monotonic()))
                 self._kick.wait(wait)
@@ -242,37 +249,42 @@ class Conductor:
             for node in sorted(live - previous):
                 log.info("node %s joined", node)
         self._known_live = live
+        self._awaiting_storage = False
         disallowed = self.ms.drains.nodes()
         for module in self.ms.modules.names():
             try:
                 groups = self.ms.groups.all(module)
+                min_isr = self.ms.modules.get(module)[0].replication_config().effective_min_isr
             except ModuleNotFound:
                 continue  # destroyed meanwhile
             for g, (state, version) in groups.items():
                 if self._stopping.is_set() or self._term_over.is_set():
                     return
-                self._settle_group(module, g, state, version, sessions, disallowed)
+                settled = self._settle_group(module, g, state, version, sessions, disallowed, min_isr)
+                if settled.leader is None and unconfirmed_members(settled, sessions):
+                    self._awaiting_storage = True
 
     def _settle_group(self, module: str, g: int, state: GroupState, version: int,
-                      live: dict[str, int], disallowed: Iterable[str] = ()) -> None:
-        """Apply ``next_leadership`` with a CAS, re-deciding from fresh state on every conflict."""
+                      live: dict[str, int], disallowed: Iterable[str] = (), min_isr: int = 1) -> GroupState:
+        """Apply ``next_leadership`` with a CAS, re-deciding from fresh state on every conflict; the state now."""
         for _ in range(_MAX_CAS_ATTEMPTS):
-            new = next_leadership(state, live, disallowed)
+            new = next_leadership(state, live, disallowed, min_isr=min_isr)
             if new is None:
-                return
+                return state
             try:
                 self.ms.groups.cas(module, g, new, version)
             except VersionConflict as c:
                 if c.current is None:
-                    return
+                    return state
                 state, version = c.current, c.current_version
                 continue
             except GroupNotFound:
-                return
+                return state
             self._log_transition(module, g, state, new, live)
-            return
+            return new
         log.warning("group %s/%d: gave up after %d conflicting updates; will retry on the next reconcile",
                     module, g, _MAX_CAS_ATTEMPTS)
+        return state
 
     @staticmethod
     def _log_transition(module: str, g: int, old: GroupState, new: GroupState, live: dict[str, int]) -> None:

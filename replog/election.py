@@ -11,7 +11,9 @@ Safety rules (DESIGN.md section 4):
   (no unclean election: an OSR member may lack applied entries);
 * every change of leadership, including to "no leader", bumps the epoch so a
   deposed leader's messages are fenced;
-* if no ISR member is live the group stays leaderless, keeping its ISR, until
+* only *eligible* ISR members are elected: not one whose storage lost entries
+  it acknowledged (``replog.eligibility``; KIP-966's eligible leader replicas);
+* if no eligible ISR member is live the group stays leaderless, keeping its ISR, until
   an ISR member returns;
 * a new state carries the znode version it will have once written (the read
   one plus one), as the replication state machine's proposals do;
@@ -30,7 +32,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
-from replog.messages import GroupState, InvalidGroupState
+from replog.eligibility import eligible
+from replog.messages import STORAGE_LOST, GroupState, InvalidGroupState
 
 
 def live_sessions(live_nodes: Iterable[str] | Mapping[str, int]) -> dict[str, int]:
@@ -52,19 +55,23 @@ def leader_alive(state: GroupState, live_nodes: Iterable[str] | Mapping[str, int
 def elect_leader(state: GroupState, live_nodes: Iterable[str] | Mapping[str, int],
                  exclude: Iterable[str] = (), disallowed: Iterable[str] = (),
                  order: Sequence[str] = ()) -> str | None:
-    """The new leader: the first replica (in preference order) that is in the ISR and live.
+    """The new leader: the first replica (in preference order) that is in the ISR, eligible and live.
 
     The preference order is the placement (``state.replicas``) unless ``order``
     gives another (the simulator passes a random one to explore every choice).
 
     Never an OSR member: it may lack entries that were already applied, so
-    electing it would lose acknowledged writes. None if no ISR member is live.
+    electing it would lose acknowledged writes; never a member whose storage
+    is lost or not confirmed under its live session (``replog.eligibility``).
+    None if no ISR member qualifies.
     Nodes drained of leadership (``disallowed``) are taken only when no allowed
     ISR member is live: availability beats the drain.
     """
-    live = set(live_sessions(live_nodes)) - set(exclude)
+    sessions = live_sessions(live_nodes)
+    live = set(sessions) - set(exclude)
     isr = set(state.isr)
-    candidates = [node for node in (order or state.replicas) if node in isr and node in live]
+    candidates = [node for node in (order or state.replicas)
+                  if node in isr and node in live and eligible(state, node, sessions[node])]
     banned = set(disallowed)
     allowed = [node for node in candidates if node not in banned]
     pick = allowed or candidates
@@ -72,12 +79,17 @@ def elect_leader(state: GroupState, live_nodes: Iterable[str] | Mapping[str, int
 
 
 def next_leadership(state: GroupState, live_nodes: Iterable[str] | Mapping[str, int],
-                    disallowed: Iterable[str] = (), order: Sequence[str] = ()) -> GroupState | None:
+                    disallowed: Iterable[str] = (), order: Sequence[str] = (), min_isr: int = 1) -> GroupState | None:
     """The state after reacting to the live set, or None if nothing must change.
 
     * leader lost (dead, or restarted under a new session), another ISR member
-      live: that member leads; the old leader moves to the OSR (it must catch
-      up before rejoining); epoch + 1.
+      live: that member leads, epoch + 1; the old leader moves to the OSR (it
+      must catch up before rejoining) if the ISR keeps at least ``min_isr``
+      members without it. Otherwise it stays: the group cannot apply anything
+      until it returns anyway, and it holds every applied entry (a leader
+      applies only what it flushed), so it remains a copy the group may need
+      (the idea of KIP-966's eligible leader replicas: the new leader may yet
+      turn out to have lost its storage).
     * leader restarted and no other ISR member is live: it is elected again
       under its new session (it is in the ISR, so this is a clean election), epoch + 1.
     * leader dead, no ISR member live: leaderless, ISR kept as it is (only those
@@ -100,6 +112,9 @@ def next_leadership(state: GroupState, live_nodes: Iterable[str] | Mapping[str, 
     old = state.leader
     new_leader = elect_leader(state, live, exclude=[old], disallowed=disallowed, order=order)
     if new_leader is not None:
+        if len(state.isr) - 1 < min_isr:
+            return replace(state, leader=new_leader, epoch=state.epoch + 1, version=state.version + 1,
+                           leader_session=live[new_leader])
         return replace(
             state,
             leader=new_leader,
@@ -108,7 +123,7 @@ def next_leadership(state: GroupState, live_nodes: Iterable[str] | Mapping[str, 
             osr=tuple(x for x in state.replicas if x == old or x in state.osr),
             leader_session=live[new_leader],
         )
-    if old in live:  # restarted, and the only live in-sync replica
+    if old in live and eligible(state, old, live[old]):  # restarted, and the only live in-sync replica
         return replace(state, epoch=state.epoch + 1, version=state.version + 1, leader_session=live[old])
     return replace(state, leader=None, epoch=state.epoch + 1, version=state.version + 1, leader_session=0)
 
@@ -122,10 +137,27 @@ def leaderless_reason(state: GroupState, live_nodes: Iterable[str] | Mapping[str
         return (f"leader {state.leader} restarted under a new ZooKeeper session; the conductor re-elects "
                 "a leader shortly")
     live_osr = [x for x in state.osr if x in live]
+    lost = [x for x in state.isr if state.incarnation_of(x) == STORAGE_LOST]
+    if lost:  # only ever the last ISR member: the others leave the ISR instead
+        return (f"no intact in-sync replica: {lost} lost entries it had acknowledged (its storage was replaced "
+                "or damaged) and is never elected; the group stalls (writes it acknowledged may be lost: "
+                "restore its data)")
+    unconfirmed = unconfirmed_members(state, live)
+    if unconfirmed:
+        return (f"in-sync replica(s) {unconfirmed} are live but have not confirmed their storage since they "
+                "(re)started; the conductor elects one once it has")
     why = f"no in-sync replica is live (ISR {list(state.isr)} all down)"
     if live_osr:
         why += f"; OSR member(s) {live_osr} are live but may lack applied entries, so they are never elected"
     return why + "; the group waits for an ISR member to return"
+
+
+def unconfirmed_members(state: GroupState, live_nodes: Iterable[str] | Mapping[str, int]) -> list[str]:
+    """Live ISR members not electable only because they have not confirmed their storage under their session
+    yet (they do so within a metastore round trip of starting): worth electing again shortly."""
+    live = live_sessions(live_nodes)
+    return [x for x in state.isr if x in live and state.incarnation_of(x) != STORAGE_LOST
+            and not eligible(state, x, live[x])]
 
 
 def switch_leader(state: GroupState, to: str, session: int = 0) -> GroupState:
@@ -136,7 +168,7 @@ def switch_leader(state: GroupState, to: str, session: int = 0) -> GroupState:
 
 
 def abdicate(state: GroupState, node: str, live_nodes: Iterable[str] | Mapping[str, int],
-             disallowed: Iterable[str] = ()) -> GroupState | None:
+             disallowed: Iterable[str] = (), min_isr: int = 1) -> GroupState | None:
     """The state after leader ``node`` gives up leadership because of a fault; None if it does not lead.
 
     The worker writes it with a versioned compare-and-set (on a conflict it
@@ -145,9 +177,13 @@ def abdicate(state: GroupState, node: str, live_nodes: Iterable[str] | Mapping[s
     * ``node`` no longer leads, and the epoch is bumped, so whatever it still
       sends is fenced;
     * ``node`` leaves the ISR (to the OSR: it rejoins only by catching up from
-      the next leader) when another ISR member remains, since the ISR never
-      becomes empty; the remaining members hold every applied entry, so no
-      acknowledged write is lost by the move;
+      the next leader) when at least ``min_isr`` other ISR members remain (so
+      never emptying the ISR); the remaining members hold every applied entry,
+      so no acknowledged write is lost by the move. Otherwise it stays, as a
+      dead leader does in a failover: the group cannot apply without it anyway,
+      and its data is not in question here (a replica whose storage lost
+      entries leaves through ``replog.eligibility.record_storage`` when it
+      reopens);
     * the next leader is elected by the same rule as a failover
       (:func:`elect_leader`: ISR ∩ live, ``node`` excluded) in the same CAS; if
       no other ISR member is live, the group is leaderless until one returns.
@@ -160,8 +196,9 @@ def abdicate(state: GroupState, node: str, live_nodes: Iterable[str] | Mapping[s
     live = live_sessions(live_nodes)
     successor = elect_leader(state, live, exclude=[node], disallowed=disallowed)
     others = tuple(x for x in state.isr if x != node)
-    if not others:
-        return replace(state, leader=None, epoch=state.epoch + 1, version=state.version + 1, leader_session=0)
+    if not others or len(others) < min_isr:
+        return replace(state, leader=successor, epoch=state.epoch + 1, version=state.version + 1,
+                       leader_session=live[successor] if successor is not None else 0)
     return replace(
         state,
         leader=successor,

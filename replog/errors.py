@@ -201,3 +201,14 @@ class ReplicaFailed(NotLeader):
         self.retry_at = None
         ReplogError.__init__(self, f"replica of task group {group} failed ({kind}: {reason}); it gave up leadership and "
                          "restarts from disk; retry (another in-sync replica leads)")
+
+
+class CorruptStorageMarks(ReplogError):
+    """The storage marks file is damaged: the replica cannot tell what it acknowledged."""
+
+    grpc_code = "DATA_LOSS"
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"storage marks {path} are damaged: {reason}")

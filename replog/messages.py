@@ -30,6 +30,12 @@ Driver contract (what the state machine relies on):
   is also delivered to every replica as :class:`MetastoreChanged`.
 * Leader election and the epoch bump are one CAS by the controller (which picks
   only ISR members); the elected replica learns it via MetastoreChanged.
+* :class:`RecordStorage` is a compare-and-set on the group znode too, by any
+  replica: it records the replica's storage incarnation, leaving the ISR (and
+  the leadership) first when its storage lost something it acknowledged (see
+  :mod:`replog.eligibility`). Its outcome comes back like a ChangeIsr's. Until
+  the znode records its incarnation a replica acknowledges, applies and leads
+  nothing.
 * :class:`HandOff` is the one exception: a resigning leader's own CAS that makes
   an in-sync follower leader of the next epoch and withdraws the resign request
   (``/millrace/modules/<m>/resign/<g>``) in the same transaction. Its outcome
@@ -71,6 +77,7 @@ Truncate / PersistEpochs     cut the log / rewrite the epoch checkpoint, durably
 Apply                        apply entries to PStates atomically with ``_meta.applied``
 SendEntries / Send           gRPC stream to the follower / the peer
 ChangeIsr                    CAS on ``/millrace/modules/<m>/groups/<g>``
+RecordStorage                CAS on the group znode (this replica's incarnation, leaving the ISR if lost)
 HandOff                      CAS on the group znode + delete of its resign request, atomically
 StartFarHorizon              checkpoint + file copy in rounds to the follower
 Reply                        answer the client (error -> gRPC status via ``grpc_code``)
@@ -79,7 +86,12 @@ RoleChanged                  start/stop stream topologies, refresh client routin
 
 A restarted replica is rebuilt with ``Replica(node, group, config, session=...,
 log_start=<first offset on disk>, log_end=<recovered end>, epoch_pairs=<checkpoint>,
-applied=<_meta.applied>)`` and then fed ``MetastoreChanged(<current znode>)``.
+applied=<_meta.applied>, incarnation=<storage incarnation>)`` and then fed
+``MetastoreChanged(<current znode>)``. The driver keeps the storage marks of
+:mod:`replog.eligibility`: the highest offset ever acknowledged is persisted
+(fsync) after each log flush and before its LocalFlushed, lowered before a
+Truncate, and set to the checkpoint's offset when far horizon installs one; at
+open, storage that lost anything acknowledged gets a new incarnation.
 """
 
 from __future__ import annotations
@@ -110,6 +122,10 @@ class Role(StrEnum):
     UNATTACHED = "unattached"
 
 
+#: the incarnation recorded for an ISR member whose storage lost acknowledged entries (never elected)
+STORAGE_LOST = 0
+
+
 class InvalidGroupState(ValueError):
     """A group state breaks an invariant (e.g. a leader outside the ISR); refuse it rather than store it."""
 
@@ -125,7 +141,12 @@ class GroupState:
     elected (0: unknown or no leader): a replica that restarted (new session)
     must not resume leading an epoch whose unflushed tail it may have lost.
     ``version`` is the znode's version when read (it is not stored in the
-    znode). ``placement`` is the replicas in preference order, the first one
+    znode). ``storage`` records, per replica that registered its storage, the
+    storage's incarnation id and the ZooKeeper session that recorded it
+    (KIP-903: a replica confirms its storage under every new session, so the
+    conductor elects only replicas that did); :data:`STORAGE_LOST` marks an ISR
+    member whose storage lost acknowledged entries and which could not leave
+    the ISR (it was the last member): it is never elected. Kept sorted. ``placement`` is the replicas in preference order, the first one
     the preferred leader; a state the replication state machine proposes leaves
     it empty, and the metastore keeps the stored order when it writes one.
     Construction validates, so no process can store or act on a broken state.
@@ -138,6 +159,7 @@ class GroupState:
     version: int = 0
     leader_session: int = 0
     placement: tuple[str, ...] = ()
+    storage: tuple[tuple[str, int, int], ...] = ()
 
     def __post_init__(self) -> None:
         # Accept lists from callers but store tuples, so states are hashable and immutable.
@@ -145,7 +167,28 @@ class GroupState:
             value = getattr(self, name)
             if not isinstance(value, tuple):
                 object.__setattr__(self, name, tuple(value))
+        if not isinstance(self.storage, tuple) or any(not isinstance(r, tuple) for r in self.storage):
+            object.__setattr__(self, "storage", tuple(tuple(r) for r in self.storage))
+        object.__setattr__(self, "storage", tuple(sorted(self.storage)))
         self.validate()
+
+    def incarnation_of(self, node: str) -> int | None:
+        """The storage incarnation recorded for ``node`` (STORAGE_LOST if lost), None if it never registered."""
+        for name, inc, _session in self.storage:
+            if name == node:
+                return inc
+        return None
+
+    def storage_session(self, node: str) -> int | None:
+        """The session under which ``node`` last recorded its storage, None if it never did."""
+        for name, _inc, session in self.storage:
+            if name == node:
+                return session
+        return None
+
+    def with_storage(self, node: str, incarnation: int, session: int) -> tuple[tuple[str, int, int], ...]:
+        """The storage records with ``node``'s set (for a ``replace``)."""
+        return tuple(sorted([r for r in self.storage if r[0] != node] + [(node, incarnation, session)]))
 
     @property
     def replicas(self) -> tuple[str, ...]:
@@ -170,11 +213,26 @@ class GroupState:
                 f"ISR {list(self.isr)} and OSR {list(self.osr)} must partition the replicas {list(replicas)}")
         if self.leader is not None and self.leader not in self.isr:
             raise InvalidGroupState(f"leader {self.leader} is not in the ISR {list(self.isr)}")
+        names = [r[0] for r in self.storage]
+        if len(set(names)) != len(names):
+            raise InvalidGroupState(f"storage recorded twice for a replica: {names}")
+        for record in self.storage:
+            if len(record) != 3 or record[0] not in replicas:
+                raise InvalidGroupState(f"storage record {record!r} is not (replica, incarnation, session) "
+                                        f"of a replica of {list(replicas)}")
+            if any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in record[1:]):
+                raise InvalidGroupState(f"storage record {record!r} needs whole numbers >= 0")
+        if self.leader is not None and self.incarnation_of(self.leader) == STORAGE_LOST:
+            raise InvalidGroupState(f"leader {self.leader} lost its storage")
 
     def to_dict(self) -> dict[str, Any]:
         """The znode's document (the version is the znode's own, not part of it)."""
-        return {"leader": self.leader, "epoch": self.epoch, "isr": list(self.isr), "osr": list(self.osr),
-                "replicas": list(self.replicas), "leader_session": self.leader_session}
+        doc: dict[str, Any] = {"leader": self.leader, "epoch": self.epoch, "isr": list(self.isr),
+                               "osr": list(self.osr), "replicas": list(self.replicas),
+                               "leader_session": self.leader_session}
+        if self.storage:
+            doc["storage"] = {name: [inc, session] for name, inc, session in self.storage}
+        return doc
 
     def to_json(self) -> bytes:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()
@@ -186,7 +244,9 @@ class GroupState:
             doc = json.loads(raw)
             return cls(leader=doc["leader"], epoch=doc["epoch"], isr=tuple(doc["isr"]), osr=tuple(doc["osr"]),
                        version=version, leader_session=int(doc.get("leader_session", 0)),
-                       placement=tuple(doc["replicas"]))
+                       placement=tuple(doc["replicas"]), storage=tuple((str(name), int(inc), int(session))
+                                                                  for name, (inc, session) in
+                                                                  dict(doc.get("storage", {})).items()))
         except (ValueError, KeyError, TypeError) as e:
             raise InvalidGroupState(f"malformed group state {raw!r}: {e}") from None
 
@@ -349,7 +409,9 @@ class ReplicateAck:
     """Follower -> leader: ``held`` is the highest durable offset, ``log_end`` the end of its log.
 
     ``reset`` asks the leader to resume sending at ``log_end`` (after the
-    follower reconciled, or when a frame left a gap).
+    follower reconciled, or when a frame left a gap). ``incarnation`` names the
+    follower's storage: the leader counts only acks of the incarnation the
+    znode records (a late ack of a lost storage must not count).
     """
 
     src: str
@@ -358,6 +420,7 @@ class ReplicateAck:
     held: int
     log_end: int
     reset: bool = False
+    incarnation: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -470,6 +533,20 @@ class ChangeIsr:
 
 
 @dataclass(frozen=True, slots=True)
+class RecordStorage:
+    """Compare-and-set the group znode from ``expected_version`` to ``new``: this replica's storage incarnation.
+
+    ``new`` is :func:`replog.eligibility.record_storage` of the znode read: it
+    records the incarnation and, if the storage lost what it acknowledged,
+    takes the replica out of the ISR (and the leadership) in the same write.
+    The result comes back as :class:`IsrChanged` or :class:`IsrChangeFailed`.
+    """
+
+    expected_version: int
+    new: GroupState
+
+
+@dataclass(frozen=True, slots=True)
 class HandOff:
     """Compare-and-set the group znode from ``expected_version`` to ``new`` (next epoch, led by an ISR follower).
 
@@ -517,5 +594,5 @@ class RoleChanged:
 
 Action = (
     AppendLocal | Truncate | PersistEpochs | Apply | SendEntries | Send | ChangeIsr
-    | StartFarHorizon | Reply | RoleChanged | HandOff
+    | StartFarHorizon | Reply | RoleChanged | HandOff | RecordStorage
 )

@@ -60,6 +60,8 @@ constructors or answered with typed errors).
 from __future__ import annotations
 
 from replog.config import ReplicationConfig
+from replog.eligibility import record_storage
+from replog.errors import NotLeader
 from replog.messages import (
     Action,
     ClientAppend,
@@ -73,8 +75,10 @@ from replog.messages import (
     LocalFlushed,
     LogStartAdvanced,
     MetastoreChanged,
+    RecordStorage,
     Replicate,
     ReplicateAck,
+    Reply,
     ResignRequested,
     Role,
     RoleChanged,
@@ -107,7 +111,11 @@ class Replica(LeaderRules, FollowerRules):
         """Feed one event; returns the actions to perform, in order."""
         self._now = now_ms
         self._out = []
-        if isinstance(event, Replicate):
+        handled = ((self.incarnation is not None and self._storage_event(event))
+                   or (not self.registered and self._while_unregistered(event)))
+        if handled:
+            pass
+        elif isinstance(event, Replicate):
             self._on_replicate(event)
         elif isinstance(event, ReplicateAck):
             self._on_ack(event)
@@ -234,6 +242,62 @@ class Replica(LeaderRules, FollowerRules):
         assert start <= self.applied + 1, f"entries [{self.applied + 1}, {start}) deleted before being applied"
         self.log_start = start
 
+    # ------------------------------------------------------------------------------- storage
+
+    def _storage_event(self, event: Event) -> bool:
+        """Storage records (replog.eligibility): the outcome of this replica's RecordStorage CAS, and the znodes
+        it (re)records its storage from; True if ``event`` is fully handled."""
+        if isinstance(event, IsrChanged) and self._recording is not None and event.state == self._recording:
+            self._recording = None
+            self._on_storage_znode(event.state)
+        elif (isinstance(event, IsrChangeFailed) and self._recording is not None
+              and event.proposed == self._recording):
+            self._recording = None
+            if event.current is not None:
+                self._on_storage_znode(event.current)
+        elif isinstance(event, MetastoreChanged):
+            self._on_storage_znode(event.state)
+        else:
+            if (isinstance(event, Tick) and self._recording is None and self._seen is not None
+                    and self._now - self._recording_ms >= self.config.request_timeout_ms):
+                self._propose_storage(self._seen)  # after a CAS lost with the session, or a znode not renewed
+            return False
+        return True
+
+    def _on_storage_znode(self, st: GroupState) -> None:
+        if self._seen is None or st.version >= self._seen.version:
+            self._seen = st
+        self._propose_storage(st)
+        if st.incarnation_of(self.node_id) == self.incarnation:
+            self.registered = True
+        if self.registered:
+            self._on_metastore(st)
+
+    def _propose_storage(self, st: GroupState) -> None:
+        """Record this storage's incarnation under the current session, unless ``st`` does or a CAS is in flight."""
+        assert self.incarnation is not None
+        if self._recording is not None or not self.session_ok:
+            return
+        new = record_storage(st, self.node_id, self.incarnation, self.session)
+        if new is None:
+            return  # recorded already (or lost as the last ISR member: it serves nothing until data is restored)
+        self._recording = new
+        self._recording_ms = self._now
+        self._out.append(RecordStorage(st.version, new))
+
+    def _while_unregistered(self, event: Event) -> bool:
+        """Until the znode records this storage's incarnation the replica serves nothing; True if ``event`` is done.
+
+        Peer messages, ISR outcomes and resign requests are dropped (unanswered,
+        so nothing is acknowledged from a storage the ISR does not know);
+        appends are refused.
+        """
+        if isinstance(event, ClientAppend):
+            self._out.append(Reply(event.request_id, -1, event.count, NotLeader(self.group, None, self.epoch)))
+            return True
+        return isinstance(event, (Tick, Replicate, ReplicateAck, EpochRequest, EpochResponse, ResignRequested,
+                                  IsrChanged, IsrChangeFailed))
+
     # ------------------------------------------------------------------------------- role changes
 
     def _on_metastore(self, st: GroupState) -> None:
@@ -275,7 +339,7 @@ class Replica(LeaderRules, FollowerRules):
         if self.epochs.assign(st.epoch, self.log_end):
             self._persist_epochs()
         peers = {r: Peer(last_progress_ms=self._now) for r in st.replicas if r != self.node_id}
-        self._ls = LeaderState(isr=st.isr, osr=st.osr, version=st.version, peers=peers,
+        self._ls = LeaderState(isr=st.isr, osr=st.osr, version=st.version, peers=peers, storage=st.storage,
                                 batch_ends=[self.log_end], batch_times=[self._now],
                                 bytes_base=self.log_end)
         # The apply offset learnt from the previous leader is group-wide: every ISR

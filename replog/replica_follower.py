@@ -54,7 +54,16 @@ class FollowerRules(ReplicaState):
             self._request_epoch_end()  # KIP-279: iterate until both logs agree on the latest epoch
 
     def _truncation_point(self, found_epoch: int, leader_end: int) -> int:
-        """Where this log must be cut given the leader's ``end_offset_for`` answer (KIP-101/279)."""
+        """Where this log must be cut given the leader's ``end_offset_for`` answer (KIP-101/279).
+
+        Entries of the leader's own epoch came from it alone, so they are a
+        prefix of its log: nothing to cut. Its answer about that epoch (its log
+        end) may also be stale: a reply to the same question asked before a
+        far-horizon install rebuilt this replica, and cutting there would drop
+        applied entries (found by seed 5050635).
+        """
+        if found_epoch == self.epoch:
+            return self.log_end
         if found_epoch == UNDEFINED_EPOCH:
             return min(leader_end, self.log_end)
         own_end = self.epochs.end_offset_for(found_epoch, self.log_end)[1]
@@ -77,7 +86,7 @@ class FollowerRules(ReplicaState):
         assert self.leader is not None
         self._last_ack_ms = self._now
         self._out.append(Send(ReplicateAck(self.node_id, self.leader, self.epoch, self.flushed_end - 1,
-                                           self.log_end, reset)))
+                                           self.log_end, reset, self.incarnation or 0)))
 
     def _on_replicate(self, m: Replicate) -> None:
         if m.epoch < self.epoch:

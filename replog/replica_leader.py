@@ -160,6 +160,8 @@ class LeaderRules(ReplicaState):
         assert m.held < self.log_end and m.log_end <= self.log_end, (
             f"{m.src} acks {m.held}/{m.log_end} beyond leader log end {self.log_end} in epoch {self.epoch}"
         )
+        if m.incarnation != (_recorded(ls.storage, m.src) or 0):
+            return  # from a storage the znode does not record (lost and replaced, or not registered yet)
         p = ls.peers[m.src]
         p.reconciled = True
         if m.reset:
@@ -213,7 +215,8 @@ class LeaderRules(ReplicaState):
     def _propose(self, isr: tuple[str, ...], osr: tuple[str, ...]) -> None:
         ls = self._ls
         assert ls is not None and self.node_id in isr
-        new = GroupState(self.node_id, self.epoch, isr, osr, ls.version + 1, self.session)
+        new = GroupState(self.node_id, self.epoch, isr, osr, ls.version + 1, self.session,
+                         storage=ls.storage)
         ls.pending_change = new
         self._out.append(ChangeIsr(ls.version, new))
 
@@ -265,8 +268,10 @@ class LeaderRules(ReplicaState):
         ls.isr, ls.osr, ls.version = st.isr, st.osr, st.version
         assert self.node_id in ls.isr, f"leader {self.node_id} removed from its own ISR {st.isr}"
         for r in st.replicas:
-            if r != self.node_id and r not in ls.peers:
-                ls.peers[r] = Peer(last_progress_ms=self._now)
+            if r != self.node_id and (r not in ls.peers or
+                                      _recorded(ls.storage, r) != st.incarnation_of(r)):
+                ls.peers[r] = Peer(last_progress_ms=self._now)  # new, or another storage: it knows nothing yet
+        ls.storage = st.storage
         self._advance_apply()
 
     # ---------------------------------------------------------------------- coordinated hand-off
@@ -299,7 +304,8 @@ class LeaderRules(ReplicaState):
         assert not ls.wait_append and not ls.wait_applied, (
             f"{self.node_id} hands off {self.group} with clients waiting: every accepted append must be answered"
         )
-        new = GroupState(rs.to, self.epoch + 1, ls.isr, ls.osr, ls.version + 1, rs.to_session)
+        new = GroupState(rs.to, self.epoch + 1, ls.isr, ls.osr, ls.version + 1, rs.to_session,
+                         storage=ls.storage)
         ls.pending_change = new
         self._out.append(HandOff(ls.version, new))
 
@@ -370,3 +376,8 @@ class LeaderRules(ReplicaState):
             self._out.append(SendEntries(r, self.epoch, start, start, self.apply_offset))
             p.sent_apply = self.apply_offset
             p.last_send_ms = now
+
+
+def _recorded(storage: tuple[tuple[str, int, int], ...], node: str) -> int | None:
+    """The incarnation ``storage`` records for ``node`` (as GroupState.incarnation_of)."""
+    return next((inc for name, inc, _session in storage if name == node), None)

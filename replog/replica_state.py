@@ -60,6 +60,8 @@ class LeaderState:
     osr: tuple[str, ...]
     version: int
     peers: dict[str, Peer]
+    #: storage records of the znode (acks of an incarnation other than the recorded one do not count)
+    storage: tuple[tuple[str, int, int], ...] = ()
     #: proposed znode of an in-flight ChangeIsr (at most one at a time)
     pending_change: GroupState | None = None
     #: ends and append times of batches not yet applied, for the time-lag rule
@@ -89,6 +91,7 @@ class ReplicaState:
         log_end: int = 0,
         epoch_pairs: tuple[tuple[int, int], ...] | list[tuple[int, int]] = (),
         applied: int = -1,
+        incarnation: int | None = None,
     ) -> None:
         assert applied < log_end or (applied == -1 and log_end >= 0), (
             f"applied offset {applied} is not in the recovered log [0, {log_end})"
@@ -122,6 +125,13 @@ class ReplicaState:
         self._last_ack_ms = -(1 << 62)
         # leader state
         self._ls: LeaderState | None = None
+        #: this storage's incarnation (None: the driver does not track storage, e.g. unit tests of other rules)
+        self.incarnation = incarnation
+        #: the znode records this incarnation; until then the replica acknowledges, applies and leads nothing
+        self.registered = incarnation is None
+        self._recording: GroupState | None = None
+        self._recording_ms = 0
+        self._seen: GroupState | None = None
         self._out: list[Action] = []
         self._now = 0
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pstate.errors import CorruptStore, StorageError
-from replog.errors import CorruptEpochFile, CorruptLog
+from replog.errors import CorruptEpochFile, CorruptLog, CorruptStorageMarks
 
 log = logging.getLogger("millrace.node")
 
@@ -38,7 +38,7 @@ INTERNAL = "internal"
 KINDS = (CORRUPT, DISK_FULL, INTERNAL)
 
 #: exceptions that are the replica's, never one request's (they stop the task thread)
-REPLICA_FAULTS = (CorruptStore, CorruptLog, CorruptEpochFile, StorageError, OSError)
+REPLICA_FAULTS = (CorruptStore, CorruptLog, CorruptEpochFile, CorruptStorageMarks, StorageError, OSError)
 
 #: restart delays: doubling from FIRST to MAX; a replica that ran STABLE_S without a fault starts over
 FIRST_DELAY_S = 0.5
@@ -50,7 +50,7 @@ KEEP_QUARANTINED = 1
 
 def fault_kind(exc: BaseException) -> str:
     """``corrupt``, ``disk_full`` or ``internal``, from the exception that stopped a replica."""
-    if isinstance(exc, CorruptStore | CorruptLog | CorruptEpochFile):
+    if isinstance(exc, CorruptStore | CorruptLog | CorruptEpochFile | CorruptStorageMarks):
         return CORRUPT
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
         return DISK_FULL

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -28,10 +29,20 @@ from pstate.checkpoint import Manifest
 from pstate.errors import PStateError
 from replog.batch import scan_frames, trim_frames
 from replog.config import DEFAULT_SEGMENT_BYTES, ReplicationConfig
+from replog.eligibility import StorageMarks, check_storage
 from replog.epoch_file import EpochFile
-from replog.errors import AppendFailed, Backpressure, EntryTooLarge, ReplicaFailed, ReplogError
+from replog.errors import (
+    AppendFailed,
+    Backpressure,
+    CorruptStorageMarks,
+    EntryTooLarge,
+    ReplicaFailed,
+    ReplogError,
+)
 from replog.log import Log
+from replog.marks_file import MarksFile
 from replog.messages import (
+    STORAGE_LOST,
     Ack,
     AppendLocal,
     Apply,
@@ -47,6 +58,7 @@ from replog.messages import (
     MetastoreChanged,
     PersistEpochs,
     RawReplicate,
+    RecordStorage,
     Replicate,
     Reply,
     RoleChanged,
@@ -146,6 +158,12 @@ class ReplicaHost:
         self.name = f"{module}/{group}"
         self.dir = data_dir
         self.dir.mkdir(parents=True, exist_ok=True)
+        self.marks = MarksFile(self.dir / "marks")
+        try:
+            marks = self.marks.load()
+            damaged = None
+        except CorruptStorageMarks as e:
+            marks, damaged = None, str(e)
         self.log = Log.open(self.dir / "replog", fsync="none", segment_bytes=segment_bytes)
         self.epoch_file = EpochFile(self.dir / "epochs")
         self.store = store
@@ -164,12 +182,27 @@ class ReplicaHost:
         #: the last fault of this group's replica on this node, before it was (re)opened (status, metrics)
         self.last_fault: Fault | None = None
         applied = store.applied_offset
+        #: why this storage is not intact (it lost entries it acknowledged), None if it is
+        self.storage_lost = damaged or check_storage(marks, log_end=self.log.end_offset, applied=applied)
         if applied >= self.log.end_offset:
-            # Only a far-horizon install interrupted between swapping the store and resetting the
-            # log leaves the store ahead (applies need durable entries): finish it.
-            log.warning("%s: store applied offset %d is beyond the replog end %d (an interrupted checkpoint "
-                        "install); the replog restarts at %d", self.name, applied, self.log.end_offset, applied + 1)
+            # The store is ahead of the log: a far-horizon install interrupted between the store swap and
+            # the log reset (finish it), or a log that lost entries (the store holds their state).
+            if self.storage_lost is None:
+                log.warning("%s: finishing an interrupted checkpoint install: the replog restarts at %d",
+                            self.name, applied + 1)
             self.log.reset(applied + 1)
+        if self.storage_lost is not None:
+            log.error("%s: this replica's storage lost entries it acknowledged (%s); it takes a new incarnation, "
+                      "leaves the ISR before serving anything and rebuilds from the leader",
+                      self.name, self.storage_lost)
+        elif marks is not None and not marks.clean:
+            log.info("%s: storage intact after an unclean shutdown (acknowledged up to %d, replog ends at %d)",
+                     self.name, marks.acked, self.log.end_offset)
+        #: this storage's incarnation (replog.eligibility): new with the directory, or after a loss
+        self.incarnation = (marks.incarnation if marks is not None and self.storage_lost is None
+                            else random.SystemRandom().randrange(1, 1 << 63))
+        # Durable before the replica may acknowledge anything; cleared "clean" until a clean close.
+        self.marks.save(StorageMarks(self.incarnation, acked=self.log.end_offset - 1))
         self.replica = self._new_replica(session, applied)
         #: the group znode as last fed to the state machine (far-horizon install checks ISR membership)
         self._znode: GroupState | None = None
@@ -197,6 +230,7 @@ class ReplicaHost:
         return Replica(
             self.node_id, self.name, self.config, session=session, log_start=self.log.start_offset,
             log_end=self.log.end_offset, epoch_pairs=self.epoch_file.load(), applied=applied,
+            incarnation=self.incarnation,
         )
 
     # ------------------------------------------------------------------ called from other threads
@@ -385,6 +419,7 @@ class ReplicaHost:
             self._ship(hold_acks=True)
             self._dirty = False
             self.log.flush()
+            self.marks.update(acked=self.log.end_offset - 1)  # before anything flushed is acknowledged
             self.stats["flushes"] += 1
             self._feed(LocalFlushed(self.log.end_offset))
 
@@ -410,12 +445,16 @@ class ReplicaHost:
             self._apply_deferred()
             log.warning("%s: truncating replog to offset %d (epoch reconciliation)", self.name, a.end)
             self.store.drop_staged()
+            assert self.marks.current is not None
+            self.marks.update(acked=min(self.marks.current.acked, a.end - 1))  # lowered before the cut
             self.log.truncate(a.end)
             self.log.flush()
         elif isinstance(a, PersistEpochs):
             self.epoch_file.save(list(a.pairs))
         elif isinstance(a, ChangeIsr):
             self._change_isr(self, a.expected_version, a.new)
+        elif isinstance(a, RecordStorage):
+            self._record_storage(a)
         elif isinstance(a, HandOff):
             assert self._hand_off is not None, f"{self.name}: a hand-off needs the hand_off callback"
             log.warning("%s: handing leadership to %s (epoch %d -> %d)", self.name, a.new.leader, a.new.epoch - 1,
@@ -438,6 +477,22 @@ class ReplicaHost:
             self.outbox.add(a.follower, FarHorizonOffer(self.node_id, a.epoch))
         else:  # pragma: no cover - the Action union is closed
             raise TypeError(f"unknown action {a!r}")
+
+    def _record_storage(self, a: RecordStorage) -> None:
+        """Record this storage's incarnation in the group znode (the state machine's CAS, as a ChangeIsr's)."""
+        me, new = self.node_id, a.new
+        if new.incarnation_of(me) == STORAGE_LOST:
+            log.error("%s: storage lost acknowledged entries and this is the last in-sync replica: marking it "
+                      "lost in the group znode; the group stalls until its data is restored", self.name)
+        elif me in (self._znode.isr if self._znode is not None else ()) and me not in new.isr:
+            log.warning("%s: leaving the ISR%s before serving anything: %s; it rebuilds from the leader",
+                        self.name, " and the leadership" if new.leader is None else "",
+                        self.storage_lost or "its storage is new (the directory was emptied or replaced) while "
+                                             "the group records the storage it had")
+        else:
+            log.info("%s: recording storage incarnation %016x under session %x", self.name, self.incarnation,
+                     self.replica.session)
+        self._change_isr(self, a.expected_version, new)
 
     def _append_local(self, a: AppendLocal) -> None:
         assert a.first == self.log.end_offset, (self.name, a.first, self.log.end_offset)
@@ -536,15 +591,20 @@ class ReplicaHost:
             self._fail_all(ReplogError(f"{self.name}: the replica is closing"))
             self.log.flush()
             self.log.close()
+            if self.fault is None:
+                self.marks.update(clean=True)
         except Exception:
             if self.fault is None:
                 raise
             log.warning("%s: closing the failed replica's replog: %s", self.name, self.log, exc_info=True)
         finally:
-            if self.fault is None:
-                self.store.close()
-            else:  # (its flush may be what failed; the replog replays what the memtables held)
-                self.store.abandon()
+            try:
+                self.marks.close()
+            finally:
+                if self.fault is None:
+                    self.store.close()
+                else:  # (its flush may be what failed; the replog replays what the memtables held)
+                    self.store.abandon()
 
     # ------------------------------------------------------------------------ retention
 
@@ -609,8 +669,10 @@ class ReplicaHost:
         self.outbox.clear()
         self.store.drop_staged()
         self.epoch_file.save(pairs)
+        self.marks.update(installing=upto)
         self.store.install_checkpoint(staging, manifest)
         self.log.reset(upto + 1)
+        self.marks.update(acked=upto, installing=-1)
         self.replica = self._new_replica(r.session, upto)
         self.stats["far_horizon_installs"] += 1
         if not r.session_ok:
@@ -630,6 +692,7 @@ class ReplicaHost:
             "role": r.role.value, "epoch": r.epoch, "leader": r.leader, "log_start": self.log.start_offset,
             "log_end": r.log_end, "apply_offset": r.apply_offset, "applied": r.applied,
             "followers": r.follower_offsets(), "isr": list(r.isr), "stalled": r.stalled,
+            "storage": {"incarnation": self.incarnation, "recorded": r.registered, "lost": self.storage_lost},
             "catchup": self.catchup.progress if self.catchup is not None and self.catchup.running else None,
             "dataflow": self.dataflow.status() if self.dataflow is not None else None,
             "fault": self.fault or self.last_fault, "failed": self.fault is not None,

@@ -44,7 +44,7 @@ def to_proto(module: str, group: int, msg: Any) -> pb.PeerMessage:
             epoch=msg.epoch, start=msg.start, frames=msg.frames, apply_offset=msg.apply_offset))
     if isinstance(msg, ReplicateAck):
         return pb.PeerMessage(module=module, group=group, ack=pb.AckMsg(
-            epoch=msg.epoch, held=msg.held, log_end=msg.log_end, reset=msg.reset))
+            epoch=msg.epoch, held=msg.held, log_end=msg.log_end, reset=msg.reset, incarnation=msg.incarnation))
     if isinstance(msg, EpochRequest):
         return pb.PeerMessage(module=module, group=group, epoch_request=pb.EpochRequestMsg(
             epoch=msg.epoch, requested_epoch=msg.requested_epoch))
@@ -73,7 +73,7 @@ def from_proto(src: str, dst: str, m: pb.PeerMessage) -> Any:
         return RawReplicate(src, r.epoch, r.start, r.frames, r.apply_offset)
     if body == "ack":
         a = m.ack
-        return ReplicateAck(src, dst, a.epoch, a.held, a.log_end, a.reset)
+        return ReplicateAck(src, dst, a.epoch, a.held, a.log_end, a.reset, a.incarnation)
     if body == "epoch_request":
         q = m.epoch_request
         return EpochRequest(src, dst, q.epoch, q.requested_epoch)

@@ -465,6 +465,35 @@ class Worker:
                 log.warning("%s: could not give up leadership (%s); the session timeout moves it", host.name, e)
                 return
 
+    def reopen_replica(self, module: str, group: int, discard_storage: bool, why: str) -> threading.Thread:
+        """Close one replica and open it again from its directory, in a thread of its own (returned).
+
+        With ``discard_storage`` the group's directory is quarantined first (moved
+        aside), so the replica reopens empty; either way the open-time check
+        (``replog.eligibility``) finds what it lost, and the replica leaves the
+        ISR before serving anything and rebuilds from the leader.
+        """
+        def run() -> None:
+            rt = self.modules.get(module)
+            old = rt.hosts.get(group) if rt is not None else None
+            if rt is None or old is None:
+                return
+            log.error("%s: reopening the replica%s: %s", old.name, " with its storage discarded" if discard_storage
+                      else "", why)
+            old.stop()
+            if old.thread.is_alive():
+                old.thread.join()
+            if discard_storage:
+                self._quarantine(rt, group, why)
+            if self.modules.get(module) is not rt:
+                return  # closed or redeployed meanwhile
+            rt.faults.setdefault(group, Fault("internal" if not discard_storage else CORRUPT, why, time.time()))
+            self._start_reopened(rt, group, self._open_replica(rt, group), old)
+
+        thread = threading.Thread(target=run, name=f"reopen-{module}/{group}", daemon=True)
+        thread.start()
+        return thread
+
     def _on_spec(self, rt: ModuleRuntime, spec: ModuleSpec | None) -> None:
         """`conductor set-option`: hand the replicas the new replication options (they apply at once)."""
         if spec is None or spec.module_ref != rt.spec.module_ref:

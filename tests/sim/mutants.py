@@ -6,7 +6,9 @@ switch that could turn a rule off.
 
 from __future__ import annotations
 
-from replog.messages import EpochResponse
+from dataclasses import replace
+
+from replog.messages import EpochResponse, GroupState, RecordStorage
 from replog.replica import Replica
 
 
@@ -46,3 +48,18 @@ class HandOffWithoutCatchUp(Replica):
 
     def _caught_up(self, successor: object) -> bool:
         return True
+
+
+class ElectsEmptiedReplica(Replica):
+    """A replica whose storage lost what it acknowledged records its new storage but stays in the ISR
+    (no KIP-966 eligibility): an emptied replica remains electable."""
+
+    def _propose_storage(self, st: GroupState) -> None:
+        me = self.node_id
+        assert self.incarnation is not None
+        if (self._recording is not None or not self.session_ok
+                or (st.incarnation_of(me), st.storage_session(me)) == (self.incarnation, self.session)):
+            return
+        self._recording = replace(st, version=st.version + 1, storage=st.with_storage(me, self.incarnation, self.session))
+        self._recording_ms = self._now
+        self._out.append(RecordStorage(st.version, self._recording))

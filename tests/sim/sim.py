@@ -3,6 +3,8 @@
 Everything nondeterministic comes from one seeded PRNG and one virtual clock:
 message delays (hence reordering), drops, duplicates, partitions, crashes that
 lose every unflushed entry, restarts that recover from the durable disk only,
+storage faults (a disk replaced by an empty one, a tail lost after it was
+acknowledged, damage found on read and quarantined while the worker runs),
 slow flushes, a versioned metastore with compare-and-set and session expiry,
 a controller that elects leaders from the ISR only (the conductor's own rule), and a balancer that asks
 leaders to hand leadership to an in-sync follower (resign requests).
@@ -26,6 +28,7 @@ from typing import Any
 from replog.catchup import round_is_last
 from replog.config import ReplicationConfig
 from replog.election import next_leadership
+from replog.eligibility import StorageMarks, check_storage
 from replog.messages import (
     Ack,
     Action,
@@ -43,6 +46,7 @@ from replog.messages import (
     LogStartAdvanced,
     MetastoreChanged,
     PersistEpochs,
+    RecordStorage,
     Replicate,
     Reply,
     ResignRequested,
@@ -91,6 +95,7 @@ class Faults:
     slow_disk: float = 0.0  #: probability a node gets a slow disk for the run
     slow_flush_ms: int = 80
     resign_rate: float = 0.0  #: leader hand-off requests per virtual second (set by run_seed, not random())
+    storage_fault_rate: float = 0.0  #: disk losses, tail losses, corruption per virtual second (set by run_seed)
 
     @classmethod
     def random(cls, rng: random.Random) -> Faults:
@@ -128,6 +133,11 @@ class Disk:
     #: first offset still in the log: retention deleted ``entries[:start]`` (kept here only as the
     #: store's content, for the invariant checks; sending them is a failure)
     start: int = 0
+    #: storage marks (replog.eligibility): this storage's incarnation, the highest offset ever acknowledged
+    incarnation: int = 0
+    acked: int = -1
+    #: a storage fault took entries it acknowledged (the open-time check must find it: the sim checks it does)
+    damaged: bool = False
 
 
 @dataclass
@@ -198,15 +208,19 @@ class Sim:
         self.ids = ids
         self._sessions = 0
         self.nodes: dict[str, Node] = {}
+        self._incarnations = 0
         for nid in ids:
             self._sessions += 1
-            n = Node(nid, Disk(), self._new_replica(nid, Disk(), self._sessions), session=self._sessions)
+            disk = self.new_disk()
+            n = Node(nid, disk, self._new_replica(nid, disk, self._sessions), session=self._sessions)
             self.nodes[nid] = n
         self.znode = GroupState(None, 0, tuple(ids), (), 0, 0)
         self.cut: set[tuple[str, str]] = set()
         #: far-horizon transfers in progress, per (follower, incarnation)
         self.copying: set[tuple[str, int]] = set()
         self.committed: list[Entry] = []
+        #: offset -> durable copies storage faults destroyed (for the min-ISR copies check)
+        self.lost_copies: dict[int, int] = {}
         self.leaders: dict[int, str] = {}
         self.requests: dict[int, ClientRequest] = {}
         self._next_request = 0
@@ -279,9 +293,35 @@ class Sim:
             self.at(self.now + self.rng.randrange(tick_ms), self._tick, nid, 0)
         self._elect_later(0)
 
+    def new_disk(self) -> Disk:
+        """An empty storage directory with a fresh incarnation."""
+        self._incarnations += 1
+        return Disk(incarnation=self._incarnations)
+
     def _new_replica(self, nid: str, disk: Disk, session: int) -> Replica:
         return self.replica_cls(nid, "g", self.config, session=session, log_start=disk.start,
-                                log_end=disk.durable_end, epoch_pairs=disk.epoch_pairs, applied=disk.applied)
+                                log_end=disk.durable_end, epoch_pairs=disk.epoch_pairs, applied=disk.applied,
+                                incarnation=disk.incarnation)
+
+    def _open_storage(self, n: Node) -> None:
+        """The driver's open-time check (replog.eligibility): storage that lost acknowledged entries gets a
+        new incarnation. The sim knows which storages were damaged, so it checks the rule finds each one."""
+        d = n.disk
+        lost = check_storage(StorageMarks(d.incarnation, d.acked), log_end=d.durable_end, applied=d.applied)
+        if (lost is not None) != d.damaged:
+            self.fail(f"{n.id}: the open-time check says {lost!r} of a storage that is "
+                      f"{'damaged' if d.damaged else 'intact'} (log end {d.durable_end}, acked {d.acked})")
+        if lost is not None:
+            self.note(f"{n.id} opens damaged storage: {lost}")
+            self._incarnations += 1
+            d.incarnation = self._incarnations
+            d.acked = d.durable_end - 1
+            d.damaged = False
+
+    def intact(self, nid: str) -> bool:
+        """The znode records ``nid``'s current storage, which holds everything it acknowledged."""
+        d = self.nodes[nid].disk
+        return not d.damaged and self.znode.incarnation_of(nid) == d.incarnation
 
     def _tick(self, nid: str, inc: int) -> None:
         n = self.nodes[nid]
@@ -349,6 +389,9 @@ class Sim:
             lo, hi = self.metastore_ms
             self.at(self.now + self.rng.randint(lo, hi), self._cas, n.id, n.incarnation, a,
                     n.replica.config.effective_min_isr)
+        elif isinstance(a, RecordStorage):
+            lo, hi = self.metastore_ms
+            self.at(self.now + self.rng.randint(lo, hi), self._record_storage, n.id, n.incarnation, a)
         elif isinstance(a, RoleChanged):
             self.note(f"{n.id} -> {a.role} epoch {a.epoch}")
             if a.role is Role.LEADER:
@@ -431,6 +474,7 @@ class Sim:
             return
         if end > n.disk.durable_end:
             n.disk.durable_end = end
+            n.disk.acked = end - 1  # the acknowledged mark, persisted before the flush is reported
             self._deliver(nid, inc, LocalFlushed(end))
 
     def _truncate(self, n: Node, end: int) -> None:
@@ -439,6 +483,7 @@ class Sim:
             self.fail(f"ISR member {n.id} truncates to {end}, below the committed end {len(self.committed)}")
         if end <= disk.applied:
             self.fail(f"{n.id} truncates to {end}, below its applied offset {disk.applied}")
+        disk.acked = min(disk.acked, end - 1)  # lowered before the cut
         del disk.entries[end:]
         disk.durable_end = min(disk.durable_end, end)
         disk.gen += 1
@@ -462,6 +507,8 @@ class Sim:
     def _check_isr_holds(self, o: int) -> None:
         want = self.committed[o]
         for m in self.znode.isr:
+            if not self.intact(m):
+                continue  # a storage fault emptied or cut it: it leaves the ISR before it acknowledges anything
             d = self.nodes[m].disk
             if d.durable_end <= o or d.entries[o] != want:
                 got = d.entries[o] if o < len(d.entries) else None
@@ -523,7 +570,8 @@ class Sim:
                               f"{self.committed[o] if o < len(self.committed) else None}")
                 copies = [m.id for m in self.nodes.values()
                           if o < m.disk.durable_end and m.disk.entries[o][1] == p]
-                if len(copies) < min_isr:
+                # A storage fault may have taken copies that were acknowledged: they counted when they were.
+                if len(copies) + self.lost_copies.get(o, 0) < min_isr:
                     self.fail(f"{n.id} acknowledged {p} at {o} as applied with {len(copies)} durable copies "
                               f"({copies}), below min-ISR {min_isr}")
         elif req.ack is Ack.APPEND:
@@ -548,30 +596,57 @@ class Sim:
         self.znode = st
         self.note(f"znode v{st.version} leader={st.leader} epoch={st.epoch} isr={st.isr} osr={st.osr}")
         for m in st.isr:
-            if m not in old.isr:
+            # (one a storage fault just hit leaves again before it acknowledges anything)
+            if m not in old.isr and self.intact(m):
                 self._check_holds_committed(self.nodes[m], "joined the ISR")
         for nid in self.ids:
             if self.nodes[nid].alive and self.nodes[nid].session_live:  # watches die with the session
                 self._notify(nid, st)
 
-    def _cas(self, nid: str, inc: int, a: ChangeIsr, min_isr: int) -> None:
-        """The leader's ISR change, decided under ``min_isr`` (its config when it asked: options change live)."""
+    def _cas_allowed(self, nid: str, inc: int, a: ChangeIsr | RecordStorage | HandOff,
+                     session_ok: bool = True) -> int | None:
+        """When a replica's CAS may be written: the time its answer arrives; else None (a failure is answered)."""
         n = self.nodes[nid]
         lo, hi = self.metastore_ms
         back = self.now + self.rng.randint(lo, hi)
         if not n.alive or n.incarnation != inc:
-            return
-        if not n.session_live or a.new.leader_session != n.session:
+            return None
+        if not n.session_live or not session_ok:
             self.at(back, self._deliver, nid, inc, IsrChangeFailed("session_expired", a.new))
         elif self.znode.version != a.expected_version:
             self.at(back, self._deliver, nid, inc, IsrChangeFailed("conflict", a.new, self.znode))
         else:
+            return back
+        return None
+
+    def _cas(self, nid: str, inc: int, a: ChangeIsr, min_isr: int) -> None:
+        """The leader's ISR change, decided under ``min_isr`` (its config when it asked: options change live)."""
+        back = self._cas_allowed(nid, inc, a, a.new.leader_session == self.nodes[nid].session)
+        if back is not None:
             if a.new.version != a.expected_version + 1 or a.new.epoch != self.znode.epoch:
                 self.fail(f"bad CAS from {nid}: {a}")
             if len(a.new.isr) < min(min_isr, len(self.znode.isr)):  # growing back towards min-ISR is fine
                 self.fail(f"{nid} shrank the ISR to {a.new.isr}, below its min-ISR {min_isr}")
             self._write_znode(a.new)
             self.at(back, self._deliver, nid, inc, IsrChanged(a.new))
+
+    def _record_storage(self, nid: str, inc: int, a: RecordStorage) -> None:
+        """A replica's CAS recording its storage incarnation (leaving the ISR first if its storage lost entries)."""
+        n = self.nodes[nid]
+        back = self._cas_allowed(nid, inc, a)
+        if back is not None:
+            z, new = self.znode, a.new
+            others = {m for m in z.replicas if m != nid}
+            if (new.version != z.version + 1 or any(new.incarnation_of(m) != z.incarnation_of(m) for m in others)
+                    or new.incarnation_of(nid) not in (n.disk.incarnation, 0)
+                    or (new.storage_session(nid) or 0) > n.session
+                    or set(new.isr) - set(z.isr) or set(z.isr) - set(new.isr) - {nid}
+                    or (new.leader != z.leader and (z.leader != nid or new.leader is not None))):
+                self.fail(f"bad storage record from {nid} (storage {n.disk.incarnation}): {new} over {z}")
+            self._write_znode(new)
+            self.at(back, self._deliver, nid, inc, IsrChanged(new))
+            if new.leader is None:
+                self._elect_later(self.rng.randint(1, 10))
 
     def set_config(self, config: ReplicationConfig) -> None:
         """``conductor set-option``: the module znode changes; each node's watch fires on its own schedule.
@@ -606,24 +681,17 @@ class Sim:
     def _hand_off(self, nid: str, inc: int, a: HandOff) -> None:
         """The resigning leader's CAS: next epoch, led by an in-sync follower; withdraws the resign request."""
         n = self.nodes[nid]
-        lo, hi = self.metastore_ms
-        back = self.now + self.rng.randint(lo, hi)
-        if not n.alive or n.incarnation != inc:
+        back = self._cas_allowed(nid, inc, a)
+        if back is None:
             return
-        z = self.znode
-        if not n.session_live:
-            self.at(back, self._deliver, nid, inc, IsrChangeFailed("session_expired", a.new))
-            return
-        if z.version != a.expected_version:
-            self.at(back, self._deliver, nid, inc, IsrChangeFailed("conflict", a.new, z))
-            return
-        new = a.new
+        z, new = self.znode, a.new
         if (z.leader != nid or new.version != z.version + 1 or new.epoch != z.epoch + 1 or new.leader == nid
-                or new.leader not in z.isr or (new.isr, new.osr) != (z.isr, z.osr)):
+                or new.leader not in z.isr or (new.isr, new.osr, new.storage) != (z.isr, z.osr, z.storage)):
             self.fail(f"bad hand-off from {nid}: {a} over znode {z}")
         assert new.leader is not None
         old, succ = n.disk, self.nodes[new.leader].disk
-        if succ.durable_end < len(old.entries) or succ.entries[:len(old.entries)] != old.entries:
+        if self.intact(new.leader) and (succ.durable_end < len(old.entries)
+                                        or succ.entries[:len(old.entries)] != old.entries):
             self.fail(f"{nid} hands off to {new.leader}, which does not durably hold its log "
                       f"({len(old.entries)} entries; successor durable end {succ.durable_end})")
         self.resign_request = None
@@ -638,7 +706,7 @@ class Sim:
         if nid not in self.znode.isr or not n.alive or not n.session_live:
             self.fail(f"cannot elect {nid}: not a live ISR member of {self.znode}")
         z = self.znode
-        self._write_znode(GroupState(nid, z.epoch + 1, z.isr, z.osr, z.version + 1, n.session))
+        self._write_znode(replace(z, leader=nid, epoch=z.epoch + 1, version=z.version + 1, leader_session=n.session))
 
     def _elect_later(self, delay: int) -> None:
         if not self.auto_elect:
@@ -656,7 +724,7 @@ class Sim:
         live = {m: n.session for m, n in self.nodes.items() if n.alive and n.session_live}
         order = list(self.ids)
         self.rng.shuffle(order)
-        new = next_leadership(self.znode, live, order=order)
+        new = next_leadership(self.znode, live, order=order, min_isr=self.config.effective_min_isr)
         if new is not None:
             self._write_znode(new)
         if self.znode.leader is None:
@@ -709,6 +777,7 @@ class Sim:
         self._sessions += 1
         n.session = self._sessions
         n.session_live = True
+        self._open_storage(n)
         n.replica = self._new_replica(nid, n.disk, n.session)
         if n.replica.applied < n.disk.applied:
             self.fail(f"{nid} recovered applied {n.replica.applied} < durable {n.disk.applied}")
@@ -764,11 +833,67 @@ class Sim:
         d.durable_end = upto + 1
         d.start = upto + 1
         d.applied = upto
+        d.acked = upto
         d.epoch_pairs = pairs
         d.gen += 1
         # Rebuilt like a restarted replica (same session), told the current znode at once.
         n.incarnation += 1
         n.replica = self._new_replica(nid, d, n.session)
+        self.at(self.now + self.rng.randrange(self.tick_ms), self._tick, nid, n.incarnation)
+        self._deliver(nid, n.incarnation, MetastoreChanged(self.znode))
+
+    # ------------------------------------------------------------------------------- storage faults
+
+    def lose_disk(self, nid: str, restart_after_ms: int) -> None:
+        """The node's disk is replaced by an empty one: it crashes and restarts with nothing."""
+        self.crash(nid)
+        n = self.nodes[nid]
+        self.note(f"{nid} loses its disk")
+        self._lose_copies(n.disk, 0)
+        n.disk = self.new_disk()
+        self.at(self.now + restart_after_ms, self.restart, nid)
+
+    def lose_tail(self, nid: str, entries: int, restart_after_ms: int) -> None:
+        """A lying disk: on the crash the log also loses up to ``entries`` of its last *durable* entries."""
+        self.crash(nid)
+        d = self.nodes[nid].disk
+        cut = max(d.applied + 1, d.start, d.durable_end - entries)
+        if cut < d.durable_end:
+            self.note(f"{nid} loses its log tail [{cut},{d.durable_end}) (acknowledged up to {d.acked})")
+            self._lose_copies(d, cut)
+            del d.entries[cut:]
+            d.durable_end = cut
+            d.gen += 1
+            d.damaged = True
+        self.at(self.now + restart_after_ms, self.restart, nid)
+
+    def _lose_copies(self, d: Disk, start: int) -> None:
+        for o in range(start, d.durable_end):
+            self.lost_copies[o] = self.lost_copies.get(o, 0) + 1
+
+    def find_corruption(self, nid: str, offset: int) -> None:
+        """The running replica finds entry ``offset`` damaged: the worker quarantines what is unsafe and reopens
+        the replica in place (same process, same session). Above the applied offset only the log from there
+        goes; at or below it the store's state is suspect too, so the whole storage is discarded."""
+        n = self.nodes[nid]
+        if not n.alive or not n.session_live:
+            return  # (a reopen during a session change is a restart: covered by crashes)
+        d = n.disk
+        self.note(f"{nid} finds entry {offset} damaged")
+        n.incarnation += 1  # the old replica object is gone, with what it had not sent
+        n.outbox.clear()
+        self._lose_copies(d, offset if offset > d.applied and offset >= d.start else 0)
+        if offset > d.applied and offset >= d.start:
+            del d.entries[offset:]
+            d.durable_end = min(d.durable_end, offset)
+            d.gen += 1
+            d.damaged = d.acked >= offset
+        else:
+            n.disk = self.new_disk()
+        self._open_storage(n)
+        n.replica = self._new_replica(nid, n.disk, n.session)
+        n.max_applied = n.replica.applied
+        n.max_epoch = n.replica.epoch
         self.at(self.now + self.rng.randrange(self.tick_ms), self._tick, nid, n.incarnation)
         self._deliver(nid, n.incarnation, MetastoreChanged(self.znode))
 
@@ -855,6 +980,9 @@ def run_seed(seed: int, replica_cls: type[Replica] = Replica, fault_ms: int = 12
     # Its own generator, so seeds recorded before retention existed still replay their runs.
     sim.retention = random.Random(seed ^ 0x7E7E).random() < 0.5
     config_rng = random.Random(seed ^ 0xC0F1)  # likewise for live option changes
+    storage_rng = random.Random(seed ^ 0xD15C)  # and for storage faults
+    if storage_rng.random() < 0.5:
+        faults.storage_fault_rate = storage_rng.choice([1.0, 3.0])
     slow = {nid for nid in sim.ids if rng.random() < faults.slow_disk}
     for nid in slow:
         sim.nodes[nid].flush_ms = faults.slow_flush_ms
@@ -864,6 +992,7 @@ def run_seed(seed: int, replica_cls: type[Replica] = Replica, fault_ms: int = 12
         _schedule_clients(sim, rng, fault_ms)
         _schedule_resigns(sim, balance_rng, fault_ms)
         _schedule_config_changes(sim, config_rng, fault_ms)
+        _schedule_storage_faults(sim, storage_rng, fault_ms)
         sim.run_until(fault_ms)
         # heal: no more faults, everyone back, fast disks, the options liveness is judged under
         sim.faults = replace(sim.faults, drop=0.0, duplicate=0.0)
@@ -889,18 +1018,23 @@ def run_seed(seed: int, replica_cls: type[Replica] = Replica, fault_ms: int = 12
     return RunResult(seed, sim.steps, sim._next_payload, len(sim.committed), err)
 
 
+def _poisson(sim: Sim, rng: random.Random, rate: float, until_ms: int, action: Callable[[], None]) -> None:
+    """Schedule ``action`` at the events of a Poisson process of ``rate`` per virtual second, until ``until_ms``."""
+    if rate <= 0:
+        return
+    t = 0.0
+    while True:
+        t += rng.expovariate(rate / 1000.0)
+        if t >= until_ms:
+            return
+        sim.at(int(t), action)
+
+
 def _schedule_faults(sim: Sim, rng: random.Random, until_ms: int) -> None:
     f = sim.faults
 
     def poisson(rate: float, action: Callable[[], None]) -> None:
-        if rate <= 0:
-            return
-        t = 0.0
-        while True:
-            t += rng.expovariate(rate / 1000.0)
-            if t >= until_ms:
-                return
-            sim.at(int(t), action)
+        _poisson(sim, rng, rate, until_ms, action)
 
     def partition() -> None:
         if rng.random() < 0.5:
@@ -924,6 +1058,35 @@ def _schedule_faults(sim: Sim, rng: random.Random, until_ms: int) -> None:
     poisson(f.session_expiry_rate, expire)
 
 
+def _schedule_storage_faults(sim: Sim, rng: random.Random, until_ms: int) -> None:
+    """Disk losses, tail losses after acknowledgement and corruption found on read, on a node chosen at random.
+
+    Only where the group can survive it: some other ISR member's storage is
+    intact (with every copy of an entry gone, losing it is not a bug). The
+    leader is hit as often as a follower.
+    """
+    rate = sim.faults.storage_fault_rate
+    if rate <= 0:
+        return
+
+    def fault() -> None:
+        z = sim.znode
+        nid = z.leader if (z.leader and rng.random() < 0.5) else rng.choice(sim.ids)
+        if not any(sim.intact(m) for m in z.isr if m != nid):
+            return
+        kind = rng.random()
+        if kind < 0.35:
+            sim.lose_disk(nid, rng.randint(5, 250))
+        elif kind < 0.7:
+            sim.lose_tail(nid, rng.randint(1, 6), rng.randint(5, 250))
+        else:
+            d = sim.nodes[nid].disk
+            if d.durable_end > d.start:
+                sim.find_corruption(nid, rng.randrange(d.start, d.durable_end))
+
+    _poisson(sim, rng, rate, until_ms, fault)
+
+
 def _schedule_resigns(sim: Sim, rng: random.Random, until_ms: int) -> None:
     """Like the conductor's balancer: ask the leader to hand off to a random in-sync follower."""
     rate = sim.faults.resign_rate
@@ -936,12 +1099,7 @@ def _schedule_resigns(sim: Sim, rng: random.Random, until_ms: int) -> None:
         if z.leader is not None and followers:
             sim.request_resign(rng.choice(followers))
 
-    t = 0.0
-    while True:
-        t += rng.expovariate(rate / 1000.0)
-        if t >= until_ms:
-            return
-        sim.at(int(t), resign)
+    _poisson(sim, rng, rate, until_ms, resign)
 
 
 def _schedule_config_changes(sim: Sim, rng: random.Random, until_ms: int) -> None:

@@ -10,7 +10,16 @@ from __future__ import annotations
 
 import pytest
 
-from replog.messages import Ack, EpochRequest, EpochResponse, Replicate, ReplicateAck, ResignRequested
+from replog.election import leaderless_reason
+from replog.messages import (
+    STORAGE_LOST,
+    Ack,
+    EpochRequest,
+    EpochResponse,
+    Replicate,
+    ReplicateAck,
+    ResignRequested,
+)
 from replog.replica import Replica
 from tests.sim.mutants import HandOffWithoutCatchUp, SingleRoundEpochExchange, TruncateToHighWatermark
 from tests.sim.sim import ClientRequest, InvariantViolation, Sim, sim_config
@@ -20,6 +29,7 @@ def scripted(nodes: int, replica_cls: type[Replica] = Replica, **config: int) ->
     sim = Sim(7, nodes=nodes, config=sim_config(nodes, **config), replica_cls=replica_cls, trace=True)
     sim.auto_elect = False
     sim.start()
+    sim.run_until_true(lambda: all(n.replica.registered for n in sim.nodes.values()))  # storage recorded
     return sim
 
 
@@ -450,3 +460,45 @@ def test_min_isr_changed_live_unstalls_and_stalls_the_group() -> None:
     assert sim.nodes["b"].disk.start > 0 or sim.nodes["c"].disk.start > 0  # a checkpoint was installed
     sim.run_for(200)
     sim.check_liveness()
+
+
+# ------------------------------------------------------------------------------------------------ storage faults
+
+
+def test_last_isr_member_losing_its_disk_stalls_the_group_and_says_why() -> None:
+    """With min-ISR 1 the ISR shrank to the leader alone; its disk is then replaced. It must not be
+    elected again empty (nor may the OSR members, which lack applied entries): it marks its storage
+    lost and the group stalls with a reason, instead of electing an empty replica."""
+    sim = scripted(3, min_isr=1)
+    sim.elect("a")
+    first = sim.append(1, Ack.APPLIED)
+    sim.run_until_true(lambda: first.outcome == "ok")
+    sim.crash("b")
+    sim.crash("c")
+    second = sim.append(1, Ack.APPLIED)
+    sim.run_until_true(lambda: second.outcome == "ok" and sim.znode.isr == ("a",))
+    sim.lose_disk("a", restart_after_ms=5)
+    sim.restart("b")
+    sim.restart("c")
+    sim.auto_elect = True
+    sim.run_for(1_000)
+    z = sim.znode
+    assert z.leader is None and z.isr == ("a",) and z.incarnation_of("a") == STORAGE_LOST
+    reason = leaderless_reason(z, {m: n.session for m, n in sim.nodes.items()})
+    assert reason is not None and "no intact in-sync replica" in reason and "['a']" in reason
+
+
+def test_emptied_follower_leaves_the_isr_then_rebuilds_and_rejoins() -> None:
+    """A follower's disk is replaced while it is in the ISR: it leaves the ISR before acknowledging
+    anything (the leader meanwhile counts none of its acks), catches up and is re-admitted."""
+    sim = scripted(3, min_isr=2)
+    sim.elect("a")
+    for _ in range(5):
+        sim.append(3, Ack.APPLIED)
+    sim.run_for(100)
+    sim.lose_disk("b", restart_after_ms=20)
+    sim.run_until_true(lambda: "b" in sim.znode.osr)
+    assert sim.znode.incarnation_of("b") == sim.nodes["b"].disk.incarnation
+    sim.append(2, Ack.APPLIED)
+    sim.run_until_true(lambda: "b" in sim.znode.isr, max_ms=1_000)
+    sim.heal_and_settle()

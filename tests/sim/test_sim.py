@@ -94,3 +94,27 @@ def test_regression_seeds_live_option_changes(seed: int) -> None:
     under the lower min-ISR a moment before)."""
     result = run_seed(seed)
     assert result.error is None, result.error
+
+
+@pytest.mark.parametrize("seed", [2008135, 2038463])
+def test_regression_seeds_follower_stuck_after_heal(seed: int) -> None:
+    """Found by a sweep on an earlier branch (lost): a follower stayed stuck at 717 of 747 entries after
+    healing. Kept as regression seeds; they pass with the shared election rule and storage records."""
+    result = run_seed(seed)
+    assert result.error is None, result.error
+
+
+def test_regression_seed_stale_epoch_answer_after_far_horizon_install() -> None:
+    """Seed 5050635 (sweep 5,000,000+): a follower rebuilt by a far-horizon install got the leader's answer
+    to the epoch question its previous replica object had asked (same epoch, older log end) and was told
+    to cut below what it had applied (issue 13 item 9's `would truncate applied entries`)."""
+    result = run_seed(5050635)
+    assert result.error is None, result.error
+
+
+def test_regression_seed_failover_keeps_the_dead_leader_in_an_isr_below_min_isr() -> None:
+    """Seed 5100562 (sweep 5,100,000+): the conductor's failover dropped the dead leader from an ISR
+    that was then below min-ISR; the new leader had just found its own data damaged and could not stay
+    in the ISR, so the only intact copy (the dead leader, back later) was in the OSR and never elected."""
+    result = run_seed(5100562)
+    assert result.error is None, result.error

@@ -61,3 +61,13 @@ def test_order_overrides_the_placement_preference() -> None:
     assert elect_leader(s, {"n1", "n2", "n3"}, order=("n3", "n1", "n2")) == "n3"
     after = next_leadership(s, {"n1", "n2", "n3"}, order=("n2", "n3", "n1"))
     assert after is not None and after.leader == "n2"
+
+
+def test_failover_keeps_the_dead_leader_in_the_isr_when_dropping_it_would_go_below_min_isr() -> None:
+    s = GroupState(leader="n1", epoch=4, isr=("n1", "n2"), osr=("n3",), placement=("n1", "n2", "n3"))
+    kept = next_leadership(s, {"n2", "n3"}, min_isr=2)
+    assert kept is not None and kept.leader == "n2" and kept.isr == ("n1", "n2") and kept.epoch == 5
+    dropped = next_leadership(s, {"n2", "n3"}, min_isr=1)
+    assert dropped is not None and dropped.isr == ("n2",) and "n1" in dropped.osr
+    stays = abdicate(s, "n1", {"n1", "n2"}, min_isr=2)
+    assert stays is not None and stays.leader == "n2" and stays.isr == ("n1", "n2")

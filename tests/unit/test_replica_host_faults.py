@@ -34,7 +34,10 @@ def host(tmp_path: Path) -> Iterator[tuple[ReplicaHost, list[ReplicaHost]]]:
     faults: list[ReplicaHost] = []
     store = ReplicaStore.open(tmp_path / "g" / "state", DEFINITION)
     config = ReplicationConfig(replication_factor=1, max_record_bytes=1000, max_entry_bytes=4000)
-    h = ReplicaHost("n1", "Clicks", 0, tmp_path / "g", config, 1, store, lambda *_a: None, lambda *_a: None,
+    def cas(h: ReplicaHost, _version: int, new: GroupState) -> None:  # the group znode: every CAS succeeds
+        h.post(MetastoreChanged(new))
+
+    h = ReplicaHost("n1", "Clicks", 0, tmp_path / "g", config, 1, store, lambda *_a: None, cas,
                     on_fault=faults.append)
     h.start()
     h.post(MetastoreChanged(GroupState("n1", 1, ("n1",), (), 1, 1)))

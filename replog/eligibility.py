@@ -1,0 +1,132 @@
+"""Whether a replica's storage still holds what it acknowledged, and what the group znode says about it (pure).
+
+An ISR member promises every applied entry. A replica whose storage lost some
+of what it acknowledged (a replaced disk, a tail a lying disk dropped, damage
+found on read and quarantined) no longer keeps that promise, yet its node id
+is still in the ISR: electing it loses acknowledged writes (Kafka's KIP-966
+eligible leader replicas and KIP-903 broker incarnation ids fix the same
+hole). The rules:
+
+* **Storage marks** (kept by the driver beside the epoch file, fsynced): the
+  storage's *incarnation* (a random id made with the storage directory), the
+  highest offset it ever *acknowledged* (persisted after each log flush,
+  before the flush is reported, so it never trails an ack), and the offset of
+  a far-horizon checkpoint whose install is in progress. :func:`check_storage`
+  tells at open whether the storage lost anything acknowledged; if it did (or
+  the marks themselves are damaged) the driver gives it a *new* incarnation.
+* **Registration**: the group znode records each replica's incarnation and the
+  ZooKeeper session that recorded it. A replica acknowledges, applies and
+  leads nothing until the znode records its current incarnation
+  (:func:`record_storage`, one versioned CAS), and confirms it under every new
+  session: the conductor elects only replicas whose record names their live
+  session, so it never elects a restarted replica before it has checked its
+  storage (KIP-903's incarnation ids, registered with each broker session). A replica
+  that never registered never acknowledged anything, so a fresh storage is
+  simply recorded; one whose recorded incarnation differs lost what the old
+  one acknowledged, so it leaves the ISR (and the leadership, with an epoch
+  bump) in the same write, and rejoins only the usual way: by catching up
+  from the leader (near or far horizon) until the leader re-admits it.
+* **Eligibility**: if such a replica is the last ISR member it cannot leave
+  (the ISR never empties), so it is marked :data:`STORAGE_LOST` and is never
+  elected (:func:`eligible`): the group stalls with that reason instead of
+  electing an empty replica.
+* The leader counts only acks carrying the incarnation the znode records, and
+  forgets what it knew about a follower whose incarnation changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from replog.messages import STORAGE_LOST, GroupState
+
+
+@dataclass(frozen=True, slots=True)
+class StorageMarks:
+    """What a replica's storage says about itself (see the module docstring)."""
+
+    incarnation: int
+    #: highest offset ever acknowledged (reported durable) from this storage; -1 = none
+    acked: int = -1
+    #: offset of a far-horizon checkpoint being installed, -1 = none
+    installing: int = -1
+    #: the replica closed cleanly (the last thing it wrote)
+    clean: bool = False
+
+    def __post_init__(self) -> None:
+        assert self.incarnation > STORAGE_LOST, f"an incarnation is a positive id, got {self.incarnation}"
+
+
+def check_storage(marks: StorageMarks | None, *, log_end: int, applied: int) -> str | None:
+    """Why this storage lost entries it acknowledged, or None if it holds them all.
+
+    ``log_end`` is the recovered log's end, ``applied`` the store's durable
+    applied offset. No marks means a new storage directory (nothing recorded,
+    nothing acknowledged from it). A store ahead of the log is the one state a
+    far-horizon install interrupted between the store swap and the log reset
+    leaves behind (``installing`` set): finishing it (log restarts after
+    ``applied``) loses nothing; without that mark the log lost applied entries.
+    """
+    if marks is None:
+        return None
+    end = log_end
+    if marks.installing >= 0 and applied >= log_end:
+        end = applied + 1  # the install is finished by resetting the log after the checkpoint
+    if applied >= end:
+        return f"the replog ends at offset {log_end} but the store applied up to {applied}: the replog lost entries"
+    if marks.acked >= end:
+        return (f"it acknowledged entries up to offset {marks.acked} but its replog ends at offset {log_end}: "
+                "the tail it acknowledged was lost")
+    return None
+
+
+def record_storage(state: GroupState, node: str, incarnation: int, session: int) -> GroupState | None:
+    """The znode recording ``node``'s storage ``incarnation`` under ``session``; None when there is nothing to write.
+
+    * already recorded under this session: None;
+    * recorded under another session (the replica restarted, or renewed its
+      session, with its storage intact): the session is updated;
+    * never recorded, or ``node`` is outside the ISR: recorded (nothing it
+      acknowledged is promised by the ISR);
+    * recorded differently (the storage was replaced or lost entries) and
+      ``node`` in the ISR: it leaves the ISR for the OSR, and the leadership if
+      it had it (epoch + 1, so whatever it sent before is fenced); the
+      remaining members hold every applied entry;
+    * the same, but ``node`` is the last ISR member: it stays (the ISR never
+      empties) marked STORAGE_LOST, leaderless, never elected; None if it is
+      marked so already.
+    """
+    assert incarnation > STORAGE_LOST, incarnation
+    recorded = state.incarnation_of(node)
+    if recorded == incarnation and state.storage_session(node) == session:
+        return None
+    if recorded in (None, incarnation) or node not in state.isr:
+        return replace(state, version=state.version + 1, storage=state.with_storage(node, incarnation, session))
+    others = tuple(x for x in state.isr if x != node)
+    if not others and recorded == STORAGE_LOST and state.leader != node:
+        return None
+    change: dict[str, object] = {"version": state.version + 1}
+    if others:
+        change.update(isr=others, osr=tuple(x for x in state.replicas if x == node or x in state.osr),
+                      storage=state.with_storage(node, incarnation, session))
+    else:
+        change.update(storage=state.with_storage(node, STORAGE_LOST, session))
+    if state.leader == node:
+        change.update(leader=None, leader_session=0, epoch=state.epoch + 1)
+    return replace(state, **change)  # type: ignore[arg-type]
+
+
+def eligible(state: GroupState, node: str, session: int = 0) -> bool:
+    """``node`` may be elected leader as far as its storage goes (ISR membership and liveness aside).
+
+    It must have recorded intact storage under its current ``session`` (0:
+    unknown, not checked), so a replica that restarted is elected only once it
+    confirmed its storage. A group whose znode records no storage at all
+    (created before these records) is not checked.
+    """
+    if not state.storage:
+        return True
+    inc = state.incarnation_of(node)
+    if inc is None or inc == STORAGE_LOST:
+        return False
+    return session == 0 or state.storage_session(node) == session

@@ -1,0 +1,176 @@
+"""Storage faults (issue 13): a follower loses what it acknowledged, then the leader dies.
+
+Real ZooKeeper, conductor and worker processes, RF=3, min-ISR 2, session
+timeout 4 s, a writer appending unique values with ``ack="applied"``. A follower
+of group 0 is killed and restarts with its group directory emptied (a replaced
+disk) or with the tail of its replog cut (a lying disk dropped bytes it had
+acknowledged); the leader is killed right after. The damaged follower must
+leave the ISR instead of being elected, the intact third replica must serve
+within the session timeout + 2 s, no acknowledged write may be lost, and
+after recovery every replica must be byte-identical.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from conductor.client import Cluster
+from conductor.devcluster import DevCluster
+from conductor.metastore import Metastore
+from conductor.worker.worker import Worker
+from tests.integration.cluster_helpers import (
+    Appender,
+    assert_replicas_identical,
+    converged,
+    deploy,
+    group_status,
+    groups_of,
+    wait_for,
+)
+
+SESSION_TIMEOUT = 4.0
+
+
+@pytest.fixture
+def dc(tmp_path: Path) -> Iterator[DevCluster]:
+    cluster = DevCluster(tmp_path / "cluster", nodes=3, conductors=1, session_timeout=SESSION_TIMEOUT,
+                         log_level="WARNING")
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def _empty_group_dir(gdir: Path) -> None:
+    shutil.rmtree(gdir)
+
+
+def _cut_replog_tail(gdir: Path) -> None:
+    last = max((gdir / "replog").glob("*.log"), key=lambda p: p.name)
+    size = last.stat().st_size
+    assert size > 400, f"{last} holds too little to lose a tail ({size} bytes)"
+    with last.open("r+b") as f:
+        f.truncate(size - 300)
+
+
+def _live(dc: DevCluster) -> list[str]:
+    with Metastore(dc.hosts) as ms:
+        return ms.nodes.live()
+
+
+def _follower_loses_storage_then_leader_dies(dc: DevCluster, damage: Callable[[Path], None]) -> str:
+    # A lag limit above the time the follower is down keeps it in the ISR until it restarts (the case
+    # that lost writes); appends wait for it meanwhile.
+    groups = deploy(dc, options={"replication.min.isr": "2", "replication.max.time.lag.millis": "20000"})
+    st0 = groups[0]
+    leader = st0.leader
+    assert leader is not None
+    damaged, intact = [r for r in st0.replicas if r != leader]
+    with Cluster.connect(dc.hosts, timeout_s=30) as cluster:
+        appender = Appender(cluster.depot("Clicks", "*raw"), window=32).start()
+        try:
+            wait_for(lambda: appender.count() > 300, 30, "appends to flow")
+            dc.nodes[damaged].kill()
+            damage(dc.node_dir(damaged) / "Clicks" / "0")
+            wait_for(lambda: damaged not in _live(dc), SESSION_TIMEOUT + 10, "the killed follower's session to end",
+                     interval_s=0.2)
+            assert damaged in groups_of(dc, "Clicks")[0].isr
+            dc.start_node(damaged)
+            dc.wait_nodes([damaged])
+            before_kill = appender.count()
+            dc.nodes[leader].kill()
+            killed_at = time.monotonic()
+            new_leader = wait_for(lambda: (st := groups_of(dc, "Clicks")[0]).leader not in (None, leader)
+                                  and st.leader, SESSION_TIMEOUT + 2, "a new leader of group 0")
+            assert new_leader == intact, f"{new_leader} elected, but only {intact} holds every acknowledged write"
+            wait_for(lambda: group_status(dc, new_leader, "Clicks", 0).role == "leader",
+                     SESSION_TIMEOUT + 2 - (time.monotonic() - killed_at), "the new leader to serve")
+            st = groups_of(dc, "Clicks")[0]
+            assert damaged not in st.isr or st.incarnation_of(damaged) is not None
+            wait_for(lambda: appender.count() > before_kill + 300, 30, "appends to continue after failover")
+            dc.start_node(leader)
+            dc.wait_nodes([leader])
+            wait_for(lambda: appender.count() > before_kill + 500, 30, "appends while the old leader restarts")
+        finally:
+            appender.stop()
+    wait_for(lambda: {damaged, leader} <= set(groups_of(dc, "Clicks")[0].isr), 60,
+             "the damaged follower and the old leader to rejoin the ISR of group 0")
+    wait_for(lambda: converged(dc, "Clicks"), 60, "every replica to catch up")
+    assert appender.count() > 600
+    assert_replicas_identical(dc, "Clicks", appender.acked)  # 0 acknowledged writes lost, replicas identical
+    log = (dc.root / "logs" / f"node-{damaged}.log").read_text()
+    assert "leaving the ISR" in log, "the damaged follower never left the ISR by itself"
+    return log
+
+
+def test_emptied_follower_is_not_elected_when_the_leader_dies(dc: DevCluster) -> None:
+    """Scenario 1 of issue 13: the emptied follower was elected and lost 207 of 208 acknowledged writes."""
+    log = _follower_loses_storage_then_leader_dies(dc, _empty_group_dir)
+    assert "its storage is new" in log
+
+
+def test_follower_that_lost_an_acknowledged_tail_is_not_elected_when_the_leader_dies(dc: DevCluster) -> None:
+    """Scenario 2 of issue 13: the follower cut its torn tail on restart and stayed electable."""
+    log = _follower_loses_storage_then_leader_dies(dc, _cut_replog_tail)
+    assert "the tail it acknowledged was lost" in log
+
+
+class _InProcessWorker:
+    """One worker run in this process (its asyncio loop in a thread), so a test can call into it."""
+
+    def __init__(self, dc: DevCluster, node_id: str) -> None:
+        self.worker = Worker(dc.hosts, node_id, dc.node_dir(node_id), 0, SESSION_TIMEOUT)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name=f"worker-{node_id}", daemon=True)
+        self.thread.start()
+        asyncio.run_coroutine_threadsafe(self.worker.start(), self.loop).result(timeout=60)
+        (dc.node_dir(node_id) / "node.address").write_text(self.worker.address)
+
+    def stop(self) -> None:
+        try:
+            asyncio.run_coroutine_threadsafe(self.worker.stop(), self.loop).result(timeout=60)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout=10)
+
+
+def test_replica_reopened_empty_while_its_worker_runs_leaves_the_isr_and_rebuilds(dc: DevCluster) -> None:
+    """The fault path of a replica that finds its data damaged: the worker discards the replica's storage
+    and reopens it without restarting (same ZooKeeper session). The open-time check must treat it as lost
+    storage: the replica leaves the ISR before serving, rebuilds from the leader and is re-admitted."""
+    groups = deploy(dc, options={"replication.min.isr": "2"})
+    leader = groups[0].leader
+    follower = next(r for r in groups[0].replicas if r != leader)
+    dc.nodes[follower].stop()
+    wait_for(lambda: follower not in _live(dc), SESSION_TIMEOUT + 10, "the follower's session to end", interval_s=0.2)
+    node = _InProcessWorker(dc, follower)
+    try:
+        wait_for(lambda: follower in groups_of(dc, "Clicks")[0].isr and converged(dc, "Clicks"), 60,
+                 "the in-process worker to catch up")
+        with Cluster.connect(dc.hosts, timeout_s=30) as cluster:
+            appender = Appender(cluster.depot("Clicks", "*raw"), window=32).start()
+            try:
+                wait_for(lambda: appender.count() > 200, 30, "appends to flow")
+                recorded = groups_of(dc, "Clicks")[0].incarnation_of(follower)
+                node.worker.reopen_replica("Clicks", 0, discard_storage=True, why="test: damaged data").join(60)
+                st = wait_for(lambda: (s := groups_of(dc, "Clicks")[0]).incarnation_of(follower) != recorded and s,
+                              30, "the reopened replica to record its new storage")
+                assert follower not in st.isr, f"the emptied replica stayed in the ISR: {st}"
+                wait_for(lambda: follower in groups_of(dc, "Clicks")[0].isr, 60, "it to rebuild and rejoin the ISR")
+                before = appender.count()
+                wait_for(lambda: appender.count() > before + 200, 30, "appends after it rejoined")
+            finally:
+                appender.stop()
+        wait_for(lambda: converged(dc, "Clicks"), 60, "every replica to catch up")
+    finally:
+        node.stop()
+    assert appender.failed == 0, appender.errors[:3]
+    assert_replicas_identical(dc, "Clicks", appender.acked)
