@@ -200,6 +200,8 @@ def module_view(st: dict[str, Any]) -> RenderableType:
             notes.append(Text(f"group {g['group']}: {g['problem']}", style="red" if g["leaderless_reason"] else "yellow"))
         for c in g.get("catchups", []):
             notes.append(catchup_bar(g["group"], c))
+        for f in g.get("faults", []):
+            notes.append(Text(f"group {g['group']}: replica on {f['node']} failed: {f['fault']}", style="yellow"))
         dead = replica.get("dead_letters", 0) if replica and replica["reachable"] else 0
         if dead:
             notes.append(Text(f"group {g['group']}: {dead} record(s) or hop message(s) failed their retries and "

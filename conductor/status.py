@@ -69,6 +69,7 @@ def query_group_status(address: str, module: str, group: int,
         "code_version": reply.code_version, "code_build": reply.code_build,
         "migrations": [{"pstate": m.pstate, "id": m.id, "done": m.done, "rewritten": m.rewritten}
                        for m in reply.migrations],
+        "fault": reply.fault or None,
     }
 
 
@@ -197,11 +198,13 @@ def module_status(ms: Metastore, module: str, rpc_timeout_s: float = RPC_TIMEOUT
             _address(ms, addresses, state.leader)
     to_query = {g: addresses.get(state.leader) for g, (state, _) in groups.items()
                 if state.leader is not None and leaderless_reason(state, live) is None}
-    # Live OSR members may be copying a far-horizon checkpoint: only they can say how far along.
+    # Live OSR members may be copying a far-horizon checkpoint: only they can say how far along; and any
+    # follower may be restarting after a fault (damaged data, a full disk): only it can say why.
     osr_query = {(g, node): _address(ms, addresses, node) for g, (state, _) in groups.items()
-                 for node in state.osr if node in live}
+                 for node in state.replicas if node in live and node != state.leader}
     replicas: dict[int, dict[str, Any] | None] = {}
     catchups: dict[int, list[dict[str, Any]]] = {}
+    faults: dict[int, list[dict[str, Any]]] = {}
     if to_query or osr_query:
         with ThreadPoolExecutor(max_workers=min(_MAX_PARALLEL_RPCS, len(to_query) + len(osr_query))) as pool:
             futures = {g: pool.submit(query_group_status, addr, module, g, rpc_timeout_s)
@@ -210,11 +213,17 @@ def module_status(ms: Metastore, module: str, rpc_timeout_s: float = RPC_TIMEOUT
                            for k, addr in osr_query.items() if addr is not None}
             replicas = {g: f.result() for g, f in futures.items()}
             for (g, node), f in sorted(osr_futures.items()):
-                c = f.result().get("catchup")
+                r = f.result()
+                c = r.get("catchup")
                 if c is not None:
                     catchups.setdefault(g, []).append({"node": node, **c})
+                if r.get("fault"):
+                    faults.setdefault(g, []).append({"node": node, "fault": r["fault"]})
+            for g, led in replicas.items():
+                if led is not None and led.get("fault"):
+                    faults.setdefault(g, []).append({"node": groups[g][0].leader, "fault": led["fault"]})
     rows = [_group_row(spec, g, state, live, addresses.get(state.leader) if state.leader else None,
-                       replicas.get(g)) | {"catchups": catchups.get(g, [])}
+                       replicas.get(g)) | {"catchups": catchups.get(g, []), "faults": faults.get(g, [])}
             for g, (state, _) in sorted(groups.items())]
     resigning = resigning_groups(ms, module, groups)
     for row in rows:

@@ -22,6 +22,7 @@ atomically.)
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import threading
@@ -59,7 +60,7 @@ from pstate.families import ALIAS, ALIAS_END, Families, read_aliases, spare_name
 from pstate.keys import encode_key
 from pstate.migration import ActiveMigration, MigratingReader
 from pstate.path import KEY, P, Path, Transform, as_transform
-from pstate.reader import DbReader
+from pstate.reader import DbReader, verify_column_families
 from pstate.schema import Map, Scalar, Set, check_top_level
 
 META = "_meta"
@@ -200,11 +201,57 @@ class TaskGroupStore:
                 self._db.close()
                 del self._db
 
+    def abandon(self) -> None:
+        """Release RocksDB without persisting anything more: the store of a replica that failed.
+
+        Nothing is lost: what the memtables hold is above the durable applied
+        offset, and the replog replays it on reopen. But nothing may be half
+        kept either: releasing the last handle flushes column families one at a
+        time, and on a nearly full disk the small ``_meta`` flush succeeded
+        where a depot's failed, persisting an applied offset without its data
+        (the full-disk test caught it). So the directory is moved aside while
+        the handles go: every flush then fails whole, and the files come back
+        as they were. Callers drop their own handles (an exception's frames
+        hold some) before calling this.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._pending = Overlay()
+            aside = f"{self.path}.abandoning-{uuid.uuid4().hex[:8]}"
+            os.rename(self.path, aside)
+            try:
+                self._handles.clear()
+                self._cfs.clear()
+                del self._db
+                gc.collect()  # handles held in reference cycles go now, while the directory is away
+            finally:
+                os.rename(aside, self.path)
+
     def __enter__(self) -> TaskGroupStore:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def verify(self) -> None:
+        """Read every block of every column family with checksums on; :class:`CorruptStore` at the first damage.
+
+        A replica calls it when it opens, so damage done while it was down (a
+        flipped byte in an SST file) is found before it serves or is elected,
+        not by whichever scan happens to touch the block first.
+        """
+        with self._lock:
+            self._check_open()
+            try:
+                verify_column_families(self._cfs.values())
+                return
+            except Exception as exc:
+                err = translate(exc, "verify", self.path)
+        # Raised outside the handler, unchained: the failed iterators' frames (which hold column family
+        # handles) must not outlive this call, or close() cannot release the database's lock.
+        raise err
 
     def flush(self) -> None:
         """Persist memtables of ALL column families in one atomic flush (see the module docstring)."""
@@ -276,17 +323,20 @@ class TaskGroupStore:
                 self._pending = Overlay()
             return not skip
 
-    def stage(self, offset: int, builder: ChangeSetBuilder) -> bytes:
+    def stage(self, offset: int, builder: ChangeSetBuilder, payload: bytes | None = None) -> bytes:
         """Leader: record an entry appended to the replog but not yet applied; return its payload.
 
         Later builders read through staged writes, so two in-flight entries that
         ``update`` the same key compose instead of losing an update.  Applying
-        up to the highest staged offset clears the overlay.
+        up to the highest staged offset clears the overlay. ``payload`` is the
+        builder's encoding when the caller made it already (to check its size).
         """
+        if payload is None:
+            payload = builder.encode()
         with self._lock:
             self._pending.merge(builder.writes.overlay)
             self._staged_upto = max(self._staged_upto, offset)
-            return builder.encode()
+            return payload
 
     def drop_staged(self) -> None:
         """Forget staged entries (leadership lost, or the replog was truncated)."""

@@ -22,6 +22,11 @@ MAX_SEGMENT_BYTES = 1024 * 1024 * 1024
 #: longest timeout an option may take (a day): beyond it a stalled group looks like a hung one
 MAX_MILLIS = 24 * 60 * 60 * 1000
 
+#: the highest ``replication.max.entry.bytes`` may go: half the transport's message limit (64 MiB,
+#: ``conductor.wire.options``), so a replication message (one entry plus the frames batched with it)
+#: always fits
+MAX_ENTRY_BYTES_CEILING = 32 * 1024 * 1024
+
 #: dotted option name -> field of :class:`ReplicationConfig`
 OPTION_NAMES: dict[str, str] = {
     "replication.factor": "replication_factor",
@@ -37,6 +42,8 @@ OPTION_NAMES: dict[str, str] = {
     "replication.request.timeout.millis": "request_timeout_ms",
     "replication.heartbeat.interval.millis": "heartbeat_interval_ms",
     "replication.far.horizon.retry.millis": "far_horizon_retry_ms",
+    "replication.max.record.bytes": "max_record_bytes",
+    "replication.max.entry.bytes": "max_entry_bytes",
 }
 
 
@@ -75,6 +82,11 @@ class ReplicationConfig:
     heartbeat_interval_ms: int = 200
     #: re-issue StartFarHorizon if the follower has not caught up after this long.
     far_horizon_retry_ms: int = 60_000
+    #: largest record a client may append (its encoded bytes); larger ones fail with EntryTooLarge.
+    max_record_bytes: int = 4 * 1024 * 1024
+    #: largest replog entry one append may become (records, topology effects, hop messages); at most
+    #: MAX_ENTRY_BYTES_CEILING so every entry can be replicated.
+    max_entry_bytes: int = 16 * 1024 * 1024
 
     def __post_init__(self) -> None:
         if self.replication_factor < 1:
@@ -88,6 +100,12 @@ class ReplicationConfig:
             value = getattr(self, f.name)
             if f.name not in ("replication_factor", "min_isr") and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{_dotted(f.name)} must be a positive integer, got {value!r}")
+        if self.max_entry_bytes > MAX_ENTRY_BYTES_CEILING:
+            raise ValueError(f"replication.max.entry.bytes must be at most {MAX_ENTRY_BYTES_CEILING:,} (half the "
+                             f"transport's message limit), got {self.max_entry_bytes:,}")
+        if self.max_record_bytes > self.max_entry_bytes:
+            raise ValueError(f"replication.max.record.bytes ({self.max_record_bytes:,}) must not exceed "
+                             f"replication.max.entry.bytes ({self.max_entry_bytes:,})")
 
     @property
     def effective_min_isr(self) -> int:

@@ -146,6 +146,63 @@ class CorruptEpochFile(ReplogError):
         )
 
 
+class EntryTooLarge(ReplogError):
+    """A record, or the replog entry an append would become, is over its limit; nothing was logged.
+
+    ``what`` is ``"record"`` (``replication.max.record.bytes``) or ``"entry"``
+    (``replication.max.entry.bytes``: the records with their topologies'
+    effects and hop messages). Retrying the same append fails the same way.
+    """
+
+    grpc_code = "INVALID_ARGUMENT"
+
+    def __init__(self, group: str, what: str, size: int, limit: int) -> None:
+        self.group = group
+        self.what = what
+        self.size = size
+        self.limit = limit
+        super().__init__(
+            f"task group {group}: the {what} is {size:,} bytes, over replication.max.{what}.bytes = {limit:,}; "
+            f"nothing was written: split it, store large values elsewhere, or raise the option"
+        )
+
+
+class AppendFailed(ReplogError):
+    """Building this append's entry raised an unexpected error; this append alone failed and nothing of it was written.
+
+    The leader keeps serving every other request. ``error`` names the exception;
+    the node log has its traceback.
+    """
+
+    grpc_code = "INTERNAL"
+
+    def __init__(self, group: str, error: str) -> None:
+        self.group = group
+        self.error = error
+        super().__init__(f"task group {group}: this append failed while its entry was built ({error}); nothing of "
+                         "it was written and the group keeps serving; the node log has the traceback")
+
+
+class ReplicaFailed(NotLeader):
+    """This replica hit a fault (damaged data, a full disk, an internal error) and gave up; it restarts itself.
+
+    A kind of :class:`NotLeader`: clients look the leader up again and retry,
+    since leadership moves to another in-sync replica.
+    """
+
+    grpc_code = "UNAVAILABLE"
+
+    def __init__(self, group: str, kind: str, reason: str) -> None:  # (NotLeader.__init__ would word it as a move)
+        self.group = group
+        self.kind = kind
+        self.reason = reason
+        self.leader = None
+        self.epoch = None
+        self.retry_at = None
+        ReplogError.__init__(self, f"replica of task group {group} failed ({kind}: {reason}); it gave up leadership and "
+                         "restarts from disk; retry (another in-sync replica leads)")
+
+
 class CorruptStorageMarks(ReplogError):
     """The storage marks file is damaged: the replica cannot tell what it acknowledged."""
 

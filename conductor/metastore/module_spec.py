@@ -22,6 +22,7 @@ from typing import Any
 
 from replog.config import (
     DEFAULT_SEGMENT_BYTES,
+    MAX_ENTRY_BYTES_CEILING,
     OPTION_NAMES,
     SEGMENT_BYTES_OPTION,
     OptionRuleError,
@@ -48,6 +49,8 @@ MAX_NEAR_SYNC_MESSAGE_LAG = "replication.max.near.sync.message.lag"
 SEGMENT_BYTES = SEGMENT_BYTES_OPTION
 MIGRATION_BATCH_KEYS = "migration.batch.keys"
 MIGRATION_BATCH_INTERVAL_MS = "migration.batch.interval.millis"
+MAX_RECORD_BYTES = "replication.max.record.bytes"
+MAX_ENTRY_BYTES = "replication.max.entry.bytes"
 
 
 class SpecError(ValueError):
@@ -103,6 +106,14 @@ def _positive_int(name: str, raw: str) -> int:
     return value
 
 
+def _entry_size(name: str, raw: str) -> int:
+    value = _positive_int(name, raw)
+    if value > MAX_ENTRY_BYTES_CEILING:
+        raise InvalidOption(name, raw, f"must be at most {MAX_ENTRY_BYTES_CEILING:,} (half the transport's "
+                            "message limit, so every entry can be replicated)")
+    return value
+
+
 @dataclass(frozen=True)
 class OptionDef:
     """One known dynamic option: its parser and its default (which may depend on the spec)."""
@@ -127,7 +138,8 @@ def _default_min_isr(spec: ModuleSpec) -> int:
 
 
 #: the options a module spec carries that reach the replication state machines (ConfigChanged)
-REPLICATION_OPTIONS = (MIN_ISR, MAX_TIME_LAG_MS, DEPOT_APPEND_TIMEOUT_MS, MAX_NEAR_SYNC_MESSAGE_LAG)
+REPLICATION_OPTIONS = (MIN_ISR, MAX_TIME_LAG_MS, DEPOT_APPEND_TIMEOUT_MS, MAX_NEAR_SYNC_MESSAGE_LAG,
+                       MAX_RECORD_BYTES, MAX_ENTRY_BYTES)
 
 KNOWN_OPTIONS: dict[str, OptionDef] = {
     o.name: o
@@ -148,6 +160,11 @@ KNOWN_OPTIONS: dict[str, OptionDef] = {
                   "PState values a migration rewrites per replog entry (a bounded pause of the task thread)"),
         OptionDef(MIGRATION_BATCH_INTERVAL_MS, _positive_int, lambda s: 50,
                   "at most one migration batch per task group this often"),
+        OptionDef(MAX_RECORD_BYTES, _entry_size, _replication_default(MAX_RECORD_BYTES),
+                  "largest record an append may carry; larger ones fail with EntryTooLarge"),
+        OptionDef(MAX_ENTRY_BYTES, _entry_size, _replication_default(MAX_ENTRY_BYTES),
+                  "largest replog entry one append may become (records, topology effects, hop messages); "
+                  "larger ones fail with EntryTooLarge before anything is logged"),
     )
 }
 
@@ -219,7 +236,14 @@ class ModuleSpec:
             raise UnknownOption(key)
         if not isinstance(value, str):
             raise InvalidOption(key, repr(value), "option values are strings (as typed on the command line)")
-        return definition.parse(key, value)
+        parsed = definition.parse(key, value)
+        if key in (MAX_RECORD_BYTES, MAX_ENTRY_BYTES):
+            other = MAX_ENTRY_BYTES if key == MAX_RECORD_BYTES else MAX_RECORD_BYTES
+            record, entry = (parsed, self.option(other)) if key == MAX_RECORD_BYTES else (self.option(other), parsed)
+            if record > entry:
+                raise InvalidOption(key, value, f"{MAX_RECORD_BYTES} ({record:,}) must not exceed "
+                                    f"{MAX_ENTRY_BYTES} ({entry:,})")
+        return parsed
 
     # ---- options -------------------------------------------------------------------------
 

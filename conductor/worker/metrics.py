@@ -14,6 +14,8 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from conductor.worker.replica_faults import KINDS as FAULT_KINDS
+
 ROLES = ("leader", "follower", "unattached")
 
 
@@ -53,6 +55,12 @@ class ReplicaCollector(Collector):
                                       "hop envelopes sent and not yet complete (leaders)", labels=labels)
         waiting = GaugeMetricFamily("millrace_appends_waiting_for_hops",
                                     "applied appends answered once their hops are (leaders)", labels=labels)
+        failed = GaugeMetricFamily("millrace_replica_failed", "1 while the replica is stopped by a fault and "
+                                   "restarting (kind: corrupt, disk_full, internal)", labels=[*labels, "kind"])
+        restarts = CounterMetricFamily("millrace_replica_restarts", "times the replica restarted itself after a fault",
+                                       labels=labels)
+        quarantined = CounterMetricFamily("millrace_replica_quarantines", "times damaged replica data was moved "
+                                          "aside to rebuild the replica from an intact one", labels=labels)
         for host in self.replicas():
             s = host.status()
             lv = [self.node_id, host.module, str(host.group)]
@@ -74,6 +82,11 @@ class ReplicaCollector(Collector):
             copied.add_metric(lv, host.stats["far_horizon_bytes"])
             refetched.add_metric(lv, host.stats["far_horizon_refetched_files"])
             retained.add_metric(lv, host.stats["replog_deleted_bytes"])
+            fault = s.get("fault")
+            for kind in FAULT_KINDS:
+                failed.add_metric([*lv, kind], 1.0 if s.get("failed") and fault.kind == kind else 0.0)
+            restarts.add_metric(lv, fault.restarts if fault is not None else 0)
+            quarantined.add_metric(lv, fault.quarantined if fault is not None else 0)
             flow = s.get("dataflow")
             if flow is not None:
                 dead.add_metric(lv, flow["dead_letters"])
@@ -81,7 +94,7 @@ class ReplicaCollector(Collector):
                     in_flight.add_metric(lv, flow["envelopes_in_flight"])
                     waiting.add_metric(lv, flow["appends_waiting_for_hops"])
         yield from (role, epoch, log_end, log_start, applied, isr, stalled, lag, appends, entries, flushes,
-                    installs, copied, refetched, retained, dead, in_flight, waiting)
+                    installs, copied, refetched, retained, dead, in_flight, waiting, failed, restarts, quarantined)
 
 
 def node_registry(node_id: str, replicas: Callable[[], Iterable[Any]]) -> CollectorRegistry:

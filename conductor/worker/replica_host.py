@@ -24,13 +24,21 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from conductor.worker.dataflow import DataflowDriver, Inflow
+from conductor.worker.replica_faults import REPLICA_FAULTS, Fault, describe, fault_kind
 from pstate.checkpoint import Manifest
 from pstate.errors import PStateError
 from replog.batch import scan_frames, trim_frames
 from replog.config import DEFAULT_SEGMENT_BYTES, ReplicationConfig
 from replog.eligibility import StorageMarks, check_storage
 from replog.epoch_file import EpochFile
-from replog.errors import Backpressure, CorruptStorageMarks, ReplogError
+from replog.errors import (
+    AppendFailed,
+    Backpressure,
+    CorruptStorageMarks,
+    EntryTooLarge,
+    ReplicaFailed,
+    ReplogError,
+)
 from replog.log import Log
 from replog.marks_file import MarksFile
 from replog.messages import (
@@ -72,6 +80,9 @@ log = logging.getLogger("millrace.node")
 ENTRY_CLIENT_APPEND = 1
 #: largest replication message the driver builds; gRPC's default limit is 4 MiB
 MAX_FRAME_BYTES = 2 * 1024 * 1024
+#: a leader writes one drain's entries as log frames of about this size (an entry over it gets a frame of
+#: its own), so a frame, and the replication message that carries it, stays near its entry limit
+LOG_FRAME_BYTES = 4 * 1024 * 1024
 TICK_MS = 50
 #: how often a replica looks for replog segments that retention may delete
 RETAIN_INTERVAL_MS = 1_000
@@ -85,7 +96,7 @@ class EntryApplier(Protocol):
 
     def apply_entries(self, entries: list[tuple[int, int, bytes]], flow: GroupDataflow | None = None) -> None: ...
 
-    def stage(self, offset: int, builder: Any) -> bytes: ...
+    def stage(self, offset: int, builder: Any, payload: bytes | None = None) -> bytes: ...
 
     def drop_staged(self) -> None: ...
 
@@ -98,6 +109,8 @@ class EntryApplier(Protocol):
     def install_checkpoint(self, staging: Path, manifest: Manifest) -> None: ...
 
     def close(self) -> None: ...
+
+    def abandon(self) -> None: ...
 
 
 @dataclass
@@ -137,6 +150,7 @@ class ReplicaHost:
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         hand_off: Callable[[ReplicaHost, int, GroupState], None] | None = None,
         dataflow: DataflowDriver | None = None,
+        on_fault: Callable[[ReplicaHost], None] | None = None,
     ) -> None:
         self.node_id = node_id
         self.module = module
@@ -161,6 +175,12 @@ class ReplicaHost:
         self._hand_off = hand_off
         #: hop messages of the module's topologies (None when no topology runs here)
         self.dataflow = dataflow
+        #: told (on the task thread, before its disk closes) when a fault stopped this replica
+        self._on_fault = on_fault
+        #: the fault that stopped this replica (it serves nothing once set; the worker replaces it)
+        self.fault: Fault | None = None
+        #: the last fault of this group's replica on this node, before it was (re)opened (status, metrics)
+        self.last_fault: Fault | None = None
         applied = store.applied_offset
         #: why this storage is not intact (it lost entries it acknowledged), None if it is
         self.storage_lost = damaged or check_storage(marks, log_end=self.log.end_offset, applied=applied)
@@ -270,12 +290,26 @@ class ReplicaHost:
                 if now >= self._next_retain_ms:
                     self._next_retain_ms = now + RETAIN_INTERVAL_MS
                     self._retain()
-        except Exception:
-            log.exception("%s: task thread crashed; the replica stops (restart the node to recover)", self.name)
-            self.last_error = "task thread crashed; see the node log"
-            self._fail_all("the replica's task thread crashed")
-        finally:
+        except Exception as exc:
+            failed = Fault(fault_kind(exc), describe(exc), time.time())
+            log.error("%s: replica failed (%s): %s; it stops serving, gives up leadership and restarts",
+                      self.name, failed.kind, failed.reason, exc_info=True)
+        else:
             self._close_disk()
+            return
+        # Out of the handler: the exception's frames (which hold RocksDB handles) are gone before the disk closes.
+        self.fault = failed
+        self.last_error = failed.reason
+        self._fail_all(ReplicaFailed(self.name, failed.kind, failed.reason))
+        if self._on_fault is not None:
+            self._on_fault(self)  # first: leadership moves while this disk closes (the restart waits for it)
+        self._close_disk()
+
+    def report(self, exc: BaseException) -> None:
+        """Any thread: a read found this replica's data damaged; the task thread stops on it (a fault)."""
+        def fail(_host: ReplicaHost) -> None:
+            raise exc
+        self.post(fail)
 
     def _handle_item(self, item: Any) -> None:
         if isinstance(item, RawReplicate):
@@ -314,14 +348,21 @@ class ReplicaHost:
             if leader:
                 try:
                     builder, p.result = p.build()
+                    # Staged at once, so the next change set builds on this one (depot offsets, updates).
+                    if builder is not None:
+                        payload = self._stage(offset, builder)
+                except REPLICA_FAULTS:
+                    raise  # damaged data, a full disk: the replica's fault, not this request's
                 except (ReplogError, PStateError, TopologyError, ValueError) as e:  # bad input or user code
                     p.done(-1, None, e)
+                    continue
+                except Exception as e:  # anything else building ONE entry fails that request alone
+                    log.exception("%s: building an append's entry failed; that append is refused", self.name)
+                    p.done(-1, None, AppendFailed(self.name, describe(e)))
                     continue
                 if builder is None:
                     p.done(-1, p.result, None)
                     continue
-                # Staged at once, so the next change set builds on this one (depot offsets, updates).
-                payload = self.store.stage(offset, builder)
                 offset += 1
             if not runs or runs[-1][0] is not p.ack:
                 runs.append((p.ack, []))
@@ -341,6 +382,13 @@ class ReplicaHost:
                         p.done(-1, None, Backpressure(self.name, "an earlier append of the same batch was refused"))
                 self._restage()
                 return
+
+    def _stage(self, offset: int, builder: Any) -> bytes:
+        """Stage one built entry, or refuse it (:class:`EntryTooLarge`, nothing staged) over max.entry.bytes."""
+        payload: bytes = builder.encode()
+        if len(payload) > self.config.max_entry_bytes:
+            raise EntryTooLarge(self.name, "entry", len(payload), self.config.max_entry_bytes)
+        return self.store.stage(offset, builder, payload)
 
     def _restage(self) -> None:
         """Rebuild the staged overlay from the log, the truth: exactly the entries appended, not applied."""
@@ -454,7 +502,14 @@ class ReplicaHost:
             skip = a.first - a.data_first
             payloads = a.data[skip: skip + len(a.epochs)]
             assert all(isinstance(x, bytes) for x in payloads), "a leader appends only built change sets"
-            self.log.append(epoch, ENTRY_CLIENT_APPEND, payloads)
+            i = 0
+            while i < len(payloads):  # frames of about LOG_FRAME_BYTES, so replication messages stay bounded
+                j, size = i + 1, len(payloads[i])
+                while j < len(payloads) and size + len(payloads[j]) <= LOG_FRAME_BYTES:
+                    size += len(payloads[j])
+                    j += 1
+                self.log.append(epoch, ENTRY_CLIENT_APPEND, payloads[i:j])
+                i = j
         else:  # follower: raw frames from the leader
             raw = a.data
             assert isinstance(raw, bytes)
@@ -521,8 +576,7 @@ class ReplicaHost:
             except Exception:
                 log.exception("%s: append callback failed", self.name)
 
-    def _fail_all(self, why: str) -> None:
-        err = ReplogError(f"{self.name}: {why}")
+    def _fail_all(self, err: Exception) -> None:
         if self.dataflow is not None:
             self.dataflow.fail_waiting(err)
         for p in [p for group in self._pending.values() for p in group]:
@@ -534,13 +588,23 @@ class ReplicaHost:
 
     def _close_disk(self) -> None:
         try:
-            self._fail_all("the replica is closing")
+            self._fail_all(ReplogError(f"{self.name}: the replica is closing"))
             self.log.flush()
             self.log.close()
-            self.marks.update(clean=True)
+            if self.fault is None:
+                self.marks.update(clean=True)
+        except Exception:
+            if self.fault is None:
+                raise
+            log.warning("%s: closing the failed replica's replog: %s", self.name, self.log, exc_info=True)
         finally:
-            self.marks.close()
-            self.store.close()
+            try:
+                self.marks.close()
+            finally:
+                if self.fault is None:
+                    self.store.close()
+                else:  # (its flush may be what failed; the replog replays what the memtables held)
+                    self.store.abandon()
 
     # ------------------------------------------------------------------------ retention
 
@@ -637,6 +701,7 @@ class ReplicaHost:
             "storage": {"incarnation": self.incarnation, "recorded": r.registered, "lost": self.storage_lost},
             "catchup": self.catchup.progress if self.catchup is not None and self.catchup.running else None,
             "dataflow": self.dataflow.status() if self.dataflow is not None else None,
+            "fault": self.fault or self.last_fault, "failed": self.fault is not None,
         }
 
 

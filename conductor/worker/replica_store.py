@@ -129,10 +129,10 @@ class ReplicaStore:
         sends.write(b)
         return b
 
-    def stage(self, offset: int, builder: ChangeSetBuilder) -> bytes:
+    def stage(self, offset: int, builder: ChangeSetBuilder, payload: bytes | None = None) -> bytes:
         if builder.topology is None or self.code is None:
-            return self.store.stage(offset, builder)
-        tag_entry(offset, builder)
+            return self.store.stage(offset, builder, payload)
+        tag_entry(offset, builder)  # (a switch or migration entry: its batch id changes, so encode it again)
         payload = self.store.stage(offset, builder)
         self.code.staged_entry(offset, builder, self.store)
         return payload
@@ -180,6 +180,9 @@ class ReplicaStore:
 
     def close(self) -> None:
         self.store.close()
+
+    def abandon(self) -> None:
+        self.store.abandon()
 
     # ---------------------------------------------------------------- queries (any thread)
 

@@ -10,12 +10,13 @@ the replica's task thread; replies come back through a :class:`LoopSettler`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import logging
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -31,8 +32,8 @@ from conductor.worker.far_horizon import read_chunk_into, stream_checkpoint
 from conductor.worker.lifecycle import code_status
 from conductor.worker.replica_host import PendingEntry, ReplicaHost
 from conductor.worker.replica_store import ReplicaStore
-from pstate.errors import PStateError
-from replog.errors import NotLeader, ReplogError
+from pstate.errors import CorruptStore, PStateError
+from replog.errors import EntryTooLarge, NotLeader, ReplogError
 from replog.messages import Ack
 from topology.errors import TopologyError
 from topology.stream import StreamRunner
@@ -79,6 +80,20 @@ def maps_errors(method: F) -> F:
             raise AssertionError("unreachable") from e
 
     return cast(F, unary)
+
+
+@contextlib.contextmanager
+def reports_damage(host: ReplicaHost) -> Iterator[None]:
+    """A read that finds damaged data fails (CorruptStore, DATA_LOSS) and stops the replica: it is rebuilt.
+
+    The reader sees a typed error, never partial data; the replica stops serving
+    at once, gives up leadership and is rebuilt from an intact replica.
+    """
+    try:
+        yield
+    except CorruptStore as e:
+        host.report(e)
+        raise
 
 
 class AdminService(admin_pb2_grpc.AdminServicer):
@@ -143,6 +158,9 @@ class ClientService(pbg.ClientServicer):
                                  f"not {request.group}; refresh the module metadata")
             records = list(d.records)
             nbytes += sum(map(len, records))
+            biggest = max(map(len, records), default=0)
+            if biggest > host.config.max_record_bytes:  # refused before it reaches the task thread
+                raise EntryTooLarge(host.name, "record", biggest, host.config.max_record_bytes)
             appends.append((d.depot, d.task, records))
         fut: asyncio.Future[pb.AppendReply] = asyncio.get_running_loop().create_future()
         settle = node.settler.post if node.settler is not None else None
@@ -208,15 +226,17 @@ class ClientService(pbg.ClientServicer):
 
     @maps_errors
     async def Select(self, request: pb.SelectRequest, context: Any) -> pb.SelectReply:
-        _host, store = self._leader_store(request.module, request.task)
-        values, applied = store.select(request.pstate, request.task, request.path, request.one)
+        host, store = self._leader_store(request.module, request.task)
+        with reports_damage(host):
+            values, applied = store.select(request.pstate, request.task, request.path, request.one)
         return pb.SelectReply(values=values, applied_offset=max(applied, 0))
 
     @maps_errors
     async def DepotRead(self, request: pb.DepotReadRequest, context: Any) -> pb.DepotReadReply:
         host, store = self._leader_store(request.module, request.task)
-        records, start, nxt = store.depot_read(request.depot, request.task, request.start,
-                                               request.end or None, request.max_bytes or 1 << 20)
+        with reports_damage(host):
+            records, start, nxt = store.depot_read(request.depot, request.task, request.start,
+                                                   request.end or None, request.max_bytes or 1 << 20)
         if request.packed:  # one bytes field instead of one per record: the reader slices it without copies
             return pb.DepotReadReply(packed=b"".join(records), lengths=pack_lengths(records), start=start, next=nxt,
                                      epoch=host.replica.epoch)
@@ -225,7 +245,8 @@ class ClientService(pbg.ClientServicer):
     @maps_errors
     async def PartitionInfo(self, request: pb.PartitionInfoRequest, context: Any) -> pb.PartitionInfoReply:
         host, store = self._leader_store(request.module, request.task)
-        start, end = store.depot_info(request.depot, request.task)
+        with reports_damage(host):
+            start, end = store.depot_info(request.depot, request.task)
         return pb.PartitionInfoReply(start=start, end=end, epoch=host.replica.epoch)
 
     @maps_errors
@@ -237,6 +258,8 @@ class ClientService(pbg.ClientServicer):
         for c in request.changes:
             if rt.spec.group_of(c.task) != request.group:
                 raise ValueError(f"change for task {c.task} sent to group {request.group}; route by task")
+            if len(c.value) > host.config.max_record_bytes:
+                raise EntryTooLarge(host.name, "record", len(c.value), host.config.max_record_bytes)
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         settle = node.settler.post if node.settler is not None else None
         assert settle is not None
@@ -268,7 +291,8 @@ class ClientService(pbg.ClientServicer):
         return pb.GroupStatusReply(
             role=s["role"], epoch=s["epoch"], log_start=s["log_start"], log_end=s["log_end"],
             apply_offset=s["apply_offset"], applied_offset=s["applied"], follower_offsets=s["followers"],
-            catchup=catchup, **(s["dataflow"] or {}), **code_status(self.node, request.module, request.group),
+            catchup=catchup, fault=s["fault"].line() if s["fault"] is not None else "", **(s["dataflow"] or {}),
+            **code_status(self.node, request.module, request.group),
         )
 
 

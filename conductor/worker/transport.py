@@ -20,9 +20,10 @@ import grpc
 
 from conductor.wire import millrace_pb2 as pb
 from conductor.wire import millrace_pb2_grpc as pbg
-from conductor.wire.options import GRPC_OPTIONS
+from conductor.wire.options import GRPC_OPTIONS, MAX_MESSAGE_BYTES
 from conductor.wire.packing import pack_lengths, unpack_lengths
 from conductor.worker.dataflow import Inflow
+from replog.config import MAX_ENTRY_BYTES_CEILING
 from replog.messages import EpochRequest, EpochResponse, FarHorizonOffer, RawReplicate, ReplicateAck
 from topology.dataflow.group import Batch
 from topology.dataflow.shipping import Pull
@@ -31,6 +32,10 @@ log = logging.getLogger("millrace.transport")
 
 MAX_QUEUED_MESSAGES = 10_000
 MAX_FRAME_BYTES = 3 * 1024 * 1024
+#: the most a frame's messages may add up to (room left for the frame's own fields)
+MAX_SENDABLE_BYTES = MAX_MESSAGE_BYTES - 64 * 1024
+# a replication message is at most a read of ~2 MiB of frames plus one frame holding one entry at its limit
+assert MAX_SENDABLE_BYTES > MAX_ENTRY_BYTES_CEILING + 8 * 1024 * 1024, "an entry at its limit must fit a message"
 
 
 def to_proto(module: str, group: int, msg: Any) -> pb.PeerMessage:
@@ -108,14 +113,33 @@ class _PeerLink:
                             self.dst, self.dropped)
 
     async def _frames(self) -> AsyncIterator[pb.PeerFrame]:
+        """Frames of about MAX_FRAME_BYTES, never over the transport's message limit.
+
+        Entries are bounded (``replication.max.entry.bytes``, at most half the
+        limit), so a message over the limit is a bug; it is dropped with a
+        warning rather than breaking the stream for every group, and the
+        follower it was for stops confirming and leaves the ISR like any
+        lagging one.
+        """
+        carry: pb.PeerMessage | None = None
         while True:
-            first = await self.queue.get()
-            msgs = [first]
+            first = carry if carry is not None else await self.queue.get()
+            carry = None
             size = first.ByteSize()
+            if size > MAX_SENDABLE_BYTES:
+                log.warning("dropped a %d-byte %s message for %s/%d to %s: over the transport's limit of %d bytes; "
+                            "that follower will leave the ISR", size, first.WhichOneof("body"), first.module,
+                            first.group, self.dst, MAX_SENDABLE_BYTES)
+                continue
+            msgs = [first]
             while size < MAX_FRAME_BYTES and not self.queue.empty():
                 m = self.queue.get_nowait()
+                n = m.ByteSize()
+                if size + n > MAX_SENDABLE_BYTES:
+                    carry = m  # the next frame's first message
+                    break
                 msgs.append(m)
-                size += m.ByteSize()
+                size += n
             yield pb.PeerFrame(src=self.t.node_id, dst=self.dst, messages=msgs)
 
     async def _run(self) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -17,6 +16,7 @@ from conductor.metastore import Metastore
 from conductor.wire import millrace_pb2 as pb
 from conductor.wire import millrace_pb2_grpc as pbg
 from replog.errors import StalledGroup
+from tests.faults.conftest import SESSION_TIMEOUT
 from tests.integration.cluster_helpers import (
     Appender,
     assert_replicas_identical,
@@ -27,19 +27,6 @@ from tests.integration.cluster_helpers import (
     replica_state,
     wait_for,
 )
-
-SESSION_TIMEOUT = 4.0
-
-
-@pytest.fixture
-def dc(tmp_path: Path) -> Iterator[DevCluster]:
-    cluster = DevCluster(tmp_path / "cluster", nodes=3, conductors=1, session_timeout=SESSION_TIMEOUT,
-                         log_level="WARNING")
-    cluster.start()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
 
 
 def test_rf3_append_10000_applied_readable_on_every_replica(dc: DevCluster) -> None:

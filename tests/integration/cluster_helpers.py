@@ -150,13 +150,13 @@ class Appender:
         return len(self.acked)
 
 
-def assert_replicas_identical(dc: DevCluster, module: str, acked: list[dict]) -> None:
+def assert_replicas_identical(dc: DevCluster, module: str, acked: list[dict], module_ref: str = MODULE_REF) -> None:
     """Stop the cluster, then every replica of every group holds the same replog bytes and depot records."""
     groups = groups_of(dc, module)
     dc.stop()
     seen: Counter[str] = Counter()
     for g, st in groups.items():
-        states = {r: replica_state(dc.root, r, module, g) for r in st.replicas}
+        states = {r: replica_state(dc.root, r, module, g, module_ref) for r in st.replicas}
         first = states[st.replicas[0]]
         for r, s in states.items():
             assert s["log_end"] == first["log_end"], f"group {g}: {r} log end {s['log_end']} != {first['log_end']}"

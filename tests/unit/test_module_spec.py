@@ -8,7 +8,9 @@ from hypothesis import strategies as st
 
 from conductor.metastore.module_spec import (
     DEPOT_APPEND_TIMEOUT_MS,
+    MAX_ENTRY_BYTES,
     MAX_NEAR_SYNC_MESSAGE_LAG,
+    MAX_RECORD_BYTES,
     MAX_TIME_LAG_MS,
     MIGRATION_BATCH_INTERVAL_MS,
     MIGRATION_BATCH_KEYS,
@@ -32,7 +34,8 @@ def spec(**kw: object) -> ModuleSpec:
 def test_defaults_follow_replication_factor() -> None:
     assert spec().effective_options() == {MIN_ISR: 2, MAX_TIME_LAG_MS: 10_000, DEPOT_APPEND_TIMEOUT_MS: 30_000,
                                           MAX_NEAR_SYNC_MESSAGE_LAG: 20_000, SEGMENT_BYTES: 64 * 1024 * 1024,
-                                          MIGRATION_BATCH_KEYS: 200, MIGRATION_BATCH_INTERVAL_MS: 50}
+                                          MIGRATION_BATCH_KEYS: 200, MIGRATION_BATCH_INTERVAL_MS: 50,
+                                          MAX_RECORD_BYTES: 4 * 1024 * 1024, MAX_ENTRY_BYTES: 16 * 1024 * 1024}
     assert spec(replication_factor=1, workers=1).option(MIN_ISR) == 1
 
 
@@ -107,6 +110,18 @@ def test_options_are_checked_together_and_against_the_replication_factor() -> No
     with pytest.raises(InvalidOption, match="cannot exceed the replication factor 1"):
         spec(replication_factor=1, workers=1, options={MIN_ISR: "2"})
     assert spec(options={SEGMENT_BYTES: str(64 * 1024)}).option(SEGMENT_BYTES) == 64 * 1024
+
+
+def test_entry_limits_stay_below_the_transport_and_in_order() -> None:
+    with pytest.raises(InvalidOption, match="at most 33,554,432"):
+        spec().with_option(MAX_ENTRY_BYTES, str(64 << 20))
+    with pytest.raises(InvalidOption, match="must not exceed"):
+        spec().with_option(MAX_RECORD_BYTES, str(20 << 20))  # over the default entry limit of 16 MiB
+    with pytest.raises(InvalidOption, match="must not exceed"):
+        spec().with_option(MAX_ENTRY_BYTES, str(1 << 20))  # under the default record limit of 4 MiB
+    s = spec().with_option(MAX_RECORD_BYTES, "1000").with_option(MAX_ENTRY_BYTES, "5000")
+    c = s.replication_config()
+    assert (c.max_record_bytes, c.max_entry_bytes) == (1000, 5000)
 
 
 def test_from_json_rejects_garbage() -> None:

@@ -1,0 +1,129 @@
+"""A replica's task thread under faults (real replog and RocksDB, a one-replica group, no network).
+
+One request that cannot be built fails alone and the thread goes on; an entry
+over ``replication.max.entry.bytes`` is refused before it is logged; anything
+else that goes wrong stops the replica as a fault (internal, corrupt) with its
+waiting appends failed retryably and its RocksDB released for the restart.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+
+from conductor.worker.replica_host import PendingEntry, ReplicaHost
+from conductor.worker.replica_store import ReplicaStore
+from pstate import TaskGroupStore
+from pstate.errors import CorruptStore
+from replog.config import ReplicationConfig
+from replog.errors import AppendFailed, EntryTooLarge, NotLeader, ReplicaFailed
+from replog.messages import Ack, GroupState, MetastoreChanged
+from topology import load_module
+
+DEFINITION = load_module("examples.clicks:Clicks").build()
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> Iterator[tuple[ReplicaHost, list[ReplicaHost]]]:
+    faults: list[ReplicaHost] = []
+    store = ReplicaStore.open(tmp_path / "g" / "state", DEFINITION)
+    config = ReplicationConfig(replication_factor=1, max_record_bytes=1000, max_entry_bytes=4000)
+    def cas(h: ReplicaHost, _version: int, new: GroupState) -> None:  # the group znode: every CAS succeeds
+        h.post(MetastoreChanged(new))
+
+    h = ReplicaHost("n1", "Clicks", 0, tmp_path / "g", config, 1, store, lambda *_a: None, cas,
+                    on_fault=faults.append)
+    h.start()
+    h.post(MetastoreChanged(GroupState("n1", 1, ("n1",), (), 1, 1)))
+    yield h, faults
+    h.stop()
+
+
+def _append(h: ReplicaHost, build: Callable[[], tuple[Any, Any]]) -> concurrent.futures.Future[int]:
+    fut: concurrent.futures.Future[int] = concurrent.futures.Future()
+
+    def done(first: int, _result: Any, error: Exception | None) -> None:
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(first)
+    h.post(PendingEntry(build, 10, Ack.APPLIED, done))
+    return fut
+
+
+def _records(h: ReplicaHost, *records: Any) -> Callable[[], tuple[Any, Any]]:
+    def build() -> tuple[Any, Any]:
+        builder, firsts, _acks = h.store.build_client_append(  # type: ignore[attr-defined]
+            [("*raw", 0, [msgpack.packb(r) for r in records])])
+        return builder, firsts
+    return build
+
+
+def _leading(h: ReplicaHost) -> None:
+    for _ in range(500):
+        if h.replica.is_leader:
+            return
+        time.sleep(0.01)
+    raise AssertionError("the replica did not take leadership")
+
+
+def test_a_request_that_raises_fails_alone_and_the_thread_goes_on(host: Any) -> None:
+    h, faults = host
+    _leading(h)
+
+    def broken() -> tuple[Any, Any]:
+        raise KeyError("a bug in building this one request")
+    bad = _append(h, broken)
+    good = _append(h, _records(h, {"id": 1}))
+    with pytest.raises(AppendFailed, match="KeyError"):
+        bad.result(timeout=10)
+    assert good.result(timeout=10) == 0
+    assert _append(h, _records(h, {"id": 2})).result(timeout=10) == 1
+    assert not faults and h.fault is None
+
+
+def test_an_entry_over_max_entry_bytes_is_refused_before_it_is_logged(host: Any) -> None:
+    h, faults = host
+    _leading(h)
+    end = h.log.end_offset
+    with pytest.raises(EntryTooLarge, match=r"replication\.max\.entry\.bytes") as e:
+        _append(h, _records(h, *[{"id": i, "pad": "x" * 900} for i in range(6)])).result(timeout=10)
+    assert e.value.what == "entry" and e.value.size > 4000
+    assert h.log.end_offset == end
+    assert _append(h, _records(h, {"id": "small"})).result(timeout=10) == end
+    assert not faults
+
+
+def test_an_internal_error_stops_the_replica_as_a_fault_and_releases_its_store(host: Any, tmp_path: Path) -> None:
+    h, faults = host
+    _leading(h)
+    assert _append(h, _records(h, {"id": 1})).result(timeout=10) == 0
+
+    def crash(_h: ReplicaHost) -> None:
+        raise RuntimeError("a bug outside any one request")
+    h.post(crash)
+    h.thread.join(timeout=10)
+    assert not h.thread.is_alive() and faults == [h]
+    assert h.fault is not None and h.fault.kind == "internal" and "RuntimeError" in h.fault.reason
+    assert h.status()["failed"] and h.status()["fault"] is h.fault
+    # the store was released: the restart can open it, and it holds what was applied (or the replog replays it)
+    reopened = TaskGroupStore(tmp_path / "g" / "state", {}, DEFINITION.depot_names())
+    try:
+        assert reopened.applied_offset in (-1, 0)
+    finally:
+        reopened.close()
+
+
+def test_damage_reported_by_a_read_is_a_corrupt_fault(host: Any) -> None:
+    h, faults = host
+    _leading(h)
+    h.report(CorruptStore("state", "block checksum mismatch"))
+    h.thread.join(timeout=10)
+    assert faults == [h] and h.fault is not None and h.fault.kind == "corrupt"
+    assert issubclass(ReplicaFailed, NotLeader)  # clients retry it at the next leader
