@@ -222,8 +222,8 @@ class TaskGroupStore:
             aside = f"{self.path}.abandoning-{uuid.uuid4().hex[:8]}"
             os.rename(self.path, aside)
             try:
-                self._handles.clear()
-                self._cfs.clear()
+                self.families.close()  # (it holds the handles and the database too)
+                del self.families
                 del self._db
                 gc.collect()  # handles held in reference cycles go now, while the directory is away
             finally:

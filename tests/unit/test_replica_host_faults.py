@@ -32,7 +32,9 @@ DEFINITION = load_module("examples.clicks:Clicks").build()
 @pytest.fixture
 def host(tmp_path: Path) -> Iterator[tuple[ReplicaHost, list[ReplicaHost]]]:
     faults: list[ReplicaHost] = []
-    store = ReplicaStore.open(tmp_path / "g" / "state", DEFINITION)
+    (tmp_path / "g").mkdir()
+    pstates = {name: decl.schema for name, decl in DEFINITION.pstates.items()}
+    store = ReplicaStore(TaskGroupStore(tmp_path / "g" / "state", pstates, DEFINITION.depot_names()))
     config = ReplicationConfig(replication_factor=1, max_record_bytes=1000, max_entry_bytes=4000)
     def cas(h: ReplicaHost, _version: int, new: GroupState) -> None:  # the group znode: every CAS succeeds
         h.post(MetastoreChanged(new))
