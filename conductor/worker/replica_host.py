@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from conductor.worker.dataflow import DataflowDriver, Inflow
+from conductor.worker.task_clock import RETAIN_INTERVAL_MS, TICK_MS, next_wake_ms
 from pstate.checkpoint import Manifest
 from pstate.errors import PStateError
 from replog.batch import scan_frames, trim_frames
@@ -67,9 +68,6 @@ log = logging.getLogger("millrace.node")
 ENTRY_CLIENT_APPEND = 1
 #: largest replication message the driver builds; gRPC's default limit is 4 MiB
 MAX_FRAME_BYTES = 2 * 1024 * 1024
-TICK_MS = 50
-#: how often a replica looks for replog segments that retention may delete
-RETAIN_INTERVAL_MS = 1_000
 
 
 class EntryApplier(Protocol):
@@ -163,6 +161,8 @@ class ReplicaHost:
         #: follower: the far-horizon transfer running for this replica, if any (set by the node)
         self.catchup: Any = None
         self._next_retain_ms = 0
+        #: work happened since the last retention check (an idle replica's retention point does not move)
+        self._retain_owed = True
         self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._pending: dict[int, list[PendingEntry]] = {}
         self._next_request = 1
@@ -207,8 +207,9 @@ class ReplicaHost:
         try:
             while not self._stop.is_set():
                 now = _now_ms()
-                beat = self.outbox.next_due()
-                due = next_tick if beat is None else min(next_tick, beat)
+                due = next_wake_ms(now, next_tick, self.replica.next_tick_ms(), self.outbox.next_due(),
+                                   None if self.dataflow is None else self.dataflow.next_due_ms(),
+                                   self._next_retain_ms if self._retain_owed else None)
                 timeout = max(0.0, (due - now) / 1000)
                 items: list[Any] = []
                 try:
@@ -229,8 +230,10 @@ class ReplicaHost:
                     appends += [PendingEntry(build, 0, Ack.NONE, done) for build, done in self.dataflow.entries(now)]
                 if appends:
                     self._client_appends(appends)
+                self._retain_owed = self._retain_owed or bool(items) or bool(appends)
                 now = _now_ms()
-                if now >= next_tick:
+                tick_due = self.replica.next_tick_ms()
+                if now >= next_tick and tick_due is not None and now >= tick_due:
                     self._feed(Tick())
                     next_tick = now + TICK_MS
                 self._flush_if_dirty()
@@ -240,8 +243,9 @@ class ReplicaHost:
                 self._apply_deferred()
                 if self.dataflow is not None:
                     self.dataflow.drained(_now_ms())
-                if now >= self._next_retain_ms:
+                if self._retain_owed and now >= self._next_retain_ms:
                     self._next_retain_ms = now + RETAIN_INTERVAL_MS
+                    self._retain_owed = False
                     self._retain()
         except Exception:
             log.exception("%s: task thread crashed; the replica stops (restart the node to recover)", self.name)
