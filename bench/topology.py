@@ -208,8 +208,8 @@ def main(argv: list[str] | None = None) -> None:
     root = args.dir or Path(tempfile.mkdtemp(prefix="millrace-bench-topology-"))
     dc = DevCluster(root / "cluster", nodes=3, session_timeout=10.0).start()
     try:
-        for name, ref, threads in (("WordCount2", "examples.word_count:WordCount", 2),
-                                   ("WordCount8", "examples.word_count:WordCount", 8),
+        for name, ref, threads in (("WordCount2", "bench.modules:WordCount2", 2),
+                                   ("WordCount8", "bench.modules:WordCount8", 8),
                                    ("Timeline", "examples.timeline:Timeline", 8)):
             deploy(dc.hosts, name, ref, threads)
         pids = [proc.pid for proc in dc.nodes.values()]

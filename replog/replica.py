@@ -377,6 +377,20 @@ class Replica(LeaderRules, FollowerRules):
             self._follower_apply()
             self._send_ack()
 
+    def next_tick_ms(self) -> int | None:
+        """The earliest time a :class:`Tick` may change anything; None when only another event can.
+
+        A driver may deliver ticks only from then on (a time already past: at
+        its usual cadence), so an idle replica sleeps instead of polling. It is
+        conservative: a tick before it produces no action and changes nothing,
+        which the simulator checks on every tick it delivers.
+        """
+        if self._ls is not None:
+            return self._leader_next_tick()
+        if self.role is Role.FOLLOWER and not self.reconciled and self._requested_epoch is not None:
+            return self._request_sent_ms + self.config.request_timeout_ms
+        return None
+
     def _on_tick(self) -> None:
         if self._ls is not None:
             self._leader_tick()

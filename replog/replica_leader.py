@@ -262,6 +262,32 @@ class LeaderRules(ReplicaState):
         self._pump_all()
         self._maybe_hand_off()
 
+    def _leader_next_tick(self) -> int | None:
+        """See :meth:`Replica.next_tick_ms`: only a quiescent leader has a tick to wait for, its heartbeats.
+
+        Quiescent: every follower in sync, holding and acknowledging all of the
+        log, nothing applied left to announce, nobody waiting, no ISR change or
+        hand-off under way. Then the ISR rules, resends, far-horizon offers and
+        append deadlines have nothing to act on until an event arrives, and a
+        tick only sends heartbeats (None: no follower to beat). Any other state answers "now" (the
+        driver's cadence).
+        """
+        ls = self._ls
+        assert ls is not None
+        end = self.log_end
+        if (not self.session_ok or ls.wait_append or ls.wait_applied or ls.resign is not None
+                or ls.pending_change is not None or ls.stalled or ls.osr or self.apply_offset != end - 1
+                or self.flushed_end != end):
+            return self._now
+        due = None
+        for p in ls.peers.values():
+            if (not p.reconciled or p.far or p.next != end or p.acked_end != end or p.held != end - 1
+                    or p.sent_apply != self.apply_offset):
+                return self._now
+            beat = p.last_send_ms + self.config.heartbeat_interval_ms
+            due = beat if due is None else min(due, beat)
+        return due
+
     def _adopt_znode(self, st: GroupState) -> None:
         ls = self._ls
         assert ls is not None and st.epoch == self.epoch and st.leader == self.node_id

@@ -58,6 +58,8 @@ class DataflowDriver:
         self._send = send
         self._waiting: dict[int, Any] = {}  # applied root offset -> the PendingEntry whose reply waits
         self._next_trim_ms = 0
+        #: the flow was busy since the last trim check: one more check is owed once it settles
+        self._trim_owed = False
 
     @property
     def leading(self) -> bool:
@@ -83,9 +85,23 @@ class DataflowDriver:
             out.append((functools.partial(self._build_inbound, now_ms), self._inbound_done))
         if now_ms >= self._next_trim_ms:
             self._next_trim_ms = now_ms + TRIM_INTERVAL_MS
+            self._trim_owed = False
             if self.flow.trims_due():
                 out.append((self._build_trim, _nobody))
         return out
+
+    def next_due_ms(self) -> int | None:
+        """When the task thread must drain again with nothing arriving (see ``GroupDataflow.next_due_ms``).
+
+        A trim is checked at most every ``TRIM_INTERVAL_MS``; the last one a burst of work owes is due
+        even when the flow has gone quiet by then.
+        """
+        due = self.flow.next_due_ms()
+        if due == 0:
+            self._trim_owed = True
+        if self._trim_owed and self.flow.leading:
+            due = self._next_trim_ms if due is None else min(due, self._next_trim_ms)
+        return due
 
     def _build_inbound(self, now_ms: int) -> tuple[Any, Any]:
         return self.flow.build_inbound(now_ms), None

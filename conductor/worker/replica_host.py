@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from conductor.worker.dataflow import DataflowDriver, Inflow
 from conductor.worker.replica_faults import REPLICA_FAULTS, Fault, describe, fault_kind
+from conductor.worker.task_clock import RETAIN_INTERVAL_MS, TICK_MS, next_wake_ms
 from pstate.checkpoint import Manifest
 from pstate.errors import PStateError
 from replog.batch import scan_frames, trim_frames
@@ -83,9 +84,6 @@ MAX_FRAME_BYTES = 2 * 1024 * 1024
 #: a leader writes one drain's entries as log frames of about this size (an entry over it gets a frame of
 #: its own), so a frame, and the replication message that carries it, stays near its entry limit
 LOG_FRAME_BYTES = 4 * 1024 * 1024
-TICK_MS = 50
-#: how often a replica looks for replog segments that retention may delete
-RETAIN_INTERVAL_MS = 1_000
 
 
 class EntryApplier(Protocol):
@@ -209,6 +207,8 @@ class ReplicaHost:
         #: follower: the far-horizon transfer running for this replica, if any (set by the node)
         self.catchup: Any = None
         self._next_retain_ms = 0
+        #: work happened since the last retention check (an idle replica's retention point does not move)
+        self._retain_owed = True
         self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._pending: dict[int, list[PendingEntry]] = {}
         self._next_request = 1
@@ -254,8 +254,9 @@ class ReplicaHost:
         try:
             while not self._stop.is_set():
                 now = _now_ms()
-                beat = self.outbox.next_due()
-                due = next_tick if beat is None else min(next_tick, beat)
+                due = next_wake_ms(now, next_tick, self.replica.next_tick_ms(), self.outbox.next_due(),
+                                   None if self.dataflow is None else self.dataflow.next_due_ms(),
+                                   self._next_retain_ms if self._retain_owed else None)
                 timeout = max(0.0, (due - now) / 1000)
                 items: list[Any] = []
                 try:
@@ -276,8 +277,10 @@ class ReplicaHost:
                     appends += [PendingEntry(build, 0, Ack.NONE, done) for build, done in self.dataflow.entries(now)]
                 if appends:
                     self._client_appends(appends)
+                self._retain_owed = self._retain_owed or bool(items) or bool(appends)
                 now = _now_ms()
-                if now >= next_tick:
+                tick_due = self.replica.next_tick_ms()
+                if now >= next_tick and tick_due is not None and now >= tick_due:
                     self._feed(Tick())
                     next_tick = now + TICK_MS
                 self._flush_if_dirty()
@@ -287,8 +290,9 @@ class ReplicaHost:
                 self._apply_deferred()
                 if self.dataflow is not None:
                     self.dataflow.drained(_now_ms())
-                if now >= self._next_retain_ms:
+                if self._retain_owed and now >= self._next_retain_ms:
                     self._next_retain_ms = now + RETAIN_INTERVAL_MS
+                    self._retain_owed = False
                     self._retain()
         except Exception as exc:
             failed = Fault(fault_kind(exc), describe(exc), time.time())

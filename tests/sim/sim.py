@@ -22,7 +22,7 @@ import heapq
 import random
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import astuple, dataclass, field, replace
 from typing import Any
 
 from replog.catchup import round_is_last
@@ -327,7 +327,15 @@ class Sim:
         n = self.nodes[nid]
         if not n.alive or n.incarnation != inc:
             return
-        self._deliver(nid, inc, Tick())
+        due = n.replica.next_tick_ms()
+        if due is None or self.now < due:  # a driver may skip this tick: it must be a no-op
+            self.steps += 1
+            before = _tick_view(n.replica)
+            actions = n.replica.handle(Tick(), self.now)
+            if actions or _tick_view(n.replica) != before:
+                self.fail(f"{nid}: a tick before next_tick_ms ({due}) acted: {actions}")
+        else:
+            self._deliver(nid, inc, Tick())
         if self.retention and n.alive and n.incarnation == inc and self.rng.random() < 0.2:
             self._retain(n)
         self.at(self.now + self.tick_ms, self._tick, nid, inc)
@@ -957,6 +965,15 @@ class RunResult:
     appended: int
     applied: int
     error: str | None
+
+
+def _tick_view(r: Replica) -> tuple[Any, ...]:
+    """What a tick could change in a replica (to check that a tick before ``next_tick_ms`` changes nothing)."""
+    ls = r._ls
+    leader = None if ls is None else (ls.isr, ls.osr, ls.version, ls.pending_change, ls.stalled, ls.resign,
+                                      len(ls.wait_append), len(ls.wait_applied),
+                                      [astuple(p) for p in ls.peers.values()])
+    return (r.role, r.epoch, r.reconciled, r._requested_epoch, r._request_sent_ms, r.apply_offset, leader)
 
 
 def replay_command(seed: int) -> str:

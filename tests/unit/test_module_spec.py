@@ -40,9 +40,9 @@ def test_defaults_follow_replication_factor() -> None:
 
 
 def test_json_round_trip_is_canonical() -> None:
-    s = spec(options={MIN_ISR: "3", MAX_TIME_LAG_MS: "500"})
+    s = spec(options={MIN_ISR: "3", MAX_TIME_LAG_MS: "1500"})
     assert ModuleSpec.from_json(s.to_json()) == s
-    assert s.to_json() == spec(options={MAX_TIME_LAG_MS: "500", MIN_ISR: "3"}).to_json()
+    assert s.to_json() == spec(options={MAX_TIME_LAG_MS: "1500", MIN_ISR: "3"}).to_json()
     assert b'"replicationFactor":3' in s.to_json() and b'"moduleRef"' in s.to_json()
 
 
@@ -84,7 +84,7 @@ def test_options_are_validated() -> None:
         ({MAX_TIME_LAG_MS: "0"}, "greater than 0"),
         ({MAX_TIME_LAG_MS: "-100"}, "greater than 0"),
         ({MAX_TIME_LAG_MS: "50"}, "drops healthy followers"),
-        ({MAX_TIME_LAG_MS: str(10 * 24 * 3600 * 1000)}, "at most a day|between 400"),
+        ({MAX_TIME_LAG_MS: str(10 * 24 * 3600 * 1000)}, "between 1,000"),
         ({DEPOT_APPEND_TIMEOUT_MS: "0"}, "greater than 0"),
         ({DEPOT_APPEND_TIMEOUT_MS: "1.5"}, "whole number"),
         ({DEPOT_APPEND_TIMEOUT_MS: "5000"}, r"must exceed replication\.max\.time\.lag\.millis \(10,000\)"),

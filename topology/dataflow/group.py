@@ -254,6 +254,17 @@ class GroupDataflow:
                 out.append((dst, peer, batch))
         return out
 
+    def next_due_ms(self) -> int | None:
+        """When the driver must call again with nothing arriving: 0 while anything is queued, in flight or
+        changed (its usual cadence), else the next keepalive pull; None on a follower or with nothing to pull.
+        """
+        if not self.leading:
+            return None
+        if (self._changed or self._rewind or self._inflight or any(self._queued.values())
+                or self.tracker.in_flight() > 0):
+            return 0
+        return self.inlet.next_keepalive() if self.inlet.feeds else None
+
     def busy(self) -> bool:
         """Anything queued, or sent and not yet known complete (tests settle on this)."""
         return self.leading and (any(self._queued.values()) or self.tracker.in_flight() > 0)

@@ -91,6 +91,11 @@ class Inlet:
         f.queued = max(0, f.queued - dropped_bytes)
         f.repull = True
 
+    @property
+    def feeds(self) -> int:
+        """How many source groups this inlet pulls from."""
+        return len(self._feeds)
+
     def next_keepalive(self) -> int:
         """When the next pull is due even if nothing changes (0: one is due now)."""
         return min((0 if f.repull or f.pulled_at is None else f.pulled_at + self.keepalive_ms

@@ -1,0 +1,37 @@
+"""When a replica's task thread wakes with nothing in its inbox: at its next real deadline, never by polling.
+
+An idle cluster used to cost CPU in proportion to its replicas: every task
+thread woke every ``TICK_MS`` to feed the state machine a tick that, for an
+in-sync group with nothing in flight, did nothing but decide no heartbeat was
+due yet (54 replicas: over a thousand wake-ups a second). The state machine
+now says when a tick can next matter (``Replica.next_tick_ms``), the dataflow
+when its next pull or trim is due, the outbox when a held beat must leave;
+the thread sleeps until the earliest of those or an inbox item. Ticks stay at
+most one per ``TICK_MS`` (a busy replica ticks as before), so only their
+timing changes, which the replication rules already tolerate.
+"""
+
+from __future__ import annotations
+
+TICK_MS = 50
+#: how often a replica looks for replog segments that retention may delete (while it has had work)
+RETAIN_INTERVAL_MS = 1_000
+#: the longest a task thread sleeps with nothing due (a bound, not a poll: nothing depends on it)
+MAX_SLEEP_MS = 5_000
+
+
+def next_wake_ms(now_ms: int, next_tick_ms: int, tick_due: int | None, beat_due: int | None,
+                 flow_due: int | None, retain_due: int | None) -> int:
+    """The time to wake at: the earliest deadline, ticks and dataflow rounded up to the tick cadence.
+
+    ``next_tick_ms`` is the earliest the cadence allows the next tick; a
+    ``tick_due``/``flow_due`` already past means "at the cadence" (busy).
+    """
+    due = now_ms + MAX_SLEEP_MS
+    for d in (tick_due, flow_due):
+        if d is not None:
+            due = min(due, max(d, next_tick_ms))
+    for d in (beat_due, retain_due):
+        if d is not None:
+            due = min(due, d)
+    return due
