@@ -31,6 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep", action="store_true", help="keep every run's folder, not only failing ones")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("kazoo", "millrace"):  # connection losses are what the nemesis causes: expected, not news
+        logging.getLogger(noisy).setLevel(logging.CRITICAL)
     faults = tuple(c for c in parse_faults(args.faults) if c not in parse_faults(args.no or "none"))
     if not faults:
         p.error("no fault class left to inject")

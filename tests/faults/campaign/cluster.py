@@ -225,7 +225,6 @@ class FaultCluster:
                     return False
         return True
 
-    def active_conductor(self) -> str | None:
-        with Metastore(self.zk_hosts, session_timeout=10.0) as ms:
-            contenders = ms.conductors.contenders()
-        return contenders[0] if contenders else None
+    def applied_offsets(self, group: int) -> list[int]:
+        """The applied offset each live replica of `group` reports now."""
+        return [s.applied_offset for w in WORKERS if (s := self.group_status(w, group)) is not None]

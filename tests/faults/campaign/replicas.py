@@ -3,6 +3,12 @@
 Read once the workers are stopped: the replog bytes (verified: every frame's CRC), the depot records of
 every task, the counts of every key in every PState, and the applied offset. A replica whose files cannot
 be read is reported with the reason, never skipped.
+
+A follower learns the apply offset from the leader's next frame, and a store's files may lag its applied
+offset (RocksDB runs without its WAL: the replog is the write-ahead log), so a stopped replica's store can
+be behind the group's commit point by design. Before reading, each replica applies its own replog up to the
+commit point with the product's apply path, exactly as the worker would on restart or on its next frame;
+how many entries that took is reported.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from conductor.worker.replica_store import ReplicaStore
 from pstate import TaskGroupStore
 from replog.log import Log
 from tests.faults.campaign.module import COUNTED, KEYS, Campaign
@@ -27,6 +34,8 @@ class ReplicaState:
     log_end: int = 0
     replog: bytes = b""
     applied: int = -1
+    #: entries applied from its own replog before reading (see the module docstring)
+    caught_up: int = 0
     #: (depot, task) -> [(offset, record)]
     depots: dict[tuple[str, int], list[tuple[int, Any]]] = field(default_factory=dict)
     #: pstate -> key -> count (every key of module.KEYS that has one)
@@ -37,8 +46,23 @@ class ReplicaState:
         return [(d, rec) for (d, _task), rows in sorted(self.depots.items()) for _off, rec in rows]
 
 
-def read_replica(gdir: Path, worker: str, group: int, tasks: int) -> ReplicaState:
-    """Read one replica's replog and store; the error (not an exception) if either cannot be read."""
+def applied_on_disk(gdir: Path) -> int | None:
+    """The applied offset a stopped replica's store holds (None if it cannot be opened)."""
+    definition = Campaign().build()
+    try:
+        store = TaskGroupStore(gdir / "state", {n: d.schema for n, d in definition.pstates.items()},
+                               definition.depot_names())
+    except Exception:
+        return None
+    try:
+        return store.applied_offset
+    finally:
+        store.close()
+
+
+def read_replica(gdir: Path, worker: str, group: int, tasks: int, commit: int) -> ReplicaState:
+    """Read one replica's replog and store, after applying its replog up to `commit` (the group's commit
+    point); the error (not an exception) if either cannot be read."""
     st = ReplicaState(worker, group)
     if not gdir.exists():
         st.error = f"no data folder {gdir}"
@@ -51,6 +75,12 @@ def read_replica(gdir: Path, worker: str, group: int, tasks: int) -> ReplicaStat
         store = TaskGroupStore(gdir / "state", {n: d.schema for n, d in definition.pstates.items()},
                                definition.depot_names())
         try:
+            upto = min(commit, st.log_end - 1)
+            if upto > store.applied_offset:
+                with Log.open(gdir / "replog", fsync="none") as log:
+                    entries = log.read_entries(store.applied_offset + 1, upto + 1)
+                st.caught_up = len(entries)
+                ReplicaStore(store).apply_entries([(off, typ, payload) for off, _e, typ, payload in entries])
             st.applied = store.applied_offset
             for d in definition.depot_names():
                 for task in range(tasks):

@@ -20,7 +20,7 @@ from tests.faults.campaign.cluster import WORKERS, ClusterSettings, FaultCluster
 from tests.faults.campaign.history import Clients, History, append
 from tests.faults.campaign.module import KEYS
 from tests.faults.campaign.nemesis import CLASSES, Fault, Nemesis
-from tests.faults.campaign.replicas import ReplicaState, read_replica
+from tests.faults.campaign.replicas import ReplicaState, applied_on_disk, read_replica
 from tests.faults.campaign.zkwatch import GroupRecorder
 
 #: Client appends give up after this long (then they are `unknown`).
@@ -135,10 +135,14 @@ def run_once(cfg: RunConfig, workdir: Path | None = None, keep: bool = False) ->
         finally:
             recorder.close()
         errors += [f"nemesis: {e}" for e in nemesis.errors]
+        live = {g: fc.applied_offsets(g) for g in range(settings.groups)}
         fc.stop_workers()
-        replicas: dict[int, dict[str, ReplicaState]] = {
-            g: {w: read_replica(fc.group_dir(w, g), w, g, settings.tasks) for w in WORKERS}
-            for g in range(settings.groups)}
+        replicas: dict[int, dict[str, ReplicaState]] = {}
+        for g in range(settings.groups):
+            # the commit point: the highest applied offset a replica reported before it stopped, or holds
+            disk = [a for w in WORKERS if (a := applied_on_disk(fc.group_dir(w, g))) is not None]
+            commit = max([*live[g], *disk], default=-1)
+            replicas[g] = {w: read_replica(fc.group_dir(w, g), w, g, settings.tasks, commit) for w in WORKERS}
         findings = check(Inputs(history.ops, replicas, leaders, events, settings.min_isr, unavailable, bound,
                                 converged))
         measured = [s for s in unavailable.values() if s is not None]

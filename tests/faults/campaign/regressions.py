@@ -1,0 +1,23 @@
+"""Seeds that once failed, kept as regression tests (`tests/faults/test_campaign.py` runs them).
+
+Each entry is the run that failed (its replay command is `RunConfig.command()`), why it failed, and whether
+main passes it now. A seed whose fix is not merged yet is kept with ``xfail`` naming the issue that fixes it,
+so it turns into a plain regression test the moment the fix lands.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tests.faults.campaign.run import RunConfig
+
+
+@dataclass(frozen=True)
+class Regression:
+    config: RunConfig
+    found: str
+    #: why it still fails on this branch (None: it passes)
+    xfail: str | None = None
+
+
+REGRESSIONS: tuple[Regression, ...] = ()
