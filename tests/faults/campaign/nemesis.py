@@ -42,6 +42,15 @@ DISK = ("bitflip_replog", "bitflip_sst", "torn_tail", "lost_data", "disk_full")
 CLASSES = (*PROCESS, *NETWORK, *ZOOKEEPER, *DISK)
 
 
+class NotApplicable(Exception):
+    """The fault cannot be injected in the cluster's present state (nothing to corrupt yet); `heal` undoes
+    what the attempt did (restarts the follower it stopped)."""
+
+    def __init__(self, why: str, heal: Heal) -> None:
+        super().__init__(why)
+        self.heal = heal
+
+
 @dataclass
 class Fault:
     """One injected fault, for the report and for a failing run's story."""
@@ -77,11 +86,14 @@ class Nemesis:
         end = self.now() + duration_s
         while not self.halt.is_set() and self.now() < end - 2:
             self.halt.wait(self.rng.uniform(0.5, 2.0))
-            heals: list[tuple[Fault, Heal]] = [self._inject(self.rng.choice(self.enabled))]
-            if self.rng.random() < 0.25:
+            first = self.rng.choice(self.enabled)
+            heals: list[tuple[Fault, Heal]] = [self._inject(first)]
+            # sometimes a second fault overlaps the first: never a second disk fault (one follower's files at
+            # a time), never the same class twice
+            others = [c for c in self.enabled if c not in DISK and c != first]
+            if others and self.rng.random() < 0.25:
                 self.halt.wait(self.rng.uniform(0.2, 2.0))
-                second = self.rng.choice([c for c in self.enabled if c not in DISK] or list(self.enabled))
-                heals.append(self._inject(second))
+                heals.append(self._inject(self.rng.choice(others)))
             self.halt.wait(min(self.rng.uniform(2.0, 8.0), max(0.0, end - self.now())))
             for fault, heal in reversed(heals):
                 self._heal(fault, heal)
@@ -91,6 +103,10 @@ class Nemesis:
         self.faults.append(fault)
         try:
             heal = getattr(self, cls)(fault)
+        except NotApplicable as e:  # e.g. no SST file yet: counted as not injected, not an error
+            fault.detail += f" (skipped: {e})"
+            fault.end = self.now()
+            return fault, e.heal
         except Exception as e:  # an injection that could not happen is reported, never silently dropped
             fault.detail += f" (injection failed: {type(e).__name__}: {e})"
             fault.end = self.now()
@@ -130,7 +146,7 @@ class Nemesis:
         """Faults injected per class (those whose injection failed are not counted)."""
         out = dict.fromkeys(CLASSES, 0)
         for f in self.faults:
-            if "injection failed" not in f.detail:
+            if "injection failed" not in f.detail and "(skipped" not in f.detail:
                 out[f.cls] += 1
         return out
 
@@ -267,16 +283,29 @@ class Nemesis:
 
     # ---------------------------------------------------------------- disk faults (follower stopped)
 
-    def _stopped_follower(self, fault: Fault) -> tuple[str, Path]:
+    def _stopped_follower(self, fault: Fault) -> tuple[str, int]:
         w, g = self._follower(fault)
         self.cluster.workers[w].kill()
-        return w, self.cluster.group_dir(w, g)
+        return w, g
+
+    def _on_stopped_follower(self, fault: Fault, files: Callable[[Path], list[Path]],
+                             change: Callable[[list[Path]], None]) -> Heal:
+        """Stop a follower, change its `files` (of the chosen group, else of any group that has some), restart
+        it at the heal; NotApplicable (with the restart) if it has no such file yet."""
+        w, g = self._stopped_follower(fault)
+        heal: Heal = lambda: self._restart_worker(w)  # noqa: E731
+        groups = [g, *(x for x in range(self.cluster.settings.groups) if x != g)]
+        for x in groups:
+            found = [f for f in files(self.cluster.group_dir(w, x)) if f.is_file() and f.stat().st_size > 0]
+            if found:
+                if x != g:
+                    fault.detail += f" (group {x}: group {g} has none)"
+                change(sorted(found))
+                return heal
+        raise NotApplicable(f"{w} has no such file yet", heal)
 
     def _flip_bits(self, files: list[Path], fault: Fault) -> None:
-        files = [f for f in files if f.is_file() and f.stat().st_size > 0]
-        if not files:
-            raise RuntimeError("no file to flip bits in")
-        f = self.rng.choice(sorted(files))
+        f = self.rng.choice(files)
         flips = self.rng.randint(1, 8)
         with open(f, "r+b") as fh:
             size = fh.seek(0, os.SEEK_END)
@@ -286,39 +315,34 @@ class Nemesis:
                 byte = fh.read(1)[0]
                 fh.seek(pos)
                 fh.write(bytes([byte ^ (1 << self.rng.randrange(8))]))
-        fault.detail += f": {flips} bit(s) in {f.name}"
+        fault.detail += f": {flips} bit(s) in {f.parent.parent.name}/{f.parent.name}/{f.name}"
 
     def bitflip_replog(self, fault: Fault) -> Heal:
-        w, gdir = self._stopped_follower(fault)
-        self._flip_bits(list((gdir / "replog").glob("*.log")), fault)
-        return lambda: self._restart_worker(w)
+        return self._on_stopped_follower(fault, lambda d: list((d / "replog").glob("*.log")),
+                                         lambda fs: self._flip_bits(fs, fault))
 
     def bitflip_sst(self, fault: Fault) -> Heal:
-        w, gdir = self._stopped_follower(fault)
-        self._flip_bits(list((gdir / "state").glob("*.sst")), fault)
-        return lambda: self._restart_worker(w)
+        return self._on_stopped_follower(fault, lambda d: list((d / "state").glob("*.sst")),
+                                         lambda fs: self._flip_bits(fs, fault))
 
     def torn_tail(self, fault: Fault) -> Heal:
         """The last replog segment loses a few bytes of its end, or gains garbage (a write torn by a crash)."""
-        w, gdir = self._stopped_follower(fault)
-        segs = sorted((gdir / "replog").glob("*.log"))
-        if not segs or segs[-1].stat().st_size == 0:
-            raise RuntimeError("no replog tail to tear")
-        seg, size = segs[-1], segs[-1].stat().st_size
-        if self.rng.random() < 0.6:
-            cut = self.rng.randint(1, min(size, 300))
-            os.truncate(seg, size - cut)
-            fault.detail += f": {seg.name} lost its last {cut} bytes"
-        else:
-            garbage = self.rng.randbytes(self.rng.randint(1, 64))
-            with open(seg, "ab") as fh:
-                fh.write(garbage)
-            fault.detail += f": {len(garbage)} garbage bytes after {seg.name}"
-        return lambda: self._restart_worker(w)
+        def tear(segs: list[Path]) -> None:
+            seg, size = segs[-1], segs[-1].stat().st_size
+            if self.rng.random() < 0.6:
+                cut = self.rng.randint(1, min(size, 300))
+                os.truncate(seg, size - cut)
+                fault.detail += f": {seg.parent.parent.name}/{seg.name} lost its last {cut} bytes"
+            else:
+                garbage = self.rng.randbytes(self.rng.randint(1, 64))
+                with open(seg, "ab") as fh:
+                    fh.write(garbage)
+                fault.detail += f": {len(garbage)} garbage bytes after {seg.parent.parent.name}/{seg.name}"
+        return self._on_stopped_follower(fault, lambda d: list((d / "replog").glob("*.log")), tear)
 
     def lost_data(self, fault: Fault) -> Heal:
         """A follower's whole data folder is gone (a replaced disk)."""
-        w, _gdir = self._stopped_follower(fault)
+        w, _g = self._stopped_follower(fault)
         d = self.cluster.worker_dir(w)
         for child in d.iterdir():
             if child.is_dir():
