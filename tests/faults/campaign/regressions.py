@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tests.faults.campaign.run import RunConfig
+from tests.faults.campaign.selection import DEFAULT_FAULTS
 
 
 @dataclass(frozen=True)
@@ -20,4 +21,8 @@ class Regression:
     xfail: str | None = None
 
 
-REGRESSIONS: tuple[Regression, ...] = ()
+REGRESSIONS: tuple[Regression, ...] = (
+    Regression(RunConfig(203, 60.0, DEFAULT_FAULTS, 8),
+               "a worker SIGKILLed and restarted within its session timeout exited with NodeAlreadyRegistered "
+               "(its dead predecessor's session still held the id); fixed: registration waits for it to expire"),
+)
