@@ -19,8 +19,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kazoo.exceptions import NoNodeError
-
 from conductor.metastore.layout import NODES_PATH
 from tests.faults.campaign.cluster import (
     CONDUCTORS,
@@ -261,18 +259,15 @@ class Nemesis:
         """A worker's ZooKeeper session expires: cut from every server until its registration is gone."""
         w = self._leader(fault)
         path = f"{NODES_PATH}/{w}"
-        try:
-            owner = self.recorder.zk.exists(path)
-        except Exception:
-            owner = None
+        owner = self.recorder.registration_owner(path)
         heal = self._cut([(w, z) for z in ZOOKEEPERS])
 
         def expired() -> bool:
             try:
-                st = self.recorder.zk.exists(path)
-            except NoNodeError:
-                return True
-            return st is None or owner is None or st.ephemeralOwner != owner.ephemeralOwner
+                now = self.recorder.registration_owner(path, timeout_s=2.0)
+            except Exception:
+                return False  # no answer is not an expiry
+            return now is None or owner is None or now != owner
 
         try:
             wait_until(expired, self.cluster.settings.session_timeout_s * 3 + 5, f"{w}'s session to expire")

@@ -26,7 +26,7 @@ from tests.faults.campaign.zkwatch import GroupRecorder
 #: Client appends give up after this long (then they are `unknown`).
 CLIENT_TIMEOUT_S = 10.0
 #: How long a healed cluster gets to converge (every replica caught up, full ISRs) before that is a violation.
-SETTLE_S = 120.0
+SETTLE_S = 90.0
 #: Tmpfs size of the full-disk worker's data folder when that class is on.
 TMPFS_MB = 192
 

@@ -8,6 +8,7 @@ leaders recorded for one epoch are two leaders whatever was skipped between them
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -34,6 +35,20 @@ class GroupEvent:
     epoch: int
     isr: tuple[str, ...]
     replicas: tuple[str, ...]
+
+
+def bounded(fn: Callable[[], Any], timeout_s: float) -> Any:
+    """`fn()` in a helper thread, or None if it raised or did not return within `timeout_s` (kazoo's blocking
+    calls wait for a quorum forever, and the nemesis must never wait on the faults it is to heal)."""
+    out: list[Any] = []
+
+    def call() -> None:
+        with contextlib.suppress(Exception):
+            out.append(fn())
+    t = threading.Thread(target=call, daemon=True)
+    t.start()
+    t.join(timeout_s)
+    return out[0] if out else None
 
 
 class GroupRecorder:
@@ -85,12 +100,16 @@ class GroupRecorder:
         with self.lock:
             return {ev.leader for ev in self.latest.values() if ev.leader}
 
-    def active_conductor(self) -> str | None:
-        """The first contender of the conductors' election (None if ZooKeeper does not answer now)."""
-        try:
-            return self.zk.Election(ELECTION_PATH).contenders()[0]
-        except Exception:
-            return None
+    def active_conductor(self, timeout_s: float = 10.0) -> str | None:
+        """The first contender of the conductors' election (None if ZooKeeper does not answer in time)."""
+        got = bounded(lambda: self.zk.Election(ELECTION_PATH).contenders(), timeout_s)
+        return str(got[0]) if got else None
+
+    def registration_owner(self, path: str, timeout_s: float = 10.0) -> int | None:
+        """The session owning the ephemeral znode `path` (None: there is none); raises if ZooKeeper does not
+        answer within `timeout_s`."""
+        stat = self.zk.exists_async(path).get(timeout=timeout_s)
+        return None if stat is None else int(stat.ephemeralOwner)
 
     def close(self) -> None:
         self.zk.stop()
