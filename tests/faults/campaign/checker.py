@@ -71,7 +71,7 @@ def check(inp: Inputs) -> Findings:
     f = Findings()
     references = _check_replicas(inp, f)
     _check_values(inp, references, f)
-    _check_counts(references, f)
+    _check_counts(references, f, "" if inp.converged else " (the cluster did not converge: hops may be pending)")
     _check_epochs(inp.events, f)
     _check_min_isr(inp, f)
     for g, s in sorted(inp.unavailable_after_heal.items()):
@@ -151,7 +151,7 @@ def _check_values(inp: Inputs, refs: dict[int, ReplicaState], f: Findings) -> No
         f.violations.append(f"{len(phantoms)} value(s) nobody appended are visible, e.g. {phantoms[:3]}")
 
 
-def _check_counts(refs: dict[int, ReplicaState], f: Findings) -> None:
+def _check_counts(refs: dict[int, ReplicaState], f: Findings, note: str) -> None:
     """Each PState is a replay of its depot: the count of a key is the number of its depot's records."""
     for depot, pstate in COUNTED.items():
         if pstate is None:
@@ -163,7 +163,7 @@ def _check_counts(refs: dict[int, ReplicaState], f: Findings) -> None:
         for key in sorted(set(expected) | set(actual)):
             if expected[key] != actual[key]:
                 f.violations.append(f"{pstate}[{key}] = {actual[key]} but {depot} holds {expected[key]} record(s) "
-                                    "of that key")
+                                    f"of that key{note}")
 
 
 def _check_epochs(events: list[GroupEvent], f: Findings) -> None:
