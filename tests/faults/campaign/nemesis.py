@@ -278,16 +278,22 @@ class Nemesis:
 
     # ---------------------------------------------------------------- disk faults (follower stopped)
 
-    def _stopped_follower(self, fault: Fault) -> tuple[str, int]:
+    def _stopped_follower(self, fault: Fault, graceful: bool = False) -> tuple[str, int]:
+        """A follower of a random group, killed (or stopped with SIGTERM: its stores flush their memtables to
+        SST files, which a killed worker never wrote)."""
         w, g = self._follower(fault)
-        self.cluster.workers[w].kill()
+        p = self.cluster.workers[w]
+        if graceful:
+            p.stop(timeout_s=20)
+        else:
+            p.kill()
         return w, g
 
     def _on_stopped_follower(self, fault: Fault, files: Callable[[Path], list[Path]],
-                             change: Callable[[list[Path]], None]) -> Heal:
+                             change: Callable[[list[Path]], None], graceful: bool = False) -> Heal:
         """Stop a follower, change its `files` (of the chosen group, else of any group that has some), restart
         it at the heal; NotApplicable (with the restart) if it has no such file yet."""
-        w, g = self._stopped_follower(fault)
+        w, g = self._stopped_follower(fault, graceful)
         heal: Heal = lambda: self._restart_worker(w)  # noqa: E731
         groups = [g, *(x for x in range(self.cluster.settings.groups) if x != g)]
         for x in groups:
@@ -318,7 +324,7 @@ class Nemesis:
 
     def bitflip_sst(self, fault: Fault) -> Heal:
         return self._on_stopped_follower(fault, lambda d: list((d / "state").glob("*.sst")),
-                                         lambda fs: self._flip_bits(fs, fault))
+                                         lambda fs: self._flip_bits(fs, fault), graceful=True)
 
     def torn_tail(self, fault: Fault) -> Heal:
         """The last replog segment loses a few bytes of its end, or gains garbage (a write torn by a crash)."""

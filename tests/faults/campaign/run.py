@@ -6,6 +6,8 @@ command line that replays it.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import random
 import shutil
 import tempfile
@@ -21,7 +23,7 @@ from tests.faults.campaign.history import Clients, History, append
 from tests.faults.campaign.module import KEYS
 from tests.faults.campaign.nemesis import CLASSES, Fault, Nemesis
 from tests.faults.campaign.replicas import ReplicaState, applied_on_disk, read_replica
-from tests.faults.campaign.zkwatch import GroupRecorder
+from tests.faults.campaign.zkwatch import GroupEvent, GroupRecorder
 
 #: Client appends give up after this long (then they are `unknown`).
 CLIENT_TIMEOUT_S = 10.0
@@ -87,6 +89,17 @@ def _probe(cluster: Cluster, history: History, group: int, key: str, healed: flo
     results[group] = None
 
 
+def save_record(root: Path, history: History, events: list[GroupEvent], faults: list[Fault]) -> None:
+    """The run's history, ZooKeeper record and faults as JSON lines beside its logs, for diagnosis."""
+    with open(root / "history.jsonl", "w") as fh:
+        for op in history.ops:
+            fh.write(json.dumps(dataclasses.asdict(op)) + "\n")
+    with open(root / "zk_events.jsonl", "w") as fh:
+        for ev in events:
+            fh.write(json.dumps(dataclasses.asdict(ev)) + "\n")
+    (root / "faults.txt").write_text("".join(f"{f}\n" for f in faults))
+
+
 def run_once(cfg: RunConfig, workdir: Path | None = None, keep: bool = False) -> RunResult:
     unknown = [c for c in cfg.faults if c not in CLASSES]
     if unknown:
@@ -150,6 +163,8 @@ def run_once(cfg: RunConfig, workdir: Path | None = None, keep: bool = False) ->
                            max(measured) if len(measured) == len(unavailable) else None, history.counts(),
                            time.monotonic() - started, root, errors)
         keep = keep or not result.ok  # a failing run's files (logs, replicas) stay for its diagnosis
+        if keep:
+            save_record(root, history, events, nemesis.faults)
         return result
     except BaseException:
         keep = True
