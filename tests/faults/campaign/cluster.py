@@ -9,6 +9,7 @@ network removes what is left by name.
 from __future__ import annotations
 
 import contextlib
+import signal
 import subprocess
 import sys
 import time
@@ -161,8 +162,14 @@ class FaultCluster:
                 subprocess.run(["umount", "-l", str(d)], capture_output=True, timeout=30, check=False)
             self._mounted.clear()
 
-    def stop_workers(self) -> None:
-        """SIGTERM every worker (SIGCONT first) and wait: their files are then the final state to check."""
+    def freeze_and_stop(self) -> None:
+        """Stop the cluster without changing it: conductors first (no failover while workers stop), then every
+        worker frozen at once (SIGSTOP: no replication or leadership change between them), then each stopped
+        (SIGCONT, SIGTERM). Their files are then the final state to check."""
+        for c in self.conductors.values():
+            c.stop(timeout_s=20)
+        for p in self.workers.values():
+            p.signal(signal.SIGSTOP)
         for p in self.workers.values():
             p.stop(timeout_s=20)
 
@@ -213,7 +220,10 @@ class FaultCluster:
 
     def converged(self) -> bool:
         """Every group has a full ISR and every replica applied its leader's whole log."""
-        for g, st in self.groups().items():
+        groups = self.groups()
+        if len(groups) != self.settings.groups:
+            return False
+        for g, st in groups.items():
             if st.leader is None or len(st.isr) != len(st.replicas):
                 return False
             lead = self.group_status(st.leader, g)

@@ -149,7 +149,7 @@ def run_once(cfg: RunConfig, workdir: Path | None = None, keep: bool = False) ->
             recorder.close()
         errors += [f"nemesis: {e}" for e in nemesis.errors]
         live = {g: fc.applied_offsets(g) for g in range(settings.groups)}
-        fc.stop_workers()
+        fc.freeze_and_stop()
         replicas: dict[int, dict[str, ReplicaState]] = {}
         for g in range(settings.groups):
             # the commit point: the highest applied offset a replica reported before it stopped, or holds
