@@ -101,3 +101,10 @@ def test_unavailable_after_the_heal_and_no_convergence() -> None:
     f: Findings = check(inputs(unavailable_after_heal={0: 7.5}, converged=False))
     assert len(f.violations) == 2, f.lines()
     assert not check(inputs(unavailable_after_heal={0: None})).ok
+
+
+def test_a_skipped_znode_version_makes_the_min_isr_rule_abstain() -> None:
+    evs = [GroupEvent(0.0, 0, 0, "w1", 1, ("w1",), ("w1", "w2", "w3")),
+           GroupEvent(1.05, 0, 2, "w1", 1, ("w1",), ("w1", "w2", "w3"))]  # version 1 was never seen
+    f = check(inputs(events=evs))
+    assert f.ok and f.isr_unjudged == 2, f.lines()

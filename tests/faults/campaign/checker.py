@@ -33,6 +33,8 @@ class Findings:
     duplicated: list[str] = field(default_factory=list)
     divergent_replicas: list[str] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
+    #: acknowledged appends the min-ISR rule could not judge: the ZooKeeper record skipped a state nearby
+    isr_unjudged: int = 0
 
     @property
     def ok(self) -> bool:
@@ -188,7 +190,11 @@ def _check_epochs(events: list[GroupEvent], f: Findings) -> None:
 def _check_min_isr(inp: Inputs, f: Findings) -> None:
     """An acknowledged append needs min-ISR replicas: ZooKeeper's ISR must have been that big at some moment
     between its invocation and its acknowledgement (an ISR shrink is written to ZooKeeper before the leader
-    applies without the removed replica, so ZooKeeper's ISR is never smaller than the leader's)."""
+    applies without the removed replica, so ZooKeeper's ISR is never smaller than the leader's).
+
+    The record may have skipped states (see zkwatch); an append whose window holds a skipped version, or
+    borders one, is not judged (counted in `isr_unjudged`), since the skipped state may have had a bigger ISR.
+    """
     by_group: dict[int, list[GroupEvent]] = defaultdict(list)
     for ev in sorted(inp.events, key=lambda e: (e.group, e.version)):
         by_group[ev.group].append(ev)
@@ -198,11 +204,17 @@ def _check_min_isr(inp: Inputs, f: Findings) -> None:
             continue
         evs = by_group.get(op.group, [])
         lo, hi = op.invoke - inp.zk_lag_s, op.complete + inp.zk_lag_s
-        before = [e for e in evs if e.t <= lo]
-        during = [e for e in evs if lo < e.t <= hi]
-        window = (before[-1:] if before else []) + during
-        if window and max(len(e.isr) for e in window) < inp.min_isr:
-            bad.append(op.value)
+        first = max((i for i, e in enumerate(evs) if e.t <= lo), default=0)
+        last = max((i for i, e in enumerate(evs) if e.t <= hi), default=-1)
+        window = evs[first:last + 1]
+        if not window or max(len(e.isr) for e in window) >= inp.min_isr:
+            continue
+        following = evs[last + 1:last + 2]
+        versions = [e.version for e in window + following]
+        if any(b != a + 1 for a, b in itertools.pairwise(versions)):
+            f.isr_unjudged += 1
+            continue
+        bad.append(op.value)
     if bad:
         f.violations.append(f"{len(bad)} append(s) acknowledged while ZooKeeper's ISR was below min-ISR "
                             f"{inp.min_isr} throughout, e.g. {bad[:3]}")

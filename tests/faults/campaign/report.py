@@ -77,6 +77,7 @@ class Campaign:
             "duplicated": sum(len(r.findings.duplicated) for r in rs),
             "divergent_replicas": sum(len(r.findings.divergent_replicas) for r in rs),
             "checker_violations": sum(len(r.findings.violations) + len(r.errors) for r in rs),
+            "isr_unjudged": sum(r.findings.isr_unjudged for r in rs),
             "faults_injected": {c: sum(r.injected.get(c, 0) for r in rs) for c in CLASSES},
             "max_unavailable_after_heal_s": None if any(u is None for u in unavail) or not unavail
             else round(max(u for u in unavail if u is not None), 2),
