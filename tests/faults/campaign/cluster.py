@@ -9,6 +9,7 @@ network removes what is left by name.
 from __future__ import annotations
 
 import contextlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -148,8 +149,9 @@ class FaultCluster:
         self.conductors[c] = p
         return p
 
-    def close(self) -> None:
-        """Stop every process and remove the network and the tmpfs, whatever state they are in."""
+    def close(self, keep_files: bool = False) -> None:
+        """Stop every process and remove the network and the tmpfs (its files copied beside it first if
+        `keep_files`), whatever state they are in."""
         try:
             for p in [*self.workers.values(), *self.conductors.values()]:
                 with contextlib.suppress(Exception):
@@ -159,6 +161,9 @@ class FaultCluster:
         finally:
             self.net.close()
             for d in self._mounted:
+                if keep_files:
+                    with contextlib.suppress(OSError):
+                        shutil.copytree(d, d.with_name(d.name + ".tmpfs"), ignore=shutil.ignore_patterns("filler"))
                 subprocess.run(["umount", "-l", str(d)], capture_output=True, timeout=30, check=False)
             self._mounted.clear()
 

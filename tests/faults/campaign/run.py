@@ -170,6 +170,6 @@ def run_once(cfg: RunConfig, workdir: Path | None = None, keep: bool = False) ->
         keep = True
         raise
     finally:
-        fc.close()
+        fc.close(keep_files=keep)
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
