@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import msgpack
+
 from tests.faults.campaign.checker import Findings, Inputs, check
 from tests.faults.campaign.history import Op
 from tests.faults.campaign.replicas import ReplicaState
@@ -50,6 +52,11 @@ def test_a_clean_run_passes() -> None:
 def test_a_lost_acknowledged_value() -> None:
     f = check(inputs(ops=[*inputs().ops, op("gone")]))
     assert [x.split()[0] for x in f.lost_acknowledged] == ["gone"] and not f.violations
+    assert f.lost_acknowledged[0].endswith("in no replog)")
+    # written to a replog but not applied: still lost to readers, and the finding says where it is
+    reps = {w: replica(w, RECORDS, replog=b"..." + msgpack.packb({"key": "k0", "id": "gone"})) for w in ("w1", "w2")}
+    f = check(inputs(ops=[*inputs().ops, op("gone")], replicas={0: reps}))
+    assert f.lost_acknowledged[0].endswith("still in the replog of w1/0, w2/0, not applied)"), f.lost_acknowledged
 
 
 def test_duplicates_are_counted_apart() -> None:

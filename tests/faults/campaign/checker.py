@@ -18,6 +18,8 @@ import itertools
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
+import msgpack
+
 from tests.faults.campaign.history import Op
 from tests.faults.campaign.module import COUNTED
 from tests.faults.campaign.replicas import ReplicaState
@@ -137,7 +139,8 @@ def _check_values(inp: Inputs, refs: dict[int, ReplicaState], f: Findings) -> No
         if op.outcome == "ok":
             f.acknowledged += 1
             if n == 0:
-                f.lost_acknowledged.append(f"{op.value} (group {op.group}, {op.depot}, acked at {op.complete:.1f} s)")
+                f.lost_acknowledged.append(f"{op.value} (group {op.group}, {op.depot}, acked at {op.complete:.1f} s; "
+                                           f"{_in_replogs(inp, op)})")
         elif op.outcome == "failed":
             f.failed += 1
             if n:
@@ -151,6 +154,15 @@ def _check_values(inp: Inputs, refs: dict[int, ReplicaState], f: Findings) -> No
     phantoms = [v for v in seen if v not in ops]
     if phantoms:
         f.violations.append(f"{len(phantoms)} value(s) nobody appended are visible, e.g. {phantoms[:3]}")
+
+
+def _in_replogs(inp: Inputs, op: Op) -> str:
+    """Where a value missing from the applied state still is: the replogs holding its record's bytes (it was
+    written but the group never applied it again), or none (it is gone)."""
+    needle = b"\xa2id" + msgpack.packb(op.value)
+    holders = [f"{w}/{g}" for g, states in sorted(inp.replicas.items()) for w, st in sorted(states.items())
+               if needle in st.replog]
+    return f"still in the replog of {', '.join(holders)}, not applied" if holders else "in no replog"
 
 
 def _check_counts(refs: dict[int, ReplicaState], f: Findings, note: str) -> None:
