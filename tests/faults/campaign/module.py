@@ -1,12 +1,14 @@
 """The module the campaign deploys: three depots and two stream topologies that keep exact counts.
 
-``*events`` is partitioned by key and counted on the task that owns the key (no hop); ``*moves`` lands on any
-task and its count is a hop to the key's task; ``*plain`` has no topology. The checker replays the depots
-and compares the counts, so every record must be applied exactly as often as it is in its depot.
+``*events`` is partitioned by key and counted on the task that owns the key (no hop); ``*moves`` is
+partitioned by the record's unique id and its count is a hop to the key's task; ``*plain`` (by id too) has no
+topology. The checker replays the depots and compares the counts, so every record must be applied exactly as
+often as it is in its depot. Every partitioner is deterministic (never ``random``), so the history knows the
+task group of every append.
 """
 
 from pstate import Map
-from topology import Module, hash_by, random
+from topology import Module, hash_by
 
 #: Every record's key is one of these, so the checker knows every PState key there is to read.
 KEYS = tuple(f"k{i}" for i in range(12))
@@ -18,6 +20,10 @@ def by_key(record: dict) -> str:
     return record["key"]
 
 
+def by_id(record: dict) -> str:
+    return record["id"]
+
+
 def plus_one(n: int | None) -> int:
     return (n or 0) + 1
 
@@ -25,8 +31,8 @@ def plus_one(n: int | None) -> int:
 class Campaign(Module):
     def define(self, m):
         events = m.depot("*events", hash_by(by_key))
-        moves = m.depot("*moves", random)
-        m.depot("*plain", random)
+        moves = m.depot("*moves", hash_by(by_id))
+        m.depot("*plain", hash_by(by_id))
         m.pstate("$$counts", Map(str, int))
         m.pstate("$$tally", Map(str, int))
 
