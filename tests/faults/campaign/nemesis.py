@@ -175,12 +175,21 @@ class Nemesis:
     def kill_worker(self, fault: Fault) -> Heal:
         w = self._leader(fault)
         self.cluster.workers[w].kill()
-        return lambda: self._restart_worker(w)
+        return lambda: self._restart_worker(w, fault)
 
-    def _restart_worker(self, w: str) -> None:
+    def _restart_worker(self, w: str, fault: Fault) -> None:
+        """Start `w` again. If it exits while starting because an overlapping fault still cuts it from
+        ZooKeeper (a worker gives up after its connect timeout, as a Kafka broker does), the final heal starts
+        it again, where a failure is an error of the run."""
         if not self.cluster.workers[w].alive():
             self.cluster.start_worker(w)
-        self.cluster.wait_worker(w, 120)
+        cut_from_zk = any((w, z) in self.cluster.net.cuts for z in ZOOKEEPERS)
+        try:
+            self.cluster.wait_worker(w, 120)
+        except RuntimeError:
+            if not cut_from_zk:
+                raise
+            fault.detail += " (its restart failed while it was cut from ZooKeeper; started again at the final heal)"
 
     def pause_worker(self, fault: Fault) -> Heal:
         w = self._leader(fault)
@@ -294,7 +303,7 @@ class Nemesis:
         """Stop a follower, change its `files` (of the chosen group, else of any group that has some), restart
         it at the heal; NotApplicable (with the restart) if it has no such file yet."""
         w, g = self._stopped_follower(fault, graceful)
-        heal: Heal = lambda: self._restart_worker(w)  # noqa: E731
+        heal: Heal = lambda: self._restart_worker(w, fault)  # noqa: E731
         groups = [g, *(x for x in range(self.cluster.settings.groups) if x != g)]
         for x in groups:
             found = [f for f in files(self.cluster.group_dir(w, x)) if f.is_file() and f.stat().st_size > 0]
@@ -351,7 +360,7 @@ class Nemesis:
             else:
                 child.unlink()
         fault.detail += f": {d} emptied"
-        return lambda: self._restart_worker(w)
+        return lambda: self._restart_worker(w, fault)
 
     def disk_full(self, fault: Fault) -> Heal:
         """The full-disk worker's tmpfs fills up while it runs."""
