@@ -115,3 +115,12 @@ def test_a_skipped_znode_version_makes_the_min_isr_rule_abstain() -> None:
            GroupEvent(1.05, 0, 2, "w1", 1, ("w1",), ("w1", "w2", "w3"))]  # version 1 was never seen
     f = check(inputs(events=evs))
     assert f.ok and f.isr_unjudged == 2, f.lines()
+
+
+def test_a_follower_missing_only_an_uncommitted_tail_is_not_divergent() -> None:
+    lead = replica("w1", RECORDS, replog=b"log+tail")
+    lead.log_end += 1  # one more entry, beyond the commit point both applied to
+    reps = {"w1": lead, "w2": replica("w2", RECORDS), "w3": replica("w3", RECORDS)}
+    assert check(inputs(replicas={0: reps})).ok
+    reps["w3"] = replica("w3", RECORDS, replog=b"lox")  # not a prefix: divergent
+    assert len(check(inputs(replicas={0: reps})).divergent_replicas) == 1
