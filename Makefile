@@ -12,7 +12,7 @@ PROTO_OUT := $(PROTOS:.proto=_pb2.py)
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: setup apt venv jars proto lint typecheck test test-all demo doctor bench clean
+.PHONY: setup apt venv jars proto lint typecheck test test-all faults demo doctor bench clean
 
 setup: apt venv jars proto
 
@@ -66,6 +66,10 @@ test: lint
 
 test-all: lint
 	$(PY) -m pytest -q -m ''
+
+# The fault campaign (tests/faults/campaign, needs root): 100 seeded runs of every fault class.
+faults: setup
+	$(PY) -m tests.faults.campaign --runs 100 --faults all
 
 doctor: setup
 	$(VENV)/bin/conductor doctor

@@ -50,8 +50,13 @@ class Nodes:
         self.ms = ms
         self._registered: dict[str, str] = {}
 
-    def register(self, node_id: str, address: str) -> NodeInfo:
-        """Announce a live worker node (ephemeral: it disappears when this session ends)."""
+    def register(self, node_id: str, address: str, *, stale_wait_s: float = 0.0) -> NodeInfo:
+        """Announce a live worker node (ephemeral: it disappears when this session ends).
+
+        A worker restarted right after a crash finds its id still held by the crashed process's session
+        until ZooKeeper expires it; ``stale_wait_s`` is how long to wait for that before raising
+        NodeAlreadyRegistered (a live worker using the same id holds it for good, so it still fails).
+        """
         if not NAME_RE.match(node_id):
             raise ValueError(f"bad node id {node_id!r}: use letters, digits, '_', '-' or '.', starting with a letter")
         info = NodeInfo(node_id=node_id, address=address, pid=os.getpid(), started=time.time())
@@ -67,7 +72,16 @@ class Nodes:
                     raise NodeAlreadyRegistered(node_id, stat.ephemeralOwner) from None
                 self.ms.zk.set(path, info.to_json())
 
-        self.ms.call(attempt)
+        deadline = time.monotonic() + stale_wait_s
+        while True:
+            try:
+                self.ms.call(attempt)
+                break
+            except NodeAlreadyRegistered as e:
+                if time.monotonic() >= deadline:
+                    raise
+                log.warning("%s; waiting up to %.0f s for that session to expire", e, deadline - time.monotonic())
+                time.sleep(0.25)
         self._registered[node_id] = address
         return info
 

@@ -166,7 +166,9 @@ class Worker:
         self.transport = PeerTransport(self.node_id, self.loop, self._resolve, self.router.forget)
         await asyncio.to_thread(self.metastore.start)
         self.metastore.add_state_listener(self._on_zk_state)
-        await asyncio.to_thread(self.metastore.nodes.register, self.node_id, self.address)
+        # a crashed predecessor's session may hold our id for up to its timeout (assumed to be ours)
+        await asyncio.to_thread(functools.partial(self.metastore.nodes.register, self.node_id, self.address,
+                                                  stale_wait_s=self.session_timeout * 1.5 + 2))
         self.metastore.zk.ChildrenWatch(MODULES_PATH, self._on_modules)
         self.lifecycle.start()
         self.metrics_address = self._start_metrics()

@@ -141,6 +141,23 @@ def test_ephemeral_node_disappears_when_session_closes(zk_hosts: str, ms: Metast
     handle.cancel()
 
 
+def test_a_restarted_worker_waits_for_its_crashed_predecessors_session(zk_hosts: str, ms: Metastore) -> None:
+    """Found by the fault campaign (seed 203): a worker SIGKILLed and restarted within its session timeout
+    found its id still registered by the dead session and exited instead of waiting for it to expire."""
+    node = unique("node")
+    crashed = Metastore(zk_hosts, session_timeout=2.0).start()
+    crashed.nodes.register(node, "127.0.0.1:7001")
+    threading.Timer(1.0, crashed.close).start()  # its session ends a second later (as expiry would end it)
+    restarted = Metastore(zk_hosts, session_timeout=2.0).start()
+    try:
+        info = restarted.nodes.register(node, "127.0.0.1:7002", stale_wait_s=20.0)
+        assert ms.nodes.get(node) == info
+        with pytest.raises(NodeAlreadyRegistered):  # a live holder of the id keeps it: the wait ends, it fails
+            ms.nodes.register(node, "127.0.0.1:7003", stale_wait_s=1.0)
+    finally:
+        restarted.close()
+
+
 def test_watch_group_reports_changes(ms: Metastore) -> None:
     name = unique("Watch")
     ms.modules.create(make_spec(name), initial_groups())

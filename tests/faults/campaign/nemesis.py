@@ -1,0 +1,376 @@
+"""The nemesis: a seeded schedule of faults, each injected, held for a while, then healed.
+
+Every fault class is a function that injects the fault into the running cluster and returns what heals it.
+Targets are chosen at injection time from what ZooKeeper says now (the leader of a random group, one of its
+followers), so a seed replays the same choices of classes, timings and roles, not necessarily the same node
+names. Classes are selected by name (see ``CLASSES``); the disk classes stop a follower, change its files
+with the worker down, and start it again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import shutil
+import signal
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from conductor.metastore.layout import NODES_PATH
+from tests.faults.campaign.cluster import (
+    CONDUCTORS,
+    FULL_DISK_WORKER,
+    WORKERS,
+    ZOOKEEPERS,
+    FaultCluster,
+    wait_until,
+)
+from tests.faults.campaign.zkwatch import GroupRecorder
+
+Heal = Callable[[], None]
+
+PROCESS = ("kill_worker", "pause_worker", "kill_conductor")
+NETWORK = ("partition_leader", "partition_zk", "partition_split", "partition_one_way")
+ZOOKEEPER = ("kill_zk", "session_expiry")
+DISK = ("bitflip_replog", "bitflip_sst", "torn_tail", "lost_data", "disk_full")
+#: Every fault class, in the order reports list them.
+CLASSES = (*PROCESS, *NETWORK, *ZOOKEEPER, *DISK)
+
+
+class NotApplicable(Exception):
+    """The fault cannot be injected in the cluster's present state (nothing to corrupt yet); `heal` undoes
+    what the attempt did (restarts the follower it stopped)."""
+
+    def __init__(self, why: str, heal: Heal) -> None:
+        super().__init__(why)
+        self.heal = heal
+
+
+@dataclass
+class Fault:
+    """One injected fault, for the report and for a failing run's story."""
+
+    cls: str
+    target: str
+    start: float
+    end: float | None = None
+    detail: str = ""
+
+    def __str__(self) -> str:
+        end = f"{self.end:6.1f}" if self.end is not None else "   ..."
+        return f"{self.start:6.1f}-{end} s  {self.cls:<16} {self.target:<8} {self.detail}"
+
+
+@dataclass
+class Nemesis:
+    """Injects faults of the `enabled` classes until `duration_s` has passed, then heals everything."""
+
+    cluster: FaultCluster
+    recorder: GroupRecorder
+    rng: random.Random
+    enabled: tuple[str, ...]
+    now: Callable[[], float]
+    faults: list[Fault] = field(default_factory=list)
+    halt: threading.Event = field(default_factory=threading.Event)
+    errors: list[str] = field(default_factory=list)
+
+    # ---------------------------------------------------------------- schedule
+
+    def run(self, duration_s: float) -> None:
+        """The schedule: a pause, a fault held 2-8 s, its heal; sometimes a second fault overlaps the first."""
+        end = self.now() + duration_s
+        while not self.halt.is_set() and self.now() < end - 2:
+            self.halt.wait(self.rng.uniform(0.5, 2.0))
+            first = self.rng.choice(self.enabled)
+            heals: list[tuple[Fault, Heal]] = [self._inject(first)]
+            # sometimes a second fault overlaps the first: never a second disk fault (one follower's files at
+            # a time), never the same class twice
+            others = [c for c in self.enabled if c not in DISK and c != first]
+            if others and self.rng.random() < 0.25:
+                self.halt.wait(self.rng.uniform(0.2, 2.0))
+                heals.append(self._inject(self.rng.choice(others)))
+            self.halt.wait(min(self.rng.uniform(2.0, 8.0), max(0.0, end - self.now())))
+            for fault, heal in reversed(heals):
+                self._heal(fault, heal)
+
+    def _inject(self, cls: str) -> tuple[Fault, Heal]:
+        fault = Fault(cls, "-", self.now())
+        self.faults.append(fault)
+        try:
+            heal = getattr(self, cls)(fault)
+        except NotApplicable as e:  # e.g. no SST file yet: counted as not injected, not an error
+            fault.detail += f" (skipped: {e})"
+            fault.end = self.now()
+            return fault, e.heal
+        except Exception as e:  # an injection that could not happen is reported, never silently dropped
+            fault.detail += f" (injection failed: {type(e).__name__}: {e})"
+            fault.end = self.now()
+            self.errors.append(f"{cls}: {type(e).__name__}: {e}")
+            return fault, lambda: None
+        return fault, heal
+
+    def _heal(self, fault: Fault, heal: Heal) -> None:
+        try:
+            heal()
+        except Exception as e:
+            fault.detail += f" (heal failed: {type(e).__name__}: {e})"
+            self.errors.append(f"heal {fault.cls}: {type(e).__name__}: {e}")
+        fault.end = self.now()
+
+    def heal_all(self, timeout_s: float = 120) -> None:
+        """Everything back: every path, every stopped process continued, every dead process started."""
+        c = self.cluster
+        c.net.heal_all()
+        for p in [*c.workers.values(), *c.conductors.values()]:
+            if p.alive():
+                os.kill(p.pid, signal.SIGCONT)
+        for name in ZOOKEEPERS:
+            s = c.zk_server(name)
+            if not s.alive():
+                s.launch()
+        for w, p in c.workers.items():
+            if not p.alive():
+                c.start_worker(w)
+        for name, p in c.conductors.items():
+            if not p.alive():
+                c.start_conductor(name)
+        for w in WORKERS:
+            c.wait_worker(w, timeout_s)
+
+    def injected(self) -> dict[str, int]:
+        """Faults injected per class (those whose injection failed are not counted)."""
+        out = dict.fromkeys(CLASSES, 0)
+        for f in self.faults:
+            if "injection failed" not in f.detail and "(skipped" not in f.detail:
+                out[f.cls] += 1
+        return out
+
+    # ---------------------------------------------------------------- targets
+
+    def _group(self) -> int:
+        return self.rng.randrange(self.cluster.settings.groups)
+
+    def _leader(self, fault: Fault) -> str:
+        """A leader (of a random group) with probability 0.8, else any worker."""
+        g = self._group()
+        leader = self.recorder.leader(g)
+        target = leader if leader and self.rng.random() < 0.8 else self.rng.choice(WORKERS)
+        fault.target = target
+        fault.detail = f"group {g} leader {leader}"
+        return target
+
+    def _follower(self, fault: Fault) -> tuple[str, int]:
+        g = self._group()
+        followers = self.recorder.followers(g) or [w for w in WORKERS if w != self.recorder.leader(g)]
+        target = self.rng.choice(sorted(followers))
+        fault.target = target
+        fault.detail = f"follower of group {g}"
+        return target, g
+
+    # ---------------------------------------------------------------- process faults
+
+    def kill_worker(self, fault: Fault) -> Heal:
+        w = self._leader(fault)
+        self.cluster.workers[w].kill()
+        return lambda: self._restart_worker(w, fault)
+
+    def _restart_worker(self, w: str, fault: Fault) -> None:
+        """Start `w` again. If it exits while starting because an overlapping fault still cuts it from
+        ZooKeeper (a worker gives up after its connect timeout, as a Kafka broker does), the final heal starts
+        it again, where a failure is an error of the run."""
+        if not self.cluster.workers[w].alive():
+            self.cluster.start_worker(w)
+        cut_from_zk = any((w, z) in self.cluster.net.cuts for z in ZOOKEEPERS)
+        try:
+            self.cluster.wait_worker(w, 120)
+        except RuntimeError:
+            if not cut_from_zk:
+                raise
+            fault.detail += " (its restart failed while it was cut from ZooKeeper; started again at the final heal)"
+
+    def pause_worker(self, fault: Fault) -> Heal:
+        w = self._leader(fault)
+        self.cluster.workers[w].signal(signal.SIGSTOP)
+        return lambda: self.cluster.workers[w].signal(signal.SIGCONT)
+
+    def kill_conductor(self, fault: Fault) -> Heal:
+        active = self.recorder.active_conductor()
+        if active not in CONDUCTORS:
+            raise RuntimeError(f"no active conductor found (election says {active!r})")
+        fault.target = active
+        self.cluster.conductors[active].kill()
+
+        def heal() -> None:
+            if not self.cluster.conductors[active].alive():
+                self.cluster.start_conductor(active)
+        return heal
+
+    # ---------------------------------------------------------------- network faults
+
+    def _cut(self, pairs: list[tuple[str, str]], both_ways: bool = True) -> Heal:
+        net = self.cluster.net
+        for a, b in pairs:
+            net.cut(net[a], net[b], both_ways=both_ways)
+
+        def heal() -> None:
+            for a, b in pairs:
+                net.heal(net[a], net[b])
+        return heal
+
+    def partition_leader(self, fault: Fault) -> Heal:
+        """A leader cut from the other workers, both ways; ZooKeeper still reaches it."""
+        w = self._leader(fault)
+        return self._cut([(w, o) for o in WORKERS if o != w])
+
+    def partition_one_way(self, fault: Fault) -> Heal:
+        """What a leader sends to its followers is dropped, or what they send to it."""
+        w = self._leader(fault)
+        outbound = self.rng.random() < 0.5
+        fault.detail += " outbound" if outbound else " inbound"
+        pairs = [(w, o) if outbound else (o, w) for o in WORKERS if o != w]
+        return self._cut(pairs, both_ways=False)
+
+    def partition_zk(self, fault: Fault) -> Heal:
+        """A worker cut from every ZooKeeper server only (the other workers still reach it)."""
+        w = self._leader(fault)
+        return self._cut([(w, z) for z in ZOOKEEPERS])
+
+    def partition_split(self, fault: Fault) -> Heal:
+        """A minority (a worker, a ZooKeeper server, maybe a conductor) split from the majority."""
+        w = self._leader(fault)
+        minority = [w, self.rng.choice(ZOOKEEPERS)]
+        if self.rng.random() < 0.5:
+            minority.append(self.rng.choice(CONDUCTORS))
+        majority = [h for h in (*ZOOKEEPERS, *WORKERS, *CONDUCTORS) if h not in minority]
+        fault.detail += f" minority {minority}"
+        return self._cut([(a, b) for a in minority for b in majority])
+
+    # ---------------------------------------------------------------- ZooKeeper faults
+
+    def kill_zk(self, fault: Fault) -> Heal:
+        assert self.cluster.zk is not None
+        leader = self.cluster.zk.leader()
+        s = leader if leader is not None and self.rng.random() < 0.5 else \
+            self.cluster.zk_server(self.rng.choice(ZOOKEEPERS))
+        fault.target = s.data_dir.name
+        fault.detail = "the ensemble's leader" if s is leader else ""
+        s.kill()
+
+        def heal() -> None:
+            if not s.alive():
+                s.launch()
+        return heal
+
+    def session_expiry(self, fault: Fault) -> Heal:
+        """A worker's ZooKeeper session expires: cut from every server until its registration is gone."""
+        w = self._leader(fault)
+        path = f"{NODES_PATH}/{w}"
+        owner = self.recorder.registration_owner(path)
+        heal = self._cut([(w, z) for z in ZOOKEEPERS])
+
+        def expired() -> bool:
+            try:
+                now = self.recorder.registration_owner(path, timeout_s=2.0)
+            except Exception:
+                return False  # no answer is not an expiry
+            return now is None or owner is None or now != owner
+
+        try:
+            wait_until(expired, self.cluster.settings.session_timeout_s * 3 + 5, f"{w}'s session to expire")
+            fault.detail += " (expired)"
+        except TimeoutError:
+            fault.detail += " (not seen to expire)"
+        return heal
+
+    # ---------------------------------------------------------------- disk faults (follower stopped)
+
+    def _stopped_follower(self, fault: Fault, graceful: bool = False) -> tuple[str, int]:
+        """A follower of a random group, killed (or stopped with SIGTERM: its stores flush their memtables to
+        SST files, which a killed worker never wrote)."""
+        w, g = self._follower(fault)
+        p = self.cluster.workers[w]
+        if graceful:
+            p.stop(timeout_s=20)
+        else:
+            p.kill()
+        return w, g
+
+    def _on_stopped_follower(self, fault: Fault, files: Callable[[Path], list[Path]],
+                             change: Callable[[list[Path]], None], graceful: bool = False) -> Heal:
+        """Stop a follower, change its `files` (of the chosen group, else of any group that has some), restart
+        it at the heal; NotApplicable (with the restart) if it has no such file yet."""
+        w, g = self._stopped_follower(fault, graceful)
+        heal: Heal = lambda: self._restart_worker(w, fault)  # noqa: E731
+        groups = [g, *(x for x in range(self.cluster.settings.groups) if x != g)]
+        for x in groups:
+            found = [f for f in files(self.cluster.group_dir(w, x)) if f.is_file() and f.stat().st_size > 0]
+            if found:
+                if x != g:
+                    fault.detail += f" (group {x}: group {g} has none)"
+                change(sorted(found))
+                return heal
+        raise NotApplicable(f"{w} has no such file yet", heal)
+
+    def _flip_bits(self, files: list[Path], fault: Fault) -> None:
+        f = self.rng.choice(files)
+        flips = self.rng.randint(1, 8)
+        with open(f, "r+b") as fh:
+            size = fh.seek(0, os.SEEK_END)
+            for _ in range(flips):
+                pos = self.rng.randrange(size)
+                fh.seek(pos)
+                byte = fh.read(1)[0]
+                fh.seek(pos)
+                fh.write(bytes([byte ^ (1 << self.rng.randrange(8))]))
+        fault.detail += f": {flips} bit(s) in {f.parent.parent.name}/{f.parent.name}/{f.name}"
+
+    def bitflip_replog(self, fault: Fault) -> Heal:
+        return self._on_stopped_follower(fault, lambda d: list((d / "replog").glob("*.log")),
+                                         lambda fs: self._flip_bits(fs, fault))
+
+    def bitflip_sst(self, fault: Fault) -> Heal:
+        return self._on_stopped_follower(fault, lambda d: list((d / "state").glob("*.sst")),
+                                         lambda fs: self._flip_bits(fs, fault), graceful=True)
+
+    def torn_tail(self, fault: Fault) -> Heal:
+        """The last replog segment loses a few bytes of its end, or gains garbage (a write torn by a crash)."""
+        def tear(segs: list[Path]) -> None:
+            seg, size = segs[-1], segs[-1].stat().st_size
+            if self.rng.random() < 0.6:
+                cut = self.rng.randint(1, min(size, 300))
+                os.truncate(seg, size - cut)
+                fault.detail += f": {seg.parent.parent.name}/{seg.name} lost its last {cut} bytes"
+            else:
+                garbage = self.rng.randbytes(self.rng.randint(1, 64))
+                with open(seg, "ab") as fh:
+                    fh.write(garbage)
+                fault.detail += f": {len(garbage)} garbage bytes after {seg.parent.parent.name}/{seg.name}"
+        return self._on_stopped_follower(fault, lambda d: list((d / "replog").glob("*.log")), tear)
+
+    def lost_data(self, fault: Fault) -> Heal:
+        """A follower's whole data folder is gone (a replaced disk)."""
+        w, _g = self._stopped_follower(fault)
+        d = self.cluster.worker_dir(w)
+        for child in d.iterdir():
+            if child.is_dir():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
+        fault.detail += f": {d} emptied"
+        return lambda: self._restart_worker(w, fault)
+
+    def disk_full(self, fault: Fault) -> Heal:
+        """The full-disk worker's tmpfs fills up while it runs."""
+        if not self.cluster.settings.tmpfs_mb:
+            raise RuntimeError("the cluster has no tmpfs data folder (full-disk class off at start)")
+        fault.target = FULL_DISK_WORKER
+        filler = self.cluster.worker_dir(FULL_DISK_WORKER) / "filler"
+        chunk = b"\0" * (1 << 20)
+        with open(filler, "wb", buffering=0) as fh, contextlib.suppress(OSError):
+            while fh.write(chunk):
+                pass
+        fault.detail = f"{filler.stat().st_size >> 20} MiB filler"
+        return lambda: filler.unlink(missing_ok=True)

@@ -1,0 +1,46 @@
+"""Seeds that once failed, kept as regression tests (`tests/faults/test_campaign.py` runs them).
+
+Each entry is the run that failed (its replay command is `RunConfig.command()`), why it failed, and whether
+main passes it now. A seed whose fix is not merged yet is kept with ``xfail`` naming the issue that fixes it,
+so it turns into a plain regression test the moment the fix lands.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tests.faults.campaign.run import RunConfig
+from tests.faults.campaign.selection import DEFAULT_FAULTS, parse_faults
+
+ALL = parse_faults("all")
+ISSUE_13 = ("issue 13 (safety: a replica that lost or corrupted data is rebuilt from the leader and is not "
+            "eligible meanwhile; one group's fault does not take the worker's other groups down)")
+
+
+@dataclass(frozen=True)
+class Regression:
+    config: RunConfig
+    found: str
+    #: why it still fails on this branch (None: it passes)
+    xfail: str | None = None
+
+
+REGRESSIONS: tuple[Regression, ...] = (
+    Regression(RunConfig(203, 60.0, DEFAULT_FAULTS, 8),
+               "a worker SIGKILLed and restarted within its session timeout exited with NodeAlreadyRegistered "
+               "(its dead predecessor's session still held the id); fixed: registration waits for it to expire"),
+    Regression(RunConfig(300, 60.0, ALL, 8),
+               "bit flips in stopped followers' replog segments: on restart Log.open raises CorruptLog, the worker "
+               "cannot open the module at all ('it stays unavailable here'), so every group loses that replica; "
+               "with a second corrupted follower every group stalls below min-ISR and never recovers",
+               xfail=ISSUE_13),
+    Regression(RunConfig(302, 60.0, ALL, 8),
+               "a full disk on w3 (the sole ISR member and leader of group 0 after two other faults): its task "
+               "threads crash on ENOSPC ('the replica stops, restart the node to recover'), w3 keeps its "
+               "leadership and session, and group 0 stays unavailable after the disk is freed",
+               xfail=ISSUE_13),
+    Regression(RunConfig(501, 60.0, ALL, 8),
+               "bit flips in a stopped follower's SST file: on restart RocksDB reports corruption (CorruptStore), "
+               "the worker cannot open the module, and the replica is never rebuilt from the leader",
+               xfail=ISSUE_13),
+)

@@ -1,0 +1,47 @@
+"""The fault campaign, short: three seeded runs of the process, network and ZooKeeper faults that main passes
+(`tests.faults.campaign.selection.DEFAULT_FAULTS`), and the kept regression seeds. `make faults` runs the full
+campaign (100 runs of every class)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.faults.campaign.regressions import REGRESSIONS, Regression
+from tests.faults.campaign.run import RunConfig, RunResult, run_once
+from tests.faults.campaign.selection import DEFAULT_FAULTS
+
+pytestmark = pytest.mark.multihost
+
+#: Seconds of faults per short run (with start-up, heal and check, about a minute per run).
+SHORT_DURATION_S = 30.0
+#: Idempotent appends (issue 13) are not on main yet: a client retry of an append whose first try landed is
+#: a duplicate. The campaign counts them apart; flip this once they land.
+DUPLICATES_ARE_BUGS = False
+
+
+def assert_safe(r: RunResult) -> None:
+    story = "\n".join([*r.story(), f"replay: {r.config.command()}"])
+    assert r.ok, story
+    if DUPLICATES_ARE_BUGS:
+        assert not r.findings.duplicated, story
+    print(f"seed {r.config.seed}: {r.findings.acknowledged} acknowledged, {r.findings.unknown} unknown, "
+          f"{len(r.findings.duplicated)} duplicated, faults {r.injected}")
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_short_campaign(seed: int, tmp_path: Path) -> None:
+    r = run_once(RunConfig(seed, SHORT_DURATION_S, DEFAULT_FAULTS), tmp_path)
+    assert_safe(r)
+    assert sum(r.injected.values()) >= 3, r.story()
+    assert r.findings.acknowledged >= 50, "too few appends succeeded for the run to mean anything"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("reg", REGRESSIONS, ids=[f"seed{r.config.seed}" for r in REGRESSIONS])
+def test_kept_regression_seed(reg: Regression, tmp_path: Path) -> None:
+    r = run_once(reg.config, tmp_path)
+    if reg.xfail and not r.ok:
+        pytest.xfail(f"{reg.xfail} (found: {reg.found})")
+    assert_safe(r)
