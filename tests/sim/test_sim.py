@@ -2,6 +2,10 @@
 
 ``SIM_SEEDS=N`` runs N seeds (default 1000), ``SIM_SEED_START`` shifts the
 range; a failure prints the one command that replays its seed, with a trace.
+
+Sweeps with storage faults (issue 13), on the code of commit 1ee07d8: seeds 0-9,999 (all pass but
+7804); 5,200,000-5,205,999, 5,225,000-5,231,499, 5,250,000-5,256,499, 5,275,000-5,281,499 (25,500
+seeds; all pass but 5205512, 5229713, 5251341). Failing seeds are kept below (fixed, or strict xfail).
 """
 
 from __future__ import annotations
@@ -134,12 +138,14 @@ def test_regression_seed_storage_fault_on_the_last_copy_while_the_leader_is_down
 
 
 @pytest.mark.xfail(strict=True, reason="open: found by the final sweeps, not fixed yet (see the docstring)")
-@pytest.mark.parametrize("seed", [7804, 5251341])
+@pytest.mark.parametrize("seed", [7804, 5251341, 5205512, 5229713])
 def test_open_seeds(seed: int) -> None:
     """Failing seeds found by the last sweeps, kept so they are not lost (strict: a fix must remove them).
 
     7804 (process faults only, no storage faults): after healing, follower b stays at 637 of 686 entries,
-    the liveness class of 2008135/2038463 (a follower stuck after heal). 5251341 (storage faults): no
-    working leader after healing, ISR ('a',) alone: another path to the double fault of 5100562/6596."""
+    the liveness class of 2008135/2038463 (a follower stuck after heal). 5251341, 5205512, 5229713 (storage
+    faults): no working leader after healing, one ISR member left that lost its storage: other paths to the
+    double fault of 5100562/6596 (the failover drops the lost leader from the ISR; KIP-966's eligible
+    leader replicas would keep it electable)."""
     result = run_seed(seed)
     assert result.error is None, result.error
