@@ -28,7 +28,7 @@ from typing import Any
 from replog.catchup import round_is_last
 from replog.config import ReplicationConfig
 from replog.election import next_leadership
-from replog.eligibility import StorageMarks, check_storage
+from replog.eligibility import StorageMarks, check_storage, eligible
 from replog.messages import (
     Ack,
     Action,
@@ -1080,11 +1080,12 @@ def _schedule_storage_faults(sim: Sim, rng: random.Random, until_ms: int) -> Non
 
     Only where the group can survive it: some other ISR member's storage is
     intact (with every copy of an entry gone, losing it is not a bug), and
-    that member is up: the conductor's failover drops a lost leader from the
-    ISR, so damage found on the other copy while the leader is down can leave
-    no intact in-sync replica, and the group then stalls saying so (seed
-    5100562; test_scenarios.py shows the stall). The leader is hit as often as
-    a follower.
+    that member could be elected now (up, and its storage confirmed under its
+    session): the conductor's failover drops a lost leader from the ISR, so
+    damage found on the other copy while the leader is down or restarting can
+    leave no intact in-sync replica, and the group then stalls saying so
+    (seeds 5100562, 6596; test_scenarios.py shows the stall). The leader is
+    hit as often as a follower.
     """
     rate = sim.faults.storage_fault_rate
     if rate <= 0:
@@ -1093,7 +1094,8 @@ def _schedule_storage_faults(sim: Sim, rng: random.Random, until_ms: int) -> Non
     def fault() -> None:
         z = sim.znode
         nid = z.leader if (z.leader and rng.random() < 0.5) else rng.choice(sim.ids)
-        if not any(sim.intact(m) and sim.nodes[m].alive and sim.nodes[m].session_live for m in z.isr if m != nid):
+        if not any(sim.intact(m) and sim.nodes[m].alive and sim.nodes[m].session_live
+                   and eligible(z, m, sim.nodes[m].session) for m in z.isr if m != nid):
             return
         kind = rng.random()
         if kind < 0.35:
