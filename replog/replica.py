@@ -385,11 +385,22 @@ class Replica(LeaderRules, FollowerRules):
         conservative: a tick before it produces no action and changes nothing,
         which the simulator checks on every tick it delivers.
         """
+        due = [t for t in (self._storage_next_tick(), self._role_next_tick()) if t is not None]
+        return min(due) if due else None
+
+    def _role_next_tick(self) -> int | None:
         if self._ls is not None:
             return self._leader_next_tick()
         if self.role is Role.FOLLOWER and not self.reconciled and self._requested_epoch is not None:
             return self._request_sent_ms + self.config.request_timeout_ms
         return None
+
+    def _storage_next_tick(self) -> int | None:
+        """When a tick proposes this storage's record again (``_storage_event``), if one would."""
+        if (self.incarnation is None or self._recording is not None or self._seen is None or not self.session_ok
+                or record_storage(self._seen, self.node_id, self.incarnation, self.session) is None):
+            return None
+        return self._recording_ms + self.config.request_timeout_ms
 
     def _on_tick(self) -> None:
         if self._ls is not None:
