@@ -1,5 +1,5 @@
-"""The fault campaign, short: three seeded runs of the process, network and ZooKeeper faults that main passes
-(`tests.faults.campaign.selection.DEFAULT_FAULTS`), and the kept regression seeds. `make faults` runs the full
+"""The fault campaign, short: three seeded runs of the fault classes that main passes (every class:
+`tests.faults.campaign.selection.DEFAULT_FAULTS`), and the kept regression seeds. `make faults` runs the full
 campaign (100 runs of every class)."""
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tests.faults.campaign.run import RunConfig
-from tests.faults.campaign.selection import DEFAULT_FAULTS, parse_faults
+from tests.faults.campaign.selection import NO_DISK, parse_faults
 
 ALL = parse_faults("all")
 
@@ -24,7 +24,7 @@ class Regression:
 
 
 REGRESSIONS: tuple[Regression, ...] = (
-    Regression(RunConfig(203, 60.0, DEFAULT_FAULTS, 8),
+    Regression(RunConfig(203, 60.0, NO_DISK, 8),
                "a worker SIGKILLed and restarted within its session timeout exited with NodeAlreadyRegistered "
                "(its dead predecessor's session still held the id); fixed: registration waits for it to expire"),
     Regression(RunConfig(300, 60.0, ALL, 8),
