@@ -49,9 +49,8 @@ class ClusterSettings:
     groups: int = 3
     min_isr: int = 2
     append_timeout_ms: int = 5_000
-    #: a silent follower leaves the ISR after this; below the append timeout (a rule of the options), so losing
-    #: one follower delays appends instead of failing them
-    max_time_lag_ms: int = 3_000
+    #: an ISR member silent this long moves to the OSR (below the append timeout, as the options require)
+    max_lag_ms: int = 3_000
     #: size of the full-disk worker's tmpfs (0: an ordinary folder)
     tmpfs_mb: int = 0
 
@@ -190,7 +189,7 @@ class FaultCluster:
             spec = ModuleSpec(name=MODULE, module_ref=MODULE_REF, tasks=self.settings.tasks,
                               threads=self.settings.groups, workers=len(WORKERS), replication_factor=len(WORKERS),
                               options={"replication.min.isr": str(self.settings.min_isr),
-                                       "replication.max.time.lag.millis": str(self.settings.max_time_lag_ms),
+                                       "replication.max.time.lag.millis": str(self.settings.max_lag_ms),
                                        "replication.depot.append.timeout.millis":
                                            str(self.settings.append_timeout_ms)})
             groups = deploy_code(c, spec, package_code(MODULE_REF))
