@@ -458,6 +458,9 @@ class Worker:
         if self.metastore is None or self.metastore.closed or g in rt.hosts:
             return
         try:
+            fault = rt.faults.get(g)
+            if fault is not None and fault.kind == CORRUPT:  # (a damaged replog: reopening it fails the same way)
+                self._quarantine(rt, g, fault.reason)
             host = self._open_replica(rt, g)
         except Exception as e:
             self._open_later(rt, g, fault_kind(e), describe(e))

@@ -306,3 +306,37 @@ def _padded_appender(cluster: Cluster) -> Appender:
     pad = "p" * 2000
     return Appender(cluster.depot("Clicks", "*clicks"), window=32,
                     make=lambda n: {"user": f"u{n % 13}", "id": f"r{n}", "pad": pad}).start()
+
+
+def test_damaged_replog_on_a_stopped_follower_is_quarantined_at_open_and_rebuilt(dc: DevCluster) -> None:
+    """A byte flipped mid-segment in a stopped follower's replog (found by the fault campaign, seed 300): the
+    replica cannot open (CorruptLog), so its retry quarantines the files and it is rebuilt from the leader,
+    instead of retrying the same damaged open forever."""
+    groups = deploy(dc, options=OPTIONS)
+    leader = groups[0].leader
+    victim = next(r for r in groups[0].replicas if r != leader)
+    with Cluster.connect(dc.hosts, timeout_s=30) as cluster:
+        appender = Appender(cluster.depot("Clicks", "*clicks"), window=32).start()
+        try:
+            wait_for(lambda: appender.count() > 2000, 60, "appends to flow")
+            dc.nodes[victim].stop()
+            segment = sorted((dc.node_dir(victim) / "Clicks" / "0" / "replog").glob("*.log"))[0]
+            with open(segment, "r+b") as f:
+                f.seek(segment.stat().st_size // 2)
+                b = f.read(1)
+                f.seek(segment.stat().st_size // 2)
+                f.write(bytes([b[0] ^ 0xFF]))
+            dc.start_node(victim)
+            dc.wait_nodes([victim])
+            quarantined = dc.node_dir(victim) / "_quarantine"
+            wait_for(lambda: quarantined.exists() and any(p.name.startswith("Clicks-0-")
+                                                          for p in quarantined.iterdir()), 30,
+                     "the damaged replog to be quarantined")
+            n = appender.count()
+            wait_for(lambda: appender.count() > n + 500, 30, "appends after the damaged follower came back")
+        finally:
+            appender.stop()
+    assert "DAMAGED DATA" in dc.nodes[victim].log_path.read_text()
+    wait_for(lambda: victim in groups_of(dc, "Clicks")[0].isr, 60, f"{victim} to rejoin the ISR of group 0")
+    wait_for(lambda: converged(dc, "Clicks"), 60, "every replica to catch up")
+    assert_replicas_identical(dc, "Clicks", appender.acked)

@@ -2,8 +2,8 @@
 
 Findings are of four kinds, counted apart because they mean different things:
 - ``lost_acknowledged``: an append acknowledged with ack="applied" that is not in the final state;
-- ``duplicated``: an acknowledged or unknown value present more than once (client retries re-send an append
-  whose first try may have landed; idempotent appends are what removes these);
+- ``duplicated``: an acknowledged or unknown value present more than once (the campaign's clients never re-send
+  a value, and the client library's retries are idempotent, so `make test` fails on any);
 - ``divergent_replicas``: a replica whose replog bytes, depot records, counts or applied offset differ from
   its group's leader, or whose files cannot be read;
 - ``violations``: everything else that must never happen: a failed value visible, a value nobody sent,

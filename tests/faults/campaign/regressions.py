@@ -10,11 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tests.faults.campaign.run import RunConfig
-from tests.faults.campaign.selection import DEFAULT_FAULTS, parse_faults
+from tests.faults.campaign.selection import NO_DISK, parse_faults
 
 ALL = parse_faults("all")
-ISSUE_13 = ("issue 13 (safety: a replica that lost or corrupted data is rebuilt from the leader and is not "
-            "eligible meanwhile; one group's fault does not take the worker's other groups down)")
 
 
 @dataclass(frozen=True)
@@ -26,21 +24,21 @@ class Regression:
 
 
 REGRESSIONS: tuple[Regression, ...] = (
-    Regression(RunConfig(203, 60.0, DEFAULT_FAULTS, 8),
+    Regression(RunConfig(203, 60.0, NO_DISK, 8),
                "a worker SIGKILLed and restarted within its session timeout exited with NodeAlreadyRegistered "
                "(its dead predecessor's session still held the id); fixed: registration waits for it to expire"),
     Regression(RunConfig(300, 60.0, ALL, 8),
                "bit flips in stopped followers' replog segments: on restart Log.open raises CorruptLog, the worker "
                "cannot open the module at all ('it stays unavailable here'), so every group loses that replica; "
-               "with a second corrupted follower every group stalls below min-ISR and never recovers",
-               xfail=ISSUE_13),
+               "with a second corrupted follower every group stalls below min-ISR and never recovers; fixed by "
+               "issue 13 (fault isolation), then (merged main) the damaged replica retried the same open forever: "
+               "fixed, a replica that cannot open on damage is quarantined before its retry and rebuilt"),
     Regression(RunConfig(302, 60.0, ALL, 8),
                "a full disk on w3 (the sole ISR member and leader of group 0 after two other faults): its task "
                "threads crash on ENOSPC ('the replica stops, restart the node to recover'), w3 keeps its "
-               "leadership and session, and group 0 stays unavailable after the disk is freed",
-               xfail=ISSUE_13),
+               "leadership and session, and group 0 stays unavailable after the disk is freed; fixed by issue 13"),
     Regression(RunConfig(501, 60.0, ALL, 8),
                "bit flips in a stopped follower's SST file: on restart RocksDB reports corruption (CorruptStore), "
-               "the worker cannot open the module, and the replica is never rebuilt from the leader",
-               xfail=ISSUE_13),
+               "the worker cannot open the module, and the replica is never rebuilt from the leader; fixed by "
+               "issue 13"),
 )

@@ -1,9 +1,9 @@
 """Which fault classes run where: the selection syntax, and the classes `make test` uses on main.
 
-The disk classes (bit flips in a stopped follower's replog and SST files, torn replog tails, a lost data
-folder, a full disk) need the safety work of issue 13 (a replica that lost data is not eligible, verified
-reads, fault isolation); until it is merged they find the bugs it fixes, so the short campaign of `make test`
-leaves them out. `make faults` runs every class.
+Every class passes on merged main (issue 13's safety work made the disk classes pass: a replica that lost
+data is not eligible, reads are verified, one group's fault stays in that group, damaged data is quarantined
+and rebuilt), so the short campaign of `make test` draws from all of them; with 30 s of faults a run takes about
+as long as with the process, network and ZooKeeper classes alone (38-40 s). `make faults` runs every class.
 """
 
 from __future__ import annotations
@@ -12,8 +12,10 @@ from tests.faults.campaign.nemesis import CLASSES, DISK, NETWORK, PROCESS, ZOOKE
 
 GROUPS = {"process": PROCESS, "network": NETWORK, "zookeeper": ZOOKEEPER, "disk": DISK, "all": CLASSES,
           "none": ()}
-#: What passes on main today (process, network and ZooKeeper faults).
-DEFAULT_FAULTS = (*PROCESS, *NETWORK, *ZOOKEEPER)
+#: What passes on main today: every class.
+DEFAULT_FAULTS = CLASSES
+#: The classes before the disk ones joined (what seeds found then replay).
+NO_DISK = (*PROCESS, *NETWORK, *ZOOKEEPER)
 
 
 def parse_faults(spec: str) -> tuple[str, ...]:
