@@ -28,12 +28,21 @@ import shutil
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import rocksdict
 
 from pstate.changes import OP_DELETE, OP_DELETE_RANGE, OP_PUT, ChangeSet, Overlay, Writes, decode_any
+from pstate.depots import META as META
+from pstate.depots import DepotView as DepotView
+from pstate.depots import PartitionInfo as PartitionInfo
+from pstate.depots import (
+    check_offset,
+    check_partition,
+    depot_meta_key,
+    read_partition_info,
+)
+from pstate.depots import depot_cf as depot_cf
 from pstate.engine import (
     Engine,
     LayeredReader,
@@ -63,42 +72,16 @@ from pstate.path import KEY, P, Path, Transform, as_transform
 from pstate.reader import DbReader, verify_column_families
 from pstate.schema import Map, Scalar, Set, check_top_level
 
-META = "_meta"
 #: envelopes a task group sends to others (see pstate.outbox); its own family, so trims never touch _meta
 OUTBOX = "_outbox"
 _APPLIED = b"applied"
 _BATCH = b"b:"
-_DEPOT_META = b"d:"
 _U32 = 1 << 32
 _U64 = 1 << 64
 
 
 def pstate_cf(name: str) -> str:
     return "pstate:" + name
-
-
-def depot_cf(name: str) -> str:
-    return "depot:" + name
-
-
-@dataclass(frozen=True)
-class PartitionInfo:
-    """Offsets held by one depot partition: records ``start <= offset < end``."""
-
-    start: int
-    end: int
-
-
-def _check_partition(partition: int) -> bytes:
-    if type(partition) is not int or not 0 <= partition < _U32:
-        raise SchemaMismatch("partition", "int in [0, 2**32)", repr(partition))
-    return partition.to_bytes(4, "big")
-
-
-def _check_offset(offset: int, what: str) -> int:
-    if type(offset) is not int or not 0 <= offset < _U64:
-        raise SchemaMismatch(what, "int in [0, 2**64)", repr(offset))
-    return offset
 
 
 class TaskGroupStore:
@@ -279,7 +262,7 @@ class TaskGroupStore:
         idempotent); a ChangeSet tagged ``(topology, batch_id)`` whose batch is
         already committed only advances the offset.
         """
-        _check_offset(offset, "offset")
+        check_offset(offset, "offset")
         with self._lock:
             self._check_open()
             if offset <= self._applied:
@@ -453,94 +436,6 @@ class PStateView:
         return out[0] if out else None
 
 
-class DepotView:
-    """Reads of one depot's per-partition logs (key = partition u32 + offset u64, big-endian)."""
-
-    def __init__(self, store: TaskGroupStore, name: str, reader: Reader) -> None:
-        self._store = store
-        self.name = name
-        self._reader = reader
-        self._cf = depot_cf(name)
-
-    def partition_info(self, partition: int) -> PartitionInfo:
-        return _partition_info(self._reader, self.name, partition)
-
-    def read(self, partition: int, start: int, end: int | None = None,
-             max_bytes: int = 1 << 20) -> list[tuple[int, Any]]:
-        """Records ``start <= offset < end`` as (offset, record), stopping once ``max_bytes`` are read.
-
-        At least one record is returned if any is in range, so a record larger
-        than ``max_bytes`` never stalls a reader.
-        """
-        p = _check_partition(partition)
-        _check_offset(start, "start")
-        hi = p + (_check_offset(end, "end").to_bytes(8, "big") if end is not None else b"\xff" * 8)
-        out: list[tuple[int, Any]] = []
-        total = 0
-        for k, v in self._reader.scan(self._cf, p + start.to_bytes(8, "big"), hi):
-            out.append((int.from_bytes(k[4:], "big"), unpack(v)))
-            total += len(v)
-            if total >= max_bytes:
-                break
-        return out
-
-    def read_raw(self, partition: int, start: int, end: int | None = None,
-                 max_bytes: int = 1 << 20) -> tuple[int, int, list[bytes]]:
-        """Like :meth:`read` but the records as stored (msgpack bytes): ``(first, next, records)``.
-
-        Serving reads over the network needs no decoding here; the reader decodes
-        once, at the far end.
-        """
-        p = _check_partition(partition)
-        _check_offset(start, "start")
-        if end is not None:
-            _check_offset(end, "end")
-        if isinstance(self._reader, DbReader):
-            # Offsets are dense in [info.start, info.end): the count says which records came back.
-            info = self.partition_info(partition)
-            first = max(start, info.start)
-            stop = info.end if end is None else min(end, info.end)
-            if stop <= first:
-                return start, start, []
-            lo = p + first.to_bytes(8, "big")
-            got = self._reader.values(self._cf, lo, p + stop.to_bytes(8, "big"), stop - first, max_bytes)
-            # Trims only ever remove a prefix: if `first` is still there, the values started at it.
-            if (got and (len(got) == stop - first or sum(map(len, got)) >= max_bytes)
-                    and self._reader.get(self._cf, lo) is not None):
-                return first, first + len(got), got
-            # A trim ran between the reads (or the records are not what the partition info says): read by key.
-        hi = p + (end.to_bytes(8, "big") if end is not None else b"\xff" * 8)
-        out: list[bytes] = []
-        first_key = last_key = b""
-        total = 0
-        with rocks_errors("read", self._store.path):
-            for k, v in self._reader.scan(self._cf, p + start.to_bytes(8, "big"), hi):
-                if not out:
-                    first_key = k
-                last_key = k
-                out.append(v)
-                total += len(v)
-                if total >= max_bytes:
-                    break
-        if not out:
-            return start, start, out
-        first = int.from_bytes(first_key[4:], "big")
-        nxt = int.from_bytes(last_key[4:], "big") + 1
-        assert nxt - first == len(out), f"depot {self.name}[{partition}] offsets are not dense in [{first}, {nxt})"
-        return first, nxt, out
-
-
-def _depot_meta_key(name: str, p: bytes) -> bytes:
-    return _DEPOT_META + name.encode() + b"\x00" + p
-
-
-def _partition_info(reader: Reader, name: str, partition: int) -> PartitionInfo:
-    raw = reader.get(META, _depot_meta_key(name, _check_partition(partition)))
-    if raw is None:
-        return PartitionInfo(0, 0)
-    return PartitionInfo(int.from_bytes(raw[:8], "big"), int.from_bytes(raw[8:], "big"))
-
-
 class ChangeSetBuilder:
     """Leader side: turn transforms, depot appends and trims into one ChangeSet (one replog entry).
 
@@ -648,8 +543,8 @@ class ChangeSetBuilder:
         """Append records to a depot partition; return their offsets (assigned here, on the leader)."""
         if depot not in self._store.depots:
             raise DepotNotFound(depot, self._store.depots)
-        p = _check_partition(partition)
-        info = _partition_info(self._reader, depot, partition)
+        p = check_partition(partition)
+        info = read_partition_info(self._reader, depot, partition)
         end = info.end
         cf = depot_cf(depot)
         encoded = []
@@ -663,7 +558,7 @@ class ChangeSetBuilder:
             self.writes.put(cf, p + end.to_bytes(8, "big"), raw)
             offsets.append(end)
             end += 1
-        self.writes.put(META, _depot_meta_key(depot, p), info.start.to_bytes(8, "big") + end.to_bytes(8, "big"))
+        self.writes.put(META, depot_meta_key(depot, p), info.start.to_bytes(8, "big") + end.to_bytes(8, "big"))
         return offsets
 
     def depot_append_encoded(self, depot: str, partition: int, records: Sequence[bytes]) -> list[int]:
@@ -674,26 +569,26 @@ class ChangeSetBuilder:
         """
         if depot not in self._store.depots:
             raise DepotNotFound(depot, self._store.depots)
-        p = _check_partition(partition)
-        info = _partition_info(self._reader, depot, partition)
+        p = check_partition(partition)
+        info = read_partition_info(self._reader, depot, partition)
         start = info.end
         end = start + len(records)
         self.writes.put_many(depot_cf(depot), [p + off.to_bytes(8, "big") for off in range(start, end)], records)
-        self.writes.put(META, _depot_meta_key(depot, p), info.start.to_bytes(8, "big") + end.to_bytes(8, "big"))
+        self.writes.put(META, depot_meta_key(depot, p), info.start.to_bytes(8, "big") + end.to_bytes(8, "big"))
         return list(range(start, end))
 
     def depot_trim(self, depot: str, partition: int, before: int) -> None:
         """Delete records below ``before`` (clamped to the partition's range)."""
         if depot not in self._store.depots:
             raise DepotNotFound(depot, self._store.depots)
-        p = _check_partition(partition)
-        _check_offset(before, "before")
-        info = _partition_info(self._reader, depot, partition)
+        p = check_partition(partition)
+        check_offset(before, "before")
+        info = read_partition_info(self._reader, depot, partition)
         new_start = min(max(before, info.start), info.end)
         if new_start == info.start:
             return
         self.writes.delete_range(depot_cf(depot), p + info.start.to_bytes(8, "big"), p + new_start.to_bytes(8, "big"))
-        self.writes.put(META, _depot_meta_key(depot, p), new_start.to_bytes(8, "big") + info.end.to_bytes(8, "big"))
+        self.writes.put(META, depot_meta_key(depot, p), new_start.to_bytes(8, "big") + info.end.to_bytes(8, "big"))
 
     def select(self, pstate: str, path: Path = P) -> list[Any]:
         """Read through this builder's pending writes (what a transform would see)."""

@@ -43,7 +43,8 @@ from topology.dataflow.group import GroupDataflow
 from topology.module import ModuleDefinition, ModuleDefinitionError, load_module
 
 if TYPE_CHECKING:
-    from conductor.worker.worker import ModuleRuntime, Worker
+    from conductor.worker.runtime import ModuleRuntime
+    from conductor.worker.worker import Worker
 
 log = logging.getLogger("millrace.node")
 

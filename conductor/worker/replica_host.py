@@ -21,9 +21,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from conductor.worker.dataflow import DataflowDriver, Inflow
+from conductor.worker.entry_applier import EntryApplier
 from conductor.worker.replica_faults import REPLICA_FAULTS, Fault, describe, fault_kind
 from conductor.worker.task_clock import RETAIN_INTERVAL_MS, TICK_MS, next_wake_ms
 from pstate.checkpoint import Manifest
@@ -72,7 +73,6 @@ from replog.messages import (
 )
 from replog.outbox import Outbox
 from replog.replica import Replica
-from topology.dataflow.group import GroupDataflow
 from topology.errors import TopologyError
 
 log = logging.getLogger("millrace.node")
@@ -84,31 +84,6 @@ MAX_FRAME_BYTES = 2 * 1024 * 1024
 #: a leader writes one drain's entries as log frames of about this size (an entry over it gets a frame of
 #: its own), so a frame, and the replication message that carries it, stays near its entry limit
 LOG_FRAME_BYTES = 4 * 1024 * 1024
-
-
-class EntryApplier(Protocol):
-    """The store side of a replica: applies replog entries atomically with its applied offset."""
-
-    @property
-    def applied_offset(self) -> int: ...
-
-    def apply_entries(self, entries: list[tuple[int, int, bytes]], flow: GroupDataflow | None = None) -> None: ...
-
-    def stage(self, offset: int, builder: Any, payload: bytes | None = None) -> bytes: ...
-
-    def drop_staged(self) -> None: ...
-
-    def stage_inherited(self, entries: list[tuple[int, int, bytes]]) -> None: ...
-
-    def flush(self) -> None: ...
-
-    def checkpoint(self, directory: Path, leader_epoch: int) -> Manifest: ...
-
-    def install_checkpoint(self, staging: Path, manifest: Manifest) -> None: ...
-
-    def close(self) -> None: ...
-
-    def abandon(self) -> None: ...
 
 
 @dataclass
