@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-import os
+import random
 import tempfile
 from pathlib import Path
 
@@ -212,6 +212,7 @@ def _log_with_tail(path: Path) -> tuple[Path, int, int, bytes]:
 def test_torn_tail_is_cut_at_every_byte_position(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     seg, last_start, last_base, data = _log_with_tail(tmp_path)
     caplog.set_level(logging.WARNING, logger="millrace.replog")
+    rng = random.Random(20261125)
     for pos in range(last_start, len(data)):
         for damage in ("cut", "flip", "garbage"):
             if damage == "cut":
@@ -219,7 +220,8 @@ def test_torn_tail_is_cut_at_every_byte_position(tmp_path: Path, caplog: pytest.
             elif damage == "flip":
                 seg.write_bytes(data[:pos] + bytes([data[pos] ^ 0x41]) + data[pos + 1 :])
             else:
-                seg.write_bytes(data[:pos] + os.urandom(len(data) - pos + 50))
+                # the first garbage byte must differ: an equal byte at the frame's last position rebuilds it
+                seg.write_bytes(data[:pos] + bytes([data[pos] ^ 0xFF]) + rng.randbytes(len(data) - pos + 49))
             caplog.clear()
             with Log.open(tmp_path) as log:
                 assert log.end_offset == last_base, (pos, damage)
