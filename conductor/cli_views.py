@@ -195,7 +195,7 @@ def module_view(st: dict[str, Any]) -> RenderableType:
             leader += f" [yellow]-> {g['handing_off_to']}[/yellow]"
         style = "red" if g["leaderless_reason"] else ("" if g["serving"] else "yellow")
         table.add_row(str(g["group"]), leader, str(g["epoch"]), node_list(g["isr"]),
-                      node_list(g["osr"]), log_end, apply_offset, lag_cell(g), style=style)
+                      node_list(g["osr"]) + (f" (ELR {node_list(g['elr'])})" if g.get("elr") else ""), log_end, apply_offset, lag_cell(g), style=style)
         if g["problem"]:
             notes.append(Text(f"group {g['group']}: {g['problem']}", style="red" if g["leaderless_reason"] else "yellow"))
         for c in g.get("catchups", []):

@@ -177,7 +177,8 @@ def _group_row(spec: ModuleSpec, g: int, state: GroupState, live: dict[str, int]
         problem = None
     return {
         "group": g, "tasks": spec.tasks_of(g), "leader": state.leader, "leader_address": address,
-        "epoch": state.epoch, "isr": list(state.isr), "osr": list(state.osr), "replicas": list(state.replicas),
+        "epoch": state.epoch, "isr": list(state.isr), "osr": list(state.osr), "elr": list(state.elr),
+        "replicas": list(state.replicas),
         "leaderless_reason": reason, "replica": replica, "followers": followers,
         "serving": problem is None, "problem": problem,
     }

@@ -13,8 +13,10 @@ Safety rules (DESIGN.md section 4):
   deposed leader's messages are fenced;
 * only *eligible* ISR members are elected: not one whose storage lost entries
   it acknowledged (``replog.eligibility``; KIP-966's eligible leader replicas);
-* if no eligible ISR member is live the group stays leaderless, keeping its ISR, until
-  an ISR member returns;
+* if no eligible ISR member is live, an eligible *ELR* member is elected
+  (``GroupState.elr``: a leader deposed by a failover, while nothing was
+  applied since, holds every applied entry; KIP-966); failing that the group
+  stays leaderless, keeping its ISR, until an ISR member returns;
 * a new state carries the znode version it will have once written (the read
   one plus one), as the replication state machine's proposals do;
 * leadership is bound to the ZooKeeper session of the elected node
@@ -67,11 +69,17 @@ def elect_leader(state: GroupState, live_nodes: Iterable[str] | Mapping[str, int
     Nodes drained of leadership (``disallowed``) are taken only when no allowed
     ISR member is live: availability beats the drain.
     """
+    return _pick(state, state.isr, live_nodes, exclude, disallowed, order)
+
+
+def _pick(state: GroupState, pool: Iterable[str], live_nodes: Iterable[str] | Mapping[str, int],
+          exclude: Iterable[str], disallowed: Iterable[str], order: Sequence[str]) -> str | None:
+    """The first live, eligible member of ``pool`` in preference order, drained nodes last."""
     sessions = live_sessions(live_nodes)
     live = set(sessions) - set(exclude)
-    isr = set(state.isr)
+    members = set(pool)
     candidates = [node for node in (order or state.replicas)
-                  if node in isr and node in live and eligible(state, node, sessions[node])]
+                  if node in members and node in live and eligible(state, node, sessions[node])]
     banned = set(disallowed)
     allowed = [node for node in candidates if node not in banned]
     pick = allowed or candidates
@@ -90,6 +98,12 @@ def next_leadership(state: GroupState, live_nodes: Iterable[str] | Mapping[str, 
     * leader dead, no ISR member live: leaderless, ISR kept as it is (only those
       replicas hold every applied entry), epoch + 1 to fence the old leader.
     * leaderless and an ISR member is live again: it leads, epoch + 1.
+    * no ISR member can lead (down, unconfirmed, or its storage lost) but an
+      ELR member can: it leads and joins the ISR (:func:`_elect_from_elr`).
+
+    A leader lost to a failover joins the ELR as it leaves the ISR: it holds
+    every entry applied so far, and nothing more is applied until the next
+    leader's first CAS empties the ELR (``replog.replica_leader``).
 
     Dead followers are left alone: the leader moves them to the OSR itself,
     because only it knows whether the ISR may shrink without going below min-ISR.
@@ -101,7 +115,7 @@ def next_leadership(state: GroupState, live_nodes: Iterable[str] | Mapping[str, 
     if state.leader is None:
         new_leader = elect_leader(state, live, disallowed=disallowed, order=order)
         if new_leader is None:
-            return None
+            return _elect_from_elr(state, live, disallowed, order)
         return replace(state, leader=new_leader, epoch=state.epoch + 1, version=state.version + 1,
                        leader_session=live[new_leader])
     old = state.leader
@@ -113,11 +127,45 @@ def next_leadership(state: GroupState, live_nodes: Iterable[str] | Mapping[str, 
             epoch=state.epoch + 1, version=state.version + 1,
             isr=tuple(x for x in state.isr if x != old),
             osr=tuple(x for x in state.replicas if x == old or x in state.osr),
+            elr=_joined(state.elr, old),
             leader_session=live[new_leader],
         )
     if old in live and eligible(state, old, live[old]):  # restarted, and the only live in-sync replica
         return replace(state, epoch=state.epoch + 1, version=state.version + 1, leader_session=live[old])
+    from_elr = _elect_from_elr(state, live, disallowed, order)
+    if from_elr is not None:
+        return from_elr
     return replace(state, leader=None, epoch=state.epoch + 1, version=state.version + 1, leader_session=0)
+
+
+def _joined(elr: tuple[str, ...], node: str) -> tuple[str, ...]:
+    return elr if node in elr else (*elr, node)
+
+
+def _elect_from_elr(state: GroupState, live: dict[str, int], disallowed: Iterable[str],
+                    order: Sequence[str]) -> GroupState | None:
+    """The state electing an ELR member because no ISR member can lead; None if none can either.
+
+    The ELR member holds every applied entry (see :func:`next_leadership`), so
+    it leads and joins the ISR. The ISR members that still hold every applied
+    entry stay; one whose storage is lost leaves for the OSR (it rebuilds from
+    the new leader); a lost leader leaves for the OSR and joins the ELR, as in
+    any failover. The epoch is bumped, fencing the old leadership.
+    """
+    pick = _pick(state, state.elr, live, (), disallowed, order)
+    if pick is None:
+        return None
+    old = state.leader
+    keep = {x for x in state.isr if x != old and state.incarnation_of(x) != STORAGE_LOST} | {pick}
+    elr = tuple(x for x in state.elr if x != pick)
+    if old is not None:
+        elr = _joined(elr, old)
+    return replace(
+        state, leader=pick, epoch=state.epoch + 1, version=state.version + 1,
+        isr=tuple(x for x in state.replicas if x in keep),
+        osr=tuple(x for x in state.replicas if x not in keep),
+        elr=elr, leader_session=live[pick],
+    )
 
 
 def leaderless_reason(state: GroupState, live_nodes: Iterable[str] | Mapping[str, int]) -> str | None:
@@ -130,6 +178,10 @@ def leaderless_reason(state: GroupState, live_nodes: Iterable[str] | Mapping[str
                 "a leader shortly")
     live_osr = [x for x in state.osr if x in live]
     lost = [x for x in state.isr if state.incarnation_of(x) == STORAGE_LOST]
+    if lost and state.elr:
+        return (f"no intact in-sync replica: {lost} lost entries it had acknowledged; eligible leader "
+                f"replica(s) {list(state.elr)} hold every applied entry and one is elected once live "
+                "and confirmed")
     if lost:  # only ever the last ISR member: the others leave the ISR instead
         return (f"no intact in-sync replica: {lost} lost entries it had acknowledged (its storage was replaced "
                 "or damaged) and is never elected; the group stalls (writes it acknowledged may be lost: "
@@ -148,7 +200,7 @@ def unconfirmed_members(state: GroupState, live_nodes: Iterable[str] | Mapping[s
     """Live ISR members not electable only because they have not confirmed their storage under their session
     yet (they do so within a metastore round trip of starting): worth electing again shortly."""
     live = live_sessions(live_nodes)
-    return [x for x in state.isr if x in live and state.incarnation_of(x) != STORAGE_LOST
+    return [x for x in state.isr + state.elr if x in live and state.incarnation_of(x) != STORAGE_LOST
             and not eligible(state, x, live[x])]
 
 

@@ -87,7 +87,8 @@ def record_storage(state: GroupState, node: str, incarnation: int, session: int)
     * recorded under another session (the replica restarted, or renewed its
       session, with its storage intact): the session is updated;
     * never recorded, or ``node`` is outside the ISR: recorded (nothing it
-      acknowledged is promised by the ISR);
+      acknowledged is promised by the ISR); an ELR member recorded with another
+      incarnation leaves the ELR (what it held is gone);
     * recorded differently (the storage was replaced or lost entries) and
       ``node`` in the ISR: it leaves the ISR for the OSR, and the leadership if
       it had it (epoch + 1, so whatever it sent before is fenced); the
@@ -101,7 +102,9 @@ def record_storage(state: GroupState, node: str, incarnation: int, session: int)
     if recorded == incarnation and state.storage_session(node) == session:
         return None
     if recorded in (None, incarnation) or node not in state.isr:
-        return replace(state, version=state.version + 1, storage=state.with_storage(node, incarnation, session))
+        elr = state.elr if recorded == incarnation else tuple(x for x in state.elr if x != node)
+        return replace(state, version=state.version + 1, storage=state.with_storage(node, incarnation, session),
+                       elr=elr)
     others = tuple(x for x in state.isr if x != node)
     if not others and recorded == STORAGE_LOST and state.leader != node:
         return None

@@ -146,9 +146,16 @@ class GroupState:
     (KIP-903: a replica confirms its storage under every new session, so the
     conductor elects only replicas that did); :data:`STORAGE_LOST` marks an ISR
     member whose storage lost acknowledged entries and which could not leave
-    the ISR (it was the last member): it is never elected. Kept sorted. ``placement`` is the replicas in preference order, the first one
-    the preferred leader; a state the replication state machine proposes leaves
-    it empty, and the metastore keeps the stored order when it writes one.
+    the ISR (it was the last member): it is never elected. Kept sorted.
+    ``placement`` is the replicas in preference order, the first one the
+    preferred leader; a state the replication state machine proposes leaves it
+    empty, and the metastore keeps the stored order when it writes one.
+    ``elr`` (eligible leader replicas, KIP-966) are OSR members that still hold
+    every applied entry: leaders the conductor removed from the ISR when they
+    lost their session, while nothing was applied since (a leader applies
+    nothing until its own first CAS has emptied ``elr``). They are elected when
+    no ISR member can be, so one in-sync replica losing its storage right after
+    a failover does not stall a group whose old leader holds everything.
     Construction validates, so no process can store or act on a broken state.
     """
 
@@ -160,10 +167,11 @@ class GroupState:
     leader_session: int = 0
     placement: tuple[str, ...] = ()
     storage: tuple[tuple[str, int, int], ...] = ()
+    elr: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # Accept lists from callers but store tuples, so states are hashable and immutable.
-        for name in ("isr", "osr", "placement"):
+        for name in ("isr", "osr", "placement", "elr"):
             value = getattr(self, name)
             if not isinstance(value, tuple):
                 object.__setattr__(self, name, tuple(value))
@@ -224,6 +232,11 @@ class GroupState:
                 raise InvalidGroupState(f"storage record {record!r} needs whole numbers >= 0")
         if self.leader is not None and self.incarnation_of(self.leader) == STORAGE_LOST:
             raise InvalidGroupState(f"leader {self.leader} lost its storage")
+        if len(set(self.elr)) != len(self.elr) or not set(self.elr) <= set(self.osr):
+            raise InvalidGroupState(f"eligible leader replicas {list(self.elr)} must be distinct OSR members "
+                                    f"(OSR {list(self.osr)})")
+        if any(self.incarnation_of(x) == STORAGE_LOST for x in self.elr):
+            raise InvalidGroupState(f"an eligible leader replica of {list(self.elr)} lost its storage")
 
     def to_dict(self) -> dict[str, Any]:
         """The znode's document (the version is the znode's own, not part of it)."""
@@ -232,6 +245,8 @@ class GroupState:
                                "leader_session": self.leader_session}
         if self.storage:
             doc["storage"] = {name: [inc, session] for name, inc, session in self.storage}
+        if self.elr:
+            doc["elr"] = list(self.elr)
         return doc
 
     def to_json(self) -> bytes:
@@ -246,7 +261,8 @@ class GroupState:
                        version=version, leader_session=int(doc.get("leader_session", 0)),
                        placement=tuple(doc["replicas"]), storage=tuple((str(name), int(inc), int(session))
                                                                   for name, (inc, session) in
-                                                                  dict(doc.get("storage", {})).items()))
+                                                                  dict(doc.get("storage", {})).items()),
+                       elr=tuple(str(x) for x in doc.get("elr", ())))
         except (ValueError, KeyError, TypeError) as e:
             raise InvalidGroupState(f"malformed group state {raw!r}: {e}") from None
 

@@ -346,13 +346,15 @@ class Replica(LeaderRules, FollowerRules):
             self._persist_epochs()
         peers = {r: Peer(last_progress_ms=self._now) for r in st.replicas if r != self.node_id}
         self._ls = LeaderState(isr=st.isr, osr=st.osr, version=st.version, peers=peers, storage=st.storage,
-                                batch_ends=[self.log_end], batch_times=[self._now],
+                                elr=st.elr, batch_ends=[self.log_end], batch_times=[self._now],
                                 bytes_base=self.log_end)
         # The apply offset learnt from the previous leader is group-wide: every ISR
         # member (this one included) holds it durably.
         self.apply_offset = max(self.applied, min(self.apply_offset, self.flushed_end - 1))
         self._out.append(RoleChanged(Role.LEADER, st.epoch, self.node_id))
         self._apply_to(self.apply_offset)
+        if st.elr:
+            self._maybe_change_isr()  # empty the ELR at once: nothing new is applied until then
         self._pump_all()
 
     def _on_session_expired(self) -> None:

@@ -118,6 +118,10 @@ class LeaderRules(ReplicaState):
         # entries (the candidate waits for it) but is not electable yet, so it adds no durability.
         if len(ls.isr) < self.config.effective_min_isr:
             return
+        if ls.elr:
+            # An ELR member is electable because it holds every applied entry: applying more first would
+            # break that promise. The leader's first CAS empties the ELR (_maybe_change_isr).
+            return
         candidate = self._apply_candidate()
         if candidate is None or candidate <= self.apply_offset:
             return
@@ -211,8 +215,12 @@ class LeaderRules(ReplicaState):
             if p.reconciled and p.held + 1 >= self.log_end and p.held >= self.apply_offset:
                 self._propose((*ls.isr, r), tuple(o for o in ls.osr if o != r))
                 return
+        if ls.elr:
+            self._propose(ls.isr, ls.osr)  # empties the ELR (every proposal does), so applying may go on
 
     def _propose(self, isr: tuple[str, ...], osr: tuple[str, ...]) -> None:
+        """One ISR compare-and-set; the state it proposes has an empty ELR: this leader's ISR now carries
+        every applied entry."""
         ls = self._ls
         assert ls is not None and self.node_id in isr
         new = GroupState(self.node_id, self.epoch, isr, osr, ls.version + 1, self.session,
@@ -276,7 +284,7 @@ class LeaderRules(ReplicaState):
         assert ls is not None
         end = self.log_end
         if (not self.session_ok or ls.wait_append or ls.wait_applied or ls.resign is not None
-                or ls.pending_change is not None or ls.stalled or ls.osr or self.apply_offset != end - 1
+                or ls.pending_change is not None or ls.stalled or ls.osr or ls.elr or self.apply_offset != end - 1
                 or self.flushed_end != end):
             return self._now
         due = None
@@ -291,7 +299,7 @@ class LeaderRules(ReplicaState):
     def _adopt_znode(self, st: GroupState) -> None:
         ls = self._ls
         assert ls is not None and st.epoch == self.epoch and st.leader == self.node_id
-        ls.isr, ls.osr, ls.version = st.isr, st.osr, st.version
+        ls.isr, ls.osr, ls.version, ls.elr = st.isr, st.osr, st.version, st.elr
         assert self.node_id in ls.isr, f"leader {self.node_id} removed from its own ISR {st.isr}"
         for r in st.replicas:
             if r != self.node_id and (r not in ls.peers or
@@ -377,14 +385,15 @@ class LeaderRules(ReplicaState):
             # once min-ISR could be raised live: offers of the same checkpoint forever, a stall forever).
             skip = self.apply_offset + 1 - p.acked_end
             near = cfg.max_near_sync_message_lag
-            if p.acked_end < self.log_start or (r in ls.osr and lag > near and skip > near):
+            far = p.acked_end < self.log_start or (r in ls.osr and lag > near and skip > near)
+            if far and not ls.elr:  # (a checkpoint would cut an ELR member's log: offered once the ELR is empty)
                 if not p.far or now - p.far_since_ms >= cfg.far_horizon_retry_ms:
                     p.far = True
                     p.far_since_ms = now
                     self._out.append(StartFarHorizon(r, self.epoch, self.apply_offset))
-            else:
+            elif not far:
                 p.far = False
-            if not p.far:
+            if not far:
                 while p.next < self.log_end:
                     if p.next - p.acked_end >= cfg.max_inflight_entries:
                         break

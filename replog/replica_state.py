@@ -62,6 +62,8 @@ class LeaderState:
     peers: dict[str, Peer]
     #: storage records of the znode (acks of an incarnation other than the recorded one do not count)
     storage: tuple[tuple[str, int, int], ...] = ()
+    #: eligible leader replicas of the znode: nothing is applied (nor a checkpoint offered) until a CAS empties it
+    elr: tuple[str, ...] = ()
     #: proposed znode of an in-flight ChangeIsr (at most one at a time)
     pending_change: GroupState | None = None
     #: ends and append times of batches not yet applied, for the time-lag rule

@@ -63,3 +63,17 @@ class ElectsEmptiedReplica(Replica):
         self._recording = replace(st, version=st.version + 1, storage=st.with_storage(me, self.incarnation, self.session))
         self._recording_ms = self._now
         self._out.append(RecordStorage(st.version, self._recording))
+
+
+class AppliesWhileElrHoldsBack(Replica):
+    """A new leader applies before its CAS empties the ELR: a deposed leader still electable may lack what
+    it applies, so electing it would lose applied entries."""
+
+    def _advance_apply(self) -> None:
+        ls = self._ls
+        assert ls is not None
+        elr, ls.elr = ls.elr, ()
+        try:
+            super()._advance_apply()
+        finally:
+            ls.elr = elr

@@ -28,7 +28,7 @@ from typing import Any
 from replog.catchup import round_is_last
 from replog.config import ReplicationConfig
 from replog.election import next_leadership
-from replog.eligibility import StorageMarks, check_storage, eligible
+from replog.eligibility import StorageMarks, check_storage
 from replog.messages import (
     Ack,
     Action,
@@ -487,8 +487,9 @@ class Sim:
 
     def _truncate(self, n: Node, end: int) -> None:
         disk = n.disk
-        if n.id in self.znode.isr and end < len(self.committed) and end < len(disk.entries):
-            self.fail(f"ISR member {n.id} truncates to {end}, below the committed end {len(self.committed)}")
+        if ((n.id in self.znode.isr or n.id in self.znode.elr) and end < len(self.committed)
+                and end < len(disk.entries)):
+            self.fail(f"ISR/ELR member {n.id} truncates to {end}, below the committed end {len(self.committed)}")
         if end <= disk.applied:
             self.fail(f"{n.id} truncates to {end}, below its applied offset {disk.applied}")
         disk.acked = min(disk.acked, end - 1)  # lowered before the cut
@@ -514,14 +515,15 @@ class Sim:
 
     def _check_isr_holds(self, o: int) -> None:
         want = self.committed[o]
-        for m in self.znode.isr:
+        for m in self.znode.isr + self.znode.elr:  # an ELR member is electable: it must hold it too
             if not self.intact(m):
                 continue  # a storage fault emptied or cut it: it leaves the ISR before it acknowledges anything
             d = self.nodes[m].disk
             if d.durable_end <= o or d.entries[o] != want:
                 got = d.entries[o] if o < len(d.entries) else None
-                self.fail(f"offset {o} = {want} applied while ISR member {m} holds {got} "
-                          f"(durable end {d.durable_end}); ISR {self.znode.isr}")
+                role = "ISR" if m in self.znode.isr else "ELR"
+                self.fail(f"offset {o} = {want} applied while {role} member {m} holds {got} "
+                          f"(durable end {d.durable_end}); ISR {self.znode.isr}, ELR {self.znode.elr}")
 
     def _check_holds_committed(self, n: Node, why: str) -> None:
         c = len(self.committed)
@@ -602,11 +604,15 @@ class Sim:
     def _write_znode(self, st: GroupState) -> None:
         old = self.znode
         self.znode = st
-        self.note(f"znode v{st.version} leader={st.leader} epoch={st.epoch} isr={st.isr} osr={st.osr}")
+        self.note(f"znode v{st.version} leader={st.leader} epoch={st.epoch} isr={st.isr} osr={st.osr}"
+                  + (f" elr={st.elr}" if st.elr else ""))
         for m in st.isr:
             # (one a storage fault just hit leaves again before it acknowledges anything)
             if m not in old.isr and self.intact(m):
                 self._check_holds_committed(self.nodes[m], "joined the ISR")
+        for m in st.elr:
+            if m not in old.elr and self.intact(m):
+                self._check_holds_committed(self.nodes[m], "joined the ELR")
         for nid in self.ids:
             if self.nodes[nid].alive and self.nodes[nid].session_live:  # watches die with the session
                 self._notify(nid, st)
@@ -1078,14 +1084,13 @@ def _schedule_faults(sim: Sim, rng: random.Random, until_ms: int) -> None:
 def _schedule_storage_faults(sim: Sim, rng: random.Random, until_ms: int) -> None:
     """Disk losses, tail losses after acknowledgement and corruption found on read, on a node chosen at random.
 
-    Only where the group can survive it: some other ISR member's storage is
-    intact (with every copy of an entry gone, losing it is not a bug), and
-    that member could be elected now (up, and its storage confirmed under its
-    session): the conductor's failover drops a lost leader from the ISR, so
-    damage found on the other copy while the leader is down or restarting can
-    leave no intact in-sync replica, and the group then stalls saying so
-    (seeds 5100562, 6596; test_scenarios.py shows the stall). The leader is
-    hit as often as a follower.
+    Only where the group can survive it: some other member of the ISR or the
+    ELR keeps an intact copy (with every copy of an entry gone, losing it is
+    not a bug). That member may be down or not yet confirmed: the damaged
+    replica leaves the ISR, or stays in it marked lost, and the group is led
+    again once an intact member can be elected (seeds 5100562, 6596 stalled
+    until the ELR kept a deposed leader electable). The leader is hit as often
+    as a follower.
     """
     rate = sim.faults.storage_fault_rate
     if rate <= 0:
@@ -1094,8 +1099,7 @@ def _schedule_storage_faults(sim: Sim, rng: random.Random, until_ms: int) -> Non
     def fault() -> None:
         z = sim.znode
         nid = z.leader if (z.leader and rng.random() < 0.5) else rng.choice(sim.ids)
-        if not any(sim.intact(m) and sim.nodes[m].alive and sim.nodes[m].session_live
-                   and eligible(z, m, sim.nodes[m].session) for m in z.isr if m != nid):
+        if not any(sim.intact(m) for m in z.isr + z.elr if m != nid):
             return
         kind = rng.random()
         if kind < 0.35:

@@ -23,10 +23,6 @@ SEEDS = int(os.environ.get("SIM_SEEDS", "1000"))
 START = int(os.environ.get("SIM_SEED_START", "0"))
 
 
-#: failing seeds found by sweeps and not fixed yet (see test_open_seeds)
-OPEN_SEEDS = (7804, 5251341, 5205512, 5229713)
-
-
 def _workers(seeds: int) -> int:
     return max(1, min(2, os.cpu_count() or 1)) if seeds >= 50 else 1
 
@@ -38,9 +34,8 @@ def test_random_seeds() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(7200)
 def test_random_seeds_10000() -> None:
-    """`make test-all`: ten times the default run, seeds 0-9,999 (storage faults included), less the open
-    seeds, which ``test_open_seeds`` keeps failing strictly until they are fixed."""
-    _run_seeds([s for s in range(10_000) if s not in OPEN_SEEDS])
+    """`make test-all`: ten times the default run, seeds 0-9,999 (storage faults included)."""
+    _run_seeds(range(10_000))
 
 
 def _run_seeds(seeds: Sequence[int]) -> None:
@@ -116,10 +111,12 @@ def test_regression_seeds_live_option_changes(seed: int) -> None:
     assert result.error is None, result.error
 
 
-@pytest.mark.parametrize("seed", [2008135, 2038463])
+@pytest.mark.parametrize("seed", [2008135, 2038463, 7804])
 def test_regression_seeds_follower_stuck_after_heal(seed: int) -> None:
     """Found by a sweep on an earlier branch (lost): a follower stayed stuck at 717 of 747 entries after
-    healing. Kept as regression seeds; they pass with the shared election rule and storage records."""
+    healing. Kept as regression seeds; they pass with the shared election rule and storage records.
+    7804 (seeds 0-9,999, process faults only) stayed at 637 of 686 entries; it passes since the ELR
+    changed its schedule."""
     result = run_seed(seed)
     assert result.error is None, result.error
 
@@ -137,21 +134,19 @@ def test_regression_seed_storage_fault_on_the_last_copy_while_the_leader_is_down
     """Seed 5100562 (sweep 5,100,000+): damage was found on the only other in-sync copy while the leader
     was down; the failover dropped the leader from the ISR, the damaged replica could not stay in it, and
     the group stalled (no intact in-sync replica: a double fault, not a lost write). 6596 (seeds 0-9,999):
-    the same with the leader restarting, not yet confirmed. Storage faults are now injected only while
-    another intact ISR member could be elected."""
+    the same with the leader restarting, not yet confirmed. The deposed leader now stays electable in the
+    ELR (see test_regression_seeds_isr_member_lost_after_failover)."""
     result = run_seed(seed)
     assert result.error is None, result.error
 
 
-@pytest.mark.xfail(strict=True, reason="open: found by the final sweeps, not fixed yet (see the docstring)")
-@pytest.mark.parametrize("seed", OPEN_SEEDS)
-def test_open_seeds(seed: int) -> None:
-    """Failing seeds found by the last sweeps, kept so they are not lost (strict: a fix must remove them).
-
-    7804 (process faults only, no storage faults): after healing, follower b stays at 637 of 686 entries,
-    the liveness class of 2008135/2038463 (a follower stuck after heal). 5251341, 5205512, 5229713 (storage
-    faults): no working leader after healing, one ISR member left that lost its storage: other paths to the
-    double fault of 5100562/6596 (the failover drops the lost leader from the ISR; KIP-966's eligible
-    leader replicas would keep it electable)."""
+@pytest.mark.parametrize("seed", [5251341, 5205512, 5229713, 6007169, 6008728])
+def test_regression_seeds_isr_member_lost_after_failover(seed: int) -> None:
+    """Sweeps 5,200,000+ and 6,000,000+ (storage faults): "no working leader after healing". A follower
+    found damage and reopened its storage in the same session; before its new incarnation was recorded,
+    the conductor failed over to it (its old record still said intact), moving the deposed leader, which
+    held every applied entry, to the OSR; the reopened replica then marked itself lost as the last ISR
+    member and the group stalled. The deposed leader now joins the ELR (eligible leader replicas,
+    KIP-966) and is elected when no ISR member can be (replog.election)."""
     result = run_seed(seed)
     assert result.error is None, result.error

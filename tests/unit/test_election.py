@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from replog.election import abdicate, elect_leader, next_leadership
-from replog.messages import GroupState
+from replog.eligibility import record_storage
+from replog.messages import STORAGE_LOST, GroupState, InvalidGroupState
 
 NODES = ("n1", "n2", "n3", "n4")
 
@@ -61,3 +63,49 @@ def test_order_overrides_the_placement_preference() -> None:
     assert elect_leader(s, {"n1", "n2", "n3"}, order=("n3", "n1", "n2")) == "n3"
     after = next_leadership(s, {"n1", "n2", "n3"}, order=("n2", "n3", "n1"))
     assert after is not None and after.leader == "n2"
+
+
+# ------------------------------------------------------------------ eligible leader replicas (ELR, KIP-966)
+
+def _recorded(*nodes: str, session: int = 1) -> tuple[tuple[str, int, int], ...]:
+    return tuple((n, 100 + i, session) for i, n in enumerate(nodes))
+
+
+def test_failover_keeps_the_deposed_leader_electable_in_the_elr() -> None:
+    s = GroupState(leader="n1", epoch=3, version=7, isr=("n1", "n2"), osr=("n3",), placement=("n1", "n2", "n3"),
+                   leader_session=1, storage=_recorded("n1", "n2", "n3"))
+    after = next_leadership(s, {"n2": 1, "n3": 1})  # n1 lost its session
+    assert after is not None
+    assert (after.leader, after.isr, after.osr, after.elr) == ("n2", ("n2",), ("n1", "n3"), ("n1",))
+    assert GroupState.from_json(after.to_json(), after.version) == after  # the znode keeps the ELR
+
+
+def test_elr_member_leads_when_the_last_isr_member_lost_its_storage() -> None:
+    """The double fault of seeds 5251341 & co: the new leader's storage turns out lost before it applied anything."""
+    s = GroupState(leader=None, epoch=4, version=9, isr=("n2",), osr=("n1", "n3"), placement=("n1", "n2", "n3"),
+                   storage=(("n1", 100, 1), ("n2", STORAGE_LOST, 1), ("n3", 102, 1)), elr=("n1",))
+    assert elect_leader(s, {"n1": 1, "n2": 1, "n3": 1}) is None  # no ISR member can lead
+    after = next_leadership(s, {"n1": 1, "n2": 1, "n3": 1})
+    assert after is not None
+    assert (after.leader, after.epoch, after.isr, after.elr) == ("n1", 5, ("n1",), ())
+    assert set(after.osr) == {"n2", "n3"}  # the lost replica rebuilds from n1; n3 was never promised anything
+
+
+def test_elr_member_is_not_elected_while_an_isr_member_can_lead_or_before_it_confirmed_its_storage() -> None:
+    s = GroupState(leader=None, epoch=4, isr=("n2",), osr=("n1", "n3"), placement=("n1", "n2", "n3"),
+                   storage=_recorded("n1", "n2", "n3"), elr=("n1",))
+    assert next_leadership(s, {"n1": 1, "n2": 1}).leader == "n2"  # type: ignore[union-attr]
+    assert next_leadership(s, {"n1": 2}) is None  # n1 restarted (session 2) and has not confirmed its storage
+    assert next_leadership(s, {"n3": 1}) is None  # never an OSR member outside the ELR
+
+
+def test_new_storage_takes_a_replica_out_of_the_elr() -> None:
+    s = GroupState(leader="n2", epoch=4, isr=("n2",), osr=("n1", "n3"), placement=("n1", "n2", "n3"),
+                   storage=_recorded("n1", "n2", "n3"), elr=("n1",))
+    assert record_storage(s, "n1", 100, 2).elr == ("n1",)  # type: ignore[union-attr]  # same storage, new session
+    assert record_storage(s, "n1", 555, 2).elr == ()  # type: ignore[union-attr]  # replaced storage
+
+
+def test_elr_must_be_osr_members() -> None:
+    with pytest.raises(InvalidGroupState, match="eligible leader replicas"):
+        GroupState(leader="n1", epoch=1, isr=("n1", "n2"), osr=(), elr=("n2",))

@@ -90,7 +90,8 @@ def test_fully_in_sync_needs_a_live_leader_and_every_replica_live_in_the_isr() -
 def test_next_leadership_failover_moves_dead_leader_to_osr_and_bumps_epoch() -> None:
     s = GroupState(leader="n2", epoch=4, isr=("n2", "n1", "n3"), osr=(), placement=("n2", "n1", "n3"))
     after = next_leadership(s, {"n1", "n3"})
-    assert after == GroupState(leader="n1", epoch=5, version=1, isr=("n1", "n3"), osr=("n2",), placement=("n2", "n1", "n3"))
+    assert after == GroupState(leader="n1", epoch=5, version=1, isr=("n1", "n3"), osr=("n2",), placement=("n2", "n1", "n3"),
+                               elr=("n2",))  # it holds every applied entry (nothing is applied until n1 empties it)
     assert next_leadership(after, {"n1", "n3"}) is None  # stable
 
 
@@ -134,7 +135,7 @@ def test_leadership_is_bound_to_the_elected_session() -> None:
     # n1 restarted (session 99) before anyone noticed it died: it may have lost its unflushed tail.
     moved = next_leadership(s, {"n1": 99, "n2": 22, "n3": 33})
     assert moved == GroupState(leader="n2", epoch=3, version=1, isr=("n2",), osr=("n1", "n3"), placement=s.replicas,
-                               leader_session=22)
+                               leader_session=22, elr=("n1",))
     assert "restarted under a new ZooKeeper session" in (leaderless_reason(s, {"n1": 99}) or "")
     # No other in-sync replica is live: the restarted node is elected again, cleanly, under its new session.
     again = next_leadership(s, {"n1": 99, "n3": 33})

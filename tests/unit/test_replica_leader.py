@@ -303,3 +303,17 @@ def test_storage_is_recorded_before_leading_and_only_acks_of_recorded_storage_co
                        storage=(("a", 10, 1), ("b", 21, 2), ("c", 30, 3)))
     r.handle(MetastoreChanged(moved), 6)
     assert r.isr == ("a", "c") and r.follower_offsets()["b"] == -1
+
+
+def test_leader_applies_nothing_until_its_cas_empties_the_elr() -> None:
+    """An ELR member is electable because it holds every applied entry: the leader keeps that true."""
+    st = GroupState("a", 2, ("a", "b"), ("c",), 1, 1, elr=("c",))
+    r, out = make_leader(st)
+    (change,) = of(out, ChangeIsr)  # the first thing it does: empty the ELR, ISR unchanged
+    assert (change.new.isr, change.new.osr, change.new.elr) == (("a", "b"), ("c",), ())
+    r.handle(ClientAppend(1, 1, 10, Ack.APPLIED), 1)
+    r.handle(LocalFlushed(1), 2)
+    out = ack(r, "b", 0, now=3)
+    assert not of(out, Apply) and not of(out, Reply)  # every ISR member holds it, yet c may lack it
+    out = r.handle(IsrChanged(change.new), 5)
+    assert of(out, Apply) == [Apply(0)] and of(out, Reply) == [Reply(1, 0, 1)]
