@@ -401,7 +401,7 @@ class Worker(ReplicaRecovery):
         """ChangeIsr action: a CAS on the group znode; the outcome comes back as an event."""
         assert self.metastore is not None
         ms = self.metastore
-        self._group_cas(host, new, "ISR change", f"ISR changed to {list(new.isr)} (OSR {list(new.osr)})",
+        self._group_cas(host, new, "ISR change", f"ISR now {list(new.isr)} (OSR {list(new.osr)})",
                         lambda st: ms.groups.cas(host.module, host.group, st, expected_version))
 
     def _hand_off(self, host: ReplicaHost, expected_version: int, new: GroupState) -> None:
