@@ -10,8 +10,10 @@ group: the slower one gets ``VersionConflict``, re-reads and finds nothing
 left to do.
 
 The active conductor is *level-triggered*: on every change of
-``/millrace/nodes`` (and every ``reconcile_interval`` as a safety net) it
-compares every group with the live node set and repairs what is wrong. That
+``/millrace/nodes``, whenever a worker's own compare-and-set leaves a group
+leaderless (a leader giving up after a fault, the last in-sync replica
+finding its storage lost), and every ``reconcile_interval`` as a safety net,
+it compares every group with the live node set and repairs what is wrong. That
 is what makes takeover safe: a node lost while no conductor was active is
 handled by whichever conductor wins next, without replaying missed events.
 
@@ -48,6 +50,7 @@ from conductor.metastore import (
 )
 from conductor.metastore.module_spec import DEPOT_APPEND_TIMEOUT_MS, ModuleSpec
 from conductor.metastore.versions import CodeVersion
+from conductor.metastore.watch import WatchHandle
 from conductor.placement import balance_leaders, fully_in_sync, place
 from conductor.settings import REQUIRED, Setting, SettingsError, add_arguments, parse_seconds, resolve
 from replog.election import leaderless_reason, next_leadership, switch_leader, unconfirmed_members
@@ -129,6 +132,8 @@ class Conductor:
         self._known_live: set[str] | None = None
         #: a leaderless group waits for a live in-sync replica to confirm its storage (look again soon)
         self._awaiting_storage = False
+        #: (module, group) -> watch that wakes the active term when a worker's CAS leaves the group leaderless
+        self._group_watches: dict[tuple[str, int], WatchHandle] = {}
         self._started = False
 
     # ---- lifecycle ----------------------------------------------------------------------------
@@ -251,17 +256,31 @@ class Conductor:
         self._known_live = live
         self._awaiting_storage = False
         disallowed = self.ms.drains.nodes()
+        seen: set[tuple[str, int]] = set()
         for module in self.ms.modules.names():
             try:
                 groups = self.ms.groups.all(module)
             except ModuleNotFound:
                 continue  # destroyed meanwhile
+            seen.update((module, g) for g in groups)
             for g, (state, version) in groups.items():
                 if self._stopping.is_set() or self._term_over.is_set():
                     return
                 settled = self._settle_group(module, g, state, version, sessions, disallowed)
                 if settled.leader is None and unconfirmed_members(settled, sessions):
                     self._awaiting_storage = True
+        self._watch_groups(seen)
+
+    def _watch_groups(self, groups: set[tuple[str, int]]) -> None:
+        """Watch exactly ``groups``: a worker's CAS that leaves one leaderless wakes the active term at once."""
+        for key in set(self._group_watches) - groups:
+            self._group_watches.pop(key).cancel()
+        for module, g in sorted(groups - set(self._group_watches)):
+            self._group_watches[(module, g)] = self.ms.groups.watch(module, g, self._on_group_changed)
+
+    def _on_group_changed(self, state: GroupState | None, _version: int) -> None:
+        if state is not None and state.leader is None and self._active.is_set():
+            self._kick.set()
 
     def _settle_group(self, module: str, g: int, state: GroupState, version: int,
                       live: dict[str, int], disallowed: Iterable[str] = ()) -> GroupState:

@@ -8,6 +8,7 @@ is "lost" by closing its session, exactly what ZooKeeper does when a worker dies
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -419,3 +420,40 @@ def test_stale_resign_requests_are_withdrawn_and_drains_validated(conductor: Con
     assert all(to != "n1" for to in moves.values())
     assert conductor.allow_leaders("n1") and not conductor.allow_leaders("n1")
     assert ms.drains.nodes() == set()
+
+
+def test_group_left_leaderless_by_a_worker_is_led_again_at_once_by_its_elr_member(hosts: str, nodes: Nodes) -> None:
+    """The double fault of the simulator's seeds 5251341 & co: after a failover to n2 (n1, the deposed leader,
+    joins the ELR), n2 finds its storage lost and, as the last ISR member, marks itself so in one CAS,
+    leaving the group leaderless. The conductor hears it on the group's watch (not on its next periodic
+    reconcile, a minute away here) and elects n1, which holds every applied entry."""
+    from replog.eligibility import record_storage
+    from replog.messages import STORAGE_LOST
+
+    c = Conductor(hosts, "c1", session_timeout=2.0, reconcile_interval=60.0).start()
+    try:
+        assert c.wait_active(10)
+        nodes.add("n1", "n2", "n3")
+        c.deploy(spec("Orders", threads=1))
+        ms = c.ms
+        state, version = ms.groups.get("Orders", 0)
+        nodes.add("n4")  # a membership change: the conductor reconciles now and starts watching the group
+        wait_for(lambda: ("Orders", 0) in c._group_watches, what="the conductor to watch the new group")
+        time.sleep(1.0)  # let that membership change's reconciles finish: the next one is the watch's
+        live = ms.nodes.sessions()
+        failed_over = dataclasses.replace(
+            state, leader="n2", epoch=state.epoch + 1, version=version + 1, isr=("n2",), osr=("n1", "n3"),
+            elr=("n1",), leader_session=live["n2"],
+            storage=tuple((n, 100 + i, live[n]) for i, n in enumerate(("n1", "n2", "n3"))))
+        ms.groups.cas("Orders", 0, failed_over, version)
+        lost = record_storage(failed_over, "n2", 999, live["n2"])  # n2 reopened its storage after damage
+        assert lost is not None and lost.leader is None and lost.incarnation_of("n2") == STORAGE_LOST
+        t0 = time.monotonic()
+        ms.groups.cas("Orders", 0, lost, failed_over.version)
+        wait_for(lambda: ms.groups.get("Orders", 0)[0].leader == "n1", timeout=8.0, what="n1 (ELR) to lead")
+        took = time.monotonic() - t0
+        led = ms.groups.get("Orders", 0)[0]
+        assert led.isr == ("n1",) and led.elr == () and led.epoch == lost.epoch + 1
+        assert took < 5.0, f"the conductor took {took:.1f}s: it waited for a periodic reconcile"
+    finally:
+        c.stop()
