@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -105,7 +106,7 @@ def replica_state(root: Path, node_id: str, module: str, group: int, module_ref:
     return {"replog": replog, "log_end": end, "applied": applied, "depots": depots}
 
 
-class Background:
+class Background(ABC):
     """A loop (``_run``, until ``_stop`` is set) in a daemon thread: the tests' writers and readers."""
 
     join_timeout_s = 60.0  #: how long :meth:`stop` waits for the loop to finish
@@ -114,8 +115,9 @@ class Background:
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
+    @abstractmethod
     def _run(self) -> None:
-        raise NotImplementedError
+        """The loop; it returns once ``_stop`` is set."""
 
     def start(self) -> Self:
         self.thread.start()
