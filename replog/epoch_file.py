@@ -2,8 +2,8 @@
 
 KIP-101 truncation compares these pairs between leader and follower, so losing
 or misreading them can make a follower keep entries the new leader never had.
-The file is therefore replaced atomically (temp file, fsync, rename, directory
-fsync) and carries a CRC32C, so a reader sees either the old or the new list, and
+The file is therefore replaced atomically (:mod:`replog.durable_file`) and
+carries a CRC32C, so a reader sees either the old or the new list, and
 damage is reported instead of silently trusted.
 
 Format (text, so an operator can read it with ``cat``)::
@@ -29,6 +29,7 @@ from pathlib import Path
 
 from crc32c import crc32c
 
+from replog.durable_file import replace_durably
 from replog.errors import CorruptEpochFile
 
 __all__ = ["EpochFile"]
@@ -112,22 +113,7 @@ class EpochFile:
         lines = [_MAGIC, str(len(pairs)), *(f"{e} {s}" for e, s in pairs)]
         body = ("\n".join(lines) + "\n").encode("ascii")
         data = body + f"crc32c {crc32c(body):08x}\n".encode("ascii")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        dir_fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        replace_durably(self.path, data)
 
     def __repr__(self) -> str:
         return f"EpochFile({str(self.path)!r})"

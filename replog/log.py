@@ -67,6 +67,7 @@ from replog.batch import (
     truncate_frame,
 )
 from replog.config import DEFAULT_SEGMENT_BYTES
+from replog.durable_file import fsync_dir
 from replog.errors import CorruptLog, InvalidFrame, OffsetOutOfRange, UnexpectedOffset
 from replog.segment import (
     SWAP_SUFFIX,
@@ -74,7 +75,6 @@ from replog.segment import (
     SegmentInfo,
     ensure_indexed,
     find_frame,
-    fsync_dir,
     pread_exact,
     recover,
     scan_into,

@@ -5,7 +5,7 @@ fixed-size record overwritten in place and made durable with ``fdatasync``
 (one small write, no rename), and it carries a CRC32C: a torn or damaged
 record reads as :class:`CorruptStorageMarks`, which the replica treats as lost
 storage (it cannot prove it holds what it acknowledged). Only the first write
-creates the file (temp file, fsync, rename, directory fsync).
+creates the file, atomically (:mod:`replog.durable_file`).
 
 Record (little-endian, 40 bytes): ``b"MRMARKS1"``, incarnation (u64), acked
 (i64), installing (i64), clean (u32), CRC32C of the bytes before it (u32).
@@ -20,6 +20,7 @@ from pathlib import Path
 
 from crc32c import crc32c
 
+from replog.durable_file import replace_durably
 from replog.eligibility import StorageMarks
 from replog.errors import CorruptStorageMarks
 
@@ -62,7 +63,7 @@ class MarksFile:
         body = _BODY.pack(_MAGIC, marks.incarnation, marks.acked, marks.installing, int(marks.clean))
         data = body + _CRC.pack(crc32c(body))
         if self._fd is None and not self.path.exists():
-            self._create(data)
+            replace_durably(self.path, data)
         else:
             if self._fd is None:
                 self._fd = os.open(self.path, os.O_WRONLY)
@@ -81,22 +82,6 @@ class MarksFile:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-
-    def _create(self, data: bytes) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        dir_fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
 
     def __repr__(self) -> str:
         return f"MarksFile({str(self.path)!r})"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from replog.config import ReplicationConfig
 from replog.epochs import EpochCache
@@ -166,13 +167,12 @@ class ReplicaState:
     def _persist_epochs(self) -> None:
         self._out.append(PersistEpochs(tuple(self.epochs.to_pairs())))
 
-    # Role changes, defined by Replica (they need both roles' rules).
+    if TYPE_CHECKING:
+        # Role changes, defined by Replica (they need both roles' rules); declared
+        # for the type checker only, so no stub can be called by mistake at run time.
 
-    def _on_metastore(self, st: GroupState) -> None:
-        raise NotImplementedError
+        def _on_metastore(self, st: GroupState) -> None: ...
 
-    def _become_follower(self, epoch: int, leader: str) -> None:
-        raise NotImplementedError
+        def _become_follower(self, epoch: int, leader: str) -> None: ...
 
-    def _on_session_expired(self) -> None:
-        raise NotImplementedError
+        def _on_session_expired(self) -> None: ...

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from replog.batch import HEADER_SIZE, Batch, FrameHeader, ScanResult, scan_frames
+from replog.durable_file import fsync_dir
 from replog.errors import CorruptLog
 
 _log = logging.getLogger("millrace.replog")
@@ -42,15 +43,6 @@ class SegmentInfo(NamedTuple):
 
 def segment_name(base_offset: int) -> str:
     return f"{base_offset:020d}{SUFFIX}"
-
-
-def fsync_dir(path: Path) -> None:
-    """Make creations, renames and deletions in ``path`` durable (they live in the directory, not the file)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def pread_exact(fd: int, n: int, pos: int) -> bytes:

@@ -12,12 +12,12 @@ from conductor.devcluster import DevCluster
 SESSION_TIMEOUT = 4.0
 
 
+def fault_cluster(root: Path, log_level: str = "WARNING") -> DevCluster:
+    """The cluster every fault test runs (not started: ``with fault_cluster(...) as dc`` starts and stops it)."""
+    return DevCluster(root, nodes=3, conductors=1, session_timeout=SESSION_TIMEOUT, log_level=log_level)
+
+
 @pytest.fixture
 def dc(tmp_path: Path) -> Iterator[DevCluster]:
-    cluster = DevCluster(tmp_path / "cluster", nodes=3, conductors=1, session_timeout=SESSION_TIMEOUT,
-                         log_level="WARNING")
-    cluster.start()
-    try:
+    with fault_cluster(tmp_path / "cluster") as cluster:
         yield cluster
-    finally:
-        cluster.stop()

@@ -12,10 +12,8 @@ once, and no value at all twice.
 from __future__ import annotations
 
 import signal
-import threading
-import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +25,10 @@ from conductor.client import Cluster
 from conductor.devcluster import DevCluster
 from conductor.wire import millrace_pb2 as pb
 from conductor.wire import millrace_pb2_grpc as pbg
+from tests.faults.conftest import SESSION_TIMEOUT, fault_cluster
 from tests.integration.cluster_helpers import (
     Appender,
+    Writer,
     converged,
     deploy,
     group_status,
@@ -37,54 +37,13 @@ from tests.integration.cluster_helpers import (
     wait_for,
 )
 
-SESSION_TIMEOUT = 4.0
 KILLS = 5
 
 
 @pytest.fixture
 def dc(tmp_path: Path) -> Iterator[DevCluster]:
-    cluster = DevCluster(tmp_path / "cluster", nodes=3, conductors=1, session_timeout=SESSION_TIMEOUT,
-                         log_level="INFO")
-    cluster.start()
-    try:
+    with fault_cluster(tmp_path / "cluster", log_level="INFO") as cluster:  # retries answered are logged at INFO
         yield cluster
-    finally:
-        cluster.stop()
-
-
-class Writer:
-    """Appends unique values in a thread with one blocking call per step; records what was acknowledged."""
-
-    def __init__(self, step: Callable[[list[dict[str, Any]]], None], make: Callable[[int], list[dict[str, Any]]]):
-        self.step = step
-        self.make = make
-        self.acked: list[dict[str, Any]] = []
-        self.errors: list[Exception] = []
-        self._stop = threading.Event()
-        self._n = 0
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            recs = self.make(self._n)
-            self._n += 1
-            try:
-                self.step(recs)
-                self.acked.extend(recs)
-            except Exception as e:  # failed after the client's own retries: not acknowledged
-                self.errors.append(e)
-                time.sleep(0.2)
-
-    def start(self) -> Writer:
-        self.thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self.thread.join(timeout=120)
-
-    def count(self) -> int:
-        return len(self.acked)
 
 
 def _flowing(writers: list[Any], more: int, what: str) -> None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import glob
 import os
 import subprocess
-import threading
 import urllib.request
 from pathlib import Path
 
@@ -31,9 +30,10 @@ from conductor.metastore import Metastore
 from conductor.status import module_status
 from pstate.errors import CorruptStore, SchemaMismatch
 from replog.errors import AppendFailed, EntryTooLarge
-from tests.faults.conftest import SESSION_TIMEOUT
+from tests.faults.conftest import SESSION_TIMEOUT, fault_cluster
 from tests.integration.cluster_helpers import (
     Appender,
+    Background,
     assert_replicas_identical,
     converged,
     deploy,
@@ -48,31 +48,35 @@ FAULTY = "tests.faults.faulty:Faulty"
 OPTIONS = {"replication.min.isr": "2", "replication.max.time.lag.millis": "2000"}
 
 
+def _flip_bytes(path: Path, *offsets: int) -> None:
+    """Invert the byte at each of ``offsets`` of ``path`` (damage a lying disk returns)."""
+    with open(path, "r+b") as f:
+        for off in offsets:
+            f.seek(off)
+            b = f.read(1)
+            f.seek(off)
+            f.write(bytes([b[0] ^ 0xFF]))
+
+
 def _flip_bytes_in_largest_sst(state_dir: Path) -> Path:
     ssts = sorted(glob.glob(str(state_dir / "*.sst")), key=os.path.getsize)
     assert ssts, f"no SST file in {state_dir}"
     sst = Path(ssts[-1])
     size = sst.stat().st_size
-    with open(sst, "r+b") as f:
-        for off in (size // 3, size // 2, 2 * size // 3):
-            f.seek(off)
-            b = f.read(1)
-            f.seek(off)
-            f.write(bytes([b[0] ^ 0xFF]))
+    _flip_bytes(sst, size // 3, size // 2, 2 * size // 3)
     return sst
 
 
-class Reader:
+class Reader(Background):
     """Reads every partition of a depot in a loop: each read is complete (end - start records) or a typed error."""
 
     def __init__(self, depot: object, tasks: int) -> None:
+        super().__init__()
         self.depot = depot
         self.tasks = tasks
         self.complete = 0
         self.partial: list[str] = []
         self.errors: list[Exception] = []
-        self._stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -92,14 +96,6 @@ class Reader:
                     self.partial.append(f"task {task}: {len(got)} of {end - start}")
                 else:
                     self.complete += 1
-
-    def start(self) -> Reader:
-        self.thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self.thread.join(timeout=60)
 
 
 def test_damaged_sst_on_a_stopped_follower_is_found_at_open_and_rebuilt(dc: DevCluster) -> None:
@@ -195,7 +191,7 @@ def test_full_disk_on_one_node_recovers_when_space_returns(tmp_path: Path) -> No
     n3 = root / "nodes" / "n3"
     n3.mkdir(parents=True)
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(n3)], check=True)
-    dc = DevCluster(root, nodes=3, conductors=1, session_timeout=SESSION_TIMEOUT, log_level="WARNING")
+    dc = fault_cluster(root)
     filler = n3 / "filler"
     try:
         dc.start()
@@ -275,12 +271,7 @@ def test_leader_finding_a_damaged_replog_segment_gives_up_and_is_rebuilt(dc: Dev
             wait_for(lambda: len({p.name for p in segments.glob("*.log")} - before) >= 10, 90,
                      "the leader to seal segments the stopped follower lacks")
             sealed = sorted(p for p in segments.glob("*.log") if p.name not in before)[0]
-            size = sealed.stat().st_size
-            with open(sealed, "r+b") as f:
-                f.seek(size // 2)
-                b = f.read(1)
-                f.seek(size // 2)
-                f.write(bytes([b[0] ^ 0xFF]))
+            _flip_bytes(sealed, sealed.stat().st_size // 2)
             dc.start_node(lagging)
             dc.wait_nodes([lagging])
             # (the damage is found when the restarted follower's catch-up reads that segment: how soon
@@ -321,11 +312,7 @@ def test_damaged_replog_on_a_stopped_follower_is_quarantined_at_open_and_rebuilt
             wait_for(lambda: appender.count() > 2000, 60, "appends to flow")
             dc.nodes[victim].stop()
             segment = sorted((dc.node_dir(victim) / "Clicks" / "0" / "replog").glob("*.log"))[0]
-            with open(segment, "r+b") as f:
-                f.seek(segment.stat().st_size // 2)
-                b = f.read(1)
-                f.seek(segment.stat().st_size // 2)
-                f.write(bytes([b[0] ^ 0xFF]))
+            _flip_bytes(segment, segment.stat().st_size // 2)
             dc.start_node(victim)
             dc.wait_nodes([victim])
             quarantined = dc.node_dir(victim) / "_quarantine"

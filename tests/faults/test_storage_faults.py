@@ -16,15 +16,14 @@ import asyncio
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-
-import pytest
 
 from conductor.client import Cluster
 from conductor.devcluster import DevCluster
 from conductor.metastore import Metastore
 from conductor.worker.worker import Worker
+from tests.faults.conftest import SESSION_TIMEOUT
 from tests.integration.cluster_helpers import (
     Appender,
     assert_replicas_identical,
@@ -34,19 +33,6 @@ from tests.integration.cluster_helpers import (
     groups_of,
     wait_for,
 )
-
-SESSION_TIMEOUT = 4.0
-
-
-@pytest.fixture
-def dc(tmp_path: Path) -> Iterator[DevCluster]:
-    cluster = DevCluster(tmp_path / "cluster", nodes=3, conductors=1, session_timeout=SESSION_TIMEOUT,
-                         log_level="WARNING")
-    cluster.start()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
 
 
 def _empty_group_dir(gdir: Path) -> None:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import grpc
 
@@ -105,11 +106,36 @@ def replica_state(root: Path, node_id: str, module: str, group: int, module_ref:
     return {"replog": replog, "log_end": end, "applied": applied, "depots": depots}
 
 
-class Appender:
+class Background(ABC):
+    """A loop (``_run``, until ``_stop`` is set) in a daemon thread: the tests' writers and readers."""
+
+    join_timeout_s = 60.0  #: how long :meth:`stop` waits for the loop to finish
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    @abstractmethod
+    def _run(self) -> None:
+        """The loop; it returns once ``_stop`` is set."""
+
+    def start(self) -> Self:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.thread.join(timeout=self.join_timeout_s)
+
+
+class Appender(Background):
     """Appends continuously from a thread (a window of async appends); records what was acknowledged."""
+
+    join_timeout_s = 90.0
 
     def __init__(self, depot: Any, ack: str = "applied", window: int = 64, prefix: str = "r",
                  users: int = 13, make: Callable[[int], dict[str, Any]] | None = None) -> None:
+        super().__init__()
         self.depot = depot
         self.make = make or (lambda n: {"user": f"u{n % users}", "id": f"{prefix}{n}"})
         self.ack = ack
@@ -117,9 +143,7 @@ class Appender:
         self.acked: list[dict[str, Any]] = []
         self.failed = 0
         self.errors: list[Exception] = []
-        self._stop = threading.Event()
         self._n = 0
-        self.thread = threading.Thread(target=self._run, daemon=True)
         self.last_ack = time.monotonic()
 
     def _run(self) -> None:
@@ -138,13 +162,33 @@ class Appender:
                 self.failed += 1
                 self.errors.append(e)
 
-    def start(self) -> Appender:
-        self.thread.start()
-        return self
+    def count(self) -> int:
+        return len(self.acked)
 
-    def stop(self) -> None:
-        self._stop.set()
-        self.thread.join(timeout=90)
+
+class Writer(Background):
+    """Appends unique values in a thread with one blocking call per step; records what was acknowledged."""
+
+    join_timeout_s = 120.0
+
+    def __init__(self, step: Callable[[list[dict[str, Any]]], object], make: Callable[[int], list[dict[str, Any]]]):
+        super().__init__()
+        self.step = step
+        self.make = make
+        self.acked: list[dict[str, Any]] = []
+        self.errors: list[Exception] = []
+        self._n = 0
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            recs = self.make(self._n)
+            self._n += 1
+            try:
+                self.step(recs)
+                self.acked.extend(recs)
+            except Exception as e:  # failed after the client's own retries: not acknowledged
+                self.errors.append(e)
+                time.sleep(0.2)
 
     def count(self) -> int:
         return len(self.acked)
