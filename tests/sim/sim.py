@@ -757,6 +757,11 @@ class Sim:
                 n.session_live = True
                 self._deliver(nid, inc, SessionStarted(n.session))
                 self._notify(nid, self.znode)
+                # The new session re-reads every watched znode (kazoo's DataWatch does on CONNECTED), the
+                # module's too: options set while the session was down arrive now (seed 7804: a leader kept
+                # the faults' max-inflight 8 and took longer than the quiet period to catch a follower up).
+                if n.replica.config != self.config:
+                    self.at(n.last_notify_ms, self._deliver, nid, inc, ConfigChanged(self.config))
         self.at(self.now + notify_after_ms, notify)
 
     # ------------------------------------------------------------------------------- crashes

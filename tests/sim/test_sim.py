@@ -5,7 +5,8 @@ range; a failure prints the one command that replays its seed, with a trace.
 
 Sweeps with storage faults (issue 13), on the code of commit 1ee07d8: seeds 0-9,999 (all pass but
 7804); 5,200,000-5,205,999, 5,225,000-5,231,499, 5,250,000-5,256,499, 5,275,000-5,281,499 (25,500
-seeds; all pass but 5205512, 5229713, 5251341). Failing seeds are kept below (fixed, or strict xfail).
+seeds; all pass but 5205512, 5229713, 5251341). Seeds 0-9,999 all pass since the simulator re-reads the
+module's options on a new session (7804). Failing seeds are kept below (fixed, or strict xfail).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ START = int(os.environ.get("SIM_SEED_START", "0"))
 
 
 #: failing seeds found by sweeps and not fixed yet (see test_open_seeds)
-OPEN_SEEDS = (7804, 5251341, 5205512, 5229713)
+OPEN_SEEDS = (5251341, 5205512, 5229713)
 
 
 def _workers(seeds: int) -> int:
@@ -124,6 +125,15 @@ def test_regression_seeds_follower_stuck_after_heal(seed: int) -> None:
     assert result.error is None, result.error
 
 
+def test_regression_seed_options_set_while_the_session_was_down() -> None:
+    """Seed 7804 (seeds 0-9,999; process faults only): the healing `set-option` back to the base options
+    reached the leader while its session was expired, and the simulator never re-read the module znode on
+    the new session (the worker's kazoo DataWatch does), so the leader kept max-inflight 8 and a follower
+    it replayed 400 entries to was still behind when the quiet period ended."""
+    result = run_seed(7804)
+    assert result.error is None, result.error
+
+
 def test_regression_seed_stale_epoch_answer_after_far_horizon_install() -> None:
     """Seed 5050635 (sweep 5,000,000+): a follower rebuilt by a far-horizon install got the leader's answer
     to the epoch question its previous replica object had asked (same epoch, older log end) and was told
@@ -148,9 +158,7 @@ def test_regression_seed_storage_fault_on_the_last_copy_while_the_leader_is_down
 def test_open_seeds(seed: int) -> None:
     """Failing seeds found by the last sweeps, kept so they are not lost (strict: a fix must remove them).
 
-    7804 (process faults only, no storage faults): after healing, follower b stays at 637 of 686 entries,
-    the liveness class of 2008135/2038463 (a follower stuck after heal). 5251341, 5205512, 5229713 (storage
-    faults): no working leader after healing, one ISR member left that lost its storage: other paths to the
+    5251341, 5205512, 5229713 (storage faults): no working leader after healing, one ISR member left that lost its storage: other paths to the
     double fault of 5100562/6596 (the failover drops the lost leader from the ISR; KIP-966's eligible
     leader replicas would keep it electable)."""
     result = run_seed(seed)
