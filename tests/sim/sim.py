@@ -747,10 +747,12 @@ class Sim:
         self.note(f"session of {nid} expired")
         if self.znode.leader == nid:
             self._elect_later(self.rng.randint(1, 10))
-        inc = n.incarnation
+        session = n.session
 
         def notify() -> None:
-            if n.alive and n.incarnation == inc:
+            # (a crash ends the process and its session; a far-horizon install rebuilds only the replica)
+            if n.alive and n.session == session:
+                inc = n.incarnation
                 self._deliver(nid, inc, SessionExpired())
                 self._sessions += 1
                 n.session = self._sessions
