@@ -5,8 +5,9 @@ range; a failure prints the one command that replays its seed, with a trace.
 
 Sweeps with storage faults (issue 13), on the code of commit 1ee07d8: seeds 0-9,999 (all pass but
 7804); 5,200,000-5,205,999, 5,225,000-5,231,499, 5,250,000-5,256,499, 5,275,000-5,281,499 (25,500
-seeds; all pass but 5205512, 5229713, 5251341). Seeds 0-9,999 all pass since the simulator re-reads the
-module's options on a new session (7804). Failing seeds are kept below (fixed, or strict xfail).
+seeds; all pass but 5205512, 5229713, 5251341). On commit 7749c70 (the simulator re-reads the module's
+options on a new session: 7804), seeds 0-9,999, 3,000,000-3,003,999 and 8,000,000-8,003,999 all pass.
+Failing seeds are kept below (fixed, or strict xfail).
 """
 
 from __future__ import annotations
