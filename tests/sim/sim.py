@@ -753,16 +753,23 @@ class Sim:
         self.note(f"session of {nid} expired")
         if self.znode.leader == nid:
             self._elect_later(self.rng.randint(1, 10))
-        inc = n.incarnation
+        session = n.session
 
         def notify() -> None:
-            if n.alive and n.incarnation == inc:
+            # (a crash ends the process and its session; a far-horizon install rebuilds only the replica)
+            if n.alive and n.session == session:
+                inc = n.incarnation
                 self._deliver(nid, inc, SessionExpired())
                 self._sessions += 1
                 n.session = self._sessions
                 n.session_live = True
                 self._deliver(nid, inc, SessionStarted(n.session))
                 self._notify(nid, self.znode)
+                # The new session re-reads every watched znode (kazoo's DataWatch does on CONNECTED), the
+                # module's too: options set while the session was down arrive now (seed 7804: a leader kept
+                # the faults' max-inflight 8 and took longer than the quiet period to catch a follower up).
+                if n.replica.config != self.config:
+                    self.at(n.last_notify_ms, self._deliver, nid, inc, ConfigChanged(self.config))
         self.at(self.now + notify_after_ms, notify)
 
     # ------------------------------------------------------------------------------- crashes

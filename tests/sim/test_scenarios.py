@@ -462,6 +462,50 @@ def test_min_isr_changed_live_unstalls_and_stalls_the_group() -> None:
     sim.check_liveness()
 
 
+def test_options_set_while_the_session_is_down_arrive_with_the_new_session() -> None:
+    """`set-option` while the leader's session is expired: the module watch died with the session, so the
+    leader hears the options only when the driver re-reads the module znode on its new session (the
+    worker's kazoo DataWatch does on reconnect). Seed 7804's leader never did, kept max-inflight 8 and
+    replayed a follower too slowly to catch up within the quiet period."""
+    from dataclasses import replace
+
+    sim = scripted(3, max_inflight_entries=8)
+    sim.elect("a")
+    sim.run_for(30)
+    a = sim.nodes["a"]
+    sim.expire_session("a", notify_after_ms=100)
+    sim.set_config(replace(sim.config, max_inflight_entries=60))
+    sim.run_for(50)
+    assert a.replica.config.max_inflight_entries == 8  # not heard: no watch without a session
+    sim.run_until_true(lambda: a.replica.session == a.session and a.replica.config == sim.config, max_ms=200)
+    sim.elect("b")
+    sim.heal_and_settle()
+
+
+def test_far_horizon_install_while_the_session_is_down_keeps_the_new_session() -> None:
+    """A deposed leader hears of its session's expiry late; meanwhile it follows the new leader and installs a
+    far-horizon checkpoint, which rebuilds the replica but not the process: the new session still comes, and
+    the replica records its storage under it (so it is electable again)."""
+    sim = scripted(3, max_time_lag_ms=60)
+    sim.retention = True
+    sim.elect("a")
+    sim.run_for(30)
+    a, b = sim.nodes["a"], sim.nodes["b"]
+    sim.expire_session("a", notify_after_ms=800)
+    sim.isolate("a")
+    sim.elect("b")
+    for _ in range(60):
+        sim.append(3, Ack.APPLIED)
+        sim.run_for(4)
+    sim.run_until_true(lambda: "a" in sim.znode.osr and b.disk.start > a.replica.log_end)
+    rebuilt = a.incarnation
+    sim.heal()
+    sim.run_until_true(lambda: a.incarnation != rebuilt)  # installed a checkpoint
+    assert not a.session_live
+    sim.run_until_true(lambda: a.session_live and sim.znode.storage_session("a") == a.session, max_ms=1_000)
+    sim.heal_and_settle()
+
+
 # ------------------------------------------------------------------------------------------------ storage faults
 
 

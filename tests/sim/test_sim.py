@@ -5,7 +5,9 @@ range; a failure prints the one command that replays its seed, with a trace.
 
 Sweeps with storage faults (issue 13), on the code of commit 1ee07d8: seeds 0-9,999 (all pass but
 7804); 5,200,000-5,205,999, 5,225,000-5,231,499, 5,250,000-5,256,499, 5,275,000-5,281,499 (25,500
-seeds; all pass but 5205512, 5229713, 5251341). Failing seeds are kept below (fixed, or strict xfail).
+seeds; all pass but 5205512, 5229713, 5251341). On commit 7749c70 (the simulator re-reads the module's
+options on a new session: 7804), seeds 0-9,999, 3,000,000-3,003,999 and 8,000,000-8,003,999 all pass.
+Failing seeds are kept below (fixed, or strict xfail).
 """
 
 from __future__ import annotations
@@ -111,12 +113,21 @@ def test_regression_seeds_live_option_changes(seed: int) -> None:
     assert result.error is None, result.error
 
 
-@pytest.mark.parametrize("seed", [2008135, 2038463, 7804])
+@pytest.mark.parametrize("seed", [2008135, 2038463])
 def test_regression_seeds_follower_stuck_after_heal(seed: int) -> None:
     """Found by a sweep on an earlier branch (lost): a follower stayed stuck at 717 of 747 entries after
-    healing. Kept as regression seeds; they pass with the shared election rule and storage records.
-    7804 (seeds 0-9,999, process faults only) stayed at 637 of 686 entries; it passes since the ELR
-    changed its schedule."""
+    healing. Kept as regression seeds; they pass with the shared election rule and storage records."""
+    result = run_seed(seed)
+    assert result.error is None, result.error
+
+
+@pytest.mark.parametrize("seed", [7804, 7026896])
+def test_regression_seed_options_set_while_the_session_was_down(seed: int) -> None:
+    """Seed 7804 (seeds 0-9,999; process faults only): the healing `set-option` back to the base options
+    reached the leader while its session was expired, and the simulator never re-read the module znode on
+    the new session (the worker's kazoo DataWatch does), so the leader kept max-inflight 8 and a follower
+    it replayed 400 entries to was still behind when the quiet period ended. Seed 7026896 (sweep
+    7,000,000+, on b7e6046) failed the same way: its leader kept min-ISR 3 from the fault phase."""
     result = run_seed(seed)
     assert result.error is None, result.error
 
