@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgpack
 
@@ -46,7 +47,7 @@ class ChangeSet:
     def encode(self) -> bytes:
         """msgpack bytes for the replog entry."""
         out: bytes = msgpack.packb(
-            [FORMAT_VERSION, self.topology, self.batch_id, self.cfs, [list(r) for r in self.runs]],
+            [FORMAT_VERSION, self.topology, self.batch_id, self.cfs, _joined(self.runs)],
             use_bin_type=True,
         )
         return out
@@ -75,6 +76,31 @@ class ChangeSet:
         for op, _, items in self.runs:
             n += len(items) if op == OP_DELETE else len(items) // 2
         return n
+
+
+def _joined(runs: list[tuple[int, int, list[bytes]]]) -> list[list[Any]]:
+    """The runs as the wire holds them: a run joins its column family's last one when their op is the same.
+
+    Writes interleave families (a handler puts a timeline entry, then a
+    counter, per message), which made one run per write: every replica then
+    paid per run to decode, check and apply it. Keys of different families
+    never meet, so only each family's own order matters (as in RocksDB's
+    WriteBatch), and joining keeps it. The writes' own lists are never changed.
+    """
+    out: list[list[Any]] = []
+    last: dict[int, int] = {}  # column family index -> its last run in `out`
+    copied: set[int] = set()
+    for op, ci, items in runs:
+        j = last.get(ci)
+        if j is None or out[j][0] != op:
+            last[ci] = len(out)
+            out.append([op, ci, items])
+        elif j in copied:
+            out[j][2].extend(items)
+        else:
+            out[j][2] = out[j][2] + items
+            copied.add(j)
+    return out
 
 
 class Writes:
