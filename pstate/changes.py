@@ -33,6 +33,7 @@ OP_PUT = 0
 OP_DELETE = 1
 OP_DELETE_RANGE = 2
 FORMAT_VERSION = 1
+_UNKNOWN = (False, None)
 
 
 @dataclass
@@ -159,7 +160,13 @@ class Writes:
         return ov
 
     def lookup(self, cf: str, key: bytes) -> tuple[bool, bytes | None]:
-        return self.overlay.lookup(cf, key)
+        runs = self.runs
+        ov = self._overlay if not runs or (self._synced_run == len(runs) - 1
+                                           and self._synced_item == len(runs[-1][2])) else self.overlay
+        d = ov.points.get(cf)
+        if d is not None and key in d:
+            return True, d[key]
+        return ov.lookup(cf, key) if ov.ranges else _UNKNOWN
 
     def scan(self, cf: str, base: Iterator[tuple[bytes, bytes]], lo: bytes, hi: bytes | None,
              reverse: bool) -> Iterator[tuple[bytes, bytes]]:
@@ -173,13 +180,18 @@ class Writes:
         return self._synced_run == len(runs) - 1 and self._synced_item == len(runs[-1][2])
 
     def put(self, cf: str, key: bytes, value: bytes) -> None:
-        in_sync = self._in_sync()
-        items = self.runs[-1][2] if self._last == (OP_PUT, cf) else self._run(OP_PUT, cf)
+        runs = self.runs
+        in_sync = not runs or (self._synced_run == len(runs) - 1 and self._synced_item == len(runs[-1][2]))
+        last = self._last
+        items = runs[-1][2] if last is not None and last[0] == OP_PUT and last[1] == cf else self._run(OP_PUT, cf)
         items.append(key)
         items.append(value)
         if in_sync:  # reads and writes interleave (a transform per message): keep the overlay current as we go
-            self._overlay.put(cf, key, value)
-            self._synced_run, self._synced_item = len(self.runs) - 1, len(items)
+            d = self._overlay.points.get(cf)
+            if d is None:
+                d = self._overlay.points[cf] = {}
+            d[key] = value
+            self._synced_run, self._synced_item = len(runs) - 1, len(items)
 
     def put_many(self, cf: str, keys: list[bytes], values: Sequence[bytes]) -> None:
         """``put(cf, k, v)`` for each pair, in order."""
