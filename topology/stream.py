@@ -144,7 +144,10 @@ class StreamContext:
     def _hop_to(self, name: str, key: Any, values: tuple[Any, ...]) -> None:
         task = self._task_of(key)
         group = task % self._r.groups
-        raw = self._pack([name, task, key, list(values)])  # also for a local hop: a value that cannot travel fails
+        try:  # also for a local hop: a value that cannot travel fails
+            raw = env.pack_message([name, task, key, list(values)])
+        except (TypeError, ValueError, OverflowError):
+            raw = self._pack([name, task, key, list(values)])  # (raises the error that says so)
         if group == self._r.group:                        # here whatever group owns the key
             self._unit.local.append((name, task, key, values, raw))
         else:
