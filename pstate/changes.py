@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgpack
 
@@ -32,6 +33,7 @@ OP_PUT = 0
 OP_DELETE = 1
 OP_DELETE_RANGE = 2
 FORMAT_VERSION = 1
+_UNKNOWN = (False, None)
 
 
 @dataclass
@@ -46,7 +48,7 @@ class ChangeSet:
     def encode(self) -> bytes:
         """msgpack bytes for the replog entry."""
         out: bytes = msgpack.packb(
-            [FORMAT_VERSION, self.topology, self.batch_id, self.cfs, [list(r) for r in self.runs]],
+            [FORMAT_VERSION, self.topology, self.batch_id, self.cfs, _joined(self.runs)],
             use_bin_type=True,
         )
         return out
@@ -75,6 +77,31 @@ class ChangeSet:
         for op, _, items in self.runs:
             n += len(items) if op == OP_DELETE else len(items) // 2
         return n
+
+
+def _joined(runs: list[tuple[int, int, list[bytes]]]) -> list[list[Any]]:
+    """The runs as the wire holds them: a run joins its column family's last one when their op is the same.
+
+    Writes interleave families (a handler puts a timeline entry, then a
+    counter, per message), which made one run per write: every replica then
+    paid per run to decode, check and apply it. Keys of different families
+    never meet, so only each family's own order matters (as in RocksDB's
+    WriteBatch), and joining keeps it. The writes' own lists are never changed.
+    """
+    out: list[list[Any]] = []
+    last: dict[int, int] = {}  # column family index -> its last run in `out`
+    copied: set[int] = set()
+    for op, ci, items in runs:
+        j = last.get(ci)
+        if j is None or out[j][0] != op:
+            last[ci] = len(out)
+            out.append([op, ci, items])
+        elif j in copied:
+            out[j][2].extend(items)
+        else:
+            out[j][2] = out[j][2] + items
+            copied.add(j)
+    return out
 
 
 class Writes:
@@ -133,7 +160,13 @@ class Writes:
         return ov
 
     def lookup(self, cf: str, key: bytes) -> tuple[bool, bytes | None]:
-        return self.overlay.lookup(cf, key)
+        runs = self.runs
+        ov = self._overlay if not runs or (self._synced_run == len(runs) - 1
+                                           and self._synced_item == len(runs[-1][2])) else self.overlay
+        d = ov.points.get(cf)
+        if d is not None and key in d:
+            return True, d[key]
+        return ov.lookup(cf, key) if ov.ranges else _UNKNOWN
 
     def scan(self, cf: str, base: Iterator[tuple[bytes, bytes]], lo: bytes, hi: bytes | None,
              reverse: bool) -> Iterator[tuple[bytes, bytes]]:
@@ -147,13 +180,18 @@ class Writes:
         return self._synced_run == len(runs) - 1 and self._synced_item == len(runs[-1][2])
 
     def put(self, cf: str, key: bytes, value: bytes) -> None:
-        in_sync = self._in_sync()
-        items = self.runs[-1][2] if self._last == (OP_PUT, cf) else self._run(OP_PUT, cf)
+        runs = self.runs
+        in_sync = not runs or (self._synced_run == len(runs) - 1 and self._synced_item == len(runs[-1][2]))
+        last = self._last
+        items = runs[-1][2] if last is not None and last[0] == OP_PUT and last[1] == cf else self._run(OP_PUT, cf)
         items.append(key)
         items.append(value)
         if in_sync:  # reads and writes interleave (a transform per message): keep the overlay current as we go
-            self._overlay.put(cf, key, value)
-            self._synced_run, self._synced_item = len(self.runs) - 1, len(items)
+            d = self._overlay.points.get(cf)
+            if d is None:
+                d = self._overlay.points[cf] = {}
+            d[key] = value
+            self._synced_run, self._synced_item = len(runs) - 1, len(items)
 
     def put_many(self, cf: str, keys: list[bytes], values: Sequence[bytes]) -> None:
         """``put(cf, k, v)`` for each pair, in order."""

@@ -150,6 +150,17 @@ def encode_value(schema: Schema, v: Any) -> bytes:
     return r
 
 
+def _submap_types(s: Schema) -> tuple[type | None, type | None, type | None]:
+    """(key, inner key, value) types of a map of subindexed maps of scalars, for ``Engine._set_in_submap``; Nones
+    (which no value's type is) for any other shape, or where a float is involved (NaN needs validating)."""
+    sub = s.value if isinstance(s, Map) else None
+    if not (isinstance(sub, Map) and sub.storage):
+        return None, None, None
+    assert isinstance(s, Map)
+    types = (getattr(s.key, "pytype", None), getattr(sub.key, "pytype", None), getattr(sub.value, "pytype", None))
+    return (None, None, None) if float in types else types
+
+
 class Engine:
     """Select and transform one PState (column family ``cf``) through ``reader``, writing into ``writes``."""
 
@@ -159,6 +170,7 @@ class Engine:
         self.root = Slot(None, _EMPTY, schema)
         self.reader = reader
         self.w = writes
+        self._submap_types: tuple[type | None, type | None, type | None] | None = None
 
     # -- low level ------------------------------------------------------------
     def get(self, key: bytes) -> bytes | None:
@@ -425,13 +437,11 @@ class Engine:
         (``key_into_map`` twice, then the child's count); False when the shape
         or the types do not fit it exactly, and the general path decides.
         """
-        s = self.root.schema
-        if nav1[0] != KEY or nav2[0] != KEY or not isinstance(s, Map):
-            return False
-        sub = s.value
-        if not (isinstance(sub, Map) and sub.storage and type(nav1[1]) is getattr(s.key, "pytype", None)
-                and type(nav2[1]) is getattr(sub.key, "pytype", None) and type(v) is getattr(sub.value, "pytype", None)
-                and float not in (type(nav1[1]), type(nav2[1]), type(v))):
+        types = self._submap_types
+        if types is None:
+            types = self._submap_types = _submap_types(self.root.schema)
+        if (nav1[0] != KEY or nav2[0] != KEY or type(nav1[1]) is not types[0] or type(nav2[1]) is not types[1]
+                or type(v) is not types[2]):
             return False
         ek = encode_key(nav1[1])
         cv = _SUB + ek + _ELEM + encode_key(nav2[1])

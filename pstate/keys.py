@@ -118,9 +118,18 @@ def encode_key(v: KeyValue) -> bytes:
     if t is str:  # the hot path: most keys are strings
         r: bytes = b"\x05" + v.encode("utf-8", "surrogatepass").replace(b"\x00", b"\x00\xff") + b"\x00\x01"
         return r
+    if t is int and 0 <= v < _SMALL_INT:  # the next hottest: ids, counters, timestamps
+        ln = (v.bit_length() + 7) >> 3
+        r = _INT_HEADS[ln] + v.to_bytes(ln, "big")
+        return r
     out = bytearray()
     _enc(v, out)
     return bytes(out)
+
+
+_SMALL_INT = 1 << 64
+#: what _enc_int writes before the bytes of a non-negative int of 0..8 bytes
+_INT_HEADS = [bytes((T_INT, 0x80 + ln)) for ln in range(9)]
 
 
 def _dec_text(buf: bytes, pos: int) -> tuple[bytes, int]:

@@ -474,10 +474,18 @@ class ChangeSetBuilder:
     def transform(self, pstate: str, t: Transform | Path) -> None:
         """Resolve a path transform against current state into key writes."""
         t = as_transform(t)
-        txn = Writes()
-        eng = self._store.engine(pstate, self._reader, txn)
-        eng.transform(t.path.navs, t.term, t.arg)
-        self.writes.extend(txn)
+        eng = self._engines.get(pstate)
+        if eng is None:
+            eng = self._engines[pstate] = self._store.engine(pstate, self._reader, self.writes)
+        # Written in place, undone if it raises: no transaction object per call. Reads may see this call's own
+        # earlier writes, which the engine never reads back (a node is read before it is written, and a parent's
+        # count lives apart from its children's keys), so the writes are those of a separate transaction.
+        mark = self.writes.savepoint()
+        try:
+            eng.transform(t.path.navs, t.term, t.arg)
+        except BaseException:
+            self.writes.rollback(mark)
+            raise
 
     def set(self, pstate: str, key: Any, value: Any) -> None:
         """Shorthand for ``transform(pstate, P.key(key).set(value))`` with no read (the batch hot path)."""

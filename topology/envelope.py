@@ -147,7 +147,15 @@ def envelope_parents(raw: bytes) -> list[int]:
 
 def has_functions(t: Transform) -> bool:
     """True when ``t`` holds a function (``update``, ``filter``, ``view``) that would travel by name."""
-    return t.term == T_UPDATE or any(kind in (FILTER, VIEW) for kind, _a, _b in t.path.navs)
+    if t.term == T_UPDATE:
+        return True
+    for kind, _a, _b in t.path.navs:  # noqa: SIM110 (a loop, not any(): this runs for every ctx.transform)
+        if kind in _FN_NAVS:
+            return True
+    return False
+
+
+_FN_NAVS = frozenset((FILTER, VIEW))
 
 
 def encode_transform(t: Transform, what: str) -> list[Any]:

@@ -16,11 +16,15 @@ from typing import Any
 import crc32c
 import msgpack
 
+#: msgpack.packb's bytes without building a Packer per call (every hop and every record hashes a key); shared by
+#: threads safely: packing plain values runs in C under the GIL, and a failed pack leaves the buffer empty
+_packb = msgpack.Packer(use_bin_type=True).pack
+
 
 def stable_hash(key: Any) -> int:
     """A process-independent hash of a plain value (str, int, bytes, tuples...)."""
     try:
-        data = msgpack.packb(key, use_bin_type=True)
+        data = _packb(key)
     except TypeError as e:
         raise TypeError(f"cannot hash {type(key).__name__} for partitioning: use str, int, float, bytes, "
                         f"bool, None or tuples of those ({e})") from None

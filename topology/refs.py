@@ -50,6 +50,11 @@ def fn_ref(fn: Callable[..., Any], what: str) -> str:
     return ref
 
 
+def known_ref(fn: Callable[..., Any]) -> str | None:
+    """The reference of a function :func:`fn_ref` accepted before (None: not yet), without building a message."""
+    return _REFS.get(fn)
+
+
 def resolve(ref: str) -> Callable[..., Any]:
     """The function named by ``ref`` (from :func:`fn_ref`); ValueError if this process has no such function."""
     known = _RESOLVED.get(ref)

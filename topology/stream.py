@@ -65,7 +65,7 @@ from topology.errors import ForeignRead, HopFailed, TopologyError
 from topology.module import ModuleDefinition, TopologyDecl
 from topology.partitioners import random as random_partitioner
 from topology.partitioners import task_for_key
-from topology.refs import UnsendableFunction, fn_ref, resolve
+from topology.refs import UnsendableFunction, fn_ref, known_ref, resolve
 
 #: local steps (handlers run on this group) one record or message may cause: a guard against send loops
 MAX_LOCAL_STEPS = 100_000
@@ -144,7 +144,10 @@ class StreamContext:
     def _hop_to(self, name: str, key: Any, values: tuple[Any, ...]) -> None:
         task = self._task_of(key)
         group = task % self._r.groups
-        raw = self._pack([name, task, key, list(values)])  # also for a local hop: a value that cannot travel fails
+        try:  # also for a local hop: a value that cannot travel fails
+            raw = env.pack_message([name, task, key, list(values)])
+        except (TypeError, ValueError, OverflowError):
+            raw = self._pack([name, task, key, list(values)])  # (raises the error that says so)
         if group == self._r.group:                        # here whatever group owns the key
             self._unit.local.append((name, task, key, values, raw))
         else:
@@ -173,7 +176,7 @@ class StreamContext:
         t = as_transform(t)
         full = Transform(Path(((KEY, key, None), *t.path.navs)), t.term, t.arg)
         # functions must have a name to travel by, wherever the key lives: checked (and encoded) now
-        wire = self._wire(pstate, full) if env.has_functions(full) else None
+        wire = self._wire(pstate, full) if env.has_functions(t) else None
         self._r.check_pstate(self._hop, pstate)
         task = self._task_of(key)
         if task == self._task:  # a handler writing its own key (the common case): no closures
@@ -221,10 +224,12 @@ class StreamContext:
         ``fn`` must be a module-level function, wherever the key lives: it may
         have to travel to another task group, by name.
         """
-        try:
-            ref = fn_ref(fn, f"ctx.update({pstate!r}, ...)")
-        except UnsendableFunction as e:
-            raise TopologyError(self._hop, str(e)) from None
+        ref = known_ref(fn)
+        if ref is None:
+            try:
+                ref = fn_ref(fn, f"ctx.update({pstate!r}, ...)")
+            except UnsendableFunction as e:
+                raise TopologyError(self._hop, str(e)) from None
         self._r.check_pstate(self._hop, pstate)
         task = self._task_of(key)
         if task == self._task:
@@ -369,7 +374,8 @@ class StreamRunner:
                     continue
                 unit.steps = 0
                 self._message(builder, unit, m)
-                self._drain(builder, unit)
+                if unit.local:
+                    self._drain(builder, unit)
         except _INFRA:
             raise
         except Exception as e:
