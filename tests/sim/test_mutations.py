@@ -5,13 +5,19 @@ from __future__ import annotations
 import pytest
 
 from replog.replica import Replica
-from tests.sim.mutants import ApplyWithoutAllIsrAcks, ElectsEmptiedReplica, TruncateToHighWatermark
+from tests.sim.mutants import (
+    ApplyWithoutAllIsrAcks,
+    ElectsEmptiedReplica,
+    ForgetsAppliedFloor,
+    TruncateToHighWatermark,
+)
 from tests.sim.sim import run_seed
 
 WITHIN = 50
 
 
-@pytest.mark.parametrize("mutant", [TruncateToHighWatermark, ApplyWithoutAllIsrAcks, ElectsEmptiedReplica])
+@pytest.mark.parametrize("mutant", [TruncateToHighWatermark, ApplyWithoutAllIsrAcks, ElectsEmptiedReplica,
+                                    ForgetsAppliedFloor])
 def test_random_seeds_catch_mutant(mutant: type[Replica]) -> None:
     for seed in range(WITHIN):
         result = run_seed(seed, replica_cls=mutant)
