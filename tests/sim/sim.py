@@ -4,8 +4,9 @@ Everything nondeterministic comes from one seeded PRNG and one virtual clock:
 message delays (hence reordering), drops, duplicates, partitions, crashes that
 lose every unflushed entry and the store's un-flushed applied state (RocksDB runs
 without its WAL: the store comes back at its last flush, below what it applied,
-while the storage marks' applied floor, written after every apply, survives the
-kill), restarts that recover from the durable disk only,
+while the storage marks' applied floor, written after every apply, survives a
+kill; a quarter of the crashes are power losses, which take the floor back to the
+last log flush), restarts that recover from the durable disk only,
 storage faults (a disk replaced by an empty one, a tail lost after it was
 acknowledged, damage found on read and quarantined while the worker runs),
 slow flushes, a versioned metastore with compare-and-set and session expiry,
@@ -143,8 +144,10 @@ class Disk:
     incarnation: int = 0
     acked: int = -1
     #: the applied floor: the highest offset this storage ever applied (written after every apply, as the
-    #: worker does without a sync: a crash here is a kill, which keeps the page cache)
+    #: worker does, without a sync: a kill keeps it), and its value at the last log flush (synced with it: what
+    #: a power loss leaves)
     floor: int = -1
+    floor_synced: int = -1
     #: a storage fault took entries it acknowledged (the open-time check must find it: the sim checks it does)
     damaged: bool = False
 
@@ -331,7 +334,7 @@ class Sim:
             self._incarnations += 1
             d.incarnation = self._incarnations
             d.acked = d.durable_end - 1
-            d.floor = d.applied
+            d.floor = d.floor_synced = d.applied
             d.damaged = False
 
     def intact(self, nid: str) -> bool:
@@ -504,6 +507,7 @@ class Sim:
         if end > n.disk.durable_end:
             n.disk.durable_end = end
             n.disk.acked = end - 1  # the acknowledged mark, persisted before the flush is reported
+            n.disk.floor_synced = n.disk.floor  # in the same write
             self._deliver(nid, inc, LocalFlushed(end))
 
     def _truncate(self, n: Node, end: int) -> None:
@@ -796,6 +800,8 @@ class Sim:
         d = n.disk
         del d.entries[d.durable_end:]
         d.applied = d.store_durable  # the store's memtables die with the process
+        if self.store_rng.random() < 0.25:  # a power loss, not a kill: the floor's unsynced writes are gone too
+            d.floor = d.floor_synced
         if n.session_live:
             n.session_live = False
             if self.znode.leader == nid:
@@ -866,7 +872,7 @@ class Sim:
         d.entries = state
         d.durable_end = upto + 1
         d.start = upto + 1
-        d.applied = d.store_durable = d.floor = upto
+        d.applied = d.store_durable = d.floor = d.floor_synced = upto
         d.acked = upto
         d.epoch_pairs = pairs
         d.gen += 1
