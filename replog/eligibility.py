@@ -65,10 +65,11 @@ def check_storage(marks: StorageMarks | None, *, log_end: int, applied: int) -> 
     """Why this storage lost entries it acknowledged, or None if it holds them all.
 
     ``log_end`` is the recovered log's end, ``applied`` the store's durable
-    applied offset (``marks.applied``, the applied floor, must be in the log too: it is re-applied from it). No marks means a new storage directory (nothing recorded,
-    nothing acknowledged from it). A store ahead of the log is the one state a
-    far-horizon install interrupted between the store swap and the log reset
-    leaves behind (``installing`` set): finishing it (log restarts after
+    applied offset; the applied floor (``marks.applied``) must be in the log
+    too, since it is re-applied from there. No marks means a new storage
+    directory (nothing recorded, nothing acknowledged from it). A store ahead
+    of the log is the one state a far-horizon install interrupted between the
+    store swap and the log reset leaves behind (``installing`` set): finishing it (log restarts after
     ``applied``) loses nothing; without that mark the log lost applied entries.
     """
     if marks is None:

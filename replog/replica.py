@@ -52,7 +52,7 @@ Rules, and why:
   ``append_timeout_ms`` (a stalled ISR, a lost successor) it gives up and takes
   appends again; a CAS in flight is always awaited first, since it may land.
 
-* Applied means applied everywhere the record reached, across restarts: the
+* What a replica applied stays applied across its restarts: the
   store may come back from a crash below what it applied (its un-flushed state
   is lost), but the driver keeps the highest applied offset durably (the
   *applied floor*, in the storage marks). Those entries were committed, so a

@@ -39,7 +39,7 @@ class FollowerRules(ReplicaState):
         trunc = self._truncation_point(m.found_epoch, m.end_offset)
         assert trunc > self.applied_floor, (
             f"{self.node_id} would truncate applied entries: cut at {trunc}, applied {self.applied} "
-            f"(before it opened: {self.applied_floor})"
+            f"(ever: {self.applied_floor})"
         )
         if trunc < self.log_end:
             self._truncate(trunc)
