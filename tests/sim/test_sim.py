@@ -6,6 +6,9 @@ range; a failure prints the one command that replays its seed, with a trace.
 Sweeps with storage faults (issue 13), on the code of commit 1ee07d8: seeds 0-9,999 (all pass but
 7804); 5,200,000-5,205,999, 5,225,000-5,231,499, 5,250,000-5,256,499, 5,275,000-5,281,499 (25,500
 seeds; all pass but 5205512, 5229713, 5251341). Failing seeds are kept below (fixed, or strict xfail).
+With stores that lose their un-flushed applied state on a crash (the applied floor, branch applied): seeds
+0-9,999 (all pass but 7804) and 7,000,000-7,019,999 (all pass but 7007988, 7012378, 7012586, which fail the
+same way on the code before it).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ START = int(os.environ.get("SIM_SEED_START", "0"))
 
 
 #: failing seeds found by sweeps and not fixed yet (see test_open_seeds)
-OPEN_SEEDS = (7804, 5251341, 5205512, 5229713)
+OPEN_SEEDS = (7804, 5251341, 5205512, 5229713, 7007988, 7012378, 7012586)
 
 
 def _workers(seeds: int) -> int:
@@ -152,6 +155,7 @@ def test_open_seeds(seed: int) -> None:
     the liveness class of 2008135/2038463 (a follower stuck after heal). 5251341, 5205512, 5229713 (storage
     faults): no working leader after healing, one ISR member left that lost its storage: other paths to the
     double fault of 5100562/6596 (the failover drops the lost leader from the ISR; KIP-966's eligible
-    leader replicas would keep it electable)."""
+    leader replicas would keep it electable). 7007988, 7012378, 7012586 (sweep of the applied-floor branch;
+    they fail the same way without it): the same class, no working leader after healing."""
     result = run_seed(seed)
     assert result.error is None, result.error
