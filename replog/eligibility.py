@@ -52,6 +52,10 @@ class StorageMarks:
     installing: int = -1
     #: the replica closed cleanly (the last thing it wrote)
     clean: bool = False
+    #: the applied floor: the highest offset this storage ever applied, -1 = none. The store may come back
+    #: below it after a crash (its un-flushed state is lost); entries up to it were committed, so the
+    #: replica re-applies them at open whatever the ISR (Replica's ``applied_floor``)
+    applied: int = -1
 
     def __post_init__(self) -> None:
         assert self.incarnation > STORAGE_LOST, f"an incarnation is a positive id, got {self.incarnation}"
@@ -61,10 +65,11 @@ def check_storage(marks: StorageMarks | None, *, log_end: int, applied: int) -> 
     """Why this storage lost entries it acknowledged, or None if it holds them all.
 
     ``log_end`` is the recovered log's end, ``applied`` the store's durable
-    applied offset. No marks means a new storage directory (nothing recorded,
-    nothing acknowledged from it). A store ahead of the log is the one state a
-    far-horizon install interrupted between the store swap and the log reset
-    leaves behind (``installing`` set): finishing it (log restarts after
+    applied offset; the applied floor (``marks.applied``) must be in the log
+    too, since it is re-applied from there. No marks means a new storage
+    directory (nothing recorded, nothing acknowledged from it). A store ahead
+    of the log is the one state a far-horizon install interrupted between the
+    store swap and the log reset leaves behind (``installing`` set): finishing it (log restarts after
     ``applied``) loses nothing; without that mark the log lost applied entries.
     """
     if marks is None:
@@ -74,6 +79,9 @@ def check_storage(marks: StorageMarks | None, *, log_end: int, applied: int) -> 
         end = applied + 1  # the install is finished by resetting the log after the checkpoint
     if applied >= end:
         return f"the replog ends at offset {log_end} but the store applied up to {applied}: the replog lost entries"
+    if marks.applied >= end:
+        return (f"it applied entries up to offset {marks.applied} but its replog ends at offset {log_end}: "
+                "the replog lost applied entries")
     if marks.acked >= end:
         return (f"it acknowledged entries up to offset {marks.acked} but its replog ends at offset {log_end}: "
                 "the tail it acknowledged was lost")

@@ -7,8 +7,19 @@ record reads as :class:`CorruptStorageMarks`, which the replica treats as lost
 storage (it cannot prove it holds what it acknowledged). Only the first write
 creates the file, atomically (:mod:`replog.durable_file`).
 
-Record (little-endian, 40 bytes): ``b"MRMARKS1"``, incarnation (u64), acked
-(i64), installing (i64), clean (u32), CRC32C of the bytes before it (u32).
+The applied floor (``StorageMarks.applied``) rides in the same record. It is
+written with every flush's fdatasync as the other marks, and also after every
+apply without a sync (:meth:`MarksFile.update` with ``sync=False``, one
+``pwrite``): the page cache keeps that across a SIGKILL, so a killed replica
+re-applies everything it applied; after a power loss the floor trails by at most
+one flush. Every value such a write carries is already durable elsewhere (the
+acked mark as before, the floor's entries in the flushed replog), so losing it
+loses nothing promised.
+
+Record (little-endian, 48 bytes): ``b"MRMARKS2"``, incarnation (u64), acked
+(i64), installing (i64), applied (i64), clean (u32), CRC32C of the bytes before
+it (u32). Files written before the floor existed (``b"MRMARKS1"``, 40 bytes, no
+applied field) are read with the floor at -1 and rewritten in the new format.
 """
 
 from __future__ import annotations
@@ -26,10 +37,14 @@ from replog.errors import CorruptStorageMarks
 
 __all__ = ["MarksFile"]
 
-_MAGIC = b"MRMARKS1"
-_BODY = struct.Struct("<8sQqqI")
+_MAGIC = b"MRMARKS2"
+_BODY = struct.Struct("<8sQqqqI")
 _CRC = struct.Struct("<I")
 SIZE = _BODY.size + _CRC.size
+#: the format before the applied floor: no applied field
+_MAGIC_V1 = b"MRMARKS1"
+_BODY_V1 = struct.Struct("<8sQqqI")
+_SIZES = {SIZE: (_MAGIC, _BODY), _BODY_V1.size + _CRC.size: (_MAGIC_V1, _BODY_V1)}
 
 
 class MarksFile:
@@ -39,6 +54,8 @@ class MarksFile:
         self.path = Path(path)
         self._fd: int | None = None
         self.current: StorageMarks | None = None
+        #: the last write was not synced (the next synced update syncs even if nothing changed)
+        self._unsynced = False
 
     def load(self) -> StorageMarks | None:
         """The saved marks; None if the file does not exist (a new storage directory)."""
@@ -47,20 +64,26 @@ class MarksFile:
         except FileNotFoundError:
             return None
         where = str(self.path)
-        if len(data) != SIZE:
+        if len(data) not in _SIZES:
             raise CorruptStorageMarks(where, f"{len(data)} bytes, expected {SIZE}")
-        body, (stored,) = data[:_BODY.size], _CRC.unpack(data[_BODY.size:])
+        expect, fmt = _SIZES[len(data)]
+        body, (stored,) = data[:fmt.size], _CRC.unpack(data[fmt.size:])
         if crc32c(body) != stored:
             raise CorruptStorageMarks(where, "checksum mismatch")
-        magic, incarnation, acked, installing, clean = _BODY.unpack(body)
-        if magic != _MAGIC or incarnation == 0 or clean not in (0, 1):
+        if fmt is _BODY:
+            magic, incarnation, acked, installing, applied, clean = fmt.unpack(body)
+        else:
+            (magic, incarnation, acked, installing, clean), applied = fmt.unpack(body), -1
+        if magic != expect or incarnation == 0 or clean not in (0, 1):
             raise CorruptStorageMarks(where, "not a storage marks record")
-        self.current = StorageMarks(incarnation, acked, installing, bool(clean))
+        self.current = StorageMarks(incarnation, acked, installing, bool(clean), applied)
         return self.current
 
-    def save(self, marks: StorageMarks) -> None:
-        """Make ``marks`` durable before returning."""
-        body = _BODY.pack(_MAGIC, marks.incarnation, marks.acked, marks.installing, int(marks.clean))
+    def save(self, marks: StorageMarks, *, sync: bool = True) -> None:
+        """Write ``marks``; durable before returning unless ``sync`` is False (then in the page cache only,
+        which a killed process does not lose: see the module docstring for when that is enough)."""
+        body = _BODY.pack(_MAGIC, marks.incarnation, marks.acked, marks.installing, marks.applied,
+                          int(marks.clean))
         data = body + _CRC.pack(crc32c(body))
         if self._fd is None and not self.path.exists():
             replace_durably(self.path, data)
@@ -68,15 +91,20 @@ class MarksFile:
             if self._fd is None:
                 self._fd = os.open(self.path, os.O_WRONLY)
             os.pwrite(self._fd, data, 0)
-            os.fdatasync(self._fd)
+            if sync:
+                os.fdatasync(self._fd)
+        self._unsynced = not sync
         self.current = marks
 
-    def update(self, **change: int | bool) -> None:
+    def update(self, *, sync: bool = True, **change: int | bool) -> None:
         """Save the current marks with ``change`` applied (they must have been loaded or saved first)."""
         assert self.current is not None, f"{self.path}: marks updated before they were loaded or saved"
         new = replace(self.current, **change)  # type: ignore[arg-type]
         if new != self.current:
-            self.save(new)
+            self.save(new, sync=sync)
+        elif sync and self._unsynced and self._fd is not None:
+            os.fdatasync(self._fd)
+            self._unsynced = False
 
     def close(self) -> None:
         if self._fd is not None:

@@ -52,6 +52,15 @@ Rules, and why:
   ``append_timeout_ms`` (a stalled ISR, a lost successor) it gives up and takes
   appends again; a CAS in flight is always awaited first, since it may land.
 
+* What a replica applied stays applied across its restarts: the
+  store may come back from a crash below what it applied (its un-flushed state
+  is lost), but the driver keeps the highest applied offset durably (the
+  *applied floor*, in the storage marks). Those entries were committed, so a
+  replica re-applies its log up to the floor as soon as it leads, or follows a
+  leader it reconciled with, without waiting for the commit rule: a leader whose
+  ISR is below min-ISR still serves everything it acknowledged as applied.
+  Truncation never goes below the floor (the KIP-101 rule above keeps it).
+
 * A replica acknowledges, applies and leads nothing until the group znode
   records its storage's incarnation; storage that lost entries it acknowledged
   is recorded in the same CAS that takes it out of the ISR and the leadership,
@@ -101,7 +110,8 @@ class Replica(LeaderRules, FollowerRules):
     """Leader or follower of one task group on one node.
 
     Construct with what the replica recovered from disk (``log_end`` of the
-    recovered log, all of it durable; the epoch checkpoint; ``_meta.applied``)
+    recovered log, all of it durable; the epoch checkpoint; ``_meta.applied``;
+    the applied floor of its storage marks)
     and the metastore session it runs under, then feed it the current
     :class:`GroupState` as a :class:`MetastoreChanged` event.
 

@@ -37,8 +37,9 @@ class FollowerRules(ReplicaState):
                 or self.reconciled or m.requested_epoch != self._requested_epoch):
             return  # stale or duplicate
         trunc = self._truncation_point(m.found_epoch, m.end_offset)
-        assert trunc > self.applied, (
-            f"{self.node_id} would truncate applied entries: cut at {trunc}, applied {self.applied}"
+        assert trunc > self.applied_floor, (
+            f"{self.node_id} would truncate applied entries: cut at {trunc}, applied {self.applied} "
+            f"(ever: {self.applied_floor})"
         )
         if trunc < self.log_end:
             self._truncate(trunc)
@@ -70,7 +71,7 @@ class FollowerRules(ReplicaState):
         return min(leader_end, own_end, self.log_end)
 
     def _truncate(self, end: int) -> None:
-        assert self.applied < end <= self.log_end, (self.applied, end, self.log_end)
+        assert self.applied_floor < end <= self.log_end, (self.applied_floor, end, self.log_end)
         self._out.append(Truncate(end))
         self.log_end = end
         self.flushed_end = min(self.flushed_end, end)

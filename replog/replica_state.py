@@ -95,10 +95,12 @@ class ReplicaState:
         epoch_pairs: tuple[tuple[int, int], ...] | list[tuple[int, int]] = (),
         applied: int = -1,
         incarnation: int | None = None,
+        applied_floor: int = -1,
     ) -> None:
         assert applied < log_end or (applied == -1 and log_end >= 0), (
             f"applied offset {applied} is not in the recovered log [0, {log_end})"
         )
+        assert applied_floor < log_end, f"applied floor {applied_floor} is not in the recovered log [0, {log_end})"
         assert 0 <= log_start <= applied + 1, (
             f"log starts at {log_start} but only [0, {applied}] is applied: entries in between are lost"
         )
@@ -114,8 +116,13 @@ class ReplicaState:
         self.log_end = log_end
         self.flushed_end = log_end
         self.applied = applied
+        #: highest offset this storage ever applied (the driver keeps it in its marks): after a crash the
+        #: store may hold less (its un-flushed state is lost), but entries up to it were committed, so they
+        #: are re-applied as soon as the replica leads, or follows once reconciled, whatever the ISR's size
+        #: (replay is deterministic), and never truncated
+        self.applied_floor = max(applied, applied_floor)
         #: highest offset known to be applied group-wide (the leader's apply offset)
-        self.apply_offset = applied
+        self.apply_offset = self.applied_floor
         latest = self.epochs.latest_epoch()
         self.epoch = latest if latest is not None else 0
         self.leader: str | None = None
@@ -162,6 +169,7 @@ class ReplicaState:
         assert up_to < self.flushed_end, f"apply {up_to} beyond durable end {self.flushed_end}"
         assert up_to <= self.apply_offset
         self.applied = up_to
+        self.applied_floor = max(self.applied_floor, up_to)
         self._out.append(Apply(up_to))
 
     def _persist_epochs(self) -> None:

@@ -174,9 +174,15 @@ class ReplicaHost:
         #: this storage's incarnation (replog.eligibility): new with the directory, or after a loss
         self.incarnation = (marks.incarnation if marks is not None and self.storage_lost is None
                             else random.SystemRandom().randrange(1, 1 << 63))
+        #: the applied floor (replog.replica): everything this storage applied, which the store may have
+        #: lost with its un-flushed state (no RocksDB WAL); the replica re-applies up to it when it serves
+        floor = max(applied, marks.applied if marks is not None and self.storage_lost is None else -1)
+        if floor > applied:
+            log.info("%s: the store applied up to %d before it stopped but holds %d: re-applying from the replog",
+                     self.name, floor, applied)
         # Durable before the replica may acknowledge anything; cleared "clean" until a clean close.
-        self.marks.save(StorageMarks(self.incarnation, acked=self.log.end_offset - 1))
-        self.replica = self._new_replica(session, applied)
+        self.marks.save(StorageMarks(self.incarnation, acked=self.log.end_offset - 1, applied=floor))
+        self.replica = self._new_replica(session, applied, floor)
         #: the group znode as last fed to the state machine (far-horizon install checks ISR membership)
         self._znode: GroupState | None = None
         #: follower: the far-horizon transfer running for this replica, if any (set by the node)
@@ -201,11 +207,11 @@ class ReplicaHost:
         log.info("%s: opened replica on %s (log [%d, %d), applied %d)", self.name, node_id,
                  self.log.start_offset, self.log.end_offset, applied)
 
-    def _new_replica(self, session: int, applied: int) -> Replica:
+    def _new_replica(self, session: int, applied: int, floor: int) -> Replica:
         return Replica(
             self.node_id, self.name, self.config, session=session, log_start=self.log.start_offset,
             log_end=self.log.end_offset, epoch_pairs=self.epoch_file.load(), applied=applied,
-            incarnation=self.incarnation,
+            incarnation=self.incarnation, applied_floor=floor,
         )
 
     # ------------------------------------------------------------------ called from other threads
@@ -540,6 +546,9 @@ class ReplicaHost:
         flow = self.dataflow.applying() if self.dataflow is not None and self.replica.is_leader else None
         self.store.apply_entries(entries, flow)
         self.stats["entries_applied"] += len(entries)
+        # The applied floor, in the page cache at once (a SIGKILL keeps it), durable with the next flush.
+        assert self.marks.current is not None
+        self.marks.update(applied=max(self.marks.current.applied, up_to), sync=False)
 
     def _reply(self, a: Reply) -> None:
         group = self._pending.pop(a.request_id, None)
@@ -651,8 +660,8 @@ class ReplicaHost:
         self.marks.update(installing=upto)
         self.store.install_checkpoint(staging, manifest)
         self.log.reset(upto + 1)
-        self.marks.update(acked=upto, installing=-1)
-        self.replica = self._new_replica(r.session, upto)
+        self.marks.update(acked=upto, installing=-1, applied=upto)
+        self.replica = self._new_replica(r.session, upto, upto)
         self.stats["far_horizon_installs"] += 1
         if not r.session_ok:
             self._feed(SessionExpired())

@@ -7,6 +7,7 @@ switch that could turn a rule off.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from replog.messages import EpochResponse, GroupState, RecordStorage
 from replog.replica import Replica
@@ -77,3 +78,12 @@ class AppliesWhileElrHoldsBack(Replica):
             super()._advance_apply()
         finally:
             ls.elr = elr
+
+
+class ForgetsAppliedFloor(Replica):
+    """A replica ignores its storage's applied floor: after a crash it re-applies only what the commit rule
+    allows, so a leader below min-ISR serves less than it acknowledged as applied (campaign seed 504)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["applied_floor"] = -1
+        super().__init__(*args, **kwargs)

@@ -2,7 +2,11 @@
 
 Everything nondeterministic comes from one seeded PRNG and one virtual clock:
 message delays (hence reordering), drops, duplicates, partitions, crashes that
-lose every unflushed entry, restarts that recover from the durable disk only,
+lose every unflushed entry and the store's un-flushed applied state (RocksDB runs
+without its WAL: the store comes back at its last flush, below what it applied,
+while the storage marks' applied floor, written after every apply, survives a
+kill; a quarter of the crashes are power losses, which take the floor back to the
+last log flush), restarts that recover from the durable disk only,
 storage faults (a disk replaced by an empty one, a tail lost after it was
 acknowledged, damage found on read and quarantined while the worker runs),
 slow flushes, a versioned metastore with compare-and-set and session expiry,
@@ -123,12 +127,15 @@ class Faults:
 
 @dataclass
 class Disk:
-    """The sim's disk: entries plus how many of them are durable, and the durable epoch file / applied offset."""
+    """The sim's disk: entries plus how many of them are durable, the durable epoch file, the store's applied
+    offset (as the running replica sees it, and as its last flush left it on disk) and the storage marks."""
 
     entries: list[Entry] = field(default_factory=list)
     durable_end: int = 0
     epoch_pairs: tuple[tuple[int, int], ...] = ()
     applied: int = -1
+    #: the store's applied offset as of its last flush: what a crash leaves (no RocksDB WAL)
+    store_durable: int = -1
     gen: int = 0  #: bumped by every truncation, so flushes started before it report nothing
     #: first offset still in the log: retention deleted ``entries[:start]`` (kept here only as the
     #: store's content, for the invariant checks; sending them is a failure)
@@ -136,6 +143,11 @@ class Disk:
     #: storage marks (replog.eligibility): this storage's incarnation, the highest offset ever acknowledged
     incarnation: int = 0
     acked: int = -1
+    #: the applied floor: the highest offset this storage ever applied (written after every apply, as the
+    #: worker does, without a sync: a kill keeps it), and its value at the last log flush (synced with it: what
+    #: a power loss leaves)
+    floor: int = -1
+    floor_synced: int = -1
     #: a storage fault took entries it acknowledged (the open-time check must find it: the sim checks it does)
     damaged: bool = False
 
@@ -187,7 +199,10 @@ class Sim:
       and is only given while the leader's ISR has >= min-ISR members (the leader's
       min-ISR: options change live) and each entry is on >= min-ISR disks, durably;
       an ``append`` acknowledgement names entries the leader holds durably;
-    * an ISR shrink never goes below the min-ISR it was decided under.
+    * an ISR shrink never goes below the min-ISR it was decided under;
+    * applied means applied across restarts: a leader's store holds everything its
+      storage ever applied (its applied floor), also right after a crash lost the
+      store's un-flushed state and whatever the ISR's size.
     """
 
     def __init__(self, seed: int, *, nodes: int = 3, config: ReplicationConfig | None = None,
@@ -196,6 +211,8 @@ class Sim:
                  trace: bool = False) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
+        #: when stores flush (its own stream, so the other draws of a seed are as before stores could lose state)
+        self.store_rng = random.Random(seed ^ 0x5707)
         self.config = config or sim_config(nodes)
         self.faults = faults or Faults()
         self.replica_cls = replica_cls
@@ -301,13 +318,14 @@ class Sim:
     def _new_replica(self, nid: str, disk: Disk, session: int) -> Replica:
         return self.replica_cls(nid, "g", self.config, session=session, log_start=disk.start,
                                 log_end=disk.durable_end, epoch_pairs=disk.epoch_pairs, applied=disk.applied,
-                                incarnation=disk.incarnation)
+                                incarnation=disk.incarnation, applied_floor=disk.floor)
 
     def _open_storage(self, n: Node) -> None:
         """The driver's open-time check (replog.eligibility): storage that lost acknowledged entries gets a
         new incarnation. The sim knows which storages were damaged, so it checks the rule finds each one."""
         d = n.disk
-        lost = check_storage(StorageMarks(d.incarnation, d.acked), log_end=d.durable_end, applied=d.applied)
+        lost = check_storage(StorageMarks(d.incarnation, d.acked, applied=d.floor), log_end=d.durable_end,
+                             applied=d.applied)
         if (lost is not None) != d.damaged:
             self.fail(f"{n.id}: the open-time check says {lost!r} of a storage that is "
                       f"{'damaged' if d.damaged else 'intact'} (log end {d.durable_end}, acked {d.acked})")
@@ -316,6 +334,7 @@ class Sim:
             self._incarnations += 1
             d.incarnation = self._incarnations
             d.acked = d.durable_end - 1
+            d.floor = d.floor_synced = d.applied
             d.damaged = False
 
     def intact(self, nid: str) -> bool:
@@ -341,10 +360,12 @@ class Sim:
         self.at(self.now + self.tick_ms, self._tick, nid, inc)
 
     def _retain(self, n: Node) -> None:
-        """Retention as the worker does it: delete whole segments below the replica's retention point."""
-        point = n.replica.retention_point(n.disk.applied)  # the sim's applied offset is durable at once
+        """Retention as the worker does it: delete whole segments below the replica's retention point, which
+        depends on the store's durable applied offset: the worker flushes the store first when a segment may go."""
+        point = n.replica.retention_point(n.disk.applied)
         start = point - point % self.segment_entries
         if start > n.disk.start:
+            n.disk.store_durable = n.disk.applied
             n.disk.start = start
             self.note(f"{n.id} deletes its log below {start}")
             self._deliver(n.id, n.incarnation, LogStartAdvanced(start))
@@ -367,6 +388,9 @@ class Sim:
             self.fail(f"epoch of {nid} went back from {n.max_epoch} to {r.epoch}")
         n.max_applied = r.applied
         n.max_epoch = r.epoch
+        if r.is_leader and n.disk.applied < n.disk.floor:
+            self.fail(f"{nid} leads with its store applied up to {n.disk.applied}, but it had applied up to "
+                      f"{n.disk.floor} before: entries it acknowledged as applied are invisible")
         if r.log_end != len(n.disk.entries):
             self.fail(f"{nid} thinks its log ends at {r.log_end}, the disk has {len(n.disk.entries)}")
 
@@ -483,6 +507,7 @@ class Sim:
         if end > n.disk.durable_end:
             n.disk.durable_end = end
             n.disk.acked = end - 1  # the acknowledged mark, persisted before the flush is reported
+            n.disk.floor_synced = n.disk.floor  # in the same write
             self._deliver(nid, inc, LocalFlushed(end))
 
     def _truncate(self, n: Node, end: int) -> None:
@@ -512,6 +537,9 @@ class Sim:
                 self.committed.append(entry)
                 self._check_isr_holds(o)
         disk.applied = up_to
+        disk.floor = max(disk.floor, up_to)
+        if self.store_rng.random() < 0.2:  # RocksDB flushes its memtables now and then
+            disk.store_durable = up_to
 
     def _check_isr_holds(self, o: int) -> None:
         want = self.committed[o]
@@ -784,6 +812,9 @@ class Sim:
         n.outbox.clear()  # what the process had not sent yet dies with it
         d = n.disk
         del d.entries[d.durable_end:]
+        d.applied = d.store_durable  # the store's memtables die with the process
+        if self.store_rng.random() < 0.25:  # a power loss, not a kill: the floor's unsynced writes are gone too
+            d.floor = d.floor_synced
         if n.session_live:
             n.session_live = False
             if self.znode.leader == nid:
@@ -824,6 +855,7 @@ class Sim:
             self.copying.discard((a.follower, finc))
             return
         upto = ln.disk.applied
+        ln.disk.store_durable = upto  # a checkpoint flushes the store
         state = list(ln.disk.entries[:upto + 1])
         pairs = tuple((e, s) for e, s in ln.disk.epoch_pairs if s <= upto)
         self.note(f"{leader} checkpoints [0,{upto}] for {a.follower} (round {rnd})")
@@ -853,7 +885,7 @@ class Sim:
         d.entries = state
         d.durable_end = upto + 1
         d.start = upto + 1
-        d.applied = upto
+        d.applied = d.store_durable = d.floor = d.floor_synced = upto
         d.acked = upto
         d.epoch_pairs = pairs
         d.gen += 1
@@ -909,6 +941,7 @@ class Sim:
             d.durable_end = min(d.durable_end, offset)
             d.gen += 1
             d.damaged = d.acked >= offset
+            d.applied = d.store_durable  # the failed replica's store is abandoned unflushed
         else:
             n.disk = self.new_disk()
         self._open_storage(n)

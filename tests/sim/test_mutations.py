@@ -9,6 +9,7 @@ from tests.sim.mutants import (
     AppliesWhileElrHoldsBack,
     ApplyWithoutAllIsrAcks,
     ElectsEmptiedReplica,
+    ForgetsAppliedFloor,
     TruncateToHighWatermark,
 )
 from tests.sim.sim import run_seed
@@ -17,7 +18,7 @@ WITHIN = 50
 
 
 @pytest.mark.parametrize("mutant", [TruncateToHighWatermark, ApplyWithoutAllIsrAcks, ElectsEmptiedReplica,
-                                    AppliesWhileElrHoldsBack])
+                                    AppliesWhileElrHoldsBack, ForgetsAppliedFloor])
 def test_random_seeds_catch_mutant(mutant: type[Replica]) -> None:
     for seed in range(WITHIN):
         result = run_seed(seed, replica_cls=mutant)

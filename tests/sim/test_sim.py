@@ -8,6 +8,9 @@ Sweeps with storage faults (issue 13), on the code of commit 1ee07d8: seeds 0-9,
 seeds; all pass but 5205512, 5229713, 5251341). On commit 7749c70 (the simulator re-reads the module's
 options on a new session: 7804), seeds 0-9,999, 3,000,000-3,003,999 and 8,000,000-8,003,999 all pass.
 Failing seeds are kept below (fixed, or strict xfail).
+With stores that lose their un-flushed applied state on a crash (the applied floor, branch applied):
+seeds 0-9,999 and 7,000,000-7,019,999 (all pass but 7007988, 7012378, 7012586, the class of 5251341,
+fixed by the ELR on main).
 """
 
 from __future__ import annotations
@@ -151,9 +154,9 @@ def test_regression_seed_storage_fault_on_the_last_copy_while_the_leader_is_down
     assert result.error is None, result.error
 
 
-@pytest.mark.parametrize("seed", [5251341, 5205512, 5229713, 6007169, 6008728])
+@pytest.mark.parametrize("seed", [5251341, 5205512, 5229713, 6007169, 6008728, 7007988, 7012378, 7012586])
 def test_regression_seeds_isr_member_lost_after_failover(seed: int) -> None:
-    """Sweeps 5,200,000+ and 6,000,000+ (storage faults): "no working leader after healing". A follower
+    """Sweeps 5,200,000+, 6,000,000+ and 7,000,000+ (storage faults): "no working leader after healing". A follower
     found damage and reopened its storage in the same session; before its new incarnation was recorded,
     the conductor failed over to it (its old record still said intact), moving the deposed leader, which
     held every applied entry, to the OSR; the reopened replica then marked itself lost as the last ISR
