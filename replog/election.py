@@ -101,9 +101,10 @@ def next_leadership(state: GroupState, live_nodes: Iterable[str] | Mapping[str, 
     * no ISR member can lead (down, unconfirmed, or its storage lost) but an
       ELR member can: it leads and joins the ISR (:func:`_elect_from_elr`).
 
-    A leader lost to a failover joins the ELR as it leaves the ISR: it holds
-    every entry applied so far, and nothing more is applied until the next
-    leader's first CAS empties the ELR (``replog.replica_leader``).
+    A leader lost to a failover that leaves one in-sync replica joins the ELR
+    as it leaves the ISR: it holds every entry applied so far, and nothing more
+    is applied until the next leader's first CAS empties the ELR
+    (``replog.replica_leader``; see :func:`_elr_after_failover`).
 
     Dead followers are left alone: the leader moves them to the OSR itself,
     because only it knows whether the ISR may shrink without going below min-ISR.
@@ -127,7 +128,7 @@ def next_leadership(state: GroupState, live_nodes: Iterable[str] | Mapping[str, 
             epoch=state.epoch + 1, version=state.version + 1,
             isr=tuple(x for x in state.isr if x != old),
             osr=tuple(x for x in state.replicas if x == old or x in state.osr),
-            elr=_joined(state.elr, old),
+            elr=_elr_after_failover(state.elr, old, len(state.isr) - 1),
             leader_session=live[new_leader],
         )
     if old in live and eligible(state, old, live[old]):  # restarted, and the only live in-sync replica
@@ -138,8 +139,19 @@ def next_leadership(state: GroupState, live_nodes: Iterable[str] | Mapping[str, 
     return replace(state, leader=None, epoch=state.epoch + 1, version=state.version + 1, leader_session=0)
 
 
-def _joined(elr: tuple[str, ...], node: str) -> tuple[str, ...]:
-    return elr if node in elr else (*elr, node)
+def _elr_after_failover(elr: tuple[str, ...], old: str, isr_left: int) -> tuple[str, ...]:
+    """The ELR once a failover removed ``old`` from the ISR, leaving ``isr_left`` members.
+
+    ``old`` joins only when one in-sync replica is left: that lone copy is a
+    single point of failure, worth the new leader's CAS before it applies.
+    With two or more left, losing every one is a multiple fault, the group
+    stalls as without an ELR, and the new leader applies at once (its first
+    apply does not wait on its own ZooKeeper connection, which a lost host may
+    just have broken: the multi-host failover test caught that wait).
+    """
+    if isr_left != 1 or old in elr:
+        return elr
+    return (*elr, old)
 
 
 def _elect_from_elr(state: GroupState, live: dict[str, int], disallowed: Iterable[str],
@@ -159,7 +171,7 @@ def _elect_from_elr(state: GroupState, live: dict[str, int], disallowed: Iterabl
     keep = {x for x in state.isr if x != old and state.incarnation_of(x) != STORAGE_LOST} | {pick}
     elr = tuple(x for x in state.elr if x != pick)
     if old is not None:
-        elr = _joined(elr, old)
+        elr = _elr_after_failover(elr, old, len(keep))
     return replace(
         state, leader=pick, epoch=state.epoch + 1, version=state.version + 1,
         isr=tuple(x for x in state.replicas if x in keep),

@@ -15,14 +15,17 @@ from tests.sim.mutants import (
 from tests.sim.sim import run_seed
 
 WITHIN = 50
+#: a deposed leader joins the ELR only when one in-sync replica is left, a rarer state: caught at seed 57
+WITHIN_RARE = {"AppliesWhileElrHoldsBack": 100}
 
 
 @pytest.mark.parametrize("mutant", [TruncateToHighWatermark, ApplyWithoutAllIsrAcks, ElectsEmptiedReplica,
                                     AppliesWhileElrHoldsBack, ForgetsAppliedFloor])
 def test_random_seeds_catch_mutant(mutant: type[Replica]) -> None:
-    for seed in range(WITHIN):
+    within = WITHIN_RARE.get(mutant.__name__, WITHIN)
+    for seed in range(within):
         result = run_seed(seed, replica_cls=mutant)
         if result.error is not None:
             assert "replay:" in result.error
             return
-    pytest.fail(f"{mutant.__name__} survived {WITHIN} seeds: the checker is too weak")
+    pytest.fail(f"{mutant.__name__} survived {within} seeds: the checker is too weak")

@@ -109,3 +109,10 @@ def test_new_storage_takes_a_replica_out_of_the_elr() -> None:
 def test_elr_must_be_osr_members() -> None:
     with pytest.raises(InvalidGroupState, match="eligible leader replicas"):
         GroupState(leader="n1", epoch=1, isr=("n1", "n2"), osr=(), elr=("n2",))
+
+
+def test_deposed_leader_joins_the_elr_only_when_one_in_sync_replica_is_left() -> None:
+    s = GroupState(leader="n1", epoch=3, version=7, isr=("n1", "n2", "n3"), osr=(), placement=("n1", "n2", "n3"),
+                   leader_session=1, storage=_recorded("n1", "n2", "n3"))
+    after = next_leadership(s, {"n2": 1, "n3": 1})
+    assert after is not None and after.isr == ("n2", "n3") and after.elr == ()  # no wait before applying
