@@ -29,7 +29,9 @@ import json
 import logging
 import os
 import shutil
+import signal
 import socket
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -400,18 +402,22 @@ def status(
                 console.print(overview_view(cluster_status.cluster_overview(ms)) if module is None
                               else module_view(cluster_status.module_status(ms, module)))
                 return
+            # Ctrl-C is how --watch ends, not an error. It only sets a flag: raised as KeyboardInterrupt in the
+            # middle of a ZooKeeper or gRPC call it could leave a lock held and the exit hanging.
+            stop = threading.Event()
+            previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
             try:
                 if not console.is_terminal:  # piped to a file or a pager: append a snapshot per second
-                    while True:
+                    while not stop.is_set():
                         console.print(_render_status(ms, module))
                         console.print()
-                        time.sleep(1.0)
+                        stop.wait(1.0)
+                    return
                 with Live(_render_status(ms, module), console=console, auto_refresh=False) as live:
-                    while True:
-                        time.sleep(1.0)
+                    while not stop.wait(1.0):
                         live.update(_render_status(ms, module), refresh=True)
-            except KeyboardInterrupt:
-                pass  # Ctrl-C is how --watch ends: not an error
+            finally:
+                signal.signal(signal.SIGINT, previous)
 
 
 # ---- conductor destroy / set-option / balance --------------------------------------------------------
