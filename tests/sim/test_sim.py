@@ -12,7 +12,8 @@ With stores that lose their un-flushed applied state on a crash (the applied flo
 seeds 0-9,999 and 7,000,000-7,019,999 (all pass but 7007988, 7012378, 7012586, the class of 5251341,
 fixed by the ELR on main). On commit 98c04f1 (ELR, applied floor, options on a new session): seeds
 9,000,000-9,099,999 (100,000 never swept before) and 0-9,999 all pass. Earlier on b7e6046 (ELR alone):
-7,000,000-7,069,999 all pass but 7026896 (the options-on-a-new-session case of 7804).
+7,000,000-7,069,999 all pass but 7026896 (the options-on-a-new-session case of 7804). On f6a4b9b (the ELR
+only when one in-sync replica is left, the rule on main): seeds 0-9,999 and 9,100,000-9,199,999 all pass.
 """
 
 from __future__ import annotations
