@@ -28,9 +28,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-import msgpack
-
 from pstate.changes import Overlay, Writes
+from pstate.codec import _packb as _packb
+from pstate.codec import pack as pack
+from pstate.codec import unpack as unpack
+from pstate.codec import unpack_many as unpack_many
 from pstate.errors import InvalidPath, SchemaMismatch
 from pstate.keys import decode_key_at, encode_key, prefix_end
 from pstate.path import (
@@ -57,22 +59,6 @@ from pstate.path import (
 )
 from pstate.schema import Map, Record, Schema, Set
 
-_BIGINT = 1  # msgpack ext type: ints beyond 64 bits, as signed big-endian bytes
-
-
-def _default(o: Any) -> Any:
-    if type(o) is int:
-        return msgpack.ExtType(_BIGINT, o.to_bytes((o.bit_length() + 8) // 8, "big", signed=True))
-    raise TypeError(f"cannot store a {type(o).__name__} value")
-
-
-def _ext_hook(code: int, data: bytes) -> Any:
-    if code == _BIGINT:
-        return int.from_bytes(data, "big", signed=True)
-    return msgpack.ExtType(code, data)
-
-
-_packb = msgpack.Packer(use_bin_type=True, default=_default).pack
 _EMPTY = b""
 _ELEM = b"\x02"
 _SUB = b"\x03"
@@ -84,22 +70,6 @@ def top_key(kt: type | None, key: Any) -> bytes:
         text: str = key
         return _ELEM + b"\x05" + text.encode("utf-8", "surrogatepass").replace(b"\x00", b"\x00\xff") + b"\x00\x01"
     return _ELEM + encode_key(key)
-
-
-def unpack(raw: bytes) -> Any:
-    return msgpack.unpackb(raw, raw=False, strict_map_key=False, ext_hook=_ext_hook)
-
-
-def unpack_many(raws: list[bytes]) -> list[Any]:
-    """Decode many values in one C loop: concatenated msgpack values are a valid msgpack stream."""
-    u = msgpack.Unpacker(raw=False, strict_map_key=False, ext_hook=_ext_hook, max_buffer_size=0)
-    u.feed(b"".join(raws))
-    return list(u)
-
-
-def pack(v: Any) -> bytes:
-    r: bytes = _packb(v)
-    return r
 
 
 class Reader(Protocol):
