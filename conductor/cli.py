@@ -366,11 +366,11 @@ def update(
 # ---- conductor status ----------------------------------------------------------------------------------
 
 
-def _render_status(ms: Any, module: str | None) -> RenderableType:
+def _render_status(ms: Any, module: str | None, channels: cluster_status.Channels | None = None) -> RenderableType:
     try:
         if module is None:
             return overview_view(cluster_status.cluster_overview(ms))
-        return module_view(cluster_status.module_status(ms, module))
+        return module_view(cluster_status.module_status(ms, module, channels=channels))
     except MetastoreError as e:  # while watching, a ZooKeeper hiccup or a destroy is shown, not fatal
         return Text(f"{e} (retrying every second; Ctrl-C to stop)", style="red")
 
@@ -406,18 +406,20 @@ def status(
             # middle of a ZooKeeper or gRPC call it could leave a lock held and the exit hanging.
             stop = threading.Event()
             previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
+            channels = cluster_status.Channels()  # one per worker for every refresh
             try:
                 if not console.is_terminal:  # piped to a file or a pager: append a snapshot per second
                     while not stop.is_set():
-                        console.print(_render_status(ms, module))
+                        console.print(_render_status(ms, module, channels))
                         console.print()
                         stop.wait(1.0)
                     return
-                with Live(_render_status(ms, module), console=console, auto_refresh=False) as live:
+                with Live(_render_status(ms, module, channels), console=console, auto_refresh=False) as live:
                     while not stop.wait(1.0):
-                        live.update(_render_status(ms, module), refresh=True)
+                        live.update(_render_status(ms, module, channels), refresh=True)
             finally:
                 signal.signal(signal.SIGINT, previous)
+                channels.close()
 
 
 # ---- conductor destroy / set-option / balance --------------------------------------------------------

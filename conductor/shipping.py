@@ -5,10 +5,12 @@
 Steps (Rama ships a jar the same way, minus the proof):
 
 1. place the module's task groups (nothing written yet);
-2. put the artifact on one chosen worker (the first that takes it);
-3. ask every chosen worker, in parallel, to *prepare* it: fetch it from that
-   worker over gRPC, check its sha256, import it in isolation, build the
-   module's definition;
+2. put the artifact on the chosen workers: on all of them in parallel when it
+   is small (up to :data:`DIRECT_PUT_BYTES`; a typical module's code is a few
+   KB), else on one (the first that takes it);
+3. ask every chosen worker, in parallel, to *prepare* it: a worker without it
+   fetches it from that one over gRPC, checks its sha256, imports it in
+   isolation and builds the module's definition;
 4. if any worker refused or did not answer, discard the version on every
    chosen worker and raise :class:`CodeRefused`, naming each worker and its
    error: nothing of the module is in ZooKeeper, and no worker keeps its code;
@@ -24,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -44,6 +46,8 @@ log = logging.getLogger("millrace.conductor")
 
 #: one worker's PutArtifact or Discard
 TRANSFER_TIMEOUT_S = 60.0
+#: artifacts up to this size are put on every chosen worker directly; bigger ones on one, the others fetch it
+DIRECT_PUT_BYTES = 4 * 1024 * 1024
 #: one worker's Prepare: a fetch, an import and a define()
 PREPARE_TIMEOUT_S = 120.0
 
@@ -87,7 +91,7 @@ def deploy_code(conductor: Conductor, spec: ModuleSpec, artifact: Artifact,
         step(f"shipping code {artifact.sha256[:12]} ({artifact.size:,} bytes) to {', '.join(nodes)}")
         holder, refusals = put_artifact(channels, nodes, artifact)
         if holder is not None:
-            step(f"each worker fetches it from {holder}, checks its hash and imports it")
+            step(f"each worker checks its hash and imports it (fetching it from {holder} if it lacks it)")
             refusals.update(prepare_code(channels, spec, [addresses[holder]]))
         refusals.update({n: "not registered in ZooKeeper any more (stopped?)" for n in nodes if n not in addresses})
         if refusals:
@@ -104,20 +108,34 @@ def deploy_code(conductor: Conductor, spec: ModuleSpec, artifact: Artifact,
 
 
 def put_artifact(channels: dict[str, grpc.Channel], nodes: list[str],
-         artifact: Artifact) -> tuple[str | None, dict[str, str]]:
-    """Put the artifact on the first worker that takes it; (that worker, or None, and why others did not)."""
+                 artifact: Artifact) -> tuple[str | None, dict[str, str]]:
+    """Put the artifact on the workers (see the module docstring); (the first that took it, or None, and why
+    each did not when none did). A worker that did not take it fetches it when it prepares.
+
+    Sending a small artifact to each worker costs the operator's machine nothing, and spares every other worker
+    a connection and a transfer from the holder while it serves appends (``conductor update``).
+    """
+    targets = [n for n in nodes if n in channels]
+    batches = [[n] for n in targets] if artifact.size > DIRECT_PUT_BYTES else [targets]  # big: until one takes it
     failed: dict[str, str] = {}
-    for n in nodes:
-        if n not in channels:
-            continue
-        chunks = (code_pb2.ArtifactChunk(sha256=artifact.sha256 if i == 0 else "", size=artifact.size, data=c)
-                  for i, c in enumerate(artifact.chunks()))
-        try:
-            codeg.CodeStub(channels[n]).PutArtifact(chunks, timeout=TRANSFER_TIMEOUT_S)
-            return n, {}
-        except grpc.RpcError as e:
-            failed[n] = f"could not receive the code: {e.code().name} {e.details()}"
+    for batch in batches:
+        futures = {n: codeg.CodeStub(channels[n]).PutArtifact.future(_chunks(artifact), timeout=TRANSFER_TIMEOUT_S)
+                   for n in batch}
+        took = []
+        for n, fut in futures.items():
+            try:
+                fut.result()
+                took.append(n)
+            except grpc.RpcError as e:
+                failed[n] = f"could not receive the code: {e.code().name} {e.details()}"
+        if took:
+            return took[0], {}
     return None, failed
+
+
+def _chunks(artifact: Artifact) -> Iterator[code_pb2.ArtifactChunk]:
+    for i, c in enumerate(artifact.chunks()):
+        yield code_pb2.ArtifactChunk(sha256=artifact.sha256 if i == 0 else "", size=artifact.size, data=c)
 
 
 def prepare_code(channels: dict[str, grpc.Channel], spec: ModuleSpec, sources: list[str]) -> dict[str, str]:

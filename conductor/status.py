@@ -18,6 +18,7 @@ Prometheus or a table without translation.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -40,17 +41,55 @@ RPC_TIMEOUT_S = 2.0
 _MAX_PARALLEL_RPCS = 16
 
 
-def query_group_status(address: str, module: str, group: int,
-                       timeout_s: float = RPC_TIMEOUT_S) -> dict[str, Any]:
+class Channels:
+    """gRPC channels by worker address, opened on first use and closed together.
+
+    A status view asks each worker about several groups, and a poll (``conductor update`` waiting for the
+    switch, ``status --watch``) asks again and again: each new channel is a TCP and HTTP/2 handshake that the
+    worker's event loop serves beside the appends in flight, so one channel per worker serves them all.
+    """
+
+    #: a worker that restarts is asked again within a poll or two, not after gRPC's default backoff (up to 2 min)
+    OPTIONS = [*GRPC_OPTIONS, ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
+               ("grpc.max_reconnect_backoff_ms", 1000)]
+
+    def __init__(self) -> None:
+        self._channels: dict[str, grpc.Channel] = {}
+        self._lock = threading.Lock()
+
+    def get(self, address: str) -> grpc.Channel:
+        with self._lock:
+            ch = self._channels.get(address)
+            if ch is None:
+                ch = self._channels[address] = grpc.insecure_channel(address, options=self.OPTIONS)
+            return ch
+
+    def close(self) -> None:
+        with self._lock:
+            channels, self._channels = list(self._channels.values()), {}
+        for ch in channels:
+            ch.close()
+
+    def __enter__(self) -> Channels:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
+def query_group_status(address: str, module: str, group: int, timeout_s: float = RPC_TIMEOUT_S,
+                       channels: Channels | None = None) -> dict[str, Any]:
     """Ask the replica at ``address`` for its view of ``module/group``; never raises on RPC failure.
 
     Returns ``{"reachable": False, "error": ...}`` when the node does not
     answer within ``timeout_s``, so one dead node cannot break a status view.
     """
     try:
-        with grpc.insecure_channel(address, options=GRPC_OPTIONS) as channel:
-            reply = pbg.ClientStub(channel).GroupStatus(
-                pb.GroupStatusRequest(module=module, group=group), timeout=timeout_s)
+        if channels is None:
+            with Channels() as own:
+                reply = _group_status(own.get(address), module, group, timeout_s)
+        else:
+            reply = _group_status(channels.get(address), module, group, timeout_s)
     except grpc.RpcError as e:
         code = e.code() if hasattr(e, "code") else None
         details = e.details() if hasattr(e, "details") else str(e)
@@ -71,6 +110,12 @@ def query_group_status(address: str, module: str, group: int,
                        for m in reply.migrations],
         "fault": reply.fault or None,
     }
+
+
+def _group_status(channel: grpc.Channel, module: str, group: int, timeout_s: float) -> pb.GroupStatusReply:
+    reply: pb.GroupStatusReply = pbg.ClientStub(channel).GroupStatus(
+        pb.GroupStatusRequest(module=module, group=group), timeout=timeout_s)
+    return reply
 
 
 def follower_lag(log_end: int, follower_offset: int) -> int:
@@ -184,12 +229,17 @@ def _group_row(spec: ModuleSpec, g: int, state: GroupState, live: dict[str, int]
     }
 
 
-def module_status(ms: Metastore, module: str, rpc_timeout_s: float = RPC_TIMEOUT_S) -> dict[str, Any]:
+def module_status(ms: Metastore, module: str, rpc_timeout_s: float = RPC_TIMEOUT_S,
+                  channels: Channels | None = None) -> dict[str, Any]:
     """Every task group of ``module``: leadership from the metastore, offsets and lag from its leader.
 
     Raises ``ModuleNotFound`` if the module is not deployed; an unreachable
-    leader only marks its group (``serving: False`` and a ``problem``).
+    leader only marks its group (``serving: False`` and a ``problem``). A caller that polls passes its
+    ``channels`` (kept open between calls); otherwise one channel per worker serves this call.
     """
+    if channels is None:
+        with Channels() as own:
+            return module_status(ms, module, rpc_timeout_s, own)
     spec, _ = ms.modules.get(module)
     groups = ms.groups.all(module)
     live = ms.nodes.sessions()
@@ -208,9 +258,9 @@ def module_status(ms: Metastore, module: str, rpc_timeout_s: float = RPC_TIMEOUT
     faults: dict[int, list[dict[str, Any]]] = {}
     if to_query or osr_query:
         with ThreadPoolExecutor(max_workers=min(_MAX_PARALLEL_RPCS, len(to_query) + len(osr_query))) as pool:
-            futures = {g: pool.submit(query_group_status, addr, module, g, rpc_timeout_s)
+            futures = {g: pool.submit(query_group_status, addr, module, g, rpc_timeout_s, channels)
                        for g, addr in to_query.items() if addr is not None}
-            osr_futures = {k: pool.submit(query_group_status, addr, module, k[0], rpc_timeout_s)
+            osr_futures = {k: pool.submit(query_group_status, addr, module, k[0], rpc_timeout_s, channels)
                            for k, addr in osr_query.items() if addr is not None}
             replicas = {g: f.result() for g, f in futures.items()}
             for (g, node), f in sorted(osr_futures.items()):
@@ -271,10 +321,11 @@ def wait_serving(ms: Metastore, module: str, timeout_s: float, poll_s: float = 0
     what each group is waiting for, not as an exception.
     """
     deadline = time.monotonic() + timeout_s
-    while True:
-        status = module_status(ms, module, rpc_timeout_s=min(RPC_TIMEOUT_S, max(0.2, timeout_s)))
-        if on_update is not None:
-            on_update(status)
-        if status["serving"] == len(status["groups"]) or time.monotonic() >= deadline:
-            return status
-        time.sleep(poll_s)
+    with Channels() as channels:
+        while True:
+            status = module_status(ms, module, min(RPC_TIMEOUT_S, max(0.2, timeout_s)), channels)
+            if on_update is not None:
+                on_update(status)
+            if status["serving"] == len(status["groups"]) or time.monotonic() >= deadline:
+                return status
+            time.sleep(poll_s)

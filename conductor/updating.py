@@ -6,12 +6,13 @@ Steps (Rama pauses processing for each update; this does not):
 
 1. compare the running version's definition with the new one
    (:func:`topology.upgrade.plan_update`): refused changes stop here;
-2. ship the artifact to one worker hosting the module, then ask every worker
-   hosting it to *prepare* it beside the running version: fetch, check the
-   hash, import in isolation, define, build each local replica's runners and
-   nothing else (new PStates take spare column families at the switch). Any refusal discards the version and raises
-   :class:`~conductor.shipping.CodeRefused` with each worker's error; the
-   running version was never touched;
+2. ship the artifact to the workers hosting the module (as a deploy does:
+   :func:`~conductor.shipping.put_artifact`), then ask every one to *prepare*
+   it beside the running version: check the hash, import in isolation,
+   define, build each local replica's runners and nothing else (new PStates
+   take spare column families at the switch). Any refusal discards the
+   version and raises :class:`~conductor.shipping.CodeRefused` with each
+   worker's error; the running version was never touched;
 3. name the version in the module's spec, with its version znode, in one
    ZooKeeper transaction (a CAS on the spec);
 4. every group's leader sees the spec and appends one *switch entry*: entries
@@ -30,14 +31,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import grpc
-
 from conductor.client.code import default_cache, load_deployed
 from conductor.controller import Conductor
 from conductor.metastore.versions import CodeVersion
 from conductor.shipping import CodeRefused, check_locally, discard_code, prepare_code, put_artifact
-from conductor.status import module_status
-from conductor.wire.options import GRPC_OPTIONS
+from conductor.status import Channels, module_status
 from topology.artifact import Artifact
 from topology.upgrade import UpdatePlan, UpdateRefused, plan_update
 
@@ -84,6 +82,14 @@ def update_code(conductor: Conductor, module: str, artifact: Artifact, module_re
                 tasks: int | None = None, on_step: Callable[[str], None] | None = None,
                 switch_timeout_s: float = SWITCH_TIMEOUT_S) -> UpdateResult:
     """Update ``module`` to the code in ``artifact`` (see the module docstring)."""
+    with Channels() as channels:  # one per worker for every call of the update (status polls included)
+        return _update(conductor, module, artifact, module_ref, allow_drop, tasks, on_step, switch_timeout_s,
+                       channels)
+
+
+def _update(conductor: Conductor, module: str, artifact: Artifact, module_ref: str, allow_drop: bool,
+            tasks: int | None, on_step: Callable[[str], None] | None, switch_timeout_s: float,
+            pool: Channels) -> UpdateResult:
     step = on_step or (lambda _msg: None)
     ms = conductor.ms
     step(f"comparing {artifact.origin} with the running version of {module}")
@@ -97,7 +103,7 @@ def update_code(conductor: Conductor, module: str, artifact: Artifact, module_re
     if artifact.sha256 == spec.code:
         step(f"module {module} already runs code version {artifact.sha256[:12]}")
         return UpdateResult(module, spec.version, spec.version, plan, True)
-    status = module_status(ms, module)
+    status = module_status(ms, module, channels=pool)
     behind = {g: v for g, v in switch_progress(status).items() if v != spec.version}
     if behind:
         raise UpdateRefused(module, [f"groups {sorted(behind)} are still switching to version {spec.version[:12]}; "
@@ -110,7 +116,7 @@ def update_code(conductor: Conductor, module: str, artifact: Artifact, module_re
         step(line)
     nodes = sorted({n for st, _v in ms.groups.all(module).values() for n in st.replicas})
     addresses = {n: info.address for n in nodes if (info := ms.nodes.get(n)) is not None}
-    channels = {n: grpc.insecure_channel(a, options=GRPC_OPTIONS) for n, a in addresses.items()}
+    channels = {n: pool.get(a) for n, a in addresses.items()}
     target = dataclasses.replace(spec, code=artifact.sha256, module_ref=module_ref,
                                  initial_code=spec.initial_version if spec.initial_code is None else spec.initial_code)
     try:
@@ -128,14 +134,11 @@ def update_code(conductor: Conductor, module: str, artifact: Artifact, module_re
     except BaseException:
         discard_code(channels, artifact.sha256)
         raise
-    finally:
-        for ch in channels.values():
-            ch.close()
     step(f"leaders switch to {artifact.sha256[:12]} at one replog entry each")
     started = time.monotonic()
     result = UpdateResult(module, spec.version, target.version, plan, False)
     while True:
-        result.groups = switch_progress(module_status(ms, module))
+        result.groups = switch_progress(module_status(ms, module, channels=pool))
         result.switched = len(result.groups) == spec.threads and all(v == target.version
                                                                      for v in result.groups.values())
         if result.switched or time.monotonic() - started > switch_timeout_s:

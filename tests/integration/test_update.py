@@ -87,6 +87,9 @@ def test_new_code_and_a_new_pstate_switch_with_no_failed_append(cluster: DevClus
         wait_for(lambda: len(writer.acks) > n + 200, 60, "appends after the switch")
         writer.stop()
         assert result.switched and result.plan.added_pstates == ["$$last"], result
+        # a small artifact is put on every worker directly (none fetches it from another while serving)
+        v2 = artifact("v2").sha256
+        assert all((cluster.node_dir(n) / "_code" / v2 / "artifact.zip").is_file() for n in cluster.nodes)
         assert not writer.errors, writer.errors[:3]
         weights = Counter(a.value for a in writer.acks)
         assert set(weights) == {1, 10} and weights[10] >= 200, weights
