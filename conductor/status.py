@@ -229,6 +229,23 @@ def _group_row(spec: ModuleSpec, g: int, state: GroupState, live: dict[str, int]
     }
 
 
+def leader_reports(ms: Metastore, module: str, channels: Channels,
+                   rpc_timeout_s: float = RPC_TIMEOUT_S) -> dict[int, dict[str, Any]]:
+    """What each group's leader reports (:func:`query_group_status`), by group; groups without a leader are
+    left out. A fraction of :func:`module_status`'s reads and calls, for a poll that needs only the leaders
+    (``conductor update`` waiting for the switch, on workers serving appends)."""
+    addresses: dict[str, str | None] = {}
+    targets = {g: _address(ms, addresses, state.leader) for g, (state, _) in ms.groups.all(module).items()
+               if state.leader is not None}
+    queried = {g: a for g, a in targets.items() if a is not None}
+    if not queried:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(_MAX_PARALLEL_RPCS, len(queried))) as pool:
+        futures = {g: pool.submit(query_group_status, a, module, g, rpc_timeout_s, channels)
+                   for g, a in queried.items()}
+        return {g: f.result() for g, f in futures.items()}
+
+
 def module_status(ms: Metastore, module: str, rpc_timeout_s: float = RPC_TIMEOUT_S,
                   channels: Channels | None = None) -> dict[str, Any]:
     """Every task group of ``module``: leadership from the metastore, offsets and lag from its leader.

@@ -35,7 +35,7 @@ from conductor.client.code import default_cache, load_deployed
 from conductor.controller import Conductor
 from conductor.metastore.versions import CodeVersion
 from conductor.shipping import CodeRefused, check_locally, discard_code, prepare_code, put_artifact
-from conductor.status import Channels, module_status
+from conductor.status import Channels, leader_reports
 from topology.artifact import Artifact
 from topology.upgrade import UpdatePlan, UpdateRefused, plan_update
 
@@ -58,23 +58,18 @@ class UpdateResult:
     groups: dict[int, str] = field(default_factory=dict)  #: group -> version its leader reports
 
 
-def switch_progress(status: dict[str, Any]) -> dict[int, str]:
+def switch_progress(reports: dict[int, dict[str, Any]]) -> dict[int, str]:
     """Each group's applied code version, as its leader reports it (missing: unreachable)."""
-    out = {}
-    for row in status["groups"]:
-        r = row.get("replica") or {}
-        if r.get("reachable") and r.get("code_version"):
-            out[row["group"]] = r["code_version"]
-    return out
+    return {g: r["code_version"] for g, r in reports.items() if r.get("reachable") and r.get("code_version")}
 
 
-def running_migrations(status: dict[str, Any]) -> dict[str, list[int]]:
+def running_migrations(reports: dict[int, dict[str, Any]]) -> dict[str, list[int]]:
     """PState -> groups whose migration is not rewritten to its end yet."""
     out: dict[str, list[int]] = {}
-    for row in status["groups"]:
-        for m in (row.get("replica") or {}).get("migrations") or []:
+    for g, r in sorted(reports.items()):
+        for m in r.get("migrations") or []:
             if not m["done"]:
-                out.setdefault(m["pstate"], []).append(row["group"])
+                out.setdefault(m["pstate"], []).append(g)
     return out
 
 
@@ -103,12 +98,12 @@ def _update(conductor: Conductor, module: str, artifact: Artifact, module_ref: s
     if artifact.sha256 == spec.code:
         step(f"module {module} already runs code version {artifact.sha256[:12]}")
         return UpdateResult(module, spec.version, spec.version, plan, True)
-    status = module_status(ms, module, channels=pool)
-    behind = {g: v for g, v in switch_progress(status).items() if v != spec.version}
+    reports = leader_reports(ms, module, pool)
+    behind = {g: v for g, v in switch_progress(reports).items() if v != spec.version}
     if behind:
         raise UpdateRefused(module, [f"groups {sorted(behind)} are still switching to version {spec.version[:12]}; "
                                      "wait for `conductor status` to show it everywhere"])
-    busy = sorted(set(running_migrations(status)) & set(plan.migrations))
+    busy = sorted(set(running_migrations(reports)) & set(plan.migrations))
     if busy:
         raise UpdateRefused(module, [f"the migration of {', '.join(busy)} is still running; wait for it to finish "
                                      "(`conductor status`) before migrating again"])
@@ -138,7 +133,7 @@ def _update(conductor: Conductor, module: str, artifact: Artifact, module_ref: s
     started = time.monotonic()
     result = UpdateResult(module, spec.version, target.version, plan, False)
     while True:
-        result.groups = switch_progress(module_status(ms, module, channels=pool))
+        result.groups = switch_progress(leader_reports(ms, module, pool))
         result.switched = len(result.groups) == spec.threads and all(v == target.version
                                                                      for v in result.groups.values())
         if result.switched or time.monotonic() - started > switch_timeout_s:
