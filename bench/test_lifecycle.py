@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.lifecycle import step_at
+from bench.lifecycle import step_at, stretch_maxima
 from bench.lifecycle_app import MODULE, REF, SOURCES, Ack, Writer, artifact
 from conductor.shipping import check_locally
 
@@ -30,3 +30,8 @@ def test_gaps_and_steps_are_read_from_timestamps() -> None:
     assert [round(g) for g in w.gaps_ms(1.0, 1.1)] == [10, 40, 10]
     steps = [(0.0, "start"), (1.02, "ship"), (1.9, "switch")]
     assert [step_at(steps, t) for t in (0.5, 1.02, 1.5, 3.0)] == ["start", "ship", "ship", "switch"]
+
+
+def test_the_floor_is_the_largest_gap_of_each_stretch_as_long_as_the_window() -> None:
+    assert stretch_maxima([1.0, 5.0, 2.0, 2.0, 9.0], 2) == [2.0, 5.0, 5.0, 9.0]
+    assert stretch_maxima([3.0, 1.0], 10) == [3.0]  # a window longer than the steady phase: one stretch
