@@ -31,7 +31,7 @@ from pathlib import Path
 
 import grpc
 
-from conductor.client.code import CodeCache
+from conductor.client.code import CodeCache, default_cache
 from conductor.controller import Conductor
 from conductor.metastore import GroupState, ModuleSpec
 from conductor.metastore.versions import CodeVersion
@@ -98,13 +98,24 @@ def deploy_code(conductor: Conductor, spec: ModuleSpec, artifact: Artifact,
             raise CodeRefused(spec.name, refusals)
         version = CodeVersion(artifact.sha256, artifact.size, artifact.kind, spec.module_ref, artifact.origin,
                               tuple(nodes))
-        return conductor.deploy(spec, groups, version)
+        deployed = conductor.deploy(spec, groups, version)
     except BaseException:
         discard_code(channels, artifact.sha256)
         raise
     finally:
         for ch in channels.values():
             ch.close()
+    keep_locally(artifact)
+    return deployed
+
+
+def keep_locally(artifact: Artifact) -> None:
+    """The machine that shipped a version keeps it in its code cache (the one apps' clients load from): an update
+    from here compares against it, and a client here loads it, without fetching it back from a worker."""
+    try:
+        default_cache().put(artifact.sha256, artifact.chunks())
+    except OSError as e:  # a read-only or full home: it is fetched when needed, as on any other machine
+        log.info("could not keep code version %s in the local cache: %s", artifact.sha256[:12], e)
 
 
 def put_artifact(channels: dict[str, grpc.Channel], nodes: list[str],

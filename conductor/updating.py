@@ -34,7 +34,14 @@ from typing import Any
 from conductor.client.code import default_cache, load_deployed
 from conductor.controller import Conductor
 from conductor.metastore.versions import CodeVersion
-from conductor.shipping import CodeRefused, check_locally, discard_code, prepare_code, put_artifact
+from conductor.shipping import (
+    CodeRefused,
+    check_locally,
+    discard_code,
+    keep_locally,
+    prepare_code,
+    put_artifact,
+)
 from conductor.status import Channels, leader_reports
 from topology.artifact import Artifact
 from topology.upgrade import UpdatePlan, UpdateRefused, plan_update
@@ -129,6 +136,7 @@ def _update(conductor: Conductor, module: str, artifact: Artifact, module_ref: s
     except BaseException:
         discard_code(channels, artifact.sha256)
         raise
+    keep_locally(artifact)
     step(f"leaders switch to {artifact.sha256[:12]} at one replog entry each")
     started = time.monotonic()
     result = UpdateResult(module, spec.version, target.version, plan, False)

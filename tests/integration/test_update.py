@@ -26,6 +26,7 @@ from bench.lifecycle_app import MODULE, REF, Writer, artifact
 from conductor.cli import app
 from conductor.cli_views import module_view
 from conductor.client import Cluster
+from conductor.client.code import CACHE_ENV, default_cache
 from conductor.controller import Conductor
 from conductor.devcluster import DevCluster
 from conductor.metastore.module_spec import MIGRATION_BATCH_INTERVAL_MS, MIGRATION_BATCH_KEYS, ModuleSpec
@@ -75,8 +76,11 @@ def update(dc: DevCluster, version: str, **kw: Any) -> Any:
         return update_code(c, MODULE, artifact(version), REF, **kw)
 
 
-def test_new_code_and_a_new_pstate_switch_with_no_failed_append(cluster: DevCluster) -> None:
+def test_new_code_and_a_new_pstate_switch_with_no_failed_append(cluster: DevCluster, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "operator-cache"))
     deploy_v1(cluster)
+    assert default_cache().has(artifact("v1").sha256)  # the machine that shipped it keeps it
     with Cluster.connect(cluster.hosts, timeout_s=30) as client:
         writer = Writer(client.depot(MODULE, "*events"), keys=KEYS).start()
         wait_for(lambda: len(writer.acks) > 200, 60, "the writer to get going")
@@ -90,6 +94,7 @@ def test_new_code_and_a_new_pstate_switch_with_no_failed_append(cluster: DevClus
         # a small artifact is put on every worker directly (none fetches it from another while serving)
         v2 = artifact("v2").sha256
         assert all((cluster.node_dir(n) / "_code" / v2 / "artifact.zip").is_file() for n in cluster.nodes)
+        assert default_cache().has(v2)
         assert not writer.errors, writer.errors[:3]
         weights = Counter(a.value for a in writer.acks)
         assert set(weights) == {1, 10} and weights[10] >= 200, weights
