@@ -132,10 +132,14 @@ class FollowerRules(ReplicaState):
                     changed = self.epochs.assign(e, self.log_end + i) or changed
                 else:
                     assert e == latest, f"entry epoch {e} after epoch {latest}"
+            if changed:
+                # The epochs first: a kill right after the write keeps the entries (the page cache has them)
+                # but would lose an epoch file written after them, and a log holding entries its epoch file
+                # does not know cannot reconcile (`_become_follower`'s assertion failed at every restart of
+                # the replica, campaign seed 2016 replayed). An epoch past the log end is cut at open.
+                self._persist_epochs()
             self._out.append(AppendLocal(self.log_end, new, m.data, m.start))
             self.log_end = end
-            if changed:
-                self._persist_epochs()
         if m.apply_offset > self.apply_offset:
             self.apply_offset = m.apply_offset
         self._follower_apply()

@@ -110,6 +110,8 @@ def test_appends_frames_and_acks_its_durable_offset() -> None:
     out = r.handle(Replicate("a", "b", 5, 0, (4, 5, 5), -1, "data"), 1)
     assert of(out, AppendLocal) == [AppendLocal(0, (4, 5, 5), "data", 0)]
     assert r.epochs.to_pairs() == [(4, 0), (5, 1)]
+    # the epochs are durable before the entries are written: a kill in between keeps entries, not epochs
+    assert out.index(PersistEpochs(((4, 0), (5, 1)))) < out.index(AppendLocal(0, (4, 5, 5), "data", 0))
     assert out[-1] == Send(ReplicateAck("b", "a", 5, -1, 3))  # nothing durable yet
     out = r.handle(LocalFlushed(3), 2)
     assert out == [Send(ReplicateAck("b", "a", 5, 2, 3))]
