@@ -86,6 +86,8 @@ class FollowerRules(ReplicaState):
     def _send_ack(self, reset: bool = False) -> None:
         assert self.leader is not None
         self._last_ack_ms = self._now
+        if reset:
+            self._reset_ack_ms = self._now
         self._out.append(Send(ReplicateAck(self.node_id, self.leader, self.epoch, self.flushed_end - 1,
                                            self.log_end, reset, self.incarnation or 0)))
 
@@ -106,7 +108,14 @@ class FollowerRules(ReplicaState):
         n = len(m.entry_epochs)
         end = m.start + n
         if m.start > self.log_end:
-            self._send_ack(reset=True)  # a frame was lost: resend from our end
+            # A frame was lost: ask for a resend from our end, at most once per request timeout. Every reset
+            # ack makes the leader resend its whole window from our end, and the frames past our end keep
+            # coming until that resend arrives: the beats queued for us while we were down or rebuilding
+            # (one per apply-offset advance), or the rest of a window. Answering each with a reset ack
+            # made the leader resend the window once per frame: tens of seconds of duplicate windows on
+            # both task threads before a restarted follower could rejoin (fault campaign seed 2016).
+            if self._now - self._reset_ack_ms >= self.config.request_timeout_ms:
+                self._send_ack(reset=True)
             return
         if end > self.log_end:
             skip = self.log_end - m.start
@@ -123,10 +132,14 @@ class FollowerRules(ReplicaState):
                     changed = self.epochs.assign(e, self.log_end + i) or changed
                 else:
                     assert e == latest, f"entry epoch {e} after epoch {latest}"
+            if changed:
+                # The epochs first: a kill right after the write keeps the entries (the page cache has them)
+                # but would lose an epoch file written after them, and a log holding entries its epoch file
+                # does not know cannot reconcile (`_become_follower`'s assertion failed at every restart of
+                # the replica, campaign seed 2016 replayed). An epoch past the log end is cut at open.
+                self._persist_epochs()
             self._out.append(AppendLocal(self.log_end, new, m.data, m.start))
             self.log_end = end
-            if changed:
-                self._persist_epochs()
         if m.apply_offset > self.apply_offset:
             self.apply_offset = m.apply_offset
         self._follower_apply()

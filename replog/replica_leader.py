@@ -406,7 +406,10 @@ class LeaderRules(ReplicaState):
                     p.next = end
                     p.sent_apply = self.apply_offset
                     p.last_send_ms = now
-        if p.sent_apply < self.apply_offset or now - p.last_send_ms >= cfg.heartbeat_interval_ms:
+        # A follower that has not reconciled in this epoch (new storage, or a new leadership) ignores apply
+        # offsets: it gets a beat (which tells it the epoch and the leader) per heartbeat interval, not one per
+        # apply-offset advance, which only queue up for it in the transport (campaign seed 2016).
+        if (p.reconciled and p.sent_apply < self.apply_offset) or now - p.last_send_ms >= cfg.heartbeat_interval_ms:
             start = p.next if p.reconciled else self.log_end
             self._out.append(SendEntries(r, self.epoch, start, start, self.apply_offset))
             p.sent_apply = self.apply_offset

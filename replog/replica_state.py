@@ -133,6 +133,8 @@ class ReplicaState:
         self._request_sent_ms = 0
         #: follower: when we last acknowledged (beats are answered at most once per heartbeat interval)
         self._last_ack_ms = -(1 << 62)
+        #: follower: when we last asked the leader to resend from our log end (a reset ack; see _on_replicate)
+        self._reset_ack_ms = -(1 << 62)
         # leader state
         self._ls: LeaderState | None = None
         #: this storage's incarnation (None: the driver does not track storage, e.g. unit tests of other rules)

@@ -546,3 +546,36 @@ def test_emptied_follower_leaves_the_isr_then_rebuilds_and_rejoins() -> None:
     sim.append(2, Ack.APPLIED)
     sim.run_until_true(lambda: "b" in sim.znode.isr, max_ms=1_000)
     sim.heal_and_settle()
+
+
+def test_restarted_follower_is_not_flooded_by_the_beats_queued_while_it_was_down() -> None:
+    """Fault campaign seed 2016: a follower's disk was emptied; while it was down the leader kept beating it
+    (one beat per apply-offset advance, queued by the real transport until it was back). Each of those beats,
+    past the end of its empty log, got a reset ack, and each reset ack made the leader resend its whole window
+    from the follower's end: tens of seconds of duplicate windows before the follower rejoined the ISR. Now a
+    gap asks for a resend at most once per request timeout, and the follower rejoins at once."""
+    sim = scripted(3, min_isr=2)
+    sim.elect("a")
+    for _ in range(5):
+        sim.append(3, Ack.APPLIED)
+    sim.run_for(100)
+    sim.crash("c")
+    down = sim.now
+    for _ in range(20):  # c misses these; the leader beats it after each apply
+        sim.append(2, Ack.APPLIED)
+        sim.run_for(5)
+    sim.run_until_true(lambda: sim.znode.isr == ("a", "b"))
+    sim.run_for(100)
+    queued = [m for t, dst, m in sim.sent if t >= down and dst == "c" and isinstance(m, Replicate)]
+    assert len(queued) >= 20
+    c = sim.nodes["c"]
+    sim.lose_disk("c", restart_after_ms=1)
+    sim.run_until_true(lambda: c.alive and c.replica.log_end == 0 and c.replica.reconciled)
+    back = sim.now
+    for m in queued:  # the transport's backlog arrives before the leader's resend from c's end
+        sim.inject("c", m)
+    sim.run_until_true(lambda: "c" in sim.znode.isr, max_ms=500)
+    resets = [m for t, dst, m in sim.sent if t >= back and dst == "a" and isinstance(m, ReplicateAck)
+              and m.src == "c" and m.reset]
+    assert len(resets) <= 2, resets  # one per queued beat (over 20) before the fix
+    sim.heal_and_settle()

@@ -110,6 +110,8 @@ def test_appends_frames_and_acks_its_durable_offset() -> None:
     out = r.handle(Replicate("a", "b", 5, 0, (4, 5, 5), -1, "data"), 1)
     assert of(out, AppendLocal) == [AppendLocal(0, (4, 5, 5), "data", 0)]
     assert r.epochs.to_pairs() == [(4, 0), (5, 1)]
+    # the epochs are durable before the entries are written: a kill in between keeps entries, not epochs
+    assert out.index(PersistEpochs(((4, 0), (5, 1)))) < out.index(AppendLocal(0, (4, 5, 5), "data", 0))
     assert out[-1] == Send(ReplicateAck("b", "a", 5, -1, 3))  # nothing durable yet
     out = r.handle(LocalFlushed(3), 2)
     assert out == [Send(ReplicateAck("b", "a", 5, 2, 3))]
@@ -120,8 +122,24 @@ def test_overlapping_and_gapped_frames() -> None:
     r.handle(Replicate("a", "b", 5, 0, (5, 5), -1), 1)
     out = r.handle(Replicate("a", "b", 5, 1, (5, 5, 5), -1, "d"), 1)  # duplicate head
     assert of(out, AppendLocal) == [AppendLocal(2, (5, 5), "d", 1)]
-    out = r.handle(Replicate("a", "b", 5, 9, (5,), -1), 1)  # a frame was lost
+    out = r.handle(Replicate("a", "b", 5, 9, (5,), -1), 100)  # a frame was lost
     assert not of(out, AppendLocal) and out == [Send(ReplicateAck("b", "a", 5, -1, 4, True))]
+
+
+def test_a_gap_asks_for_a_resend_at_most_once_per_request_timeout() -> None:
+    """Fault campaign seed 2016: a restarted follower got, before the leader's resend from its end, the beats
+    queued for it while it was down; a reset ack for each made the leader resend its whole window each time,
+    and the follower took 38-90 s to rejoin the ISR. Frames past our end wait for the resend already asked
+    for (by the reconcile's reset ack, or an earlier gap's) until the request timeout (100 ms here)."""
+    r, out = follower()
+    assert out[-1] == Send(ReplicateAck("b", "a", 5, -1, 0, True))  # reconciled at 0: resend from 0
+    for t in (1, 50, 99):
+        assert r.handle(Replicate("a", "b", 5, 700, (), 3), t) == []  # a stale beat: the resend is coming
+    assert r.handle(Replicate("a", "b", 5, 700, (), 3), 100) == [Send(ReplicateAck("b", "a", 5, -1, 0, True))]
+    assert r.handle(Replicate("a", "b", 5, 700, (), 3), 150) == []
+    out = r.handle(Replicate("a", "b", 5, 0, (5, 5), 3, "d"), 160)  # the resend: appended as usual
+    assert of(out, AppendLocal) == [AppendLocal(0, (5, 5), "d", 0)]
+    assert r.handle(Replicate("a", "b", 5, 9, (), 3), 200) == [Send(ReplicateAck("b", "a", 5, -1, 2, True))]
 
 
 def test_applies_up_to_the_leaders_apply_offset_but_only_what_it_holds() -> None:

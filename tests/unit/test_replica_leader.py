@@ -317,3 +317,20 @@ def test_leader_applies_nothing_until_its_cas_empties_the_elr() -> None:
     assert not of(out, Apply) and not of(out, Reply)  # every ISR member holds it, yet c may lack it
     out = r.handle(IsrChanged(change.new), 5)
     assert of(out, Apply) == [Apply(0)] and of(out, Reply) == [Reply(1, 0, 1)]
+
+
+def test_a_follower_that_has_not_reconciled_gets_beats_per_heartbeat_not_per_apply() -> None:
+    """It ignores apply offsets; a beat for each apply-offset advance only piled up in the transport while it was
+    down, and each cost a reset ack and a resend of the whole window when it came back (campaign seed 2016)."""
+    r, _ = make_leader(GroupState("a", 1, ("a", "b"), ("c",), 1, 1), min_isr=2)
+    ack(r, "b", -1, reset=True)
+    to_c = []
+    for t in range(2, 40, 2):
+        out = r.handle(ClientAppend(t, 1, 10, Ack.APPLIED), t)
+        out += r.handle(LocalFlushed(t // 2), t)
+        out += ack(r, "b", t // 2 - 1, now=t)
+        assert of(out, Apply) == [Apply(t // 2 - 1)]
+        to_c += [a for a in of(out, SendEntries) if a.dst == "c"]
+    assert to_c == []  # c was beaten at 0; the next beat is due at 50
+    out = r.handle(Tick(), 50)
+    assert [a for a in of(out, SendEntries) if a.dst == "c"] == [SendEntries("c", 1, 19, 19, 18)]
