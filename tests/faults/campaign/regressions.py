@@ -41,4 +41,11 @@ REGRESSIONS: tuple[Regression, ...] = (
                "bit flips in a stopped follower's SST file: on restart RocksDB reports corruption (CorruptStore), "
                "the worker cannot open the module, and the replica is never rebuilt from the leader; fixed by "
                "issue 13"),
+    Regression(RunConfig(2016, 60.0, ALL, 8),
+               "a follower restarted with an emptied data folder took 38 s to over 90 s to rejoin its ISRs (the "
+               "cluster did not converge): the beats queued for it while it was down (one per apply advance) "
+               "each drew a reset ack, and each reset ack a resend of the leader's whole window, tens of seconds "
+               "of duplicate windows on both task threads; fixed: a follower asks for a resend at most once per "
+               "request timeout, an unreconciled follower is beaten per heartbeat. A replay also hit a kill "
+               "between a follower's entries and its epoch file (fixed: epochs first)"),
 )
