@@ -125,21 +125,42 @@ class TaskGroupStore:
             opened = ({META, OUTBOX, *spare_names()} | set(existing)) - {"default"}
             cf_opts = {n: self._options(write_buffer_size) for n in opened}
             self._db = rocksdict.Rdict(self.path, opts, column_families=cf_opts)
-            self._wo = rocksdict.WriteOptions()
-            setattr(self._wo, "disable_wal", True)  # noqa: B010 — stub says method, it is a property
-            self._db.set_write_options(self._wo)
-            #: column families by logical name (pstate.families: spares an update aliases new ones to)
-            self.families = Families(self._db, self.path, lambda: self._options(write_buffer_size), sorted(opened))
-            self._cfs = self.families.cfs
-            self._handles = self.families.handles
-            self.families.ensure(names, self.families.aliases())
+        try:
+            # RocksDB opens damaged table files; the first read of a damaged block fails (campaign seed 2072:
+            # a flipped bit in the SST holding _meta failed here as a bare Exception, and the worker gave up
+            # the whole module instead of quarantining this replica)
+            with rocks_errors("open", self.path):
+                self._wo = rocksdict.WriteOptions()
+                setattr(self._wo, "disable_wal", True)  # noqa: B010 — stub says method, it is a property
+                self._db.set_write_options(self._wo)
+                #: column families by logical name (pstate.families: spares an update aliases new ones to)
+                self.families = Families(self._db, self.path, lambda: self._options(write_buffer_size),
+                                         sorted(opened))
+                self._cfs = self.families.cfs
+                self._handles = self.families.handles
+                self.families.ensure(names, self.families.aliases())
+                raw = self._cfs[META].get(_APPLIED)
+        except BaseException:
+            self._release_failed_open()
+            raise
+        self._applied = -1 if raw is None else int.from_bytes(raw, "big")
         self._reader = DbReader(self._cfs, self.path)
         #: PStates whose values are migrated on read (pstate.migration), set by the module's code version
         self.migrations: dict[str, ActiveMigration] = {}
         self._pending = Overlay()
         self._staged_upto = -1
-        raw = self._cfs[META].get(_APPLIED)
-        self._applied = -1 if raw is None else int.from_bytes(raw, "big")
+
+    def _release_failed_open(self) -> None:
+        """Let go of RocksDB after an open that failed past its own (nothing was written here): the replica's
+        directory can then be quarantined, or opened again, by this process."""
+        self._closed = True
+        families = self.__dict__.pop("families", None)
+        if families is not None:
+            families.close()
+        self.__dict__.pop("_cfs", None)
+        self.__dict__.pop("_handles", None)
+        self.__dict__.pop("_db", None)
+        gc.collect()  # handles held in reference cycles go now
 
     @staticmethod
     def _options(write_buffer_size: int | None) -> rocksdict.Options:

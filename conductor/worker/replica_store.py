@@ -44,7 +44,12 @@ class ReplicaStore:
     def open_versioned(cls, path: FsPath, code: GroupCode) -> ReplicaStore:
         """Open a replica's store defined by the code version its applied state is in (``_meta``)."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        return cls(TaskGroupStore(path, {}, ()), code)
+        store = TaskGroupStore(path, {}, ())
+        try:
+            return cls(store, code)
+        except BaseException:  # damage found reading the applied version: release it for the quarantine
+            store.abandon()
+            raise
 
     def current(self) -> TaskGroupStore:
         """The store object now (a far-horizon install replaces it; holders of the old one would read a closed store)."""

@@ -311,8 +311,8 @@ class Worker(ReplicaRecovery):
 
         Its store is defined by the code version its applied state is in; it
         switches where its replog says (``group_code``). A store that fails
-        verification (damage done while the replica was down) is quarantined and
-        the replica opens empty, to be rebuilt from the leader.
+        verification, or found by the open itself (damage done while the replica was
+        down), is quarantined and the replica opens empty, to be rebuilt from the leader.
         """
         spec, module = rt.spec, rt.spec.name
         gdir = self.data_dir / module / str(g)
@@ -320,11 +320,18 @@ class Worker(ReplicaRecovery):
         def open_store() -> ReplicaStore:
             return ReplicaStore.open_versioned(gdir / "state", GroupCode(rt.code, spec.tasks, spec.threads, g))
 
-        store = open_store()
+        def open_verified() -> ReplicaStore:
+            store = open_store()
+            try:
+                store.store.verify()
+            except CorruptStore:
+                store.abandon()
+                raise
+            return store
+
         try:
-            store.store.verify()
-        except CorruptStore as e:
-            store.abandon()
+            store = open_verified()
+        except CorruptStore as e:  # damage done while the replica was down, found opening or verifying
             self._quarantine(rt, g, describe(e))
             store = open_store()
         assert store.code is not None and store.code.runner is not None

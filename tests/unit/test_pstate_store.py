@@ -278,3 +278,21 @@ def test_scans_keep_their_bounds_alive(tmp_path: FsPath) -> None:
         assert sum(1 for _ in fwd) == 10 and sum(1 for _ in rev) == 5
         assert len(view.select(P.sorted_range("k0100", "k0110").all())) == 10
     s.close()
+
+
+def test_damage_found_by_the_open_itself_is_a_typed_error_and_releases_the_store(tmp_path: FsPath) -> None:
+    # campaign seed 2072: a flipped bit in the SST holding _meta failed the open's first read as a bare
+    # Exception, so the worker gave up the whole module instead of quarantining this replica
+    s = TaskGroupStore(tmp_path / "s", SCHEMAS)
+    cs = s.changes()
+    cs.set("$$counts", "a", 1)
+    assert s.apply(0, cs.encode())
+    s.close()  # flushed: _meta's applied offset is in an SST
+    for sst in (tmp_path / "s").glob("*.sst"):
+        with open(sst, "r+b") as f:  # two bytes of the first data block; the footer and index stay readable
+            head = f.read(2)
+            f.seek(0)
+            f.write(bytes(b ^ 0xFF for b in head))
+    for _ in range(2):  # the failed open let go of RocksDB: the same process can open (or move) it again
+        with pytest.raises(CorruptStore):
+            TaskGroupStore(tmp_path / "s", SCHEMAS)
