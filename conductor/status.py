@@ -18,7 +18,6 @@ Prometheus or a table without translation.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +27,7 @@ import grpc
 
 from conductor.metastore import GroupState, Metastore, ModuleNotFound
 from conductor.metastore.module_spec import MIN_ISR, ModuleSpec
+from conductor.wire import channels as wire_channels
 from conductor.wire import millrace_pb2 as pb
 from conductor.wire import millrace_pb2_grpc as pbg
 from conductor.wire.options import GRPC_OPTIONS
@@ -41,40 +41,16 @@ RPC_TIMEOUT_S = 2.0
 _MAX_PARALLEL_RPCS = 16
 
 
-class Channels:
-    """gRPC channels by worker address, opened on first use and closed together.
-
-    A status view asks each worker about several groups, and a poll (``conductor update`` waiting for the
-    switch, ``status --watch``) asks again and again: each new channel is a TCP and HTTP/2 handshake that the
-    worker's event loop serves beside the appends in flight, so one channel per worker serves them all.
-    """
+class Channels(wire_channels.Channels):
+    """The channels of a status view: one per worker for every group it asks about, and for every refresh of a
+    poll (``conductor update`` waiting for the switch, ``status --watch``)."""
 
     #: a worker that restarts is asked again within a poll or two, not after gRPC's default backoff (up to 2 min)
     OPTIONS = [*GRPC_OPTIONS, ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
                ("grpc.max_reconnect_backoff_ms", 1000)]
 
     def __init__(self) -> None:
-        self._channels: dict[str, grpc.Channel] = {}
-        self._lock = threading.Lock()
-
-    def get(self, address: str) -> grpc.Channel:
-        with self._lock:
-            ch = self._channels.get(address)
-            if ch is None:
-                ch = self._channels[address] = grpc.insecure_channel(address, options=self.OPTIONS)
-            return ch
-
-    def close(self) -> None:
-        with self._lock:
-            channels, self._channels = list(self._channels.values()), {}
-        for ch in channels:
-            ch.close()
-
-    def __enter__(self) -> Channels:
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self.close()
+        super().__init__(self.OPTIONS)
 
 
 def query_group_status(address: str, module: str, group: int, timeout_s: float = RPC_TIMEOUT_S,

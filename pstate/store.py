@@ -154,12 +154,16 @@ class TaskGroupStore:
         """Let go of RocksDB after an open that failed past its own (nothing was written here): the replica's
         directory can then be quarantined, or opened again, by this process."""
         self._closed = True
+        self._drop_handles()
+
+    def _drop_handles(self) -> None:
+        """Close the column families and drop every reference to RocksDB this store holds (some of them may
+        not exist yet, after a failed open); RocksDB lets go of the directory when the last one goes."""
         families = self.__dict__.pop("families", None)
         if families is not None:
-            families.close()
-        self.__dict__.pop("_cfs", None)
-        self.__dict__.pop("_handles", None)
-        self.__dict__.pop("_db", None)
+            families.close()  # (it holds the handles and the database too)
+        for name in ("_cfs", "_handles", "_db"):
+            self.__dict__.pop(name, None)
         gc.collect()  # handles held in reference cycles go now
 
     @staticmethod
@@ -242,10 +246,7 @@ class TaskGroupStore:
             aside = f"{self.path}.abandoning-{uuid.uuid4().hex[:8]}"
             os.rename(self.path, aside)
             try:
-                self.families.close()  # (it holds the handles and the database too)
-                del self.families
-                del self._db
-                gc.collect()  # handles held in reference cycles go now, while the directory is away
+                self._drop_handles()  # while the directory is away
             finally:
                 os.rename(aside, self.path)
 

@@ -66,6 +66,7 @@ from conductor.metastore import GroupState, Metastore, MetastoreError
 from conductor.metastore.module_spec import NAME_RE, ModuleSpec
 from conductor.wire import millrace_pb2 as pb
 from conductor.wire import millrace_pb2_grpc as pbg
+from conductor.wire.channels import Channels
 from conductor.wire.errors import Unavailable
 from conductor.wire.options import GRPC_OPTIONS
 from replog.errors import NotLeader
@@ -126,7 +127,7 @@ class Cluster:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="millrace-client", daemon=True)
         self._channels: dict[str, grpc.aio.Channel] = {}
-        self._sync_channels: dict[str, grpc.Channel] = {}
+        self._sync_channels = Channels()
         #: guards the sync channels and the registry of calls in flight (any thread)
         self._calls_lock = threading.Lock()
         #: per group: bumped by every leader change the watch sees
@@ -174,14 +175,11 @@ class Cluster:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
         with self._calls_lock:
-            channels = list(self._sync_channels.values())
-            self._sync_channels.clear()
             streams = list(self._append_streams.values())
             self._append_streams.clear()
         for stream in streams:
             stream.cancel()
-        for sch in channels:
-            sch.close()
+        self._sync_channels.close()
         self._ms.close()
 
     def __enter__(self) -> Cluster:
@@ -372,10 +370,7 @@ class Cluster:
         with self._calls_lock:
             if self._closed:
                 raise ClientError("the cluster client is closed")
-            ch = self._sync_channels.get(address)
-            if ch is None:
-                ch = self._sync_channels[address] = grpc.insecure_channel(address, options=GRPC_OPTIONS)
-        return pbg.ClientStub(ch)
+        return pbg.ClientStub(self._sync_channels.get(address))
 
     def _run(self, coro: Any) -> Any:
         if self._closed:
@@ -441,7 +436,7 @@ class Cluster:
         with self._calls_lock:
             stream = self._append_streams.get(key)
             if stream is None or stream.broken:
-                stream = self._append_streams[key] = SyncAppendStream(self._sync_channels[address])
+                stream = self._append_streams[key] = SyncAppendStream(self._sync_channels.get(address))
             if self._watchdog is None:
                 self._watchdog = threading.Thread(target=self._expire_streams, name="millrace-client-deadlines",
                                                   daemon=True)
