@@ -188,6 +188,14 @@ def hostport(host: str, port: int) -> str:
     return f"[{h}]:{port}" if is_v6 else f"{h}:{port}"
 
 
+def split_hostport(address: str) -> tuple[str, int]:
+    """``hostport``'s inverse: ("::1", 7000) from "[::1]:7000"; ValueError for an address without a port."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"{address!r} is not HOST:PORT")
+    return _unbracket(host), int(port)
+
+
 def parse_port(raw: str) -> int:
     port = int(raw)
     if not 0 <= port <= 65535:

@@ -29,18 +29,22 @@ class NodeInfo:
     """A live worker node as registered in ``/millrace/nodes/<node-id>``."""
 
     node_id: str
+    #: the gRPC address (clients, code, far-horizon checkpoints)
     address: str
     pid: int
     started: float
+    #: where peers send replication frames (conductor.worker.peer_server); "" for a worker without one
+    replication: str = ""
 
     def to_json(self) -> bytes:
-        return json.dumps({"address": self.address, "pid": self.pid, "started": self.started},
-                          sort_keys=True).encode()
+        return json.dumps({"address": self.address, "replication": self.replication, "pid": self.pid,
+                           "started": self.started}, sort_keys=True).encode()
 
     @classmethod
     def from_json(cls, node_id: str, raw: bytes) -> NodeInfo:
         doc = json.loads(raw)
-        return cls(node_id=node_id, address=doc["address"], pid=int(doc["pid"]), started=float(doc["started"]))
+        return cls(node_id=node_id, address=doc["address"], pid=int(doc["pid"]), started=float(doc["started"]),
+                   replication=str(doc.get("replication", "")))
 
 
 class Nodes:
@@ -48,9 +52,10 @@ class Nodes:
 
     def __init__(self, ms: Metastore) -> None:
         self.ms = ms
-        self._registered: dict[str, str] = {}
+        #: node id -> (gRPC address, replication address) of the nodes this session registered
+        self._registered: dict[str, tuple[str, str]] = {}
 
-    def register(self, node_id: str, address: str, *, stale_wait_s: float = 0.0) -> NodeInfo:
+    def register(self, node_id: str, address: str, *, replication: str = "", stale_wait_s: float = 0.0) -> NodeInfo:
         """Announce a live worker node (ephemeral: it disappears when this session ends).
 
         A worker restarted right after a crash finds its id still held by the crashed process's session
@@ -59,7 +64,8 @@ class Nodes:
         """
         if not NAME_RE.match(node_id):
             raise ValueError(f"bad node id {node_id!r}: use letters, digits, '_', '-' or '.', starting with a letter")
-        info = NodeInfo(node_id=node_id, address=address, pid=os.getpid(), started=time.time())
+        info = NodeInfo(node_id=node_id, address=address, pid=os.getpid(), started=time.time(),
+                        replication=replication)
         path = f"{NODES_PATH}/{node_id}"
 
         def attempt() -> None:
@@ -82,7 +88,7 @@ class Nodes:
                     raise
                 log.warning("%s; waiting up to %.0f s for that session to expire", e, deadline - time.monotonic())
                 time.sleep(0.25)
-        self._registered[node_id] = address
+        self._registered[node_id] = (address, replication)
         return info
 
     def unregister(self, node_id: str) -> None:
@@ -133,9 +139,9 @@ class Nodes:
 
     def reregister(self) -> None:
         """A new session after LOST: our node znodes expired with the old one, so create them again."""
-        for node_id, address in list(self._registered.items()):
+        for node_id, (address, replication) in list(self._registered.items()):
             try:
-                self.register(node_id, address)
+                self.register(node_id, address, replication=replication)
                 log.info("re-registered node %s after session loss", node_id)
             except MetastoreError as e:
                 log.error("could not re-register node %s: %s", node_id, e)

@@ -30,3 +30,15 @@ def unpack_lengths(packed: bytes, lengths: bytes) -> list[bytes]:
     if (ends[-1] if ends else 0) != len(packed):
         raise ValueError(f"{len(packed)} packed bytes, but the lengths add up to {ends[-1] if ends else 0}")
     return [packed[e - n:e] for n, e in zip(sizes, ends, strict=True)]
+
+
+def varint(n: int) -> bytes:
+    """``n`` (>= 0) as a protobuf base-128 varint: for messages written by hand, where copying a large field
+    into a protobuf object first would cost more than the message."""
+    assert n >= 0, n
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)

@@ -34,6 +34,8 @@ SETTINGS = [
     Setting("data_dir", REQUIRED, Path, help="where this worker keeps its replicas and code artifacts"),
     *address_settings("gRPC (clients, replication, Spark executors) and metrics"),
     Setting("port", 0, parse_port, help="gRPC port (0: any free port)"),
+    Setting("replication_port", 0, parse_port, help="port peers' replication links connect to, on --host "
+            "(0: any free port; registered in ZooKeeper)"),
     Setting("metrics_host", None, help="address to bind the Prometheus endpoint on (default: --host)"),
     Setting("metrics_port", 0, parse_port, help="Prometheus /metrics port (0: any free port)"),
     Setting("session_timeout", 6.0, parse_seconds, help="ZooKeeper session timeout, seconds"),
@@ -57,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
 
     async def run() -> None:
         node = Worker(s["zk"], node_id, data_dir, s["port"], s["session_timeout"], s["metrics_port"],
-                      listen=listen, metrics_listen=metrics)
+                      listen=listen, metrics_listen=metrics, replication_port=s["replication_port"])
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

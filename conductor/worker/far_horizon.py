@@ -42,6 +42,7 @@ import grpc
 from conductor.wire import millrace_pb2 as pb
 from conductor.wire import millrace_pb2_grpc as pbg
 from conductor.wire.checked import checked_handler
+from conductor.wire.packing import varint
 from pstate.checkpoint import Manifest, ManifestFile
 from replog.catchup import MAX_ROUNDS, round_is_last
 
@@ -160,15 +161,6 @@ def read_chunk_into(path: Path, offset: int, buf: bytearray) -> int:
         return fh.readinto(buf)
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 def encode_data_chunk(name: str, offset: int, data: bytes | memoryview) -> bytes:
     """``CheckpointChunk(file=name, file_offset=offset, data=data)`` in wire format, copying ``data`` once.
 
@@ -178,7 +170,7 @@ def encode_data_chunk(name: str, offset: int, data: bytes | memoryview) -> bytes
     Fields 2, 3 and 4 are simple to write by hand; the reader is unchanged.
     """
     nb = name.encode()
-    return b"".join((b"\x12", _varint(len(nb)), nb, b"\x18", _varint(offset), b"\x22", _varint(len(data)), data))
+    return b"".join((b"\x12", varint(len(nb)), nb, b"\x18", varint(offset), b"\x22", varint(len(data)), data))
 
 
 FETCH_METHOD = "/millrace.Replication/FetchCheckpoint"

@@ -26,7 +26,7 @@ import msgpack
 from conductor.wire import admin_pb2, admin_pb2_grpc
 from conductor.wire import millrace_pb2 as pb
 from conductor.wire import millrace_pb2_grpc as pbg
-from conductor.wire.errors import InvalidRequest, RefusedPeer, error_json, status_of
+from conductor.wire.errors import InvalidRequest, error_json, status_of
 from conductor.wire.packing import pack_lengths
 from conductor.worker.far_horizon import read_chunk_into, stream_checkpoint
 from conductor.worker.lifecycle import code_status
@@ -107,20 +107,6 @@ class AdminService(admin_pb2_grpc.AdminServicer):
 class ReplicationService(pbg.ReplicationServicer):
     def __init__(self, node: Worker) -> None:
         self.node = node
-
-    async def Deliver(self, request_iterator: AsyncIterator[pb.PeerFrame], context: Any) -> pb.DeliverSummary:
-        n = 0
-        try:
-            async for frame in request_iterator:
-                self.node.deliver(frame)
-                n += 1
-        except asyncio.CancelledError:
-            pass  # the node is stopping: peers reconnect to whoever leads next
-        except (RefusedPeer, InvalidRequest) as e:  # the sender is not a replica, or sent garbage: end its stream
-            code, details, meta = status_of(e)
-            context.set_trailing_metadata(meta)
-            await context.abort(code, details)
-        return pb.DeliverSummary(frames=n)
 
     @maps_errors
     async def FetchCheckpoint(self, request: pb.FetchCheckpointRequest,

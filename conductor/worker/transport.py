@@ -1,11 +1,13 @@
-"""Replication transport: protocol messages between nodes over one gRPC stream per peer.
+"""Replication transport, sending side: protocol messages between nodes over one TCP link per peer.
 
 The replication state machines tolerate lost, duplicated and reordered
 messages, so the transport is deliberately simple: a bounded queue per peer,
-drained into one ``PeerFrame`` per write (many messages per gRPC message, which
-is what Python's per-message cost demands), and a stream that is reopened after
-a failure without replaying anything. A full queue drops the newest message
-rather than growing: the leader resends after ``replication.request.timeout.millis``.
+drained into one ``PeerFrame`` per write (many messages per frame, which is what
+Python's per-message cost demands), and a link that is reopened after a failure
+without replaying anything. A full queue drops the newest message rather than
+growing: the leader resends after ``replication.request.timeout.millis``. The
+framing, and why it is not gRPC, is in :mod:`conductor.wire.peer_framing`; the
+receiving side is :mod:`conductor.worker.peer_server`.
 """
 
 from __future__ import annotations
@@ -13,15 +15,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
-import grpc
-
+from conductor.settings import split_hostport
 from conductor.wire import millrace_pb2 as pb
-from conductor.wire import millrace_pb2_grpc as pbg
-from conductor.wire.options import GRPC_OPTIONS, MAX_MESSAGE_BYTES
 from conductor.wire.packing import pack_lengths, unpack_lengths
+from conductor.wire.peer_framing import LENGTH, MAX_FRAME_BYTES, REFUSAL_MAX_BYTES, frame_bytes, tune_socket
 from conductor.worker.dataflow import Inflow
 from replog.config import MAX_ENTRY_BYTES_CEILING
 from replog.messages import EpochRequest, EpochResponse, FarHorizonOffer, RawReplicate, ReplicateAck
@@ -31,9 +31,13 @@ from topology.dataflow.shipping import Pull
 log = logging.getLogger("millrace.transport")
 
 MAX_QUEUED_MESSAGES = 10_000
-MAX_FRAME_BYTES = 3 * 1024 * 1024
+#: a frame stops taking more queued messages past this size
+FRAME_TARGET_BYTES = 3 * 1024 * 1024
 #: the most a frame's messages may add up to (room left for the frame's own fields)
-MAX_SENDABLE_BYTES = MAX_MESSAGE_BYTES - 64 * 1024
+MAX_SENDABLE_BYTES = MAX_FRAME_BYTES - 64 * 1024
+#: a write waits (backpressure) while this much is buffered for the socket
+WRITE_BUFFER_BYTES = 8 * 1024 * 1024
+CONNECT_TIMEOUT_S = 3.0
 # a replication message is at most a read of ~2 MiB of frames plus one frame holding one entry at its limit
 assert MAX_SENDABLE_BYTES > MAX_ENTRY_BYTES_CEILING + 8 * 1024 * 1024, "an entry at its limit must fit a message"
 
@@ -94,16 +98,19 @@ def from_proto(src: str, dst: str, m: pb.PeerMessage) -> Any:
 
 
 class _PeerLink:
-    """The outbound stream to one peer node."""
+    """The outbound connection to one peer node (conductor.wire.peer_framing)."""
 
     def __init__(self, transport: PeerTransport, dst: str) -> None:
         self.t = transport
         self.dst = dst
-        self.queue: asyncio.Queue[pb.PeerMessage] = asyncio.Queue(MAX_QUEUED_MESSAGES)
+        #: encoded PeerMessages with what they are for (for the oversize warning)
+        self.queue: asyncio.Queue[tuple[bytes, str, str, int]] = asyncio.Queue(MAX_QUEUED_MESSAGES)
         self.task = asyncio.get_running_loop().create_task(self._run(), name=f"peer-{dst}")
         self.dropped = 0
+        #: a message taken from the queue that did not fit the last frame: the next frame's first
+        self._carry: tuple[bytes, str, str, int] | None = None
 
-    def offer(self, m: pb.PeerMessage) -> None:
+    def offer(self, m: tuple[bytes, str, str, int]) -> None:
         try:
             self.queue.put_nowait(m)
         except asyncio.QueueFull:
@@ -112,58 +119,82 @@ class _PeerLink:
                 log.warning("replication queue to %s is full; dropped %d message(s) (they will be resent)",
                             self.dst, self.dropped)
 
-    async def _frames(self) -> AsyncIterator[pb.PeerFrame]:
-        """Frames of about MAX_FRAME_BYTES, never over the transport's message limit.
+    async def _frame(self) -> bytes:
+        """The next frame: what is queued, up to about FRAME_TARGET_BYTES, never over the frame limit.
 
         Entries are bounded (``replication.max.entry.bytes``, at most half the
         limit), so a message over the limit is a bug; it is dropped with a
-        warning rather than breaking the stream for every group, and the
+        warning rather than breaking the link for every group, and the
         follower it was for stops confirming and leaves the ISR like any
         lagging one.
         """
-        carry: pb.PeerMessage | None = None
         while True:
-            first = carry if carry is not None else await self.queue.get()
-            carry = None
-            size = first.ByteSize()
-            if size > MAX_SENDABLE_BYTES:
+            first = self._carry if self._carry is not None else await self.queue.get()
+            self._carry = None
+            raw, body, module, group = first
+            if len(raw) > MAX_SENDABLE_BYTES:
                 log.warning("dropped a %d-byte %s message for %s/%d to %s: over the transport's limit of %d bytes; "
-                            "that follower will leave the ISR", size, first.WhichOneof("body"), first.module,
-                            first.group, self.dst, MAX_SENDABLE_BYTES)
+                            "that follower will leave the ISR", len(raw), body, module, group, self.dst,
+                            MAX_SENDABLE_BYTES)
                 continue
-            msgs = [first]
-            while size < MAX_FRAME_BYTES and not self.queue.empty():
-                m = self.queue.get_nowait()
-                n = m.ByteSize()
-                if size + n > MAX_SENDABLE_BYTES:
-                    carry = m  # the next frame's first message
-                    break
-                msgs.append(m)
-                size += n
-            yield pb.PeerFrame(src=self.t.node_id, dst=self.dst, messages=msgs)
+            break
+        msgs = [raw]
+        size = len(raw)
+        while size < FRAME_TARGET_BYTES and not self.queue.empty():
+            m = self.queue.get_nowait()
+            if size + len(m[0]) > MAX_SENDABLE_BYTES:
+                self._carry = m  # the next frame's first message
+                break
+            msgs.append(m[0])
+            size += len(m[0])
+        return frame_bytes(self.t.node_id, self.dst, msgs)
 
     async def _run(self) -> None:
         backoff = 0.05
         while not self.t.closed:
-            address = self.t.resolve(self.dst)
+            address = await asyncio.to_thread(self.t.resolve, self.dst)
             if address is None:
                 await asyncio.sleep(0.5)
                 continue
-            channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
+            writer: asyncio.StreamWriter | None = None
             try:
-                stub = pbg.ReplicationStub(channel)
-                await stub.Deliver(self._frames())
+                host, port = split_hostport(address)
+                reader, w = await asyncio.wait_for(asyncio.open_connection(host, port), CONNECT_TIMEOUT_S)
+                writer = w
+                tune_socket(w.get_extra_info("socket"))
+                w.transport.set_write_buffer_limits(high=WRITE_BUFFER_BYTES)
+                refused = asyncio.ensure_future(_read_refusal(reader))
+                backoff = 0.05
+                while not refused.done():
+                    data = await self._frame()
+                    w.write(data)
+                    await w.drain()
+                reason = refused.result()
+                if reason:
+                    log.warning("node %s refused replication from %s: %s", self.dst, self.t.node_id, reason)
             except asyncio.CancelledError:
                 raise
-            except grpc.RpcError as e:
-                log.debug("replication stream to %s at %s broke: %s", self.dst, address, e.code())
+            except (TimeoutError, OSError, ValueError) as e:
+                log.debug("replication link to %s at %s broke: %r", self.dst, address, e)
                 self.t.forget(self.dst)
             except Exception:
-                log.exception("replication stream to %s failed", self.dst)
+                log.exception("replication link to %s failed", self.dst)
             finally:
-                await channel.close(grace=None)
+                if writer is not None:
+                    writer.close()
             await asyncio.sleep(backoff)
             backoff = min(1.0, backoff * 2)
+
+
+async def _read_refusal(reader: asyncio.StreamReader) -> str:
+    """What the peer says before closing the link ("" if it closed without a word, or the link broke)."""
+    try:
+        (n,) = LENGTH.unpack(await reader.readexactly(LENGTH.size))
+        if n > REFUSAL_MAX_BYTES:
+            return f"(an unreadable {n}-byte refusal)"
+        return (await reader.readexactly(n)).decode(errors="replace")
+    except (asyncio.IncompleteReadError, OSError):
+        return ""
 
 
 class PeerTransport:
@@ -178,7 +209,7 @@ class PeerTransport:
         self.links: dict[str, _PeerLink] = {}
         self.closed = False
         #: messages encoded by task threads, handed to the links by one loop callback per burst
-        self._outbox: list[tuple[str, pb.PeerMessage]] = []
+        self._outbox: list[tuple[str, tuple[bytes, str, str, int]]] = []
         self._outbox_lock = threading.Lock()
         self._wake_scheduled = False
 
@@ -194,7 +225,10 @@ class PeerTransport:
         ``call_soon_threadsafe`` costs a self-pipe write and a loop iteration, so
         only the first message of a burst schedules one.
         """
-        encoded = [(dst, to_proto(module, group, m)) for dst, m in msgs]
+        encoded = []
+        for dst, m in msgs:
+            p = to_proto(module, group, m)
+            encoded.append((dst, (p.SerializeToString(), p.WhichOneof("body"), module, group)))
         with self._outbox_lock:
             self._outbox.extend(encoded)
             if self._wake_scheduled:

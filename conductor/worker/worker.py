@@ -49,6 +49,7 @@ from conductor.worker.far_horizon import (
 from conductor.worker.group_code import GroupCode
 from conductor.worker.lifecycle import CodeLifecycle
 from conductor.worker.metrics import node_registry
+from conductor.worker.peer_server import PeerServer
 from conductor.worker.recovery import ReplicaRecovery
 from conductor.worker.replica_faults import describe, fault_kind
 from conductor.worker.replica_host import ReplicaHost
@@ -90,7 +91,7 @@ class Worker(ReplicaRecovery):
 
     def __init__(self, zk_hosts: str, node_id: str, data_dir: Path, port: int = 0,
                  session_timeout: float = 6.0, metrics_port: int = 0, *, listen: Listen = Listen(),
-                 metrics_listen: Listen | None = None) -> None:
+                 metrics_listen: Listen | None = None, replication_port: int = 0) -> None:
         self.node_id = node_id
         self.data_dir = Path(data_dir)
         self.port = port
@@ -100,6 +101,9 @@ class Worker(ReplicaRecovery):
         self.zk_hosts = zk_hosts
         self.session_timeout = session_timeout
         self.metrics_port = metrics_port
+        #: peers' replication links arrive here (on `listen.host`; 0: a free port), registered in ZooKeeper
+        self.replication_port = replication_port
+        self.peer_server = PeerServer(self.deliver)
         self.modules: dict[str, ModuleRuntime] = {}
         self._lock = threading.Lock()  # guards self.modules against metastore callbacks
         self._tasks: list[concurrent.futures.Future[None]] = []
@@ -144,15 +148,21 @@ class Worker(ReplicaRecovery):
                           "is not on this machine or the port is taken (--host, --port)")
         self.port = bound
         await self.server.start()
+        try:
+            self.replication_port = await self.peer_server.start(self.listen.host, self.replication_port)
+        except OSError as e:
+            raise OSError(f"node {self.node_id} cannot bind replication on "
+                          f"{self.listen.bind(self.replication_port)}: {e.strerror} (--host, --replication-port)"
+                          ) from None
         self.metastore = Metastore(self.zk_hosts, session_timeout=self.session_timeout,
                                    step_down=self._on_session_lost)
         self.router = LeaderRouter(self.metastore)
-        self.transport = PeerTransport(self.node_id, self.loop, self._resolve, self.router.forget)
+        self.transport = PeerTransport(self.node_id, self.loop, self._resolve_peer, self.router.forget)
         await asyncio.to_thread(self.metastore.start)
         self.metastore.add_state_listener(self._on_zk_state)
         # a crashed predecessor's session may hold our id for up to its timeout (assumed to be ours)
         await asyncio.to_thread(functools.partial(self.metastore.nodes.register, self.node_id, self.address,
-                                                  stale_wait_s=self.session_timeout * 1.5 + 2))
+                                                  replication=self.replication_address, stale_wait_s=self.session_timeout * 1.5 + 2))
         self.metastore.zk.ChildrenWatch(MODULES_PATH, self._on_modules)
         self.lifecycle.start()
         self.metrics_address = self._start_metrics()
@@ -175,6 +185,11 @@ class Worker(ReplicaRecovery):
     def address(self) -> str:
         """The gRPC address others reach this worker at (registered in ZooKeeper)."""
         return self.listen.advertised(self.port)
+
+    @property
+    def replication_address(self) -> str:
+        """Where peers open replication links to this worker (registered in ZooKeeper beside `address`)."""
+        return self.listen.advertised(self.replication_port)
 
     @property
     def session(self) -> int | None:
@@ -217,6 +232,7 @@ class Worker(ReplicaRecovery):
         self.shelf.close()
         if self.transport is not None:
             await self.transport.close()
+        await self.peer_server.close()
         if self.server is not None:
             await self.server.stop(grace=0.5)
 
@@ -230,6 +246,20 @@ class Worker(ReplicaRecovery):
             return self.router.address(node_id)
         except MetastoreError:
             return None
+
+    def _resolve_peer(self, node_id: str) -> str | None:
+        """A peer's replication address, read from ZooKeeper (None while unknown or unreachable: try later).
+
+        Called once per link (re)connection, off the event loop; a worker registered without one (an older
+        version) cannot be replicated to.
+        """
+        if self.metastore is None:
+            return None
+        try:
+            info = self.metastore.nodes.get(node_id)
+        except MetastoreError:
+            return None
+        return info.replication or None if info is not None else None
 
     def _on_modules(self, names: list[str]) -> bool:
         """ChildrenWatch on /millrace/modules: open replicas of new modules, close destroyed ones."""

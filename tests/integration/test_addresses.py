@@ -49,7 +49,7 @@ def test_workers_on_separate_hosts_serve_replicate_and_report_at_their_advertise
                         "--session-timeout", "4"], tmp_path / "w1.log")
         config = tmp_path / "w2.toml"
         config.write_text(f'zk = "{zk.hosts}"\n[worker]\nhost = "{w2.address}"\ndata_dir = "{tmp_path / "w2"}"\n'
-                          f"metrics_port = {METRICS_PORT}\nport = 7001\n")
+                          f"metrics_port = {METRICS_PORT}\nport = 7001\nreplication_port = 7003\n")
         w2.spawn("w2", [sys.executable, "-m", "conductor.worker", "--session-timeout", "4"], tmp_path / "w2.log",
                  env={"MILLRACE_CONFIG": str(config), "MILLRACE_NODE_ID": "w2", "MILLRACE_PORT": "7002"})
         for name in ("w1", "w2"):
@@ -61,6 +61,10 @@ def test_workers_on_separate_hosts_serve_replicate_and_report_at_their_advertise
         with Metastore(zk.hosts) as ms:
             registered = {n: ms.nodes.get(n) for n in ("w1", "w2")}
         assert {n: i.address for n, i in registered.items() if i} == {"w1": a1, "w2": a2}
+        # replication links go to a port of their own, on the same advertised address
+        r1, r2 = (registered[n].replication if registered[n] else "" for n in ("w1", "w2"))
+        assert r1.startswith(f"{w1.address}:") and r1 != a1, r1
+        assert r2 == f"{w2.address}:7003", r2
 
         deployer = Conductor(zk.hosts, "test-deployer")
         deployer.ms.start()

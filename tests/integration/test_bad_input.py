@@ -11,6 +11,7 @@ logged a traceback.
 
 from __future__ import annotations
 
+import socket
 import string
 from collections.abc import Iterator
 from typing import Any
@@ -24,9 +25,12 @@ from hypothesis import strategies as st
 from conductor.client import Cluster
 from conductor.client.errors import ClientError
 from conductor.devcluster import DevCluster
+from conductor.metastore import Metastore
+from conductor.settings import split_hostport
 from conductor.wire import admin_pb2, code_pb2
 from conductor.wire import millrace_pb2 as pb
 from conductor.wire.errors import MillraceError
+from conductor.wire.peer_framing import LENGTH, MAX_FRAME_BYTES
 from pstate import P
 from pstate.errors import InvalidPath, SchemaMismatch
 from tests.integration.cluster_helpers import deploy, groups_of, wait_for
@@ -199,6 +203,31 @@ def test_an_unknown_ack_level_is_refused(env: Env) -> None:
     assert code == "INVALID_ARGUMENT" and "unknown ack level 7" in details, details
 
 
+def peer_link(env: Env, node: str, data: bytes, *, wait_s: float = 0.5) -> str | None:
+    """Open a replication link to ``node``, send ``data`` (raw bytes); the node's refusal ("CODE: details"),
+    or None if it kept the link open for ``wait_s`` (it took what it was sent)."""
+    with Metastore(env.dc.hosts) as ms:
+        info = ms.nodes.get(node)
+    assert info is not None and info.replication, f"{node} registered no replication address: {info}"
+    with socket.create_connection(split_hostport(info.replication), timeout=10) as sock:
+        sock.sendall(data)
+        sock.settimeout(wait_s)
+        try:
+            head = sock.recv(LENGTH.size, socket.MSG_WAITALL)
+        except TimeoutError:
+            return None
+        if len(head) < LENGTH.size:
+            return ""  # closed without a word
+        sock.settimeout(10)
+        (n,) = LENGTH.unpack(head)
+        return sock.recv(n, socket.MSG_WAITALL).decode()
+
+
+def framed(frame: pb.PeerFrame) -> bytes:
+    data = frame.SerializeToString()
+    return LENGTH.pack(len(data)) + data
+
+
 def test_replication_frames_from_an_unknown_or_non_replica_worker_are_refused(env: Env) -> None:
     st = groups_of(env.dc, MODULE)[0]
     follower = next(r for r in st.replicas if r != st.leader)
@@ -206,14 +235,14 @@ def test_replication_frames_from_an_unknown_or_non_replica_worker_are_refused(en
     for src in ("nobody", outsider, ""):
         frame = pb.PeerFrame(src=src, dst=follower, messages=[pb.PeerMessage(
             module=MODULE, group=0, replicate=pb.ReplicateMsg(epoch=st.epoch + 5, start=0, apply_offset=-1))])
-        code, details = raw_call(env, follower, "/millrace.Replication/Deliver", frame.SerializeToString(),
-                                 client_stream=True)
-        assert code == "PERMISSION_DENIED" and "refused replication messages for Clicks/0" in details, details
+        reason = peer_link(env, follower, framed(frame))
+        assert reason is not None and reason.startswith("PERMISSION_DENIED: ") \
+            and "refused replication messages for Clicks/0" in reason, reason
     assert groups_of(env.dc, MODULE)[0].epoch == st.epoch  # the forged epoch changed nothing
 
 
-def test_a_replica_frame_with_one_message_it_may_not_send_keeps_its_stream(env: Env) -> None:
-    """Only the refused message is dropped: a peer's stream is never cut for the groups it does replicate."""
+def test_a_replica_frame_with_one_message_it_may_not_send_keeps_its_link(env: Env) -> None:
+    """Only the refused message is dropped: a peer's link is never cut for the groups it does replicate."""
     groups = [(m, g, st) for m in (MODULE, "Timeline") for g, st in groups_of(env.dc, m).items()]
     case = next(((src, dst, a, b) for a in groups for b in groups for src in a[2].replicas for dst in a[2].replicas
                  if src != dst and dst in b[2].replicas and src not in b[2].replicas), None)
@@ -222,8 +251,24 @@ def test_a_replica_frame_with_one_message_it_may_not_send_keeps_its_stream(env: 
     frame = pb.PeerFrame(src=src, dst=dst, messages=[
         pb.PeerMessage(module=ma, group=ga, ack=pb.AckMsg(epoch=sta.epoch - 1, held=-1)),  # stale: ignored
         pb.PeerMessage(module=mb, group=gb, ack=pb.AckMsg(epoch=1, held=-1))])
-    assert raw_call(env, dst, "/millrace.Replication/Deliver", frame.SerializeToString(), client_stream=True) \
-        == ("OK", "")
+    assert peer_link(env, dst, framed(frame)) is None
+
+
+def test_a_replication_frame_that_does_not_decode_or_is_too_long_is_refused(env: Env) -> None:
+    node = env.leader(0)
+    garbage = b"\xff\xff\xff\xff\x0f"
+    reason = peer_link(env, node, LENGTH.pack(len(garbage)) + garbage)
+    assert reason is not None and reason.startswith("INVALID_ARGUMENT: ") and "does not decode" in reason, reason
+    reason = peer_link(env, node, LENGTH.pack(MAX_FRAME_BYTES + 1))
+    assert reason is not None and reason.startswith("INVALID_ARGUMENT: ") and "over the limit" in reason, reason
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(data=st.binary(max_size=300))
+def test_random_bytes_on_a_replication_link_are_refused_or_ignored(env: Env, data: bytes) -> None:
+    """Whatever a link carries, the worker refuses it with a status, waits for more, or takes it: never a crash."""
+    reason = peer_link(env, env.leader(0), data, wait_s=0.2)
+    assert reason is None or reason.split(":")[0] in TYPED, (data, reason)
 
 
 # ---------------------------------------------------------------------------- bad input, hypothesis-driven (issue 16)
@@ -362,7 +407,7 @@ METHODS = _methods()
 
 
 def test_random_bytes_to_every_method_of_every_service_get_a_status(env: Env) -> None:
-    assert len(METHODS) >= 15
+    assert len(METHODS) >= 14  # every RPC; replication links are fuzzed by their own test above
     node = env.leader(0)
 
     @settings(max_examples=len(METHODS) * 8, deadline=None, suppress_health_check=list(HealthCheck),
