@@ -99,8 +99,11 @@ def test_link_down_cuts_a_host_off_and_up_restores_it(host_network: Build, tmp_p
     assert not host_ns_connects(b.address, PORT), "the host namespace reached b while b's link was down"
     assert c.can_connect(a.address, PORT), "the other hosts must keep their paths"
     net.link_up(b)
+    # every path comes back, each in its own time: a neighbour entry the probes above left failed is resolved
+    # again only when it is next used (make test failed once on the host namespace's, under load)
     eventually(lambda: a.can_connect(b.address, PORT), 10, "a reaches b after its link is back up")
-    assert b.can_connect(a.address, PORT) and host_ns_connects(b.address, PORT)
+    eventually(lambda: b.can_connect(a.address, PORT), 10, "b reaches a after its link is back up")
+    eventually(lambda: host_ns_connects(b.address, PORT), 10, "the host namespace reaches b after its link is back up")
 
 
 def test_a_cut_drops_only_the_path_between_two_hosts(host_network: Build, tmp_path: Path) -> None:
