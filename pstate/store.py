@@ -140,8 +140,9 @@ class TaskGroupStore:
                 self._handles = self.families.handles
                 self.families.ensure(names, self.families.aliases())
                 raw = self._cfs[META].get(_APPLIED)
-        except BaseException:
-            self._release_failed_open()
+        except BaseException:  # nothing was written: let go of RocksDB, so the directory can be quarantined
+            self._closed = True  # or opened again by this process
+            self._drop_handles()
             raise
         self._applied = -1 if raw is None else int.from_bytes(raw, "big")
         self._reader = DbReader(self._cfs, self.path)
@@ -149,12 +150,6 @@ class TaskGroupStore:
         self.migrations: dict[str, ActiveMigration] = {}
         self._pending = Overlay()
         self._staged_upto = -1
-
-    def _release_failed_open(self) -> None:
-        """Let go of RocksDB after an open that failed past its own (nothing was written here): the replica's
-        directory can then be quarantined, or opened again, by this process."""
-        self._closed = True
-        self._drop_handles()
 
     def _drop_handles(self) -> None:
         """Close the column families and drop every reference to RocksDB this store holds (some of them may

@@ -103,14 +103,14 @@ class _PeerLink:
     def __init__(self, transport: PeerTransport, dst: str) -> None:
         self.t = transport
         self.dst = dst
-        #: encoded PeerMessages with what they are for (for the oversize warning)
-        self.queue: asyncio.Queue[tuple[bytes, str, str, int]] = asyncio.Queue(MAX_QUEUED_MESSAGES)
+        #: encoded PeerMessages
+        self.queue: asyncio.Queue[bytes] = asyncio.Queue(MAX_QUEUED_MESSAGES)
         self.task = asyncio.get_running_loop().create_task(self._run(), name=f"peer-{dst}")
         self.dropped = 0
         #: a message taken from the queue that did not fit the last frame: the next frame's first
-        self._carry: tuple[bytes, str, str, int] | None = None
+        self._carry: bytes | None = None
 
-    def offer(self, m: tuple[bytes, str, str, int]) -> None:
+    def offer(self, m: bytes) -> None:
         try:
             self.queue.put_nowait(m)
         except asyncio.QueueFull:
@@ -129,24 +129,24 @@ class _PeerLink:
         lagging one.
         """
         while True:
-            first = self._carry if self._carry is not None else await self.queue.get()
+            raw = self._carry if self._carry is not None else await self.queue.get()
             self._carry = None
-            raw, body, module, group = first
             if len(raw) > MAX_SENDABLE_BYTES:
+                m = pb.PeerMessage.FromString(raw)  # (only to say what it was)
                 log.warning("dropped a %d-byte %s message for %s/%d to %s: over the transport's limit of %d bytes; "
-                            "that follower will leave the ISR", len(raw), body, module, group, self.dst,
-                            MAX_SENDABLE_BYTES)
+                            "that follower will leave the ISR", len(raw), m.WhichOneof("body"), m.module, m.group,
+                            self.dst, MAX_SENDABLE_BYTES)
                 continue
             break
         msgs = [raw]
         size = len(raw)
         while size < FRAME_TARGET_BYTES and not self.queue.empty():
             m = self.queue.get_nowait()
-            if size + len(m[0]) > MAX_SENDABLE_BYTES:
+            if size + len(m) > MAX_SENDABLE_BYTES:
                 self._carry = m  # the next frame's first message
                 break
-            msgs.append(m[0])
-            size += len(m[0])
+            msgs.append(m)
+            size += len(m)
         return frame_bytes(self.t.node_id, self.dst, msgs)
 
     async def _run(self) -> None:
@@ -209,7 +209,7 @@ class PeerTransport:
         self.links: dict[str, _PeerLink] = {}
         self.closed = False
         #: messages encoded by task threads, handed to the links by one loop callback per burst
-        self._outbox: list[tuple[str, tuple[bytes, str, str, int]]] = []
+        self._outbox: list[tuple[str, bytes]] = []
         self._outbox_lock = threading.Lock()
         self._wake_scheduled = False
 
@@ -225,10 +225,7 @@ class PeerTransport:
         ``call_soon_threadsafe`` costs a self-pipe write and a loop iteration, so
         only the first message of a burst schedules one.
         """
-        encoded = []
-        for dst, m in msgs:
-            p = to_proto(module, group, m)
-            encoded.append((dst, (p.SerializeToString(), p.WhichOneof("body"), module, group)))
+        encoded = [(dst, to_proto(module, group, m).SerializeToString()) for dst, m in msgs]
         with self._outbox_lock:
             self._outbox.extend(encoded)
             if self._wake_scheduled:

@@ -259,7 +259,9 @@ class Worker(ReplicaRecovery):
             info = self.metastore.nodes.get(node_id)
         except MetastoreError:
             return None
-        return info.replication or None if info is not None else None
+        if info is None or not info.replication:
+            return None
+        return info.replication
 
     def _on_modules(self, names: list[str]) -> bool:
         """ChildrenWatch on /millrace/modules: open replicas of new modules, close destroyed ones."""
