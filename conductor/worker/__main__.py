@@ -39,6 +39,8 @@ SETTINGS = [
     Setting("metrics_host", None, help="address to bind the Prometheus endpoint on (default: --host)"),
     Setting("metrics_port", 0, parse_port, help="Prometheus /metrics port (0: any free port)"),
     Setting("session_timeout", 6.0, parse_seconds, help="ZooKeeper session timeout, seconds"),
+    Setting("task_threads", 1, int, help="threads the replicas' loops share (0: one per replica; more than one "
+            "overlaps fsyncs on a slow disk but costs CPU per message: see conductor.worker.task_thread)"),
     Setting("log_level", "WARNING"),
 ]
 
@@ -59,7 +61,8 @@ def main(argv: list[str] | None = None) -> None:
 
     async def run() -> None:
         node = Worker(s["zk"], node_id, data_dir, s["port"], s["session_timeout"], s["metrics_port"],
-                      listen=listen, metrics_listen=metrics, replication_port=s["replication_port"])
+                      listen=listen, metrics_listen=metrics, replication_port=s["replication_port"],
+                      task_threads=s["task_threads"])
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -79,7 +79,7 @@ class ReplicaRecovery:
         is rebuilt from the leader like any replica that lost its storage.
         """
         if threading.current_thread() is not failed.thread:
-            failed.thread.join(timeout=60)  # its disk is closed when its task thread ends
+            failed.closed.wait(timeout=60)  # its disk is closed when its task thread lets go of it
         if self.metastore is None or self.metastore.closed or rt.hosts.get(failed.group) is not failed:
             return
         g = failed.group
@@ -107,6 +107,8 @@ class ReplicaRecovery:
             if rt.hosts.get(g) is not replacing or self.modules.get(rt.spec.name) is not rt:
                 host.store.close()  # (closed meanwhile: module destroyed, worker stopping)
                 host.log.close()
+                if host.runner is not None:
+                    host.runner.release()  # (never started: its task thread never saw it)
                 return
             rt.hosts[g] = host
         host.start()
@@ -187,7 +189,7 @@ class ReplicaRecovery:
                       else "", why)
             old.stop()
             if old.thread.is_alive():
-                old.thread.join()
+                old.closed.wait()
             if discard_storage:
                 self._quarantine(rt, group, why)
             if self.modules.get(module) is not rt:

@@ -1,9 +1,10 @@
 """One task-group replica on a worker node: the driver of a :class:`replog.replica.Replica`.
 
-Each replica runs in its own *task thread* that owns its replog, epoch file and
-RocksDB store; nothing else touches them, so none of them needs a lock. The
-thread drains its inbox in bulk, feeds every event to the state machine, and
-performs the returned actions. Local appends are written at once but fsynced
+Each replica's loop runs on one *task thread* that owns its replog, epoch file
+and RocksDB store; nothing else touches them, so none of them needs a lock. The
+thread is the replica's own, or a worker's :class:`~conductor.worker.task_thread.TaskThread`
+that steps several replicas in turn. Each step drains the inbox in bulk, feeds every event to the state
+machine, and performs the returned actions. Local appends are written at once but fsynced
 once per drain cycle: every client append that arrived while the previous
 fsync ran shares the next one (group commit), which is what turns a ~1 ms fsync
 into throughput instead of a per-record cost.
@@ -21,12 +22,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from conductor.worker.dataflow import DataflowDriver, Inflow
 from conductor.worker.entry_applier import EntryApplier
 from conductor.worker.replica_faults import REPLICA_FAULTS, Fault, describe, fault_kind
-from conductor.worker.task_clock import RETAIN_INTERVAL_MS, TICK_MS, next_wake_ms
+from conductor.worker.task_clock import RETAIN_INTERVAL_MS, TICK_MS, next_wake_ms, now_ms
 from pstate.checkpoint import Manifest
 from pstate.errors import PStateError
 from replog.batch import scan_frames, trim_frames
@@ -74,6 +75,9 @@ from replog.messages import (
 from replog.outbox import Outbox
 from replog.replica import Replica
 from topology.errors import TopologyError
+
+if TYPE_CHECKING:
+    from conductor.worker.task_thread import TaskThread
 
 log = logging.getLogger("millrace.node")
 
@@ -124,6 +128,7 @@ class ReplicaHost:
         hand_off: Callable[[ReplicaHost, int, GroupState], None] | None = None,
         dataflow: DataflowDriver | None = None,
         on_fault: Callable[[ReplicaHost], None] | None = None,
+        runner: TaskThread | None = None,
     ) -> None:
         self.node_id = node_id
         self.module = module
@@ -199,7 +204,13 @@ class ReplicaHost:
         self.outbox = Outbox()
         #: follower: apply up to here once this drain's fsync and acks are out (see `_perform`)
         self._apply_later = -1
-        self.thread = threading.Thread(target=self._run, name=f"task-{self.name}", daemon=True)
+        #: the task thread this replica's loop runs on: its own, or one it shares with other replicas
+        self.runner = runner
+        self.thread = runner.thread if runner is not None else threading.Thread(
+            target=self._run, name=f"task-{self.name}", daemon=True)
+        #: set once the task thread let go of this replica's disk (stopped or failed)
+        self.closed = threading.Event()
+        self._next_tick = 0
         #: counters for metrics and `conductor status`
         self.stats = {"appends": 0, "entries_applied": 0, "flushes": 0, "far_horizon_installs": 0,
                       "far_horizon_bytes": 0, "far_horizon_refetched_files": 0, "replog_deleted_bytes": 0}
@@ -217,71 +228,74 @@ class ReplicaHost:
     # ------------------------------------------------------------------ called from other threads
 
     def start(self) -> None:
-        self.thread.start()
+        if self.runner is not None:
+            self.runner.add(self)
+        else:
+            self.thread.start()
 
     def post(self, item: Any) -> None:
         self.inbox.put(item)
+        if self.runner is not None:
+            self.runner.wake(self)
 
     def stop(self) -> None:
         self._stop.set()
-        self.inbox.put(None)
+        self.post(None)
         if self.thread.is_alive() and threading.current_thread() is not self.thread:
-            self.thread.join(timeout=10)
+            self.closed.wait(timeout=10)
 
     # ------------------------------------------------------------------------- the task thread
 
     def _run(self) -> None:
-        next_tick = 0
+        """This replica's own task thread (no shared runner)."""
+        while True:
+            now = now_ms()
+            timeout = max(0.0, (self.due_ms(now) - now) / 1000)
+            items: list[Any] = []
+            try:
+                items.append(self.inbox.get(timeout=timeout))
+                while True:
+                    items.append(self.inbox.get_nowait())
+            except queue.Empty:
+                pass
+            if not self.step(items):
+                return
+
+    def due_ms(self, now: int) -> int:
+        """When this replica's loop must run next with nothing in its inbox (ticks, beats, dataflow, retention)."""
+        return next_wake_ms(now, self._next_tick, self.replica.next_tick_ms(), self.outbox.next_due(),
+                            None if self.dataflow is None else self.dataflow.next_due_ms(),
+                            self._next_retain_ms if self._retain_owed else None)
+
+    def drain_inbox(self) -> list[Any]:
+        """Everything posted so far, without waiting (a shared task thread's step)."""
+        items: list[Any] = []
         try:
-            while not self._stop.is_set():
-                now = _now_ms()
-                due = next_wake_ms(now, next_tick, self.replica.next_tick_ms(), self.outbox.next_due(),
-                                   None if self.dataflow is None else self.dataflow.next_due_ms(),
-                                   self._next_retain_ms if self._retain_owed else None)
-                timeout = max(0.0, (due - now) / 1000)
-                items: list[Any] = []
-                try:
-                    items.append(self.inbox.get(timeout=timeout))
-                    while True:
-                        items.append(self.inbox.get_nowait())
-                except queue.Empty:
-                    pass
-                appends: list[PendingEntry] = []
-                for item in items:
-                    if item is None:
-                        continue
-                    if isinstance(item, PendingEntry):
-                        appends.append(item)
-                    else:
-                        self._handle_item(item)
-                if self.dataflow is not None:  # envelopes that arrived: one entry with this drain's appends
-                    appends += [PendingEntry(build, 0, Ack.NONE, done) for build, done in self.dataflow.entries(now)]
-                if appends:
-                    self._client_appends(appends)
-                self._retain_owed = self._retain_owed or bool(items) or bool(appends)
-                now = _now_ms()
-                tick_due = self.replica.next_tick_ms()
-                if now >= next_tick and tick_due is not None and now >= tick_due:
-                    self._feed(Tick())
-                    next_tick = now + TICK_MS
-                self._flush_if_dirty()
-                self._ship()
-                if self.outbox.beats:
-                    self._hand_over(self.outbox.due(_now_ms()))
-                self._apply_deferred()
-                if self.dataflow is not None:
-                    self.dataflow.drained(_now_ms())
-                if self._retain_owed and now >= self._next_retain_ms:
-                    self._next_retain_ms = now + RETAIN_INTERVAL_MS
-                    self._retain_owed = False
-                    self._retain()
+            while True:
+                items.append(self.inbox.get_nowait())
+        except queue.Empty:
+            return items
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def step(self, items: list[Any]) -> bool:
+        """One drain of ``items`` on the task thread; False once this replica stopped (its disk is closed)."""
+        if self._stop.is_set():
+            self._close_disk()
+            return False
+        try:
+            self._step(items)
         except Exception as exc:
             failed = Fault(fault_kind(exc), describe(exc), time.time())
             log.error("%s: replica failed (%s): %s; it stops serving, gives up leadership and restarts",
                       self.name, failed.kind, failed.reason, exc_info=True)
         else:
-            self._close_disk()
-            return
+            if self._stop.is_set():
+                self._close_disk()
+                return False
+            return True
         # Out of the handler: the exception's frames (which hold RocksDB handles) are gone before the disk closes.
         self.fault = failed
         self.last_error = failed.reason
@@ -289,6 +303,39 @@ class ReplicaHost:
         if self._on_fault is not None:
             self._on_fault(self)  # first: leadership moves while this disk closes (the restart waits for it)
         self._close_disk()
+        return False
+
+    def _step(self, items: list[Any]) -> None:
+        now = now_ms()
+        appends: list[PendingEntry] = []
+        for item in items:
+            if item is None:
+                continue
+            if isinstance(item, PendingEntry):
+                appends.append(item)
+            else:
+                self._handle_item(item)
+        if self.dataflow is not None:  # envelopes that arrived: one entry with this drain's appends
+            appends += [PendingEntry(build, 0, Ack.NONE, done) for build, done in self.dataflow.entries(now)]
+        if appends:
+            self._client_appends(appends)
+        self._retain_owed = self._retain_owed or bool(items) or bool(appends)
+        now = now_ms()
+        tick_due = self.replica.next_tick_ms()
+        if now >= self._next_tick and tick_due is not None and now >= tick_due:
+            self._feed(Tick())
+            self._next_tick = now + TICK_MS
+        self._flush_if_dirty()
+        self._ship()
+        if self.outbox.beats:
+            self._hand_over(self.outbox.due(now_ms()))
+        self._apply_deferred()
+        if self.dataflow is not None:
+            self.dataflow.drained(now_ms())
+        if self._retain_owed and now >= self._next_retain_ms:
+            self._next_retain_ms = now + RETAIN_INTERVAL_MS
+            self._retain_owed = False
+            self._retain()
 
     def report(self, exc: BaseException) -> None:
         """Any thread: a read found this replica's data damaged; the task thread stops on it (a fault)."""
@@ -395,7 +442,7 @@ class ReplicaHost:
         self._feed(Replicate(m.src, self.node_id, m.epoch, m.start, epochs, m.apply_offset, data=m.frames))
 
     def _feed(self, event: Event) -> None:
-        for action in self.replica.handle(event, _now_ms()):
+        for action in self.replica.handle(event, now_ms()):
             self._perform(action)
 
     def _flush_if_dirty(self) -> None:
@@ -523,7 +570,7 @@ class ReplicaHost:
 
         What waits (acks before an fsync, a leader's beats) is :class:`replog.outbox.Outbox`'s decision.
         """
-        self._hand_over(self.outbox.take(_now_ms(), self.replica.is_leader, hold_acks))
+        self._hand_over(self.outbox.take(now_ms(), self.replica.is_leader, hold_acks))
 
     def _hand_over(self, out: list[tuple[str, Any]]) -> None:
         if not out:
@@ -589,10 +636,13 @@ class ReplicaHost:
             try:
                 self.marks.close()
             finally:
-                if self.fault is None:
-                    self.store.close()
-                else:  # (its flush may be what failed; the replog replays what the memtables held)
-                    self.store.abandon()
+                try:
+                    if self.fault is None:
+                        self.store.close()
+                    else:  # (its flush may be what failed; the replog replays what the memtables held)
+                        self.store.abandon()
+                finally:
+                    self.closed.set()
 
     # ------------------------------------------------------------------------ retention
 
@@ -692,6 +742,3 @@ class ReplicaHost:
             "fault": self.fault or self.last_fault, "failed": self.fault is not None,
         }
 
-
-def _now_ms() -> int:
-    return int(time.monotonic() * 1000)

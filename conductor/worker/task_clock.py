@@ -13,11 +13,18 @@ timing changes, which the replication rules already tolerate.
 
 from __future__ import annotations
 
+import time
+
 TICK_MS = 50
 #: how often a replica looks for replog segments that retention may delete (while it has had work)
 RETAIN_INTERVAL_MS = 1_000
 #: the longest a task thread sleeps with nothing due (a bound, not a poll: nothing depends on it)
 MAX_SLEEP_MS = 5_000
+
+
+def now_ms() -> int:
+    """The task threads' clock (monotonic milliseconds)."""
+    return int(time.monotonic() * 1000)
 
 
 def next_wake_ms(now_ms: int, next_tick_ms: int, tick_due: int | None, beat_due: int | None,

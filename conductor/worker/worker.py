@@ -56,6 +56,7 @@ from conductor.worker.replica_host import ReplicaHost
 from conductor.worker.replica_store import ReplicaStore
 from conductor.worker.runtime import ModuleRuntime
 from conductor.worker.services import AdminService, ClientService, LoopSettler, ReplicationService
+from conductor.worker.task_thread import TaskThread
 from conductor.worker.transport import PeerTransport, from_proto
 from pstate.checkpoint import Manifest
 from pstate.errors import CorruptStore, PStateError
@@ -91,7 +92,7 @@ class Worker(ReplicaRecovery):
 
     def __init__(self, zk_hosts: str, node_id: str, data_dir: Path, port: int = 0,
                  session_timeout: float = 6.0, metrics_port: int = 0, *, listen: Listen = Listen(),
-                 metrics_listen: Listen | None = None, replication_port: int = 0) -> None:
+                 metrics_listen: Listen | None = None, replication_port: int = 0, task_threads: int = 1) -> None:
         self.node_id = node_id
         self.data_dir = Path(data_dir)
         self.port = port
@@ -104,6 +105,10 @@ class Worker(ReplicaRecovery):
         #: peers' replication links arrive here (on `listen.host`; 0: a free port), registered in ZooKeeper
         self.replication_port = replication_port
         self.peer_server = PeerServer(self.deliver)
+        #: how many task threads the replicas share (0: a thread per replica); see conductor.worker.task_thread
+        assert task_threads >= 0, task_threads
+        self.task_threads = task_threads
+        self._runners: list[TaskThread] = []
         self.modules: dict[str, ModuleRuntime] = {}
         self._lock = threading.Lock()  # guards self.modules against metastore callbacks
         self._tasks: list[concurrent.futures.Future[None]] = []
@@ -229,6 +234,8 @@ class Worker(ReplicaRecovery):
                 if host.catchup is not None:
                     host.catchup.stop()
                 await asyncio.to_thread(host.stop)
+        for runner in self._runners:
+            runner.stop()
         self.shelf.close()
         if self.transport is not None:
             await self.transport.close()
@@ -338,6 +345,18 @@ class Worker(ReplicaRecovery):
         log.warning("node %s hosts %d replica(s) of module %s: groups %s", self.node_id, len(rt.hosts), module,
                     sorted(rt.hosts))
 
+    def _task_thread(self) -> TaskThread | None:
+        """The task thread a new replica runs on: the least loaded (started as replicas need them), or None
+        for a thread of its own (``task_threads`` 0)."""
+        if self.task_threads == 0:
+            return None
+        with self._lock:
+            if len(self._runners) < self.task_threads:
+                self._runners.append(TaskThread(f"task-{self.node_id}-{len(self._runners)}"))
+            chosen = min(self._runners, key=lambda r: r.load)
+            chosen.claim()
+            return chosen
+
     def _open_replica(self, rt: ModuleRuntime, g: int) -> ReplicaHost:
         """Open the local replica of group ``g`` from disk (store verified first) and its host, not started.
 
@@ -373,12 +392,15 @@ class Worker(ReplicaRecovery):
             flow = GroupDataflow(store.current, runner)  # (a far-horizon install swaps the store object)
             store.code.flow = flow
             dataflow = DataflowDriver(f"{module}/{g}", flow, functools.partial(self._send_flow, module))
+        task_thread = self._task_thread()
         try:
             host = ReplicaHost(self.node_id, module, g, gdir, rt.spec.replication_config(), self.session or 0,
                                store, self._send, self._change_isr, hand_off=self._hand_off,
                                on_far_horizon=self._start_catchup, segment_bytes=rt.spec.option(SEGMENT_BYTES),
-                               dataflow=dataflow, on_fault=self._on_replica_fault)
+                               dataflow=dataflow, on_fault=self._on_replica_fault, runner=task_thread)
         except BaseException:
+            if task_thread is not None:
+                task_thread.release()
             store.abandon()  # (the replog could not open: a full disk, damage) the next try needs the lock
             raise
         rt.stores[g] = store

@@ -3,7 +3,8 @@
 One request that cannot be built fails alone and the thread goes on; an entry
 over ``replication.max.entry.bytes`` is refused before it is logged; anything
 else that goes wrong stops the replica as a fault (internal, corrupt) with its
-waiting appends failed retryably and its RocksDB released for the restart.
+waiting appends failed retryably and its RocksDB released for the restart. On
+a task thread shared by several replicas, the fault stops that replica alone.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pytest
 
 from conductor.worker.replica_host import PendingEntry, ReplicaHost
 from conductor.worker.replica_store import ReplicaStore
+from conductor.worker.task_thread import TaskThread
 from pstate import TaskGroupStore
 from pstate.errors import CorruptStore
 from replog.config import ReplicationConfig
@@ -29,20 +31,27 @@ from topology import load_module
 DEFINITION = load_module("examples.clicks:Clicks").build()
 
 
-@pytest.fixture
-def host(tmp_path: Path) -> Iterator[tuple[ReplicaHost, list[ReplicaHost]]]:
-    faults: list[ReplicaHost] = []
-    (tmp_path / "g").mkdir()
+def _open(directory: Path, group: int, faults: list[ReplicaHost], runner: TaskThread | None = None) -> ReplicaHost:
+    directory.mkdir()
     pstates = {name: decl.schema for name, decl in DEFINITION.pstates.items()}
-    store = ReplicaStore(TaskGroupStore(tmp_path / "g" / "state", pstates, DEFINITION.depot_names()))
+    store = ReplicaStore(TaskGroupStore(directory / "state", pstates, DEFINITION.depot_names()))
     config = ReplicationConfig(replication_factor=1, max_record_bytes=1000, max_entry_bytes=4000)
     def cas(h: ReplicaHost, _version: int, new: GroupState) -> None:  # the group znode: every CAS succeeds
         h.post(MetastoreChanged(new))
 
-    h = ReplicaHost("n1", "Clicks", 0, tmp_path / "g", config, 1, store, lambda *_a: None, cas,
-                    on_fault=faults.append)
+    if runner is not None:
+        runner.claim()
+    h = ReplicaHost("n1", "Clicks", group, directory, config, 1, store, lambda *_a: None, cas,
+                    on_fault=faults.append, runner=runner)
     h.start()
     h.post(MetastoreChanged(GroupState("n1", 1, ("n1",), (), 1, 1)))
+    return h
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> Iterator[tuple[ReplicaHost, list[ReplicaHost]]]:
+    faults: list[ReplicaHost] = []
+    h = _open(tmp_path / "g", 0, faults)
     yield h, faults
     h.stop()
 
@@ -129,3 +138,30 @@ def test_damage_reported_by_a_read_is_a_corrupt_fault(host: Any) -> None:
     h.thread.join(timeout=10)
     assert faults == [h] and h.fault is not None and h.fault.kind == "corrupt"
     assert issubclass(ReplicaFailed, NotLeader)  # clients retry it at the next leader
+
+
+def test_on_a_shared_task_thread_a_fault_stops_that_replica_alone(tmp_path: Path) -> None:
+    runner = TaskThread("task-test")
+    faults: list[ReplicaHost] = []
+    a, b = _open(tmp_path / "a", 0, faults, runner), _open(tmp_path / "b", 1, faults, runner)
+    try:
+        assert a.thread is b.thread is runner.thread and runner.load == 2
+        _leading(a)
+        _leading(b)
+        assert _append(a, _records(a, {"id": 1})).result(timeout=10) == 0
+        assert _append(b, _records(b, {"id": 1})).result(timeout=10) == 0
+
+        def crash(_h: ReplicaHost) -> None:
+            raise RuntimeError("a bug outside any one request")
+        a.post(crash)
+        assert a.closed.wait(timeout=10) and faults == [a] and a.fault is not None
+        # the other replica on the same thread goes on, and the thread no longer counts the failed one
+        assert [_append(b, _records(b, {"id": i})).result(timeout=10) for i in (2, 3)] == [1, 2]
+        assert b.fault is None and runner.thread.is_alive() and runner.load == 1
+    finally:
+        b.stop()
+        a.stop()
+    assert b.closed.is_set() and runner.load == 0
+    runner.stop()
+    runner.thread.join(timeout=10)
+    assert not runner.thread.is_alive()
