@@ -250,15 +250,11 @@ class ReplicaHost:
         """This replica's own task thread (no shared runner)."""
         while True:
             now = now_ms()
-            timeout = max(0.0, (self.due_ms(now) - now) / 1000)
-            items: list[Any] = []
             try:
-                items.append(self.inbox.get(timeout=timeout))
-                while True:
-                    items.append(self.inbox.get_nowait())
+                items = [self.inbox.get(timeout=max(0.0, (self.due_ms(now) - now) / 1000))]
             except queue.Empty:
-                pass
-            if not self.step(items):
+                items = []
+            if not self.step(items + self.drain_inbox()):
                 return
 
     def due_ms(self, now: int) -> int:
