@@ -210,6 +210,8 @@ class ReplicaHost:
             target=self._run, name=f"task-{self.name}", daemon=True)
         #: set once the task thread let go of this replica's disk (stopped or failed)
         self.closed = threading.Event()
+        #: a shared task thread's: this replica is in its queue of replicas to step (see TaskThread.wake)
+        self.woken = False
         self._next_tick = 0
         #: counters for metrics and `conductor status`
         self.stats = {"appends": 0, "entries_applied": 0, "flushes": 0, "far_horizon_installs": 0,

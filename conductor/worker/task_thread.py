@@ -30,7 +30,8 @@ class TaskThread:
     """Runs the loops of the replicas added to it (see the module docstring)."""
 
     def __init__(self, name: str) -> None:
-        #: replicas posted to since the thread last looked (one entry per post; None stops the thread)
+        #: replicas posted to since the thread last looked, each at most once (its ``woken`` flag), so the
+        #: queue holds no more than this thread's replicas; None stops the thread
         self._ready: queue.SimpleQueue[ReplicaHost | None] = queue.SimpleQueue()
         #: replicas this thread runs, in the order they were added (the thread's own list)
         self._hosts: list[ReplicaHost] = []
@@ -58,11 +59,16 @@ class TaskThread:
 
     def add(self, host: ReplicaHost) -> None:
         """Start running ``host`` (its ``start``)."""
-        self._ready.put(host)
+        self.wake(host)
 
     def wake(self, host: ReplicaHost) -> None:
-        """``host`` was posted something: step it soon."""
-        self._ready.put(host)
+        """``host`` was posted something (after it went into its inbox): step it soon.
+
+        The thread clears ``woken`` before it drains that inbox, so a post it misses here was already drained.
+        """
+        if not host.woken:
+            host.woken = True
+            self._ready.put(host)
 
     def stop(self) -> None:
         """End the thread once it has woken (the worker stops its replicas first)."""
@@ -78,6 +84,7 @@ class TaskThread:
                 while True:
                     if got is None:
                         return
+                    got.woken = False
                     woken.add(got)
                     got = self._ready.get_nowait()
             except queue.Empty:
