@@ -69,14 +69,21 @@ class Nodes:
         path = f"{NODES_PATH}/{node_id}"
 
         def attempt() -> None:
-            try:
-                self.ms.zk.create(path, info.to_json(), ephemeral=True)
-            except NodeExistsError:
+            while True:
+                try:
+                    self.ms.zk.create(path, info.to_json(), ephemeral=True)
+                    return
+                except NodeExistsError:
+                    pass
                 # Ours if an earlier attempt's reply was lost; otherwise someone else's.
-                _, stat = self.ms.zk.get(path)
+                try:
+                    _, stat = self.ms.zk.get(path)
+                except NoNodeError:
+                    continue  # its holder's session ended between our create and this read: create again
                 if stat.ephemeralOwner != self.ms.session_id:
-                    raise NodeAlreadyRegistered(node_id, stat.ephemeralOwner) from None
+                    raise NodeAlreadyRegistered(node_id, stat.ephemeralOwner)
                 self.ms.zk.set(path, info.to_json())
+                return
 
         deadline = time.monotonic() + stale_wait_s
         while True:

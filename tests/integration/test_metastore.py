@@ -7,6 +7,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
@@ -155,6 +156,33 @@ def test_a_restarted_worker_waits_for_its_crashed_predecessors_session(zk_hosts:
         with pytest.raises(NodeAlreadyRegistered):  # a live holder of the id keeps it: the wait ends, it fails
             ms.nodes.register(node, "127.0.0.1:7003", stale_wait_s=1.0)
     finally:
+        restarted.close()
+
+
+def test_registration_survives_the_stale_holder_vanishing_between_create_and_read(zk_hosts: str,
+                                                                                   ms: Metastore) -> None:
+    """Found by the fault campaign (seed 2314): a restarted worker's create met its crashed predecessor's
+    node, whose session then ended before the worker read the node's owner; the read's NoNodeError made the
+    worker exit while starting. The predecessor's session is closed exactly between the two calls here."""
+    node = unique("node")
+    crashed = Metastore(zk_hosts, session_timeout=2.0).start()
+    crashed.nodes.register(node, "127.0.0.1:7001")
+    restarted = Metastore(zk_hosts, session_timeout=2.0).start()
+    real_get = restarted.zk.get
+    reads: list[str] = []
+
+    def get_after_the_holder_is_gone(path: str, *args: Any, **kwargs: Any) -> Any:
+        if path.endswith(node) and not reads:
+            reads.append(path)
+            crashed.close()  # the real server deletes the stale ephemeral node now
+        return real_get(path, *args, **kwargs)
+
+    restarted.zk.get = get_after_the_holder_is_gone  # type: ignore[method-assign]
+    try:
+        info = restarted.nodes.register(node, "127.0.0.1:7002", stale_wait_s=20.0)
+        assert reads and ms.nodes.get(node) == info
+    finally:
+        restarted.zk.get = real_get  # type: ignore[method-assign]
         restarted.close()
 
 

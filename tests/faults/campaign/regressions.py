@@ -54,4 +54,8 @@ REGRESSIONS: tuple[Regression, ...] = (
                "unavailable here') and never converged; fixed: that read is typed (CorruptStore), the failed "
                "open lets go of RocksDB, and the replica is quarantined and rebuilt like damage found by "
                "verification"),
+    Regression(RunConfig(2314, 60.0, ALL, 8),
+               "a worker restarted after a torn tail met its crashed predecessor's node at registration, and that "
+               "session expired between the create and the read of the node's owner: the read's NoNodeError made "
+               "the worker exit while starting; fixed: registration creates again when the stale node is gone"),
 )
