@@ -34,7 +34,8 @@ from conductor.metastore.module_spec import (
 from conductor.wire import millrace_pb2 as pb
 from conductor.worker.dataflow import DataflowDriver
 from conductor.worker.group_code import GroupCode, ModuleCode
-from conductor.worker.replica_host import PendingEntry, ReplicaHost
+from conductor.worker.pending_entry import PendingEntry
+from conductor.worker.replica_host import ReplicaHost
 from conductor.worker.replica_store import ReplicaStore
 from replog.messages import Ack
 from topology import refs

@@ -16,34 +16,29 @@ from __future__ import annotations
 
 import logging
 import queue
-import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from conductor.worker.dataflow import DataflowDriver, Inflow
 from conductor.worker.entry_applier import EntryApplier
+from conductor.worker.pending_entry import PendingEntry
+from conductor.worker.replica_disk import open_disk
 from conductor.worker.replica_faults import REPLICA_FAULTS, Fault, describe, fault_kind
 from conductor.worker.task_clock import RETAIN_INTERVAL_MS, TICK_MS, next_wake_ms, now_ms
 from pstate.checkpoint import Manifest
 from pstate.errors import PStateError
 from replog.batch import scan_frames, trim_frames
 from replog.config import DEFAULT_SEGMENT_BYTES, ReplicationConfig
-from replog.eligibility import StorageMarks, check_storage
-from replog.epoch_file import EpochFile
 from replog.errors import (
     AppendFailed,
     Backpressure,
-    CorruptStorageMarks,
     EntryTooLarge,
     ReplicaFailed,
     ReplogError,
 )
-from replog.log import Log
-from replog.marks_file import MarksFile
 from replog.messages import (
     STORAGE_LOST,
     Ack,
@@ -90,24 +85,6 @@ MAX_FRAME_BYTES = 2 * 1024 * 1024
 LOG_FRAME_BYTES = 4 * 1024 * 1024
 
 
-@dataclass
-class PendingEntry:
-    """A replog entry to build on the leader's task thread, and whom to tell when it reaches its ack level.
-
-    `build()` returns (change-set builder, result); it runs on the task thread
-    because what it writes depends on every entry appended before it (depot
-    offsets, read-modify-write transforms, microbatch and progress markers). A
-    None builder means there is nothing to append (e.g. a replayed microbatch):
-    `done` gets the result at once.
-    """
-
-    build: Callable[[], tuple[Any, Any]]
-    nbytes: int
-    ack: Ack
-    done: Callable[[int, Any, Exception | None], None]
-    result: Any = None
-
-
 class ReplicaHost:
     """Owns one replica's disk state and task thread; every other thread talks to it through `post`."""
 
@@ -136,14 +113,13 @@ class ReplicaHost:
         self.name = f"{module}/{group}"
         self.dir = data_dir
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.marks = MarksFile(self.dir / "marks")
-        try:
-            marks = self.marks.load()
-            damaged = None
-        except CorruptStorageMarks as e:
-            marks, damaged = None, str(e)
-        self.log = Log.open(self.dir / "replog", fsync="none", segment_bytes=segment_bytes)
-        self.epoch_file = EpochFile(self.dir / "epochs")
+        applied = store.applied_offset
+        disk = open_disk(self.name, self.dir, applied, segment_bytes)
+        self.log, self.epoch_file, self.marks = disk.log, disk.epoch_file, disk.marks
+        #: why this storage is not intact (it lost entries it acknowledged), None if it is
+        self.storage_lost = disk.storage_lost
+        #: this storage's incarnation (replog.eligibility): new with the directory, or after a loss
+        self.incarnation = disk.incarnation
         self.store = store
         self.config = config
         self._send = send
@@ -159,35 +135,7 @@ class ReplicaHost:
         self.fault: Fault | None = None
         #: the last fault of this group's replica on this node, before it was (re)opened (status, metrics)
         self.last_fault: Fault | None = None
-        applied = store.applied_offset
-        #: why this storage is not intact (it lost entries it acknowledged), None if it is
-        self.storage_lost = damaged or check_storage(marks, log_end=self.log.end_offset, applied=applied)
-        if applied >= self.log.end_offset:
-            # The store is ahead of the log: a far-horizon install interrupted between the store swap and
-            # the log reset (finish it), or a log that lost entries (the store holds their state).
-            if self.storage_lost is None:
-                log.warning("%s: finishing an interrupted checkpoint install: the replog restarts at %d",
-                            self.name, applied + 1)
-            self.log.reset(applied + 1)
-        if self.storage_lost is not None:
-            log.error("%s: this replica's storage lost entries it acknowledged (%s); it takes a new incarnation, "
-                      "leaves the ISR before serving anything and rebuilds from the leader",
-                      self.name, self.storage_lost)
-        elif marks is not None and not marks.clean:
-            log.info("%s: storage intact after an unclean shutdown (acknowledged up to %d, replog ends at %d)",
-                     self.name, marks.acked, self.log.end_offset)
-        #: this storage's incarnation (replog.eligibility): new with the directory, or after a loss
-        self.incarnation = (marks.incarnation if marks is not None and self.storage_lost is None
-                            else random.SystemRandom().randrange(1, 1 << 63))
-        #: the applied floor (replog.replica): everything this storage applied, which the store may have
-        #: lost with its un-flushed state (no RocksDB WAL); the replica re-applies up to it when it serves
-        floor = max(applied, marks.applied if marks is not None and self.storage_lost is None else -1)
-        if floor > applied:
-            log.info("%s: the store applied up to %d before it stopped but holds %d: re-applying from the replog",
-                     self.name, floor, applied)
-        # Durable before the replica may acknowledge anything; cleared "clean" until a clean close.
-        self.marks.save(StorageMarks(self.incarnation, acked=self.log.end_offset - 1, applied=floor))
-        self.replica = self._new_replica(session, applied, floor)
+        self.replica = self._new_replica(session, applied, disk.floor)
         #: the group znode as last fed to the state machine (far-horizon install checks ISR membership)
         self._znode: GroupState | None = None
         #: follower: the far-horizon transfer running for this replica, if any (set by the node)

@@ -30,7 +30,8 @@ from conductor.wire.errors import InvalidRequest, error_json, status_of
 from conductor.wire.packing import pack_lengths
 from conductor.worker.far_horizon import read_chunk_into, stream_checkpoint
 from conductor.worker.lifecycle import code_status
-from conductor.worker.replica_host import PendingEntry, ReplicaHost
+from conductor.worker.pending_entry import PendingEntry
+from conductor.worker.replica_host import ReplicaHost
 from conductor.worker.replica_store import ReplicaStore
 from pstate.errors import CorruptStore, PStateError
 from replog.errors import EntryTooLarge, NotLeader, ReplogError

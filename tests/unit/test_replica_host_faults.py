@@ -18,7 +18,8 @@ from typing import Any
 import msgpack
 import pytest
 
-from conductor.worker.replica_host import PendingEntry, ReplicaHost
+from conductor.worker.pending_entry import PendingEntry
+from conductor.worker.replica_host import ReplicaHost
 from conductor.worker.replica_store import ReplicaStore
 from conductor.worker.task_thread import TaskThread
 from pstate import TaskGroupStore

@@ -1,0 +1,77 @@
+"""Opening one replica's disk: its replog, epoch file and storage marks, and whether the storage is intact.
+
+Done at every (re)open, before the replica's state machine exists. The marks
+say what this storage acknowledged and applied before it stopped; against the
+replog it opens and the store's applied offset they tell an intact storage
+(restarted cleanly or not) from one that lost entries it acknowledged, which
+must take a new incarnation and rebuild from the leader (:mod:`replog.eligibility`).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from replog.eligibility import StorageMarks, check_storage
+from replog.epoch_file import EpochFile
+from replog.errors import CorruptStorageMarks
+from replog.log import Log
+from replog.marks_file import MarksFile
+
+log = logging.getLogger("millrace.node")
+
+
+@dataclass
+class ReplicaDisk:
+    """A replica's opened files and what the open found."""
+
+    log: Log
+    epoch_file: EpochFile
+    marks: MarksFile
+    #: why this storage is not intact (it lost entries it acknowledged), None if it is
+    storage_lost: str | None
+    #: this storage's incarnation (replog.eligibility): new with the directory, or after a loss
+    incarnation: int
+    #: the applied floor (replog.replica): everything this storage applied, which the store may have lost
+    #: with its un-flushed state (no RocksDB WAL); the replica re-applies up to it when it serves
+    floor: int
+
+
+def open_disk(name: str, directory: Path, applied: int, segment_bytes: int) -> ReplicaDisk:
+    """Open the files of the replica ``name`` in ``directory`` whose store holds up to ``applied``.
+
+    Its marks are saved (durably, "not clean") before it returns: nothing may be acknowledged before that.
+    """
+    marks_file = MarksFile(directory / "marks")
+    try:
+        marks = marks_file.load()
+        damaged = None
+    except CorruptStorageMarks as e:
+        marks, damaged = None, str(e)
+    replog = Log.open(directory / "replog", fsync="none", segment_bytes=segment_bytes)
+    epoch_file = EpochFile(directory / "epochs")
+    lost = damaged or check_storage(marks, log_end=replog.end_offset, applied=applied)
+    if applied >= replog.end_offset:
+        # The store is ahead of the log: a far-horizon install interrupted between the store swap and
+        # the log reset (finish it), or a log that lost entries (the store holds their state).
+        if lost is None:
+            log.warning("%s: finishing an interrupted checkpoint install: the replog restarts at %d",
+                        name, applied + 1)
+        replog.reset(applied + 1)
+    if lost is not None:
+        log.error("%s: this replica's storage lost entries it acknowledged (%s); it takes a new incarnation, "
+                  "leaves the ISR before serving anything and rebuilds from the leader", name, lost)
+    elif marks is not None and not marks.clean:
+        log.info("%s: storage intact after an unclean shutdown (acknowledged up to %d, replog ends at %d)",
+                 name, marks.acked, replog.end_offset)
+    kept = marks if lost is None else None  # an intact storage keeps its incarnation and applied floor
+    incarnation = kept.incarnation if kept is not None else random.SystemRandom().randrange(1, 1 << 63)
+    floor = max(applied, kept.applied if kept is not None else -1)
+    if floor > applied:
+        log.info("%s: the store applied up to %d before it stopped but holds %d: re-applying from the replog",
+                 name, floor, applied)
+    # Durable before the replica may acknowledge anything; cleared "clean" until a clean close.
+    marks_file.save(StorageMarks(incarnation, acked=replog.end_offset - 1, applied=floor))
+    return ReplicaDisk(replog, epoch_file, marks_file, lost, incarnation, floor)
