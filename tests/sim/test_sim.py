@@ -167,3 +167,14 @@ def test_regression_seeds_isr_member_lost_after_failover(seed: int) -> None:
     KIP-966) and is elected when no ISR member can be (replog.election)."""
     result = run_seed(seed)
     assert result.error is None, result.error
+
+
+@pytest.mark.xfail(strict=True, reason="not fixed yet (session 7 note): after the heal c, the only ISR member, is "
+                                       "never elected and the ELR is empty")
+def test_regression_seed_leader_deposed_while_the_last_isr_member_is_down() -> None:
+    """Seed 9414234 (sweep 9,400,000+, storage faults): "no working leader after healing". a crashed, d became
+    leader and crashed, c crashed; the conductor failed over to b (epoch 3, ISR b, c), then moved b out
+    (epoch 4: ISR c alone, leader none) while c was down. After c restarts and the faults heal, no leader is
+    elected: the ISR is c alone, b, d and a are in the OSR, and the ELR is empty."""
+    result = run_seed(9414234)
+    assert result.error is None, result.error
