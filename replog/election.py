@@ -101,8 +101,8 @@ def next_leadership(state: GroupState, live_nodes: Iterable[str] | Mapping[str, 
     * no ISR member can lead (down, unconfirmed, or its storage lost) but an
       ELR member can: it leads and joins the ISR (:func:`_elect_from_elr`).
 
-    A leader lost to a failover that leaves one in-sync replica joins the ELR
-    as it leaves the ISR: it holds every entry applied so far, and nothing more
+    A leader lost to a failover that leaves at most one live, confirmed
+    in-sync replica joins the ELR as it leaves the ISR: it holds every entry applied so far, and nothing more
     is applied until the next leader's first CAS empties the ELR
     (``replog.replica_leader``; see :func:`_elr_after_failover`).
 
@@ -128,7 +128,7 @@ def next_leadership(state: GroupState, live_nodes: Iterable[str] | Mapping[str, 
             epoch=state.epoch + 1, version=state.version + 1,
             isr=tuple(x for x in state.isr if x != old),
             osr=tuple(x for x in state.replicas if x == old or x in state.osr),
-            elr=_elr_after_failover(state.elr, old, len(state.isr) - 1),
+            elr=_elr_after_failover(state, old, [x for x in state.isr if x != old], live),
             leader_session=live[new_leader],
         )
     if old in live and eligible(state, old, live[old]):  # restarted, and the only live in-sync replica
@@ -139,19 +139,28 @@ def next_leadership(state: GroupState, live_nodes: Iterable[str] | Mapping[str, 
     return replace(state, leader=None, epoch=state.epoch + 1, version=state.version + 1, leader_session=0)
 
 
-def _elr_after_failover(elr: tuple[str, ...], old: str, isr_left: int) -> tuple[str, ...]:
-    """The ELR once a failover removed ``old`` from the ISR, leaving ``isr_left`` members.
+def _elr_after_failover(state: GroupState, old: str, isr_left: Iterable[str], live: dict[str, int]) -> tuple[str, ...]:
+    """The ELR once a failover removed ``old`` from the ISR, leaving ``isr_left``.
 
-    ``old`` joins only when one in-sync replica is left: that lone copy is a
-    single point of failure, worth the new leader's CAS before it applies.
-    With two or more left, losing every one is a multiple fault, the group
-    stalls as without an ELR, and the new leader applies at once (its first
-    apply does not wait on its own ZooKeeper connection, which a lost host may
-    just have broken: the multi-host failover test caught that wait).
+    ``old`` joins when at most one of the members left is a live copy the
+    conductor could elect (live and confirmed under its session): that lone
+    copy is a single point of failure, worth the new leader's CAS before it
+    applies. Counting live copies, not members, matters: a member that is down
+    may have lost its disk without the znode knowing yet, and the live one may
+    have just quarantined its storage without having recorded it (sim seed
+    9414234: d, the only intact copy, left for the OSR behind b and a dead c,
+    both already lost, and the group stalled). With two or more live copies,
+    losing every one is a multiple fault, the group stalls as without an ELR,
+    and the new leader applies at once (its first apply does not wait on its
+    own ZooKeeper connection, which a lost host may just have broken: the
+    multi-host failover test caught that wait).
     """
-    if isr_left != 1 or old in elr:
-        return elr
-    return (*elr, old)
+    if old in state.elr:
+        return state.elr
+    copies = [x for x in isr_left if x in live and eligible(state, x, live[x])]
+    if len(copies) > 1:
+        return state.elr
+    return (*state.elr, old)
 
 
 def _elect_from_elr(state: GroupState, live: dict[str, int], disallowed: Iterable[str],
@@ -171,7 +180,7 @@ def _elect_from_elr(state: GroupState, live: dict[str, int], disallowed: Iterabl
     keep = {x for x in state.isr if x != old and state.incarnation_of(x) != STORAGE_LOST} | {pick}
     elr = tuple(x for x in state.elr if x != pick)
     if old is not None:
-        elr = _elr_after_failover(elr, old, len(keep))
+        elr = _elr_after_failover(replace(state, elr=elr), old, keep, live)
     return replace(
         state, leader=pick, epoch=state.epoch + 1, version=state.version + 1,
         isr=tuple(x for x in state.replicas if x in keep),

@@ -152,7 +152,7 @@ class GroupState:
     empty, and the metastore keeps the stored order when it writes one.
     ``elr`` (eligible leader replicas, KIP-966) are OSR members that still hold
     every applied entry: leaders the conductor removed from the ISR when they
-    lost their session and one in-sync replica was left, while nothing was
+    lost their session and at most one live in-sync copy was left, while nothing was
     applied since (a leader applies nothing until its own first CAS has emptied
     ``elr``). They are elected when no ISR member can be, so that lone replica
     losing its storage right after the failover does not stall a group whose

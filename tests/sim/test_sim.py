@@ -169,12 +169,12 @@ def test_regression_seeds_isr_member_lost_after_failover(seed: int) -> None:
     assert result.error is None, result.error
 
 
-@pytest.mark.xfail(strict=True, reason="not fixed yet (session 7 note): after the heal c, the only ISR member, is "
-                                       "never elected and the ELR is empty")
 def test_regression_seed_leader_deposed_while_the_last_isr_member_is_down() -> None:
-    """Seed 9414234 (sweep 9,400,000+, storage faults): "no working leader after healing". a crashed, d became
-    leader and crashed, c crashed; the conductor failed over to b (epoch 3, ISR b, c), then moved b out
-    (epoch 4: ISR c alone, leader none) while c was down. After c restarts and the faults heal, no leader is
-    elected: the ISR is c alone, b, d and a are in the OSR, and the ELR is empty."""
+    """Seed 9414234 (sweep 9,400,000+, storage faults): "no working leader after healing". a lost its disk, d
+    led, c lost its disk while down, b found entry 0 damaged and reopened empty, then d crashed. The
+    conductor failed over to b (ISR b, c), whose znode record still named its old storage, and moved d, the
+    only intact copy, to the OSR: two members were left, so d did not join the ELR. b then recorded its new
+    storage and left, c came back lost, and nothing could be elected. A deposed leader now joins the ELR
+    when at most one *live, confirmed* ISR member is left (replog.election), and d is elected after the heal."""
     result = run_seed(9414234)
     assert result.error is None, result.error

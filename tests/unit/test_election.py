@@ -116,3 +116,12 @@ def test_deposed_leader_joins_the_elr_only_when_one_in_sync_replica_is_left() ->
                    leader_session=1, storage=_recorded("n1", "n2", "n3"))
     after = next_leadership(s, {"n2": 1, "n3": 1})
     assert after is not None and after.isr == ("n2", "n3") and after.elr == ()  # no wait before applying
+
+
+def test_deposed_leader_joins_the_elr_when_only_one_live_in_sync_copy_is_left() -> None:
+    """Two members left but one of them down (sim seed 9414234): that down member may have lost its disk
+    unknown to the znode, so the live one is a lone copy and the deposed leader stays electable."""
+    s = GroupState(leader="n1", epoch=3, version=7, isr=("n1", "n2", "n3"), osr=(), placement=("n1", "n2", "n3"),
+                   leader_session=1, storage=_recorded("n1", "n2", "n3"))
+    after = next_leadership(s, {"n2": 1})
+    assert after is not None and (after.leader, after.isr, after.elr) == ("n2", ("n2", "n3"), ("n1",))
