@@ -90,14 +90,14 @@ class DataflowDriver:
                 out.append((self._build_trim, _nobody))
         return out
 
-    def next_due_ms(self) -> int | None:
+    def next_due_ms(self, now_ms: int) -> int | None:
         """When the task thread must drain again with nothing arriving (see ``GroupDataflow.next_due_ms``).
 
         A trim is checked at most every ``TRIM_INTERVAL_MS``; the last one a burst of work owes is due
         even when the flow has gone quiet by then.
         """
-        due = self.flow.next_due_ms()
-        if due == 0:
+        due = self.flow.next_due_ms(now_ms)
+        if due is not None and due <= now_ms:
             self._trim_owed = True
         if self._trim_owed and self.flow.leading:
             due = self._next_trim_ms if due is None else min(due, self._next_trim_ms)

@@ -161,6 +161,7 @@ class ReplicaHost:
         #: a shared task thread's: this replica is in its queue of replicas to step (see TaskThread.wake)
         self.woken = False
         self._next_tick = 0
+        self._next_flow = 0  # the earliest the dataflow's next round is due with nothing arriving
         #: counters for metrics and `conductor status`
         self.stats = {"appends": 0, "entries_applied": 0, "flushes": 0, "far_horizon_installs": 0,
                       "far_horizon_bytes": 0, "far_horizon_refetched_files": 0, "replog_deleted_bytes": 0}
@@ -210,8 +211,8 @@ class ReplicaHost:
     def due_ms(self, now: int) -> int:
         """When this replica's loop must run next with nothing in its inbox (ticks, beats, dataflow, retention)."""
         return next_wake_ms(now, self._next_tick, self.replica.next_tick_ms(), self.outbox.next_due(),
-                            None if self.dataflow is None else self.dataflow.next_due_ms(),
-                            self._next_retain_ms if self._retain_owed else None)
+                            None if self.dataflow is None else self.dataflow.next_due_ms(now),
+                            self._next_retain_ms if self._retain_owed else None, self._next_flow)
 
     def drain_inbox(self) -> list[Any]:
         """Everything posted so far, without waiting (a shared task thread's step)."""
@@ -278,6 +279,7 @@ class ReplicaHost:
         self._apply_deferred()
         if self.dataflow is not None:
             self.dataflow.drained(now_ms())
+            self._next_flow = now + TICK_MS
         if self._retain_owed and now >= self._next_retain_ms:
             self._next_retain_ms = now + RETAIN_INTERVAL_MS
             self._retain_owed = False

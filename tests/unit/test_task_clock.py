@@ -47,9 +47,16 @@ def test_an_in_sync_follower_needs_no_tick() -> None:
 
 
 def test_the_wake_up_is_the_earliest_deadline_with_ticks_no_faster_than_the_cadence() -> None:
-    assert next_wake_ms(1000, 1050, None, None, None, None) == 1000 + MAX_SLEEP_MS
-    assert next_wake_ms(1000, 1050, 0, None, None, None) == 1050  # busy: the usual cadence
-    assert next_wake_ms(1000, 1050, 1700, None, None, None) == 1700  # a heartbeat due later
-    assert next_wake_ms(1000, 1050, 1700, 1005, None, None) == 1005  # a held beat leaves first
-    assert next_wake_ms(1000, 1050, None, None, 0, 2000) == 1050
-    assert next_wake_ms(1000, 1050, None, None, 1900, 1800) == 1800
+    assert next_wake_ms(1000, 1050, None, None, None, None, 1050) == 1000 + MAX_SLEEP_MS
+    assert next_wake_ms(1000, 1050, 0, None, None, None, 0) == 1050  # busy: the usual cadence
+    assert next_wake_ms(1000, 1050, 1700, None, None, None, 0) == 1700  # a heartbeat due later
+    assert next_wake_ms(1000, 1050, 1700, 1005, None, None, 0) == 1005  # a held beat leaves first
+    assert next_wake_ms(1000, 1050, None, None, 0, 2000, 1040) == 1040  # the flow at its own cadence
+    assert next_wake_ms(1000, 1050, None, None, 1900, 1800, 1040) == 1800
+    assert next_wake_ms(1000, 1050, None, None, 1000, None, 1040) == 1000  # a round with work now
+
+
+def test_a_busy_flow_waits_for_its_own_cadence_when_no_tick_ran_lately() -> None:
+    """The tick's cadence is stale (no tick was due for a while) while the flow waits on other groups: the
+    wake-up is a flow round's cadence away, not now (which made the thread spin)."""
+    assert next_wake_ms(1000, 400, None, None, 0, None, 1050) == 1050

@@ -254,14 +254,24 @@ class GroupDataflow:
                 out.append((dst, peer, batch))
         return out
 
-    def next_due_ms(self) -> int | None:
-        """When the driver must call again with nothing arriving: 0 while anything is queued, in flight or
-        changed (its usual cadence), else the next keepalive pull; None on a follower or with nothing to pull.
+    def next_due_ms(self, now_ms: int) -> int | None:
+        """When the driver must call again with nothing arriving; None on a follower or with nothing to pull.
+
+        * ``now_ms`` when a round has work now: something changed, or queued envelopes can go into an
+          inbound entry (the last one applied, as happens at the end of a drain);
+        * the time a held envelope may be retried (poison records back off);
+        * 0 while waiting on others (an inbound entry replicating, envelopes out for completion): "at the
+          usual cadence", a safety net, as what it waits for arrives as messages that wake the thread;
+        * else the next keepalive pull.
         """
         if not self.leading:
             return None
-        if (self._changed or self._rewind or self._inflight or any(self._queued.values())
-                or self.tracker.in_flight() > 0):
+        if self._changed or self._rewind:
+            return now_ms
+        held = [self._held.get(src, 0) for src, q in self._queued.items() if q]
+        if held and not self._inflight:
+            return max(now_ms, min(held))
+        if held or self._inflight or self.tracker.in_flight() > 0:
             return 0
         return self.inlet.next_keepalive() if self.inlet.feeds else None
 
