@@ -42,6 +42,10 @@ class Partitioner:
 
     name: str
     choose: Callable[[Any, int], int]
+    #: the choice ignores the record, so ``append_many`` asks once per request and sends a whole request of
+    #: records to that one task (Kafka's sticky partitioner, KIP-480): one replog entry on one task group per
+    #: request, however many groups there are, instead of a sliver of the request on every group
+    sticky: bool = False
 
     def __call__(self, record: Any, tasks: int) -> int:
         task = self.choose(record, tasks)
@@ -50,8 +54,9 @@ class Partitioner:
         return task
 
 
-#: Any task, chosen uniformly: spreads load when no key needs colocating.
-random = Partitioner("random", lambda _record, tasks: _random.randrange(tasks))
+#: Any task, chosen uniformly: spreads load when no key needs colocating. ``append_many`` chooses once per
+#: request (up to the client's ``max_batch_records`` records), so a batch costs one entry on one group.
+random = Partitioner("random", lambda _record, tasks: _random.randrange(tasks), sticky=True)
 
 #: Task 0 always: one global order for small, ordered streams.
 global_ = Partitioner("global", lambda _record, _tasks: 0)

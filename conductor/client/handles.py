@@ -120,6 +120,8 @@ class Depot:
 
         Records are encoded and routed in the calling thread; a group with more than
         the client's `max_batch_records` gets several requests, two in flight at a time.
+        A depot partitioner that ignores the record (``random``) is asked once per
+        `max_batch_records` records, which all go to the task it chose.
         """
         a = _ack(ack)
         c = self.c
@@ -127,15 +129,19 @@ class Depot:
         partitioner = meta.definition.depots[self.name].partitioner
         ntasks = meta.spec.tasks
         pack = msgpack.Packer(use_bin_type=True).pack
+        limit = max(1, c.max_batch_records)
+        sticky = partitioner.sticky  # one task per request's worth of records (see Partitioner.sticky)
         by_task: dict[int, tuple[list[int], list[bytes]]] = {}
         n = 0
+        task = 0
         for i, record in enumerate(records):
             try:
                 data = pack(record)
             except (TypeError, ValueError, OverflowError):
                 encode_record(record)  # raises the ClientError that says what can be encoded
                 raise
-            task = self._task(partitioner, record, ntasks)
+            if not sticky or i % limit == 0:
+                task = self._task(partitioner, record, ntasks)
             slot = by_task.get(task)
             if slot is None:
                 slot = by_task[task] = ([], [])
@@ -147,7 +153,6 @@ class Depot:
         by_group: dict[int, list[int]] = {}
         for task in sorted(by_task):
             by_group.setdefault(meta.spec.group_of(task), []).append(task)
-        limit = max(1, c.max_batch_records)
         requests = {g: frame_group(self.module, self.name, g, a, [(t, *by_task[t]) for t in tasks], limit)
                     for g, tasks in by_group.items()}
         done: list[tuple[list[tuple[int, list[int]]], Sequence[int]]] = []

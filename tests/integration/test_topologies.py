@@ -35,6 +35,9 @@ def test_word_count_counts_every_word_once_across_task_groups(dc: DevCluster) ->
     with Cluster.connect(dc.hosts) as cluster:
         sentences = cluster.depot("WordCount", "*sentences")
         sentences.append_many(text, ack="applied")
+        # `random` is sticky in append_many: the call's 150 records are one request to one task (one entry)
+        ends = [sentences.partition_info(t)[1] for t in range(4)]
+        assert sorted(ends) == [0, 0, 0, len(text)], ends
         expected = Counter(w.strip(".,!").lower() for s in text for w in s.split())
         counts = cluster.pstate("WordCount", "$$counts")
         wait_for(lambda: all(counts.select_one(w) == n for w, n in expected.items()), 30,
