@@ -2,8 +2,8 @@
 
 Each replica's loop runs on one *task thread* that owns its replog, epoch file
 and RocksDB store; nothing else touches them, so none of them needs a lock. The
-thread is the replica's own, or a worker's :class:`~conductor.worker.task_thread.TaskThread`
-that steps several replicas in turn. Each step drains the inbox in bulk, feeds every event to the state
+thread is a worker's :class:`~conductor.worker.task_thread.TaskThread`, dedicated to
+the replica or stepping several replicas in turn. Each step drains the inbox in bulk, feeds every event to the state
 machine, and performs the returned actions. Local appends are written at once but fsynced
 once per drain cycle: every client append that arrived while the previous
 fsync ran shares the next one (group commit), which is what turns a ~1 ms fsync
@@ -105,7 +105,8 @@ class ReplicaHost:
         hand_off: Callable[[ReplicaHost, int, GroupState], None] | None = None,
         dataflow: DataflowDriver | None = None,
         on_fault: Callable[[ReplicaHost], None] | None = None,
-        runner: TaskThread | None = None,
+        *,
+        runner: TaskThread,
     ) -> None:
         self.node_id = node_id
         self.module = module
@@ -152,13 +153,12 @@ class ReplicaHost:
         self.outbox = Outbox()
         #: follower: apply up to here once this drain's fsync and acks are out (see `_perform`)
         self._apply_later = -1
-        #: the task thread this replica's loop runs on: its own, or one it shares with other replicas
+        #: the task thread this replica's loop runs on: a dedicated one, or one it shares with other replicas
         self.runner = runner
-        self.thread = runner.thread if runner is not None else threading.Thread(
-            target=self._run, name=f"task-{self.name}", daemon=True)
+        self.thread = runner.thread
         #: set once the task thread let go of this replica's disk (stopped or failed)
         self.closed = threading.Event()
-        #: a shared task thread's: this replica is in its queue of replicas to step (see TaskThread.wake)
+        #: this replica is in its task thread's queue of replicas to step (see TaskThread.wake)
         self.woken = False
         self._next_tick = 0
         self._next_flow = 0  # the earliest the dataflow's next round is due with nothing arriving
@@ -179,15 +179,11 @@ class ReplicaHost:
     # ------------------------------------------------------------------ called from other threads
 
     def start(self) -> None:
-        if self.runner is not None:
-            self.runner.add(self)
-        else:
-            self.thread.start()
+        self.runner.add(self)
 
     def post(self, item: Any) -> None:
         self.inbox.put(item)
-        if self.runner is not None:
-            self.runner.wake(self)
+        self.runner.wake(self)
 
     def stop(self) -> None:
         self._stop.set()
@@ -197,17 +193,6 @@ class ReplicaHost:
 
     # ------------------------------------------------------------------------- the task thread
 
-    def _run(self) -> None:
-        """This replica's own task thread (no shared runner)."""
-        while True:
-            now = now_ms()
-            try:
-                items = [self.inbox.get(timeout=max(0.0, (self.due_ms(now) - now) / 1000))]
-            except queue.Empty:
-                items = []
-            if not self.step(items + self.drain_inbox()):
-                return
-
     def due_ms(self, now: int) -> int:
         """When this replica's loop must run next with nothing in its inbox (ticks, beats, dataflow, retention)."""
         return next_wake_ms(now, self._next_tick, self.replica.next_tick_ms(), self.outbox.next_due(),
@@ -215,7 +200,7 @@ class ReplicaHost:
                             self._next_retain_ms if self._retain_owed else None, self._next_flow)
 
     def drain_inbox(self) -> list[Any]:
-        """Everything posted so far, without waiting (a shared task thread's step)."""
+        """Everything posted so far, without waiting (the task thread's step)."""
         items: list[Any] = []
         try:
             while True:

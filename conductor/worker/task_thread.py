@@ -12,6 +12,8 @@ What sharing costs: one replica's step waits for the others' steps on the
 same thread, fsyncs included, so a slow step (a far-horizon install, a long
 fsync) delays the other replicas on that thread. Each replica still has its
 own inbox, state machine, disk and faults: a replica that fails stops alone.
+``--task-threads 0`` gives each replica a *dedicated* task thread, the same
+loop serving one replica, which ends with it.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ if TYPE_CHECKING:
 class TaskThread:
     """Runs the loops of the replicas added to it (see the module docstring)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, dedicated: bool = False) -> None:
+        #: serves one replica and ends once it is released (closed, or never started)
+        self.dedicated = dedicated
         #: replicas posted to since the thread last looked, each at most once (its ``woken`` flag), so the
         #: queue holds no more than this thread's replicas; None stops the thread
         self._ready: queue.SimpleQueue[ReplicaHost | None] = queue.SimpleQueue()
@@ -52,10 +56,13 @@ class TaskThread:
             self._load += 1
 
     def release(self) -> None:
-        """A claimed replica stopped, or never opened."""
+        """A claimed replica stopped, or never opened (a dedicated thread ends with it)."""
         with self._lock:
             self._load -= 1
             assert self._load >= 0, self._load
+            done = self.dedicated and self._load == 0
+        if done:
+            self.stop()
 
     def add(self, host: ReplicaHost) -> None:
         """Start running ``host`` (its ``start``)."""

@@ -172,9 +172,10 @@ class Worker(ReplicaRecovery):
         self.lifecycle.start()
         self.metrics_address = self._start_metrics()
         self._sweeper = asyncio.create_task(self._sweep_checkpoints())
-        log.warning("node %s serving on %s (data %s, ZooKeeper %s, session 0x%x, metrics http://%s/metrics)",
+        log.warning("node %s serving on %s (data %s, ZooKeeper %s, session 0x%x, metrics http://%s/metrics, %s)",
                     self.node_id, self.address, self.data_dir, self.zk_hosts, self.session or 0,
-                    self.metrics_address)
+                    self.metrics_address, f"replicas share {self.task_threads} task thread(s)" if self.task_threads
+                    else "a task thread per replica")
 
     def _start_metrics(self) -> str:
         """Prometheus endpoint on `--metrics-host` (`--metrics-port`, 0 = a free port); its advertised address
@@ -345,11 +346,13 @@ class Worker(ReplicaRecovery):
         log.warning("node %s hosts %d replica(s) of module %s: groups %s", self.node_id, len(rt.hosts), module,
                     sorted(rt.hosts))
 
-    def _task_thread(self) -> TaskThread | None:
-        """The task thread a new replica runs on: the least loaded (started as replicas need them), or None
-        for a thread of its own (``task_threads`` 0)."""
+    def _task_thread(self, name: str) -> TaskThread:
+        """The task thread replica ``name`` will run on, claimed: the least loaded (started as replicas need
+        them), or one dedicated to it (``task_threads`` 0), which ends with it."""
         if self.task_threads == 0:
-            return None
+            dedicated = TaskThread(f"task-{name}", dedicated=True)
+            dedicated.claim()
+            return dedicated
         with self._lock:
             if len(self._runners) < self.task_threads:
                 self._runners.append(TaskThread(f"task-{self.node_id}-{len(self._runners)}"))
@@ -392,15 +395,14 @@ class Worker(ReplicaRecovery):
             flow = GroupDataflow(store.current, runner)  # (a far-horizon install swaps the store object)
             store.code.flow = flow
             dataflow = DataflowDriver(f"{module}/{g}", flow, functools.partial(self._send_flow, module))
-        task_thread = self._task_thread()
+        task_thread = self._task_thread(f"{module}/{g}")
         try:
             host = ReplicaHost(self.node_id, module, g, gdir, rt.spec.replication_config(), self.session or 0,
                                store, self._send, self._change_isr, hand_off=self._hand_off,
                                on_far_horizon=self._start_catchup, segment_bytes=rt.spec.option(SEGMENT_BYTES),
                                dataflow=dataflow, on_fault=self._on_replica_fault, runner=task_thread)
         except BaseException:
-            if task_thread is not None:
-                task_thread.release()
+            task_thread.release()
             store.abandon()  # (the replog could not open: a full disk, damage) the next try needs the lock
             raise
         rt.stores[g] = store

@@ -101,3 +101,30 @@ def test_stream_topology_under_leader_failover_loses_no_acknowledged_effect(dc: 
         for g in (0, 1):
             leader = groups_of(dc, "Audit")[g].leader
             assert leader is not None and group_status(dc, leader, "Audit", g).role == "leader"
+
+
+def test_word_count_on_dedicated_task_threads_survives_a_worker_restart(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--task-threads 0``: every replica on a task thread of its own, through a worker kill and restart."""
+    monkeypatch.setenv("MILLRACE_TASK_THREADS", "0")
+    dc = DevCluster(tmp_path / "cluster", nodes=3, session_timeout=SESSION_TIMEOUT).start()
+    try:
+        deploy(dc, "WordCount", tasks=4, threads=2, module_ref="examples.word_count:WordCount")
+        with Cluster.connect(dc.hosts, timeout_s=30) as cluster:
+            sentences = cluster.depot("WordCount", "*sentences")
+            sentences.append_many(["red fox", "blue fox"] * 20, ack="applied")
+            victim = groups_of(dc, "WordCount")[0].leader
+            assert victim is not None
+            dc.nodes[victim].kill()
+            wait_for(lambda: groups_of(dc, "WordCount")[0].leader not in (None, victim), SESSION_TIMEOUT + 5,
+                     "a new leader")
+            sentences.append_many(["red hen"] * 10, ack="applied")
+            dc.start_node(victim)
+            dc.wait_nodes([victim])
+            sentences.append_many(["blue hen"] * 10, ack="applied")
+            counts = cluster.pstate("WordCount", "$$counts")
+            assert {w: counts.select_one(w) for w in ("red", "blue", "fox", "hen")} == \
+                {"red": 30, "blue": 30, "fox": 40, "hen": 20}
+        assert "a task thread per replica" in dc.nodes[victim].log_path.read_text()
+    finally:
+        dc.stop()

@@ -40,8 +40,9 @@ def _open(directory: Path, group: int, faults: list[ReplicaHost], runner: TaskTh
     def cas(h: ReplicaHost, _version: int, new: GroupState) -> None:  # the group znode: every CAS succeeds
         h.post(MetastoreChanged(new))
 
-    if runner is not None:
-        runner.claim()
+    if runner is None:
+        runner = TaskThread(f"task-Clicks/{group}", dedicated=True)
+    runner.claim()
     h = ReplicaHost("n1", "Clicks", group, directory, config, 1, store, lambda *_a: None, cas,
                     on_fault=faults.append, runner=runner)
     h.start()
@@ -166,3 +167,20 @@ def test_on_a_shared_task_thread_a_fault_stops_that_replica_alone(tmp_path: Path
     runner.stop()
     runner.thread.join(timeout=10)
     assert not runner.thread.is_alive()
+
+
+def test_a_dedicated_task_thread_ends_with_its_replica_or_when_it_never_started(tmp_path: Path) -> None:
+    """``--task-threads 0``: each replica's thread ends with it, including one released before it started
+    (recovery's reopen that finds the module gone)."""
+    h = _open(tmp_path / "g", 0, [])
+    assert h.runner.dedicated and h.runner.load == 1
+    _leading(h)
+    assert _append(h, _records(h, {"id": 1})).result(timeout=10) == 0
+    h.stop()
+    h.thread.join(timeout=10)
+    assert h.closed.is_set() and not h.thread.is_alive() and h.runner.load == 0
+    never = TaskThread("task-never", dedicated=True)
+    never.claim()
+    never.release()
+    never.thread.join(timeout=10)
+    assert not never.thread.is_alive()
