@@ -127,6 +127,9 @@ class Replica(LeaderRules, FollowerRules):
         """Feed one event; returns the actions to perform, in order."""
         self._now = now_ms
         self._out = []
+        if self._epochs_unsaved:
+            self._epochs_unsaved = False
+            self._persist_epochs()
         handled = ((self.incarnation is not None and self._storage_event(event))
                    or (not self.registered and self._while_unregistered(event)))
         if handled:
@@ -397,6 +400,8 @@ class Replica(LeaderRules, FollowerRules):
         conservative: a tick before it produces no action and changes nothing,
         which the simulator checks on every tick it delivers.
         """
+        if self._epochs_unsaved:
+            return 0  # the cut epoch file is persisted by the first event, a tick included
         due = [t for t in (self._storage_next_tick(), self._role_next_tick()) if t is not None]
         return min(due) if due else None
 

@@ -110,8 +110,12 @@ class ReplicaState:
         self.session = session
         self.session_ok = True
         self.epochs = EpochCache(epoch_pairs)
-        # The checkpoint may name epochs whose entries the crash took with it.
-        self.epochs.truncate_from_end(log_end)
+        # The checkpoint may name epochs whose entries the crash took with it, or an epoch this replica led
+        # without writing anything. Cut here, the file must be cut too (the first `handle` persists it):
+        # entries of an older epoch appended at that offset later would otherwise sit, after the next
+        # restart, under the stale epoch, and the replica would answer epoch requests with a wrong history
+        # (sim seed 9504344: a truncated applied entries on the word of such a leader).
+        self._epochs_unsaved = self.epochs.truncate_from_end(log_end)
         self.log_start = log_start
         self.log_end = log_end
         self.flushed_end = log_end

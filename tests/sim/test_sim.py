@@ -169,6 +169,16 @@ def test_regression_seeds_isr_member_lost_after_failover(seed: int) -> None:
     assert result.error is None, result.error
 
 
+def test_regression_seed_empty_epoch_left_in_the_epoch_file() -> None:
+    """Seed 9504344 (sweep 9,500,000+): b led epoch 4 without writing anything, crashed, and reopened with
+    epoch 4 cut from its epoch cache (it started at the log end) but not from its file; it then followed
+    epoch 10 and took a's epoch-3 entries at 48-95, crashed again, and came back believing those entries
+    were epoch 4's. Leading epoch 12 it told a that epoch 3 ended at 48, and a would have truncated entries it
+    had applied. The cut is now persisted by the replica's first event."""
+    result = run_seed(9504344)
+    assert result.error is None, result.error
+
+
 def test_regression_seed_leader_deposed_while_the_last_isr_member_is_down() -> None:
     """Seed 9414234 (sweep 9,400,000+, storage faults): "no working leader after healing". a lost its disk, d
     led, c lost its disk while down, b found entry 0 damaged and reopened empty, then d crashed. The

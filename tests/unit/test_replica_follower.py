@@ -171,3 +171,15 @@ def test_restarted_replica_follows_a_leader_of_its_recovered_epoch() -> None:
 def test_recovery_forgets_epochs_beyond_the_durable_log() -> None:
     r = Replica("b", "g", ReplicationConfig(), log_end=3, epoch_pairs=[(1, 0), (2, 3), (3, 5)])
     assert r.epochs.to_pairs() == [(1, 0)] and r.epoch == 1
+
+
+def test_an_epoch_cut_at_open_is_persisted_before_older_epoch_entries_land_there() -> None:
+    """Sim seed 9504344: b led epoch 4 without writing (its file: epoch 4 starts at 48 = its log end). Reopened,
+    it cuts epoch 4 in memory; the file must be cut too before entries of epoch 3 land at 48, or after the next
+    restart b would say those entries are epoch 4's, and a new follower would truncate applied entries."""
+    r = Replica("b", "g", ReplicationConfig(request_timeout_ms=100), session=1, log_end=48,
+                epoch_pairs=((2, 0), (3, 22), (4, 48)), applied=40)
+    assert r.next_tick_ms() == 0  # a tick is due: it writes the file even when no other event comes
+    out = r.handle(Tick(), 0)
+    assert of(out, PersistEpochs) == [PersistEpochs(((2, 0), (3, 22)))]
+    assert of(r.handle(Tick(), 1), PersistEpochs) == []  # once
