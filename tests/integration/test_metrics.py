@@ -27,7 +27,8 @@ def test_node_metrics_report_roles_offsets_and_counters(tmp_path: Path) -> None:
     with DevCluster(tmp_path / "cluster", nodes=3, session_timeout=4.0) as dc:
         groups = deploy(dc)
         with Cluster.connect(dc.hosts) as cluster:
-            cluster.depot("Clicks", "*raw").append_many([{"user": "u", "id": str(i)} for i in range(500)])
+            # keyed by user, so every group gets some (`*raw` is random: one append_many lands on one task)
+            cluster.depot("Clicks", "*clicks").append_many([{"user": f"u{i}", "id": str(i)} for i in range(500)])
         wait_for(lambda: converged(dc, "Clicks"), 30, "replicas to converge")
         for g, st in groups.items():
             key = (("group", str(g)), ("module", "Clicks"), ("node", st.leader))
