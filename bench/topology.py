@@ -10,7 +10,8 @@ applied on every group it reached):
 * ``wordcount`` at 2 and at 8 task groups: ``examples.word_count:WordCount``
   deployed twice on the same cluster (16 tasks each, ``--threads 2`` and
   ``--threads 8``) and fed the same sentences with ``append_many`` (1,000 per
-  call, 4 calls in flight). ``records_per_s`` is wall clock; ``worker_cpu_s_per_100k``
+  call, 4 calls in flight; the depot is ``random``, so each call is one entry on one group, and its
+  words hop to the groups that own them). ``records_per_s`` is wall clock; ``worker_cpu_s_per_100k``
   is the CPU time (user + system, from ``/proc/<pid>/stat``) of the three
   worker processes over the run, per 100,000 sentences: all the work of the
   cluster, leaders and followers. Under broadcast every group ran every
