@@ -97,7 +97,7 @@ class DataflowDriver:
         even when the flow has gone quiet by then.
         """
         due = self.flow.next_due_ms(now_ms)
-        if due is not None and due <= now_ms:
+        if self.flow.working():
             self._trim_owed = True
         if self._trim_owed and self.flow.leading:
             due = self._next_trim_ms if due is None else min(due, self._next_trim_ms)

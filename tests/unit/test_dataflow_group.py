@@ -237,3 +237,21 @@ def test_a_full_outbox_refuses_client_appends_but_never_hop_traffic(cluster: Clu
             cluster.commit(0, b)
     cluster.append({"k": key_of(0, "s9"), "to": [there]})
     assert cluster.count(there) == 2
+
+
+def test_a_round_is_due_now_with_work_at_the_cadence_while_waiting_and_at_the_keepalive_when_idle(
+        cluster: Cluster) -> None:
+    """What the task thread sleeps on (GroupDataflow.next_due_ms): ``now`` for a round with work, 0 ("at the
+    cadence") while waiting on other groups, the keepalive when idle; only work owes a trim check."""
+    src, dst = cluster.flows
+    cluster.append({"k": key_of(0, "s"), "to": [key_of(1, "d")]})
+    assert src.working() and src.next_due_ms(5) == 5  # an applied entry: the round must ship and pull now
+    for f in cluster.flows:
+        f.outgoing(5)  # first pulls
+    assert src.next_due_ms(6) == 0 and src.working()  # the envelope is out: waiting for its completion
+    for t in range(1, 8):
+        cluster.exchange(5 + t * 20)
+    assert not src.busy() and not dst.busy()
+    src.outgoing(200)
+    due = src.next_due_ms(201)
+    assert due is not None and due > 201 and not src.working()  # idle: the next keepalive, no trim owed

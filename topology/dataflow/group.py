@@ -139,13 +139,17 @@ class GroupDataflow:
         self._rewound()
         self._changed = True
         if isinstance(msg, Pull):
-            if msg.src == self.group and self.shipper.pulled(msg, peer):
-                self.tracker.reported(msg.dst, msg.report[0], msg.report[1])
+            self._pulled(msg, peer)
             return
         queue = self._queued.setdefault(msg.src, [])
         for seq, raw in msg.envelopes:
             if self.inlet.accept(msg.src, seq, len(raw)):
                 queue.append((seq, raw))
+
+    def _pulled(self, p: Pull, peer: Any) -> bool:
+        """Take a pull for this group; True when its report completed something here."""
+        return p.src == self.group and self.shipper.pulled(p, peer) and self.tracker.reported(
+            p.dst, p.report[0], p.report[1])
 
     # ------------------------------------------------------------------------------ entries to build
 
@@ -236,8 +240,9 @@ class GroupDataflow:
         self._changed = False
         out: list[Outgoing] = []
         for p in self.inlet.pulls(now_ms, self.tracker.reports()):
-            if p.src == self.group:
-                self.received(p, None)
+            if p.src == self.group:  # answered below, in this round; another is owed only if roots completed
+                if self._pulled(p, None):
+                    self._changed = True
             else:
                 out.append((p.src, None, p))
         reader = self.store.applied_reader()
@@ -278,3 +283,8 @@ class GroupDataflow:
     def busy(self) -> bool:
         """Anything queued, or sent and not yet known complete (tests settle on this)."""
         return self.leading and (any(self._queued.values()) or self.tracker.in_flight() > 0)
+
+    def working(self) -> bool:
+        """Busy, or something changed or is replicating since the last round: the driver owes a trim check
+        once it settles (a keepalive falling due is not work)."""
+        return self.busy() or (self.leading and (self._changed or self._rewind or bool(self._inflight)))
