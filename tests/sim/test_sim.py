@@ -15,8 +15,8 @@ fixed by the ELR on main). On commit 98c04f1 (ELR, applied floor, options on a n
 7,000,000-7,069,999 all pass but 7026896 (the options-on-a-new-session case of 7804). On f6a4b9b (the ELR
 only when one in-sync replica is left, the rule on main): seeds 0-9,999 and 9,100,000-9,199,999 all pass.
 Session 8, on the ELR when at most one live, confirmed in-sync copy is left (9414234) and the epoch cut
-persisted at open (9504344): seeds 0-9,999, 9,400,000-9,419,999, 9,500,000-9,519,999 and
-9,600,000-9,619,999 all pass.
+persisted at open (9504344): seeds 0-9,999, 9,400,000-9,419,999, 9,500,000-9,519,999,
+9,600,000-9,619,999, 9,700,000-9,719,999 and 9,800,000-9,819,999 all pass.
 """
 
 from __future__ import annotations
