@@ -273,10 +273,11 @@ class GroupDataflow:
             return None
         if self._changed or self._rewind:
             return now_ms
-        held = [self._held.get(src, 0) for src, q in self._queued.items() if q]
-        if held and not self._inflight:
-            return max(now_ms, min(held))
-        if held or self._inflight or self.tracker.in_flight() > 0:
+        # per source with envelopes queued: when they may go into an entry (a held poison retry waits)
+        consumable_at = [self._held.get(src, 0) for src, q in self._queued.items() if q]
+        if consumable_at and not self._inflight:
+            return max(now_ms, min(consumable_at))
+        if consumable_at or self._inflight or self.tracker.in_flight() > 0:
             return 0
         return self.inlet.next_keepalive() if self.inlet.feeds else None
 
