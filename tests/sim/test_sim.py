@@ -16,7 +16,7 @@ fixed by the ELR on main). On commit 98c04f1 (ELR, applied floor, options on a n
 only when one in-sync replica is left, the rule on main): seeds 0-9,999 and 9,100,000-9,199,999 all pass.
 Session 8, on the ELR when at most one live, confirmed in-sync copy is left (9414234) and the epoch cut
 persisted at open (9504344): seeds 0-9,999, 9,400,000-9,419,999, 9,500,000-9,519,999,
-9,600,000-9,619,999, 9,700,000-9,719,999 and 9,800,000-9,819,999 all pass.
+9,600,000-9,619,999, 9,700,000-9,719,999, 9,800,000-9,819,999 and 9,900,000-9,919,999 all pass.
 """
 
 from __future__ import annotations
