@@ -37,7 +37,7 @@ ratios (adjacent runs share the shared box's mood). The leader's
 ``TaskGroupStore.checkpoint`` (flush + hard links + a CRC32C pass) is timed
 once and reported apart: a production round pays it before streaming.
 
-Prints a table, then as the LAST line one JSON object (DESIGN.md section 7).
+Prints a table, then as the LAST line one JSON object (docs/performance.md).
 """
 
 from __future__ import annotations

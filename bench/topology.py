@@ -40,7 +40,7 @@ applied on every group it reached):
   could reach with no transport, replication or idle cost at all; and
   WordCount's CPU per sentence at 2 and 8 groups (``floor_cpu_ratio_g8_vs_g2``).
 
-Prints a table and, as the last line, one JSON object (DESIGN.md section 7).
+Prints a table and, as the last line, one JSON object (docs/performance.md).
 """
 
 from __future__ import annotations

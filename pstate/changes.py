@@ -1,7 +1,7 @@
 """The replog entry payload for PState and depot changes: a ``ChangeSet``.
 
 Why resolved writes and not declarative ops: a replog entry must hold the
-resulting writes, never code (DESIGN §6) — ``update(fn)`` runs only on the
+resulting writes, never code (docs/vocabulary.md, entry) — ``update(fn)`` runs only on the
 leader — and followers must reach byte-identical state by applying blindly,
 without reading.  So the leader resolves every transform, depot append and
 trim into key-level ``put``/``delete``/``delete_range`` operations against its

@@ -1,6 +1,6 @@
 """The replog batch frame: the unit written to disk, sent to followers and checksummed.
 
-Python pays per object, not per byte (DESIGN.md section 7), so the frame is built
+Python pays per object, not per byte (docs/performance.md), so the frame is built
 so that encoding, validating and decoding cost a handful of C-level calls per
 *batch*, never a Python-level loop per *entry*.  It follows Kafka's record batch:
 one header per batch, then the entries.

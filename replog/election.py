@@ -5,7 +5,7 @@ functions what the next state should be, and writes it back with a versioned
 compare-and-set; the simulator (``tests/sim``) calls the same functions, so the
 rule it checks is the rule that runs.
 
-Safety rules (DESIGN.md section 4):
+Safety rules (docs/replication.md, Election):
 
 * a leader is only ever chosen from ISR ∩ live nodes, never from the OSR
   (no unclean election: an OSR member may lack applied entries);

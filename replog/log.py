@@ -620,7 +620,7 @@ class Log:
     def delete_segments_below(self, offset: int) -> int:
         """Delete whole segments whose entries are all below ``offset``; return the bytes freed.
 
-        Retention (DESIGN.md section 3): the caller passes the lowest offset still
+        Retention (docs/replication.md): the caller passes the lowest offset still
         needed (min applied offset over the ISR, bounded by the near-horizon
         window).  The active segment is never deleted, so ``start_offset`` may stay
         below ``offset``.

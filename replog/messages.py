@@ -75,7 +75,7 @@ action                       driver does
 AppendLocal                  write entries, fsync (batched), then LocalFlushed
 Truncate / PersistEpochs     cut the log / rewrite the epoch checkpoint, durably
 Apply                        apply entries to PStates atomically with ``_meta.applied``
-SendEntries / Send           gRPC stream to the follower / the peer
+SendEntries / Send           the TCP peer link to the follower / the peer
 ChangeIsr                    CAS on ``/millrace/modules/<m>/groups/<g>``
 RecordStorage                CAS on the group znode (this replica's incarnation, leaving the ISR if lost)
 HandOff                      CAS on the group znode + delete of its resign request, atomically

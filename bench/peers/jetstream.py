@@ -302,7 +302,7 @@ async def _pipelined_throughput(cluster: JetStreamCluster, payload: bytes, secon
 
 @dataclass(frozen=True)
 class Plan:
-    """How much to measure: quick fits DESIGN.md's five-minute `--quick` budget with room for Millrace."""
+    """How much to measure: quick fits the five-minute `--quick` budget (docs/performance.md) with room for Millrace."""
 
     latency_count: int
     warmup: int

@@ -1,4 +1,4 @@
-"""The znode layout (DESIGN.md section 5): every path Millrace uses in ZooKeeper, defined once."""
+"""The znode layout (docs/metastore.md): every path Millrace uses in ZooKeeper, defined once."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The ZooKeeper metastore: one kazoo session, and a recipe per znode family on top of it.
 
-Layout (DESIGN.md section 5)::
+Layout (docs/metastore.md)::
 
     /millrace/conductor/election            conductor HA (kazoo Election)
     /millrace/nodes/<node-id>               ephemeral {"address", "pid", "started"}

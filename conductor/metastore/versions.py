@@ -1,6 +1,6 @@
 """``/millrace/modules/<module>/versions/<sha256>``: the code versions a module keeps.
 
-Only metadata lives here (DESIGN.md section 5: no data goes through
+Only metadata lives here (docs/metastore.md: no data goes through
 ZooKeeper): the artifact's hash, size and kind, the class it provides, and the
 workers that held it when it was deployed, so that a worker that lacks it
 (a replacement, a wiped disk) knows whom to fetch it from. The bytes stay on

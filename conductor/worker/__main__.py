@@ -32,7 +32,7 @@ SETTINGS = [
     Setting("zk", REQUIRED, help="ZooKeeper connect string, HOST:PORT[,HOST:PORT...]"),
     Setting("node_id", REQUIRED, help="this worker's name, unique in the cluster"),
     Setting("data_dir", REQUIRED, Path, help="where this worker keeps its replicas and code artifacts"),
-    *address_settings("gRPC (clients, replication, Spark executors) and metrics"),
+    *address_settings("gRPC (clients, Spark, far-horizon copies), plain-TCP replication links and metrics"),
     Setting("port", 0, parse_port, help="gRPC port (0: any free port)"),
     Setting("replication_port", 0, parse_port, help="port peers' replication links connect to, on --host "
             "(0: any free port; registered in ZooKeeper)"),
