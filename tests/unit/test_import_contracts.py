@@ -24,7 +24,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("replog", "pstate", "topology", "conductor")
-LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+_SCRIPT = Path(sys.executable).with_name("lint-imports")
+#: `make lint`'s command, from this interpreter's environment (its entry point when the script is elsewhere)
+LINT_IMPORTS = [str(_SCRIPT)] if _SCRIPT.exists() else [
+    sys.executable, "-c", "import sys; from importlinter.cli import lint_imports_command as c; sys.exit(c())"]
 
 
 def _contracts() -> list[dict[str, Any]]:
@@ -85,6 +88,10 @@ def _within(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
 
 
+def _member_of(layer: list[str]) -> Callable[[str], bool]:
+    return lambda module: any(_within(module, m) for m in layer)
+
+
 def _matches(module: str, expression: str) -> bool:
     """import-linter's module wildcards: ``*`` is one name, ``**`` one name or more."""
     pattern = re.escape(expression).replace(r"\*\*", r"[^.]+(\.[^.]+)*").replace(r"\*", r"[^.]+")
@@ -110,18 +117,18 @@ def _stack() -> list[tuple[str, Callable[[str], bool]]]:
 
     top = _top()
     core = _core()
+    top_roots = {e.split(".")[0] for e in top["forbidden_modules"]}
     stack: list[tuple[str, Callable[[str], bool]]] = [
-        ("conductor/*.py", lambda m: m == "conductor" or (not in_fine(m) and any(
+        ("conductor/*.py", lambda m: m in top_roots or (not in_fine(m) and any(
             _matches(".".join(m.split(".")[:2]), e) for e in top["forbidden_modules"]))),
     ]
-    stack += [(" | ".join(layer), lambda m, layer=layer: any(_within(m, x) for x in layer)) for layer in fine]
+    stack += [(" | ".join(layer), _member_of(layer)) for layer in fine]
     stack.append(("topology's core", lambda m: not in_fine(m) and any(
         _matches(m, e) for e in core["source_modules"]) and not any(
         _matches(m, e) for e in core["forbidden_modules"])))
     roots = [_layer_members(layer) for layer in _roots()["layers"]]
-    subdivided = {m.split(".")[0] for m in named} | {"topology"}
-    stack += [(" | ".join(layer), lambda m, layer=layer: any(_within(m, x) for x in layer))
-              for layer in roots if not set(layer) & subdivided]
+    subdivided = {m.split(".")[0] for m in named} | {e.split(".")[0] for e in core["source_modules"]}
+    stack += [(" | ".join(layer), _member_of(layer)) for layer in roots if not set(layer) & subdivided]
     return stack
 
 
@@ -169,7 +176,7 @@ def _copy(pristine: Path, tmp_path: Path) -> Path:
 
 def _lint(root: Path) -> tuple[int, str]:
     env = {**os.environ, "PYTHONPATH": str(root)}
-    done = subprocess.run([str(LINT_IMPORTS), "--no-cache"], cwd=root, env=env, capture_output=True,
+    done = subprocess.run([*LINT_IMPORTS, "--no-cache"], cwd=root, env=env, capture_output=True,
                           text=True, timeout=120)
     # The report wraps long contract names: compare with runs of white space made one space.
     return done.returncode, " ".join((done.stdout + done.stderr).split())
