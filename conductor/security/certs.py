@@ -24,6 +24,7 @@ Choices and why:
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import ipaddress
 import os
@@ -74,7 +75,9 @@ def cert_pem(cert: x509.Certificate) -> bytes:
 def write_atomic(path: Path, data: bytes, mode: int) -> None:
     """Write ``data`` to ``path`` with ``mode`` from the first byte, then rename it into place."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)  # a leftover of a crash may be readable by others: never write a key into it
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
         os.write(fd, data)
         os.fsync(fd)

@@ -165,7 +165,7 @@ class TlsSource:
             try:
                 stamp = self.files.stamp()
             except TlsError as e:
-                self._warn_once(None, str(e))
+                self._warn_once((), str(e))  # () stands for "a file is missing"
                 return self._material, self.generation
             if stamp != self._stamp and stamp != self._bad_stamp:
                 try:
@@ -179,8 +179,8 @@ class TlsSource:
                              material.identity, material.not_after)
             return self._material, self.generation
 
-    def _warn_once(self, stamp: Stamp | None, problem: str) -> None:
-        if stamp is None or stamp != self._bad_stamp:
+    def _warn_once(self, stamp: Stamp, problem: str) -> None:
+        if stamp != self._bad_stamp:
             log.warning("TLS files changed but were not loaded, keeping the previous certificate: %s", problem)
         self._bad_stamp = stamp
 
@@ -260,13 +260,14 @@ class LinkContexts:
         self.source = source
         self._lock = threading.Lock()
         self._built: dict[int, tuple[int, ssl.SSLContext]] = {}
+        self._failed: dict[int, int] = {}  # purpose -> the generation that did not load (not retried, not re-logged)
         self._listener: ssl.SSLContext | None = None
 
     def _context(self, purpose: int) -> ssl.SSLContext:
         material, generation = self.source.current()
         with self._lock:
             built = self._built.get(purpose)
-            if built is not None and built[0] == generation:
+            if built is not None and (built[0] == generation or self._failed.get(purpose) == generation):
                 return built[1]
             try:
                 ctx = _base_context(purpose, self.source.files, material.ca)
@@ -275,7 +276,11 @@ class LinkContexts:
                     raise TlsError(f"cannot load {self.source.files.cert} and {self.source.files.key} into an "
                                    f"SSL context ({e.__class__.__name__}: {e.args[-1] if e.args else ''}); "
                                    f"re-issue them with `{_ISSUE}`") from None
-                log.warning("TLS files changed but did not load into an SSL context; keeping the previous one")
+                # The files changed again after TlsSource read them (mid-rotation): the next change is a new
+                # generation, loaded then.
+                self._failed[purpose] = generation
+                log.warning("TLS files %s changed but did not load into an SSL context; keeping the previous one",
+                            self.source.files.cert)
                 return built[1]
             self._built[purpose] = (generation, ctx)
             return ctx

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import threading
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 from kazoo.client import KazooClient
@@ -19,24 +18,13 @@ from conductor.metastore.zk_auth import ZkPrincipal, protect_tree, protected_acl
 from conductor.security.acl import Denied
 from conductor.security.identity import Identity
 from conductor.security.tokens import TokenRefused, generate
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+from tests.integration.cluster_helpers import wait_for
 
 
 @pytest.fixture
 def ms(zk_hosts: str) -> Iterator[Metastore]:
-    m = Metastore(zk_hosts, session_timeout=2.0).start()
-    try:
+    with Metastore(zk_hosts, session_timeout=2.0) as m:
         yield m
-    finally:
-        m.close()
 
 
 def unique(prefix: str) -> str:
@@ -87,9 +75,9 @@ def test_acl_cache_follows_the_znode(ms: Metastore, zk_hosts: str) -> None:
             cache.require(app, module, "append")
         with Metastore(zk_hosts, session_timeout=2.0) as admin:  # another process grants
             admin.acls.grant(app, module, ["append"])
-        wait_for(lambda: cache.allowed(app, module, "append"), what="the grant to reach the cache")
+        wait_for(lambda: cache.allowed(app, module, "append"), 10.0, "the grant to reach the cache")
         ms.acls.revoke(app, module, ["append"])
-        wait_for(lambda: not cache.allowed(app, module, "append"), what="the revoke to reach the cache")
+        wait_for(lambda: not cache.allowed(app, module, "append"), 10.0, "the revoke to reach the cache")
     finally:
         cache.close()
     assert ms.call(ms.zk.exists, ACLS_PATH) is not None
@@ -107,10 +95,10 @@ def test_token_store_and_cache(ms: Metastore) -> None:
         assert ms.tokens.get(record.token_id) == record
         data, _ = ms.call(ms.zk.get, f"/millrace/security/tokens/{record.token_id}")
         assert token.encode() not in data and token.split(".")[2].encode() not in data
-        wait_for(lambda: record.token_id in cache.records, what="the token to reach the cache")
+        wait_for(lambda: record.token_id in cache.records, 10.0, "the token to reach the cache")
         assert cache.verify(token) == app
         assert ms.tokens.revoke(record.token_id)
-        wait_for(lambda: record.token_id not in cache.records, what="the revoke to reach the cache")
+        wait_for(lambda: record.token_id not in cache.records, 10.0, "the revoke to reach the cache")
         with pytest.raises(TokenRefused, match="unknown or revoked"):
             cache.verify(token)
         assert not ms.tokens.revoke(record.token_id)

@@ -208,3 +208,23 @@ def test_denied_names_who_what_and_the_fix() -> None:
     assert "conductor acl grant app/billing billing deploy" in msg
     with pytest.raises(UnknownPermission, match="permissions are append, query, deploy, admin"):
         Acls().grant(APP, "billing", ["write"])
+
+
+def test_a_bad_change_is_logged_once_and_never_with_key_bytes(ca_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    certs.issue_to_dir(ca_dir, W1)
+    files = TlsFiles.in_dir(ca_dir, W1)
+    source = TlsSource(files)
+    secret = files.key.read_bytes()
+    other = certs.issue_to_dir(ca_dir, APP)
+    files.key.write_bytes(other.key.read_bytes())  # the key of another certificate
+    with caplog.at_level("WARNING", logger="millrace.security"):
+        for _ in range(3):
+            source.current()
+        files.key.unlink()
+        for _ in range(3):
+            source.current()
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 2, warnings
+    assert "does not belong" in warnings[0] and "missing" in warnings[1]
+    text = "\n".join(warnings)
+    assert "PRIVATE KEY" not in text and secret.decode().splitlines()[1] not in text
