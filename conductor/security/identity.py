@@ -118,7 +118,12 @@ class _AuthContext(Protocol):
 
 
 def from_grpc_context(context: _AuthContext) -> Identity:
-    """The caller of a gRPC server method (sync or ``grpc.aio``), from the certificate TLS verified."""
+    """The caller of a gRPC server method (sync or ``grpc.aio``), from the certificate TLS verified.
+
+    gRPC's auth context also carries ``x509_subject_alternative_name`` and ``peer_uri``
+    (every SAN, flattened); parsing ``x509_pem_cert`` instead applies the same rule as
+    the ``ssl`` links (exactly one ``millrace://`` URI) and gives the same errors.
+    """
     auth = context.auth_context()
     pems = list(auth.get("x509_pem_cert", ()))
     if not pems:
