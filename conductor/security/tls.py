@@ -186,8 +186,17 @@ class TlsSource:
 
     # ---- gRPC ----------------------------------------------------------------------------------------------
 
-    def grpc_server_credentials(self) -> grpc.ServerCredentials:
-        """Mutual-TLS server credentials whose certificate and CA follow the files, per new connection."""
+    def grpc_server_credentials(self, require_client_certificate: bool = True) -> grpc.ServerCredentials:
+        """Server credentials whose certificate and CA follow the files, per new connection.
+
+        By default mutual TLS: a client without a certificate from the CA fails the
+        handshake. ``require_client_certificate=False`` is for a port that serves apps
+        authenticated by bearer token (:mod:`conductor.security.tokens`) over
+        server-only TLS: grpcio has no "request but do not require" mode, and with this
+        flag it does not even ask for a client certificate, so such a port sees no
+        certificate identity at all. A worker serving both kinds of apps therefore
+        needs two ports.
+        """
         material, generation = self.current()
         served = [generation]
 
@@ -204,7 +213,7 @@ class TlsSource:
             return _server_config(material)
 
         return grpc.dynamic_ssl_server_credentials(_server_config(material), fetch,
-                                                   require_client_authentication=True)
+                                                   require_client_authentication=require_client_certificate)
 
     def grpc_channel_credentials(self) -> grpc.ChannelCredentials:
         """Client credentials from the current files: our certificate for the server, its CA to verify it."""
@@ -216,6 +225,13 @@ class TlsSource:
 
     def link_contexts(self) -> LinkContexts:
         return LinkContexts(self)
+
+
+def token_channel_credentials(ca: bytes, token: str) -> grpc.ChannelCredentials:
+    """For an app without a certificate: TLS that verifies the server against ``ca`` (PEM), and ``token`` sent
+    as ``authorization: Bearer <token>`` on every call (gRPC sends call credentials only over TLS)."""
+    return grpc.composite_channel_credentials(grpc.ssl_channel_credentials(root_certificates=ca),
+                                              grpc.access_token_call_credentials(token))
 
 
 def _server_config(material: TlsMaterial) -> grpc.ServerCertificateConfiguration:

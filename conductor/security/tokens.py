@@ -23,11 +23,14 @@ import hmac
 import json
 import secrets
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from conductor.security.identity import Identity, parse
 
 PREFIX = "mrt"
+#: the gRPC metadata key a token travels in (``grpc.access_token_call_credentials`` sends it)
+AUTHORIZATION = "authorization"
 _SECRET_BYTES = 32  # 256 bits
 
 
@@ -72,6 +75,17 @@ def token_id(token: str) -> str:
         raise TokenRefused(f"not a Millrace token (expected {PREFIX}.<id>.<secret>); make one with "
                            "`conductor token create --name APP`")
     return parts[1]
+
+
+def presented_token(metadata: Iterable[tuple[str, str | bytes]] | None) -> str | None:
+    """The bearer token of a gRPC call's ``invocation_metadata()`` (``authorization: Bearer <token>``), if any."""
+    for key, value in metadata or ():
+        if key.lower() == AUTHORIZATION:
+            text = value.decode() if isinstance(value, bytes) else value
+            scheme, _, token = text.partition(" ")
+            if scheme.lower() == "bearer" and token.strip():
+                return token.strip()
+    return None
 
 
 def verify(token: str, record: TokenRecord | None) -> Identity:

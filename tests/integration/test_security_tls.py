@@ -20,9 +20,15 @@ import grpc
 import pytest
 from cryptography import x509
 
-from conductor.security import certs, identity
+from conductor.security import certs, identity, tokens
 from conductor.security.identity import Identity, IdentityError
-from conductor.security.tls import PeerRefused, TlsFiles, TlsSource, check_link_peer
+from conductor.security.tls import (
+    PeerRefused,
+    TlsFiles,
+    TlsSource,
+    check_link_peer,
+    token_channel_credentials,
+)
 from conductor.wire import admin_pb2, admin_pb2_grpc
 from conductor.wire.channels import Channels
 
@@ -270,3 +276,49 @@ async def link_rotation_scenario(pki: Path) -> None:
         line, serial2 = await dial(port, client.client())
         assert serial2 == file_serial(files.cert) != serial
         assert line == b"hello worker/n2\n"
+
+
+# ---- apps with a bearer token ----------------------------------------------------------------------------
+
+
+def test_token_port_authenticates_apps_by_bearer_token(pki: Path) -> None:
+    """Server-only TLS plus a token: the identity comes from the token's record, a missing token is refused."""
+    token, record = tokens.generate(APP)
+
+    class ByToken(admin_pb2_grpc.AdminServicer):
+        def __init__(self) -> None:
+            self.callers: list[Identity] = []
+
+        async def Ping(self, request: admin_pb2.PingRequest,
+                       context: grpc.aio.ServicerContext) -> admin_pb2.PingReply:
+            presented = tokens.presented_token(context.invocation_metadata())
+            try:
+                if presented is None:
+                    raise tokens.TokenRefused("no token: send authorization: Bearer <token>")
+                who = tokens.verify(presented, record if tokens.token_id(presented) == record.token_id else None)
+            except tokens.TokenRefused as e:
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(e))
+            assert "x509_pem_cert" not in context.auth_context(), "this port asks for no certificate"
+            self.callers.append(who)
+            return admin_pb2.PingReply()
+
+    async def scenario() -> None:
+        srv = grpc.aio.server()
+        servicer = ByToken()
+        admin_pb2_grpc.add_AdminServicer_to_server(servicer, srv)
+        source = TlsSource(TlsFiles.in_dir(pki, W1))
+        port = srv.add_secure_port("127.0.0.1:0", source.grpc_server_credentials(require_client_certificate=False))
+        await srv.start()
+        ca = (pki / certs.CA_CERT).read_bytes()
+        try:
+            await ping(port, token_channel_credentials(ca, token))
+            for creds in (raw_creds(pki / certs.CA_CERT, None), token_channel_credentials(ca, token[:-3] + "xyz")):
+                with pytest.raises(grpc.aio.AioRpcError) as e:
+                    await ping(port, creds)
+                assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+                assert token.split(".")[2] not in (e.value.details() or "")
+        finally:
+            await srv.stop(None)
+        assert servicer.callers == [APP]
+
+    asyncio.run(scenario())

@@ -228,3 +228,10 @@ def test_a_bad_change_is_logged_once_and_never_with_key_bytes(ca_dir: Path, capl
     assert "does not belong" in warnings[0] and "missing" in warnings[1]
     text = "\n".join(warnings)
     assert "PRIVATE KEY" not in text and secret.decode().splitlines()[1] not in text
+
+
+def test_presented_token_from_grpc_metadata() -> None:
+    assert tokens.presented_token([("x-other", "1"), ("authorization", "Bearer mrt.a.b")]) == "mrt.a.b"
+    assert tokens.presented_token([("Authorization", b"bearer mrt.a.b ")]) == "mrt.a.b"
+    assert tokens.presented_token([("authorization", "Basic abc")]) is None
+    assert tokens.presented_token(None) is None
