@@ -14,6 +14,8 @@ written by ``conductor dev`` in the current directory):
     conductor allow-leaders NODE
     conductor destroy MODULE [--yes]
     conductor doctor
+    conductor certs init|issue, conductor acl grant|revoke|list, conductor token create|revoke|list
+                     (conductor.cli_security)
 
 Expected failures (a bad spec, a module that already exists, too few nodes,
 ZooKeeper unreachable) print one red line that says what to do and exit 1;
@@ -46,6 +48,7 @@ from rich.table import Table
 from rich.text import Text
 
 from conductor import status as cluster_status
+from conductor.cli_security import SecurityCommands
 from conductor.cli_views import (
     DEV_DIR,
     ZK_ENV,
@@ -596,6 +599,9 @@ def doctor() -> None:
         console.print(f"[red]{len(failed)} check(s) failed[/red]: run `make setup`, then `conductor doctor -v`")
         raise typer.Exit(1)
     console.print(f"[green]all {len(results)} checks passed[/green]")
+
+
+SecurityCommands(_connect, _operator_errors, CliError).register(app)
 
 
 if __name__ == "__main__":

@@ -23,3 +23,7 @@ def resign_path(module: str, group: int) -> str:
 
 def version_path(module: str, sha256: str) -> str:
     return f"{MODULES_PATH}/{module}/versions/{sha256}"
+
+SECURITY_PATH = f"{ROOT}/security"
+ACLS_PATH = f"{SECURITY_PATH}/acls"  #: one znode: every module's ACL (conductor.security.acl.Acls JSON)
+TOKENS_PATH = f"{SECURITY_PATH}/tokens"  #: <token-id> -> TokenRecord JSON (a hash, never a token)

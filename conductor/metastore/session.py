@@ -45,6 +45,7 @@ from kazoo.exceptions import (
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry, RetryFailedError
 
+from conductor.metastore.acls import AclStore
 from conductor.metastore.conductors import ConductorElection
 from conductor.metastore.drains import LeaderDrains
 from conductor.metastore.errors import MetastoreUnavailable
@@ -53,6 +54,7 @@ from conductor.metastore.layout import DISALLOWED_PATH, MODULES_PATH, NODES_PATH
 from conductor.metastore.modules import Modules
 from conductor.metastore.nodes import Nodes
 from conductor.metastore.resigns import Resigns
+from conductor.metastore.tokens import TokenStore
 from conductor.metastore.versions import Versions
 from conductor.metastore.watch import WatchHandle
 
@@ -132,6 +134,8 @@ class Metastore:
         self.resigns = Resigns(self)
         self.drains = LeaderDrains(self)
         self.conductors = ConductorElection(self)
+        self.acls = AclStore(self)
+        self.tokens = TokenStore(self)
 
     def start(self) -> Metastore:
         """Connect and make sure the top-level paths exist."""

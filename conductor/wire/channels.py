@@ -9,7 +9,7 @@ flight.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Self
 
 import grpc
@@ -18,10 +18,18 @@ from conductor.wire.options import GRPC_OPTIONS
 
 
 class Channels:
-    """One ``grpc.Channel`` per address, with ``options``; thread-safe."""
+    """One ``grpc.Channel`` per address, with ``options``; thread-safe.
 
-    def __init__(self, options: Sequence[tuple[str, Any]] = GRPC_OPTIONS) -> None:
+    ``credentials`` makes every channel a TLS channel: a ``grpc.ChannelCredentials``,
+    or a function returning the current ones (``TlsSource.grpc_channel_credentials``
+    in :mod:`conductor.security.tls`), called per new channel so that channels
+    opened after a certificate rotation use the new files. ``None``: plaintext.
+    """
+
+    def __init__(self, options: Sequence[tuple[str, Any]] = GRPC_OPTIONS,
+                 credentials: grpc.ChannelCredentials | Callable[[], grpc.ChannelCredentials] | None = None) -> None:
         self.options = list(options)
+        self.credentials = credentials
         self._channels: dict[str, grpc.Channel] = {}
         self._lock = threading.Lock()
 
@@ -29,8 +37,14 @@ class Channels:
         with self._lock:
             ch = self._channels.get(address)
             if ch is None:
-                ch = self._channels[address] = grpc.insecure_channel(address, options=self.options)
+                ch = self._channels[address] = self._open(address)
             return ch
+
+    def _open(self, address: str) -> grpc.Channel:
+        if self.credentials is None:
+            return grpc.insecure_channel(address, options=self.options)
+        creds = self.credentials() if callable(self.credentials) else self.credentials
+        return grpc.secure_channel(address, creds, options=self.options)
 
     def close(self) -> None:
         with self._lock:

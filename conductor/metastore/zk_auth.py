@@ -1,0 +1,93 @@
+"""ZooKeeper digest authentication and znode ACLs: only the control plane changes the cluster's znodes.
+
+ZooKeeper's znodes are world-writable unless created with an ACL, and anyone who
+can write a group znode can rewrite its leader, ISR or code version. With digest
+authentication every session adds ``digest:<user>:<password>`` credentials
+(``auth_data``), and each znode carries an ACL naming who may do what. Millrace uses:
+
+* **writers** (conductors, workers, admins): every permission on every Millrace
+  znode: the module, group, resign, code-version, node and ACL znodes;
+* **readers** (apps, for what routing needs): read only, either as their own digest
+  user or, when ``world_readable``, anyone (routing data holds no secret; tokens are
+  stored as hashes).
+
+ZooKeeper ACLs are not inherited: a znode gets the ACL given when it is created.
+So a session that creates znodes passes :func:`session_options` to ``KazooClient``
+(its ``default_acl`` applies to every create), and an ensemble that already holds a
+Millrace tree is converted once with :func:`protect_tree`. Passwords never appear
+in a repr or a log line; the ACL holds only an unsalted SHA-1 digest of
+``user:password``, so give each principal a long random password (:meth:`ZkPrincipal.generate`).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
+from kazoo.security import ACL, Id, Permissions, make_digest_acl
+
+from conductor.metastore.layout import ROOT
+
+DIGEST = "digest"
+
+
+@dataclass(frozen=True)
+class ZkPrincipal:
+    """A digest user and its password (the password never shows in a repr)."""
+
+    user: str
+    password: str = field(repr=False)
+
+    @classmethod
+    def generate(cls, user: str) -> ZkPrincipal:
+        return cls(user, secrets.token_urlsafe(24))
+
+    def auth_data(self) -> tuple[str, str]:
+        """One entry of ``KazooClient(auth_data=[...])`` (or ``zk.add_auth(*p.auth_data())``)."""
+        return DIGEST, f"{self.user}:{self.password}"
+
+
+def protected_acl(writers: Sequence[ZkPrincipal], readers: Sequence[ZkPrincipal] = (), *,
+                  world_readable: bool = False) -> list[ACL]:
+    """A znode ACL: ``writers`` may do anything, ``readers`` (or everyone) may only read."""
+    if not writers:
+        raise ValueError("a protected znode needs at least one writer, or nobody could ever change it again")
+    acl = [make_digest_acl(p.user, p.password, all=True) for p in writers]
+    acl += [make_digest_acl(p.user, p.password, read=True) for p in readers]
+    if world_readable:
+        acl.append(ACL(Permissions.READ, Id("world", "anyone")))
+    return acl
+
+
+def session_options(principal: ZkPrincipal, acl: Sequence[ACL] | None = None) -> dict[str, Any]:
+    """``KazooClient(**session_options(...))``: authenticate as ``principal``; znodes it creates get ``acl``."""
+    options: dict[str, Any] = {"auth_data": [principal.auth_data()]}
+    if acl is not None:
+        options["default_acl"] = list(acl)
+    return options
+
+
+def protect_tree(zk: KazooClient, acl: Sequence[ACL], root: str = ROOT) -> int:
+    """Set ``acl`` on ``root`` and every znode under it (an existing ensemble's one-time set-up).
+
+    ``zk`` must already be authenticated as one of the writers (else it locks
+    itself out half-way). Ephemeral znodes (live nodes, election entries) are
+    included; they are re-created with the session's ``default_acl`` anyway.
+    Returns how many znodes were changed.
+    """
+    changed = 0
+    stack = [root]
+    while stack:
+        path = stack.pop()
+        try:
+            children = zk.get_children(path)
+            zk.set_acls(path, list(acl))
+        except NoNodeError:
+            continue  # deleted meanwhile (an ephemeral, a resign request): nothing to protect
+        changed += 1
+        stack.extend(f"{path.rstrip('/')}/{c}" for c in children)
+    return changed
