@@ -144,6 +144,17 @@ class GroupCode:
         self.current = ""
         self.use(store)
 
+    def stage_entry(self, offset: int, builder: ChangeSetBuilder, store: TaskGroupStore) -> bytes:
+        """Leader: stage an entry tagged with a topology (a microbatch, a switch, a migration batch) at ``offset``.
+
+        Returns its payload, encoded again: a switch or migration entry's batch id becomes ``offset`` here
+        (:func:`tag_entry`); a switch entry changes the build version at once.
+        """
+        tag_entry(offset, builder)
+        payload = store.stage(offset, builder)
+        self.staged_entry(offset, builder, store)
+        return payload
+
     def staged_entry(self, offset: int, cs: ChangeSet | ChangeSetBuilder, store: TaskGroupStore) -> None:
         version = switch_of(cs)
         if version is not None:

@@ -19,7 +19,7 @@ from pstate.checkpoint import Manifest, install
 from pstate.query import decode_query
 from pstate.store import ChangeSetBuilder
 from topology.dataflow.group import GroupDataflow
-from topology.group_code import GroupCode, tag_entry
+from topology.group_code import GroupCode
 
 
 class ReplicaStore:
@@ -66,10 +66,7 @@ class ReplicaStore:
     def stage(self, offset: int, builder: ChangeSetBuilder, payload: bytes | None = None) -> bytes:
         if builder.topology is None or self.code is None:
             return self.store.stage(offset, builder, payload)
-        tag_entry(offset, builder)  # (a switch or migration entry: its batch id changes, so encode it again)
-        payload = self.store.stage(offset, builder)
-        self.code.staged_entry(offset, builder, self.store)
-        return payload
+        return self.code.stage_entry(offset, builder, self.store)
 
     def stage_inherited(self, entries: list[tuple[int, int, bytes]]) -> None:
         """A new leader's log tail `(applied, log end)` from earlier epochs: make it visible to builders.
