@@ -2,7 +2,7 @@
 
 Run ``python -m bench.idempotence [--quick]``. On one real store (RocksDB, WAL
 off), the leader's work per client append as the task thread does it: build
-the entry (``ReplicaStore.build_client_append``: records, and with a producer
+the entry (``EntryPort.build`` of a ``DepotAppend``, :mod:`topology.entries`: records, and with a producer
 the window lookup, the reply recorded, the LRU touch, the expiry check), stage
 it, then apply the entries in drains of 64. Three alternating rounds per peer,
 each keeping its best; the peer is the same work without a producer. Rates are
@@ -27,6 +27,8 @@ from rich.table import Table
 
 from conductor.worker.replica_store import ReplicaStore
 from pstate import TaskGroupStore
+from topology.entries.port import EntryPort
+from topology.entries.requests import DepotAppend
 
 DRAIN = 64
 
@@ -35,13 +37,15 @@ def _run(n: int, producers: int, idempotent: bool) -> float:
     """Appends per second for `n` one-record appends from `producers` clients."""
     root = Path(tempfile.mkdtemp(prefix="bench-idem-"))
     rs = ReplicaStore(TaskGroupStore(root / "state", {}, depots=["*log"]))
+    port = EntryPort(rs.current, None)
     try:
         record = [msgpack.packb({"user": "u1", "id": "x" * 40}, use_bin_type=True)]
         staged: list[tuple[int, int, bytes]] = []
         t0 = time.process_time()
         for i in range(n):
             producer = (i % producers + 1) if idempotent else 0
-            builder, _firsts, _acks = rs.build_client_append([("*log", 0, record)], None, producer, i // producers + 1)
+            builder, _reply = port.build(DepotAppend([("*log", 0, record)], producer, i // producers + 1))
+            assert builder is not None
             staged.append((i, 1, rs.stage(i, builder)))  # entry i at replog offset i
             if len(staged) == DRAIN:
                 rs.apply_entries(staged)

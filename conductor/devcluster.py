@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,8 +92,10 @@ class DevCluster:
 
     def __init__(self, root: Path, nodes: int = 3, conductors: int = 1, session_timeout: float = 4.0,
                  log_level: str = "WARNING", balance_interval: float | None = None, zk_servers: int = 1,
-                 listen: Listen = Listen()) -> None:
+                 listen: Listen = Listen(), worker: Sequence[str] = ("-m", "conductor.worker")) -> None:
         self.root = Path(root)
+        #: how a node starts, after the interpreter and before its settings (a test passes its own launcher)
+        self.worker = tuple(worker)
         self.listen = listen
         #: the conductors' --balance-interval (None: their default; 0: no periodic balancing)
         self.balance_interval = balance_interval
@@ -141,7 +144,7 @@ class DevCluster:
         d = self.node_dir(node_id)
         d.mkdir(parents=True, exist_ok=True)
         (d / "node.address").unlink(missing_ok=True)
-        p = ChildProcess(node_id, [PYTHON, "-m", "conductor.worker", "--zk", self.hosts, "--node-id", node_id,
+        p = ChildProcess(node_id, [PYTHON, *self.worker, "--zk", self.hosts, "--node-id", node_id,
                                    "--data-dir", str(d), "--session-timeout", str(self.session_timeout),
                                    "--host", self.listen.host, "--advertise", self.listen.advertise,
                                    "--log-level", self.log_level],

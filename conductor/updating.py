@@ -17,7 +17,7 @@ Steps (Rama pauses processing for each update; this does not):
    ZooKeeper transaction (a CAS on the spec);
 4. every group's leader sees the spec and appends one *switch entry*: entries
    before it were built by the old version, entries after it by the new one
-   (:mod:`conductor.worker.group_code`); wait until every leader reports it
+   (:mod:`topology.group_code`); wait until every leader reports it
    applied. Appends are accepted throughout.
 
 A rollback is the same command with the older code.

@@ -31,7 +31,7 @@ from typing import Any
 import msgpack
 
 from pstate.path import FILTER, T_UPDATE, VIEW, Path, Transform
-from topology.refs import fn_ref, resolve
+from topology.refs import MissingModule, fn_ref, resolve
 
 #: built-in handlers (names users cannot declare: a Python function name never starts with "$")
 UPDATE = "$update"
@@ -169,13 +169,14 @@ def encode_transform(t: Transform, what: str) -> list[Any]:
     return [navs, t.term, arg]
 
 
-def decode_transform(wire: list[Any]) -> Transform:
+def decode_transform(wire: list[Any], on_missing: MissingModule | None = None) -> Transform:
+    """A transform from :func:`encode_transform`; its functions resolved by name (see :func:`resolve`)."""
     navs_wire, term, arg = wire
     navs = []
     for kind, a, b in navs_wire:
         if kind in (FILTER, VIEW):
-            a = resolve(a)
+            a = resolve(a, on_missing)
         navs.append((kind, a, b))
     if term == T_UPDATE:
-        arg = resolve(arg)
+        arg = resolve(arg, on_missing)
     return Transform(Path(tuple(navs)), term, arg)

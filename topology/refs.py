@@ -23,9 +23,10 @@ from typing import Any
 #: functions already checked (module-level functions live as long as the process)
 _REFS: dict[Callable[..., Any], str] = {}
 _RESOLVED: dict[str, Callable[..., Any]] = {}
-#: called with the module of a reference this process has not imported, before giving up: a worker imports
-#: the code version it belongs to (a hop an older version sent, reaching a worker restarted since the update)
-on_missing: Callable[[str], None] | None = None
+#: what a worker passes as ``on_missing`` to :func:`resolve`: called with the module of a reference this process
+#: has not imported, before giving up (the worker imports the code version it belongs to: a hop an older
+#: version sent, reaching a worker restarted since the update)
+MissingModule = Callable[[str], None]
 
 
 class UnsendableFunction(ValueError):
@@ -55,8 +56,11 @@ def known_ref(fn: Callable[..., Any]) -> str | None:
     return _REFS.get(fn)
 
 
-def resolve(ref: str) -> Callable[..., Any]:
-    """The function named by ``ref`` (from :func:`fn_ref`); ValueError if this process has no such function."""
+def resolve(ref: str, on_missing: MissingModule | None = None) -> Callable[..., Any]:
+    """The function named by ``ref`` (from :func:`fn_ref`); ValueError if this process has no such function.
+
+    ``on_missing`` (the caller's, e.g. a :class:`~topology.stream.StreamRunner`'s) may import the module first.
+    """
     known = _RESOLVED.get(ref)
     if known is not None:
         return known

@@ -65,7 +65,7 @@ from topology.errors import ForeignRead, HopFailed, TopologyError
 from topology.module import ModuleDefinition, TopologyDecl
 from topology.partitioners import random as random_partitioner
 from topology.partitioners import task_for_key
-from topology.refs import UnsendableFunction, fn_ref, known_ref, resolve
+from topology.refs import MissingModule, UnsendableFunction, fn_ref, known_ref, resolve
 
 #: local steps (handlers run on this group) one record or message may cause: a guard against send loops
 MAX_LOCAL_STEPS = 100_000
@@ -289,8 +289,11 @@ class StreamRunner:
     the builder exactly as it was before the call.
     """
 
-    def __init__(self, definition: ModuleDefinition, tasks: int, groups: int, group: int) -> None:
+    def __init__(self, definition: ModuleDefinition, tasks: int, groups: int, group: int, *,
+                 on_missing: MissingModule | None = None) -> None:
         self.definition = definition
+        #: asked to import the module of a function reference a hop names that this process has not imported
+        self.on_missing = on_missing
         self.tasks = tasks
         self.groups = groups
         self.group = group
@@ -478,7 +481,7 @@ def _error(e: Exception) -> str:
 
 def _run_update(ctx: StreamContext, key: Any, args: list[Any]) -> None:
     pstate, ref, extra = args
-    ctx._b.update(pstate, key, _bind(resolve(ref), extra))
+    ctx._b.update(pstate, key, _bind(resolve(ref, ctx._r.on_missing), extra))
 
 
 def _run_set(ctx: StreamContext, key: Any, args: list[Any]) -> None:
@@ -488,4 +491,4 @@ def _run_set(ctx: StreamContext, key: Any, args: list[Any]) -> None:
 
 def _run_transform(ctx: StreamContext, key: Any, args: list[Any]) -> None:
     pstate, wire = args
-    ctx._b.transform(pstate, env.decode_transform(wire))
+    ctx._b.transform(pstate, env.decode_transform(wire, ctx._r.on_missing))

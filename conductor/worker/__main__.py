@@ -24,6 +24,7 @@ from conductor.settings import (
     parse_seconds,
     resolve,
 )
+from conductor.worker.hooks import WorkerHooks
 from conductor.worker.worker import Worker
 
 log = logging.getLogger("millrace.node")
@@ -45,7 +46,8 @@ SETTINGS = [
 ]
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, hooks: WorkerHooks | None = None) -> None:
+    """Run a worker with the settings of ``argv``; ``hooks`` are a test launcher's (none from the command line)."""
     p = argparse.ArgumentParser(prog="python -m conductor.worker", description="Run a Millrace worker.")
     add_arguments(p, SETTINGS)
     args = p.parse_args(argv)
@@ -62,7 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     async def run() -> None:
         node = Worker(s["zk"], node_id, data_dir, s["port"], s["session_timeout"], s["metrics_port"],
                       listen=listen, metrics_listen=metrics, replication_port=s["replication_port"],
-                      task_threads=s["task_threads"])
+                      task_threads=s["task_threads"], hooks=hooks)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -23,7 +23,6 @@ them, as any append of a leader that failed over (at least once).
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from replog.errors import NotLeader
 from replog.messages import Ack, Role
 from topology.dataflow.group import Batch, GroupDataflow
 from topology.dataflow.shipping import Pull
+from topology.entries.requests import InboundHops, OutboxTrim
 
 log = logging.getLogger("millrace.node")
 
@@ -76,18 +76,18 @@ class DataflowDriver:
     def received(self, item: Inflow) -> None:
         self.flow.received(item.msg, item.peer)
 
-    def entries(self, now_ms: int) -> list[tuple[Callable[[], tuple[Any, Any]], Callable[..., None]]]:
-        """Entries to append in this drain, as (build, done): the queued envelopes, and a trim when due."""
+    def entries(self, now_ms: int) -> list[tuple[InboundHops | OutboxTrim, Callable[..., None]]]:
+        """Entries to append in this drain, as (request, done): the queued envelopes, and a trim when due."""
         if not self.flow.leading:
             return []
-        out: list[tuple[Callable[[], tuple[Any, Any]], Callable[..., None]]] = []
+        out: list[tuple[InboundHops | OutboxTrim, Callable[..., None]]] = []
         if self.flow.inbound_due(now_ms):
-            out.append((functools.partial(self._build_inbound, now_ms), self._inbound_done))
+            out.append((InboundHops(now_ms), self._inbound_done))
         if now_ms >= self._next_trim_ms:
             self._next_trim_ms = now_ms + TRIM_INTERVAL_MS
             self._trim_owed = False
             if self.flow.trims_due():
-                out.append((self._build_trim, _nobody))
+                out.append((OutboxTrim(), _nobody))
         return out
 
     def next_due_ms(self, now_ms: int) -> int | None:
@@ -103,15 +103,9 @@ class DataflowDriver:
             due = self._next_trim_ms if due is None else min(due, self._next_trim_ms)
         return due
 
-    def _build_inbound(self, now_ms: int) -> tuple[Any, Any]:
-        return self.flow.build_inbound(now_ms), None
-
     def _inbound_done(self, first: int, result: Any, error: Exception | None) -> None:
         if error is not None:  # refused before reaching the log: pull again from where the log is
             self.flow.dropped_inbound()
-
-    def _build_trim(self) -> tuple[Any, Any]:
-        return self.flow.build_trim(), None
 
     def applying(self) -> GroupDataflow | None:
         """The dataflow to feed applied entries to (None on a follower: it only applies)."""

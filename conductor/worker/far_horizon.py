@@ -13,8 +13,9 @@ from scratch instead); then the follower
 installs the last checkpoint and replays entries from it like any follower.
 
 Every file is checked against the manifest's size and CRC32C as it arrives; a
-file damaged in transit is dropped and fetched again in the next round (the
-test hook :data:`CORRUPT_ENV` damages chunks on purpose). The leader keeps each
+file damaged in transit is dropped and fetched again in the next round (a
+test damages chunks on purpose through :attr:`WorkerHooks.chunk_sent
+<conductor.worker.hooks.WorkerHooks.chunk_sent>`). The leader keeps each
 follower's checkpoint on a :class:`CheckpointShelf` until that follower's next
 round, its release call, or an idle timeout, so abandoned transfers do not pin
 old SST files forever.
@@ -43,6 +44,7 @@ from conductor.wire import millrace_pb2 as pb
 from conductor.wire import millrace_pb2_grpc as pbg
 from conductor.wire.checked import checked_handler
 from conductor.wire.packing import varint
+from conductor.worker.hooks import ChunkFilter
 from pstate.checkpoint import Manifest, ManifestFile
 from replog.catchup import MAX_ROUNDS, round_is_last
 
@@ -50,8 +52,6 @@ log = logging.getLogger("millrace.far_horizon")
 
 #: bytes per streamed message: large, since gRPC Python pays ~160 us per message, yet far below the 64 MiB limit
 CHUNK_BYTES = 2 * 1024 * 1024
-#: test hook (leader side): damage the first N chunks this process sends, to prove they are detected and re-fetched
-CORRUPT_ENV = "MILLRACE_TEST_CORRUPT_TRANSFER"
 #: a checkpoint kept for a follower that has not come back for this long is released
 IDLE_TTL_S = 300.0
 #: how long the follower's install may wait for its task thread
@@ -127,27 +127,6 @@ class CheckpointShelf:
 
 
 # ---------------------------------------------------------------------------------------- leader side
-
-
-class _Corrupter:
-    """The :data:`CORRUPT_ENV` hook: flips one byte in each of the first N chunks sent by this process."""
-
-    def __init__(self) -> None:
-        self.left = int(os.environ.get(CORRUPT_ENV, "0") or 0)
-        self._lock = threading.Lock()
-
-    def __call__(self, data: memoryview) -> bytes | memoryview:
-        if self.left <= 0 or not data:
-            return data
-        with self._lock:
-            if self.left <= 0:
-                return data
-            self.left -= 1
-        log.warning("test hook %s: corrupting a far-horizon chunk in transit", CORRUPT_ENV)
-        return bytes([data[0] ^ 0xFF]) + bytes(data[1:])
-
-
-_corrupt = _Corrupter()
 
 
 def read_chunk_into(path: Path, offset: int, buf: bytearray) -> int:
@@ -236,14 +215,15 @@ def replication_handler(servicer: pbg.ReplicationServicer) -> grpc.GenericRpcHan
 ReadInto = Callable[[Path, int, bytearray], Awaitable[int]]
 
 
-async def stream_checkpoint(shelved: Shelved, have: list[pb.CheckpointFile],
-                            read_into: ReadInto) -> AsyncIterator[pb.CheckpointChunk | bytes]:
+async def stream_checkpoint(shelved: Shelved, have: list[pb.CheckpointFile], read_into: ReadInto,
+                            chunk_sent: ChunkFilter | None = None) -> AsyncIterator[pb.CheckpointChunk | bytes]:
     """The messages of one round: the checkpoint's description, then every file the follower lacks, chunked.
 
     ``read_into(path, offset, buffer)`` is awaited per chunk (the node passes a
     thread offload, so disk reads do not stall replication on the event loop).
     Data chunks come pre-encoded (:func:`encode_data_chunk`); serve them
-    through :func:`replication_handler`.
+    through :func:`replication_handler`. ``chunk_sent`` is a test's hook on each data chunk (see
+    :class:`~conductor.worker.hooks.WorkerHooks`).
     """
     held = {(f.name, f.size, f.crc32c) for f in have}
     send = [f for f in shelved.manifest.files if (f.name, f.size, f.crc32c) not in held]
@@ -260,7 +240,8 @@ async def stream_checkpoint(shelved: Shelved, have: list[pb.CheckpointFile],
             if n == 0 and offset < f.size:
                 raise FileNotFoundError(f"{path} ended at {offset} of {f.size} bytes")
             if n or offset == 0:  # an empty file still gets one (empty) chunk, so the follower creates it
-                yield encode_data_chunk(f.name, offset, _corrupt(memoryview(buf)[:n]))
+                data = memoryview(buf)[:n]
+                yield encode_data_chunk(f.name, offset, data if chunk_sent is None else chunk_sent(data))
             offset += n
             shelved.last_used = time.monotonic()
             if offset >= f.size:

@@ -7,7 +7,7 @@ gRPC worker thread), or by this lifecycle's own thread for a replica that
 missed the prepare. A leader's task thread then only builds the switch entry
 (one ``_meta`` write) and swaps dictionaries, in the drain that appends it;
 appends before and after it in the same drain are built by the old and the
-new version respectively (:mod:`conductor.worker.group_code`).
+new version respectively (:mod:`topology.group_code`).
 
 One thread per worker looks at its leaders every few milliseconds while
 something is to do: a group whose build version is not the spec's gets a
@@ -33,14 +33,14 @@ from conductor.metastore.module_spec import (
 )
 from conductor.wire import millrace_pb2 as pb
 from conductor.worker.dataflow import DataflowDriver
-from conductor.worker.group_code import GroupCode, ModuleCode
 from conductor.worker.pending_entry import PendingEntry
 from conductor.worker.replica_host import ReplicaHost
 from conductor.worker.replica_store import ReplicaStore
 from replog.messages import Ack
-from topology import refs
 from topology.code_loader import ALIAS_PREFIX
 from topology.dataflow.group import GroupDataflow
+from topology.entries.requests import CodeSwitch, MigrationBatch
+from topology.group_code import GroupCode, ModuleCode
 from topology.module import ModuleDefinition, ModuleDefinitionError, load_module
 
 if TYPE_CHECKING:
@@ -66,7 +66,6 @@ class CodeLifecycle:
         self._thread = threading.Thread(target=self._run, name="code-lifecycle", daemon=True)
 
     def start(self) -> None:
-        refs.on_missing = self.load_referenced
         self._thread.start()
 
     def stop(self) -> None:
@@ -77,7 +76,7 @@ class CodeLifecycle:
 
     def module_code(self, spec: ModuleSpec) -> ModuleCode:
         return ModuleCode(spec.name, spec.initial_version, spec.version,
-                          functools.partial(self._load, spec.name, spec.module_ref))
+                          functools.partial(self._load, spec.name, spec.module_ref), on_missing=self.load_referenced)
 
     def _load(self, module: str, module_ref: str, version: str) -> ModuleDefinition:
         """Import and define ``version`` (fetched from a holder if this worker lacks it)."""
@@ -97,8 +96,9 @@ class CodeLifecycle:
         return definition
 
     def load_referenced(self, module_name: str) -> None:
-        """``topology.refs.on_missing``: import the code version a hop's function reference names, if a module
-        running here keeps it (its task thread waits: only hops sent before a restart get here)."""
+        """Every runner's ``on_missing`` (:func:`topology.refs.resolve`): import the code version a hop's function
+        reference names, if a module running here keeps it (its task thread waits: only hops sent before a
+        restart get here)."""
         if not module_name.startswith(ALIAS_PREFIX) or self.node.metastore is None:
             return
         version = module_name[len(ALIAS_PREFIX):].partition(".")[0]
@@ -170,33 +170,25 @@ class CodeLifecycle:
                 busy = True
                 if not code.in_flight:
                     self._ready(rt, g, store, target)  # (a no-op once prepared)
-                    self._post(host, code, functools.partial(_switch, store, code, target))
+                    self._post(host, code, CodeSwitch(target))
             elif store.current().migrations:
                 busy = True
                 key = (rt.spec.name, g)
                 if not code.in_flight and now >= self._next_batch.get(key, 0.0):
                     self._next_batch[key] = now + rt.spec.option(MIGRATION_BATCH_INTERVAL_MS) / 1000
                     limit = rt.spec.option(MIGRATION_BATCH_KEYS)
-                    self._post(host, code, functools.partial(_migrate, store, code, limit))
+                    self._post(host, code, MigrationBatch(limit))
         return busy
 
     @staticmethod
-    def _post(host: ReplicaHost, code: GroupCode, build: Any) -> None:
+    def _post(host: ReplicaHost, code: GroupCode, request: CodeSwitch | MigrationBatch) -> None:
         code.in_flight = True
 
         def done(_offset: int, _result: Any, error: Exception | None) -> None:
             code.in_flight = False
             if error is not None:
                 log.info("%s: a code lifecycle entry was not appended (%s); trying again", host.name, error)
-        host.post(PendingEntry(build, 0, Ack.NONE, done))
-
-
-def _switch(store: ReplicaStore, code: GroupCode, version: str) -> tuple[Any, Any]:
-    return code.switch_entry(store.current(), version), None
-
-
-def _migrate(store: ReplicaStore, code: GroupCode, limit: int) -> tuple[Any, Any]:
-    return code.migration_entry(store.current(), limit), None
+        host.post(PendingEntry(request, 0, Ack.NONE, done))
 
 
 def code_status(node: Worker, module: str, group: int) -> dict[str, Any]:

@@ -7,20 +7,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from replog.messages import Ack
+from topology.entries.requests import EntryRequest
 
 
 @dataclass
 class PendingEntry:
     """A replog entry to build on the leader's task thread, and whom to tell when it reaches its ack level.
 
-    `build()` returns (change-set builder, result); it runs on the task thread
-    because what it writes depends on every entry appended before it (depot
-    offsets, read-modify-write transforms, microbatch and progress markers). A
-    None builder means there is nothing to append (e.g. a replayed microbatch):
-    `done` gets the result at once.
+    The task thread has ``request`` built by its replica's entry port
+    (:class:`topology.entries.port.EntryPort`), which returns (change-set
+    builder, result): on the task thread, because what an entry writes depends
+    on every entry appended before it. A None builder means there is nothing to
+    append (e.g. a replayed microbatch): ``done`` gets the result at once.
     """
 
-    build: Callable[[], tuple[Any, Any]]
+    request: EntryRequest
     nbytes: int
     ack: Ack
     done: Callable[[int, Any, Exception | None], None]

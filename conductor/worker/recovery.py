@@ -107,7 +107,7 @@ class ReplicaRecovery:
             if rt.hosts.get(g) is not replacing or self.modules.get(rt.spec.name) is not rt:
                 host.store.close()  # (closed meanwhile: module destroyed, worker stopping)
                 host.log.close()
-                host.runner.release()  # (never started: its task thread never saw it)
+                host.task_thread.release()  # (never started: its task thread never saw it)
                 return
             rt.hosts[g] = host
         host.start()

@@ -69,6 +69,7 @@ from replog.messages import (
 )
 from replog.outbox import Outbox
 from replog.replica import Replica
+from topology.entries.port import EntryPort
 from topology.errors import TopologyError
 
 if TYPE_CHECKING:
@@ -106,7 +107,8 @@ class ReplicaHost:
         dataflow: DataflowDriver | None = None,
         on_fault: Callable[[ReplicaHost], None] | None = None,
         *,
-        runner: TaskThread,
+        task_thread: TaskThread,
+        entries: EntryPort,
     ) -> None:
         self.node_id = node_id
         self.module = module
@@ -122,6 +124,8 @@ class ReplicaHost:
         #: this storage's incarnation (replog.eligibility): new with the directory, or after a loss
         self.incarnation = disk.incarnation
         self.store = store
+        #: builds the entries this replica appends as a leader (task thread only)
+        self.entries = entries
         self.config = config
         self._send = send
         self._change_isr = change_isr
@@ -154,8 +158,8 @@ class ReplicaHost:
         #: follower: apply up to here once this drain's fsync and acks are out (see `_perform`)
         self._apply_later = -1
         #: the task thread this replica's loop runs on: a dedicated one, or one it shares with other replicas
-        self.runner = runner
-        self.thread = runner.thread
+        self.task_thread = task_thread
+        self.thread = task_thread.thread
         #: set once the task thread let go of this replica's disk (stopped or failed)
         self.closed = threading.Event()
         #: this replica is in its task thread's queue of replicas to step (see TaskThread.wake)
@@ -179,11 +183,11 @@ class ReplicaHost:
     # ------------------------------------------------------------------ called from other threads
 
     def start(self) -> None:
-        self.runner.add(self)
+        self.task_thread.add(self)
 
     def post(self, item: Any) -> None:
         self.inbox.put(item)
-        self.runner.wake(self)
+        self.task_thread.wake(self)
 
     def stop(self) -> None:
         self._stop.set()
@@ -248,7 +252,7 @@ class ReplicaHost:
             else:
                 self._handle_item(item)
         if self.dataflow is not None:  # envelopes that arrived: one entry with this drain's appends
-            appends += [PendingEntry(build, 0, Ack.NONE, done) for build, done in self.dataflow.entries(now)]
+            appends += [PendingEntry(request, 0, Ack.NONE, done) for request, done in self.dataflow.entries(now)]
         if appends:
             self._client_appends(appends)
         self._retain_owed = self._retain_owed or bool(items) or bool(appends)
@@ -312,7 +316,7 @@ class ReplicaHost:
             payload = None
             if leader:
                 try:
-                    builder, p.result = p.build()
+                    builder, p.result = self.entries.build(p.request)
                     # Staged at once, so the next change set builds on this one (depot offsets, updates).
                     if builder is not None:
                         payload = self._stage(offset, builder)

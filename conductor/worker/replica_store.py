@@ -1,32 +1,26 @@
 """A worker's view of one replica's RocksDB store (:class:`ReplicaStore`).
 
 `pstate.TaskGroupStore` knows nothing of the network; this module adapts it to
-what the replica host and the gRPC services need: applying replog entries,
-building client-append change sets on the leader, and answering queries whose
-paths arrive in the wire format of :mod:`pstate.query`.
+what the replica host and the gRPC services need: applying and staging replog
+entries (:mod:`topology.entries` builds them), and answering queries
+whose paths arrive in the wire format of :mod:`pstate.query`.
 """
 
 from __future__ import annotations
 
-import logging
-import time
-from collections.abc import Sequence
 from pathlib import Path as FsPath
 from typing import Any
 
 import msgpack
 
-from conductor.worker.group_code import GroupCode, tag_entry
-from pstate import P, TaskGroupStore, producers
+from pstate import TaskGroupStore
 from pstate.changes import ChangeSet
 from pstate.checkpoint import Manifest, install
 from pstate.query import decode_query
 from pstate.store import ChangeSetBuilder
-from topology.dataflow.entries import Sends, append_through_topologies, build_client_append, decode_record
 from topology.dataflow.group import GroupDataflow
-from topology.stream import StreamRunner
+from topology.group_code import GroupCode
 
-log = logging.getLogger("millrace.node")
 
 class ReplicaStore:
     """One replica's store, shaped for the replica host (task thread) and the query services (event loop)."""
@@ -37,8 +31,6 @@ class ReplicaStore:
         self.code = code
         if code is not None:
             code.open(store)
-        #: retried appends answered from the idempotence window (not appended again)
-        self.retries_answered = 0
 
     @classmethod
     def open_versioned(cls, path: FsPath, code: GroupCode) -> ReplicaStore:
@@ -71,76 +63,10 @@ class ReplicaStore:
             if self.code is not None and cs.topology is not None:
                 self.code.applied_entry(offset, cs, self.store)
 
-    def build_client_append(self, appends: Sequence[tuple[str, int, Sequence[bytes]]],
-                            runner: StreamRunner | None = None, producer: int = 0, sequence: int = 0,
-                            ) -> tuple[ChangeSetBuilder, list[int], dict[str, list[Any]]]:
-        """Leader: one change set appending every record plus the topologies' effects and hops (see entries).
-
-        With a ``producer`` (idempotent appends, :mod:`pstate.producers`) a retried
-        request gets an entry with no writes and the original reply: the entry
-        reaches the ack level only after the original one did, since the log is
-        applied in order, so the answer is as durable as the first one would have been.
-        """
-        seen = producers.lookup(self.store.leader_reader(), producer, sequence) if producer else None
-        if seen is not None and seen.previous is not None:
-            prev = seen.previous
-            if len(prev.firsts) != len(appends):
-                raise ValueError(f"producer {producer:#x} reused sequence {sequence} for another request "
-                                 f"({len(appends)} partition(s), the first had {len(prev.firsts)})")
-            self.retries_answered += 1
-            log.info("answered a retried append (producer %#x, sequence %d) with its original offsets",
-                     producer, sequence)
-            return self.store.changes(), prev.firsts, prev.acks
-        builder, firsts, acks = build_client_append(self.store, self.code.runner if self.code is not None else runner, appends)
-        if seen is not None and not producers.record(builder, seen, firsts, acks, int(time.time() * 1000)):
-            log.warning("producer %#x sequence %d is past the idempotence window of %d: appended again "
-                        "(at-least-once)", producer, sequence, producers.WINDOW)
-        return builder, firsts, acks
-
-    def build_batch_commit(self, topology: str, batch_id: int, changes: Sequence[Any],
-                           runner: StreamRunner | None = None) -> ChangeSetBuilder | None:
-        """A microbatch's changes for this group as one change set tagged (topology, batch_id); None if done.
-
-        A record appended to a depot that stream topologies subscribe to goes
-        through them, as a hop to this group (see ``append_through_topologies``).
-        """
-        if self.code is not None:
-            runner = self.code.runner
-        if self.store.batch_committed(topology, batch_id):
-            return None
-        b = self.store.changes(topology, batch_id)
-        sends = Sends()
-        for c in changes:
-            key = decode_record(c.target, c.task, c.key) if c.key else None
-            value = decode_record(c.target, c.task, c.value) if c.value else None
-            if c.op == "set":
-                b.transform(c.target, P.key(key).set(value))
-            elif c.op == "add":
-                delta = value
-
-                def add(old: Any, delta: Any = delta) -> Any:
-                    return (old or 0) + delta
-
-                b.update(c.target, key, add)
-            elif c.op == "remove":
-                b.transform(c.target, P.key(key).remove())
-            elif c.op == "append":
-                if runner is not None and c.target in runner.by_depot:
-                    append_through_topologies(runner, sends, c.target, c.task, value)
-                else:
-                    b.depot_append(c.target, c.task, [value])
-            else:
-                raise ValueError(f"unknown microbatch change op {c.op!r}; use set, add, remove or append")
-        sends.write(b)
-        return b
-
     def stage(self, offset: int, builder: ChangeSetBuilder, payload: bytes | None = None) -> bytes:
         if builder.topology is None or self.code is None:
             return self.store.stage(offset, builder, payload)
-        tag_entry(offset, builder)  # (a switch or migration entry: its batch id changes, so encode it again)
-        payload = self.store.stage(offset, builder)
-        self.code.staged_entry(offset, builder, self.store)
-        return payload
+        return self.code.stage_entry(offset, builder, self.store)
 
     def stage_inherited(self, entries: list[tuple[int, int, bytes]]) -> None:
         """A new leader's log tail `(applied, log end)` from earlier epochs: make it visible to builders.

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from conductor.metastore.module_spec import ModuleSpec
-from conductor.worker.group_code import ModuleCode
 from conductor.worker.replica_faults import Backoff, Fault
 from conductor.worker.replica_host import ReplicaHost
 from conductor.worker.replica_store import ReplicaStore
-from topology.stream import StreamRunner
+from topology.group_code import ModuleCode
 
 
 class ModuleRuntime:
@@ -19,7 +18,6 @@ class ModuleRuntime:
         self.code = code
         self.hosts: dict[int, ReplicaHost] = {}
         self.stores: dict[int, ReplicaStore] = {}
-        self.runners: dict[int, StreamRunner] = {}
         self.replicas: dict[int, tuple[str, ...]] = {}
         #: per group: the last fault of the local replica and its restart backoff (kept across restarts)
         self.faults: dict[int, Fault] = {}

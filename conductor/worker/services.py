@@ -36,8 +36,8 @@ from conductor.worker.replica_store import ReplicaStore
 from pstate.errors import CorruptStore, PStateError
 from replog.errors import EntryTooLarge, NotLeader, ReplogError
 from replog.messages import Ack
+from topology.entries.requests import BatchChange, BatchCommit, DepotAppend
 from topology.errors import TopologyError
-from topology.stream import StreamRunner
 
 if TYPE_CHECKING:
     from conductor.worker.worker import Worker
@@ -121,7 +121,7 @@ class ReplicationService(pbg.ReplicationServicer):
 
         async def read_into(path: Path, offset: int, buf: bytearray) -> int:
             return await asyncio.to_thread(read_chunk_into, path, offset, buf)
-        async for chunk in stream_checkpoint(shelved, list(request.have), read_into):
+        async for chunk in stream_checkpoint(shelved, list(request.have), read_into, node.hooks.chunk_sent):
             yield chunk
 
 
@@ -156,10 +156,7 @@ class ClientService(pbg.ClientServicer):
         def done(first: int, result: Any, error: Exception | None) -> None:
             settle(_resolve, fut, first, result, error, host.replica.epoch)
 
-        store = rt.stores[request.group]
-        runner = rt.runners.get(request.group)
-        host.post(PendingEntry(functools.partial(_client_entry, store, appends, runner, request.producer,
-                                                 request.sequence), nbytes, ack, done))
+        host.post(PendingEntry(DepotAppend(appends, request.producer, request.sequence), nbytes, ack, done))
         return fut
 
     @maps_errors
@@ -254,9 +251,9 @@ class ClientService(pbg.ClientServicer):
         def done(first: int, result: Any, error: Exception | None) -> None:
             settle(settle_future, fut, (first, result), error)
 
-        build = functools.partial(_commit_entry, rt.stores[request.group], rt.runners.get(request.group),
-                                  request.topology, request.batch_id, list(request.changes))
-        host.post(PendingEntry(build, request.ByteSize(), Ack.APPLIED, done))
+        changes = [BatchChange(c.target, c.task, c.key, c.op, c.value) for c in request.changes]
+        host.post(PendingEntry(BatchCommit(request.topology, request.batch_id, changes), request.ByteSize(),
+                               Ack.APPLIED, done))
         first, skipped = await fut
         return pb.CommitBatchReply(skipped=bool(skipped), replog_offset=max(first, 0))
 
@@ -340,15 +337,3 @@ def settle_future(fut: asyncio.Future[Any], result: Any, error: Exception | None
         fut.set_exception(error)
     else:
         fut.set_result(result)
-
-
-def _client_entry(store: ReplicaStore, appends: list[tuple[str, int, list[bytes]]],
-                  runner: StreamRunner | None, producer: int, sequence: int) -> tuple[Any, Any]:
-    builder, firsts, acks = store.build_client_append(appends, runner, producer, sequence)
-    return builder, (firsts, acks)
-
-
-def _commit_entry(store: ReplicaStore, runner: StreamRunner | None, topology: str, batch_id: int,
-                  changes: list[Any]) -> tuple[Any, Any]:
-    builder = store.build_batch_commit(topology, batch_id, changes, runner)
-    return builder, builder is None

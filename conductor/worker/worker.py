@@ -46,7 +46,7 @@ from conductor.worker.far_horizon import (
     Shelved,
     replication_handler,
 )
-from conductor.worker.group_code import GroupCode
+from conductor.worker.hooks import WorkerHooks
 from conductor.worker.lifecycle import CodeLifecycle
 from conductor.worker.metrics import node_registry
 from conductor.worker.peer_server import PeerServer
@@ -73,6 +73,8 @@ from replog.messages import (
 )
 from topology.dataflow.group import Batch, GroupDataflow
 from topology.dataflow.shipping import Pull
+from topology.entries.port import EntryPort
+from topology.group_code import GroupCode
 
 log = logging.getLogger("millrace.node")
 
@@ -92,8 +94,11 @@ class Worker(ReplicaRecovery):
 
     def __init__(self, zk_hosts: str, node_id: str, data_dir: Path, port: int = 0,
                  session_timeout: float = 6.0, metrics_port: int = 0, *, listen: Listen = Listen(),
-                 metrics_listen: Listen | None = None, replication_port: int = 0, task_threads: int = 1) -> None:
+                 metrics_listen: Listen | None = None, replication_port: int = 0, task_threads: int = 1,
+                 hooks: WorkerHooks | None = None) -> None:
         self.node_id = node_id
+        #: fault-injection seams a test's launcher passes (conductor.worker.hooks); none in production
+        self.hooks = hooks or WorkerHooks()
         self.data_dir = Path(data_dir)
         self.port = port
         #: gRPC binds `listen.host` and registers `listen.advertise` in ZooKeeper (peers, clients, executors)
@@ -389,7 +394,7 @@ class Worker(ReplicaRecovery):
             self._quarantine(rt, g, describe(e))
             store = open_store()
         assert store.code is not None and store.code.runner is not None
-        runner = rt.runners[g] = store.code.runner
+        runner = store.code.runner
         dataflow = None
         if runner.active or store.code.runner_of(spec.version).active:  # hops exist only where topologies run
             flow = GroupDataflow(store.current, runner)  # (a far-horizon install swaps the store object)
@@ -400,7 +405,8 @@ class Worker(ReplicaRecovery):
             host = ReplicaHost(self.node_id, module, g, gdir, rt.spec.replication_config(), self.session or 0,
                                store, self._send, self._change_isr, hand_off=self._hand_off,
                                on_far_horizon=self._start_catchup, segment_bytes=rt.spec.option(SEGMENT_BYTES),
-                               dataflow=dataflow, on_fault=self._on_replica_fault, runner=task_thread)
+                               dataflow=dataflow, on_fault=self._on_replica_fault, task_thread=task_thread,
+                               entries=EntryPort(store.current, store.code))
         except BaseException:
             task_thread.release()
             store.abandon()  # (the replog could not open: a full disk, damage) the next try needs the lock

@@ -20,16 +20,15 @@ from pathlib import Path
 from conductor.client import Cluster
 from conductor.devcluster import DevCluster
 from tests.integration.cluster_helpers import deploy, wait_for
-from topology.spark.microbatch import CRASH_AFTER_GROUPS_ENV
 
 ACCOUNTS = [f"acct{i:02d}" for i in range(16)]
 
 
 def _driver(dc: DevCluster, checkpoint: Path, log_path: Path, crash_after_groups: int | None = None) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    if crash_after_groups is not None:
-        env[CRASH_AFTER_GROUPS_ENV] = str(crash_after_groups)
-    cmd = [sys.executable, "-m", "topology.spark.microbatch", "--zk", dc.hosts, "--module", "BankTransfer",
+    driver = ["-m", "topology.spark.microbatch"] if crash_after_groups is None else \
+        ["-m", "tests.faults.crashing_driver", "--crash-after-groups", str(crash_after_groups)]
+    cmd = [sys.executable, *driver, "--zk", dc.hosts, "--module", "BankTransfer",
            "--topology", "ledger", "--checkpoint", str(checkpoint), "--available-now",
            "--max-records-per-trigger", "150"]
     with open(log_path, "ab") as logf:

@@ -11,7 +11,6 @@ import pytest
 
 from conductor.client import Cluster
 from conductor.devcluster import DevCluster
-from conductor.worker.far_horizon import CORRUPT_ENV
 from replog.log import Log
 from tests.integration.cluster_helpers import (
     converged,
@@ -21,17 +20,17 @@ from tests.integration.cluster_helpers import (
     replica_state,
     wait_for,
 )
+from tests.integration.hooked_worker import hooked
 
 SESSION_TIMEOUT = 4.0
 SEGMENT = 256 * 1024
 
 
 @pytest.fixture
-def dc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[DevCluster]:
+def dc(tmp_path: Path) -> Iterator[DevCluster]:
     # Every node damages the first chunk it sends in a far-horizon transfer (only leaders send any).
-    monkeypatch.setenv(CORRUPT_ENV, "1")
     cluster = DevCluster(tmp_path / "cluster", nodes=3, conductors=1, session_timeout=SESSION_TIMEOUT,
-                         log_level="INFO")
+                         log_level="INFO", worker=hooked("--damage-chunks", "1"))
     cluster.start()
     try:
         yield cluster

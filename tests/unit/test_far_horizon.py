@@ -90,3 +90,24 @@ def test_chunk_codec_agrees_with_protobuf() -> None:
     info = pb.CheckpointChunk(info=pb.CheckpointInfo(leader_log_end=9)).SerializeToString()
     desc = decode_chunk(info)
     assert isinstance(desc, pb.CheckpointChunk) and desc.info.leader_log_end == 9
+
+
+def test_the_chunk_hook_sees_every_data_chunk_and_what_it_returns_is_sent(tmp_path: Path) -> None:
+    """The seam a test's worker launcher uses (``WorkerHooks.chunk_sent``): here it damages the first chunk."""
+    from tests.integration.hooked_worker import DamageChunks
+
+    data = os.urandom(CHUNK_BYTES + 10)
+    shelved = CheckpointShelf(tmp_path / "shelf").take(("M", 0, "n2"), _make({"a.sst": data}))
+    damage = DamageChunks(1)
+
+    async def read_into(path: Path, offset: int, buf: bytearray) -> int:
+        return read_chunk_into(path, offset, buf)
+
+    async def collect() -> list[pb.CheckpointChunk]:
+        return [c if isinstance(c, pb.CheckpointChunk) else pb.CheckpointChunk.FromString(c)
+                async for c in stream_checkpoint(shelved, [], read_into, damage)]
+
+    chunks = [c for c in asyncio.run(collect())[1:] if c.file == "a.sst"]
+    assert [len(c.data) for c in chunks] == [CHUNK_BYTES, 10] and damage.left == 0
+    assert chunks[0].data[0] == data[0] ^ 0xFF and chunks[0].data[1:] == data[1:CHUNK_BYTES]
+    assert chunks[1].data == data[CHUNK_BYTES:], "only the first chunk was damaged"

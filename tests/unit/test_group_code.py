@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from conductor.worker.group_code import GroupCode, ModuleCode, tag_entry
 from pstate import Map, TaskGroupStore
 from topology import Module
+from topology.group_code import GroupCode, ModuleCode, tag_entry
 
 
 def plus(n: Any, k: int) -> int:
@@ -91,10 +91,9 @@ def test_a_reference_to_code_not_imported_asks_the_hook_first(monkeypatch: Any) 
         mod.__dict__["add"] = plus
         sys.modules[module] = mod
 
-    monkeypatch.setattr(refs, "on_missing", load)
     monkeypatch.delitem(sys.modules, "_millrace_code_feed.app", raising=False)
     try:
-        assert refs.resolve("_millrace_code_feed.app:add") is plus and asked == ["_millrace_code_feed.app"]
+        assert refs.resolve("_millrace_code_feed.app:add", load) is plus and asked == ["_millrace_code_feed.app"]
     finally:
         sys.modules.pop("_millrace_code_feed.app", None)
         refs._RESOLVED.pop("_millrace_code_feed.app:add", None)

@@ -12,6 +12,8 @@ import pytest
 from conductor.worker.replica_store import ReplicaStore
 from pstate import Map, TaskGroupStore, producers
 from pstate.changes import ChangeSet
+from topology.entries.port import EntryPort
+from topology.entries.requests import DepotAppend
 
 PID = 0xABCDEF
 
@@ -32,13 +34,14 @@ class Leader:
 
     def __init__(self, rs: ReplicaStore) -> None:
         self.rs = rs
+        self.port = EntryPort(rs.current, rs.code)
         self.end = rs.applied_offset + 1
         self.log: list[tuple[int, int, bytes]] = []
 
     def append(self, values: list[object], producer: int = PID, sequence: int = 0,
                task: int = 0) -> list[int]:
-        builder, firsts, _acks = self.rs.build_client_append([("*log", task, _records(*values))], None,
-                                                             producer, sequence)
+        builder, (firsts, _acks) = self.port.build(DepotAppend([("*log", task, _records(*values))], producer,
+                                                               sequence))
         self.log.append((self.end, 1, self.rs.stage(self.end, builder)))
         self.end += 1
         return firsts
@@ -61,7 +64,7 @@ def test_a_retry_gets_the_original_offsets_staged_or_applied_and_appends_nothing
     assert lead.append(["d"], sequence=3) == [3]
     lead.apply_all()
     assert _depot(rs) == ["a", "b", "c", "d"]
-    assert rs.retries_answered == 2
+    assert lead.port.retries_answered == 2
     # the retry's entry holds no writes: it only waits its turn in the log
     assert len(ChangeSet.decode(lead.log[2][2])) == 0
 
@@ -73,7 +76,7 @@ def test_a_new_leader_sees_the_window_in_entries_it_holds_but_has_not_applied(tm
         lead = Leader(old)
         lead.append(["x"], sequence=7)
         new.stage_inherited(lead.log)  # what a follower turned leader does with its unapplied tail
-        builder, firsts, _ = new.build_client_append([("*log", 0, _records("x"))], None, PID, 7)
+        builder, (firsts, _) = EntryPort(new.current, None).build(DepotAppend([("*log", 0, _records("x"))], PID, 7))
         assert firsts == [0] and len(builder) == 0
     finally:
         old.close()
@@ -94,7 +97,7 @@ def test_a_sequence_reused_for_a_different_request_is_refused(rs: ReplicaStore) 
     lead = Leader(rs)
     lead.append(["a"], sequence=1)
     with pytest.raises(ValueError, match="reused sequence 1"):
-        rs.build_client_append([("*log", 0, _records("a")), ("*log", 1, _records("b"))], None, PID, 1)
+        lead.port.build(DepotAppend([("*log", 0, _records("a")), ("*log", 1, _records("b"))], PID, 1))
 
 
 def test_the_window_is_bounded_and_past_it_a_retry_is_appended_again(rs: ReplicaStore) -> None:
@@ -125,7 +128,7 @@ def test_producers_idle_too_long_or_beyond_the_limit_are_forgotten(rs: ReplicaSt
     # an idle producer expires on the next append of anyone
     clock = [int(time.time() * 1000)]
     monkeypatch.setattr(producers, "MAX_PRODUCERS", 100)
-    monkeypatch.setattr("conductor.worker.replica_store.time.time", lambda: clock[0] / 1000)
+    monkeypatch.setattr("topology.entries.client_append.time.time", lambda: clock[0] / 1000)
     lead.append(["new"], producer=99, sequence=1)
     clock[0] += producers.EXPIRY_MS + 1
     lead.append(["newer"], producer=99, sequence=producers.EXPIRY_CHECK_EVERY)  # checks now and then
@@ -135,24 +138,24 @@ def test_producers_idle_too_long_or_beyond_the_limit_are_forgotten(rs: ReplicaSt
 
 def test_a_retry_gets_the_original_ack_values_of_the_topologies(tmp_path: FsPath) -> None:
     from topology import load_module
-    from topology.stream import StreamRunner
+    from topology.group_code import GroupCode, ModuleCode
 
     md = load_module("examples.timeline:Timeline").build()
+    code = GroupCode(ModuleCode("Timeline", "v1", "v1", lambda _v: md), 4, 1, 0)  # one task group: hops stay here
     rs = ReplicaStore(TaskGroupStore(tmp_path / "tl", {n: d.schema for n, d in md.pstates.items()},
-                                     md.depot_names()))
-    runner = StreamRunner(md, 4, 1, 0)  # one task group: every hop stays here
+                                     md.depot_names()), code)
     try:
         lead = Leader(rs)
         follows = [("*follows", 0, _records(*({"author": "ann", "follower": f} for f in ("bob", "cat"))))]
-        builder, _f, _a = rs.build_client_append(follows, runner, PID, 1)
+        builder, _reply = lead.port.build(DepotAppend(follows, PID, 1))
         lead.log.append((lead.end, 1, rs.stage(lead.end, builder)))
         lead.end += 1
         lead.apply_all()
         post = [("*posts", 0, _records({"author": "ann", "id": 1, "text": "hi"}))]
-        first = rs.build_client_append(post, runner, PID, 2)
-        assert first[2] == {"fanout": [2]}
-        rs.stage(lead.end, first[0])
-        again = rs.build_client_append(post, runner, PID, 2)
-        assert (again[1], again[2]) == (first[1], first[2]) and len(again[0]) == 0
+        first_builder, first = lead.port.build(DepotAppend(post, PID, 2))
+        assert first[1] == {"fanout": [2]}
+        rs.stage(lead.end, first_builder)
+        again_builder, again = lead.port.build(DepotAppend(post, PID, 2))
+        assert again == first and len(again_builder) == 0
     finally:
         rs.close()

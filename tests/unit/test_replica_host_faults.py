@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +28,26 @@ from replog.config import ReplicationConfig
 from replog.errors import AppendFailed, EntryTooLarge, NotLeader, ReplicaFailed
 from replog.messages import Ack, GroupState, MetastoreChanged
 from topology import load_module
+from topology.entries.port import EntryPort
+from topology.entries.requests import DepotAppend, EntryRequest
 
 DEFINITION = load_module("examples.clicks:Clicks").build()
+
+
+#: a request whose building raises what no request should (a bug in building that one entry)
+BROKEN = DepotAppend([("*raw", 0, [b"broken"])])
+
+
+class _Entries(EntryPort):
+    """The replica's entry port, except that :data:`BROKEN` raises a KeyError."""
+
+    def __init__(self, store: ReplicaStore) -> None:
+        super().__init__(store.current, store.code)
+
+    def build(self, request: EntryRequest) -> tuple[Any, Any]:
+        if request is BROKEN:
+            raise KeyError("a bug in building this one request")
+        return super().build(request)
 
 
 def _open(directory: Path, group: int, faults: list[ReplicaHost], runner: TaskThread | None = None) -> ReplicaHost:
@@ -44,7 +62,7 @@ def _open(directory: Path, group: int, faults: list[ReplicaHost], runner: TaskTh
         runner = TaskThread(f"task-Clicks/{group}", dedicated=True)
     runner.claim()
     h = ReplicaHost("n1", "Clicks", group, directory, config, 1, store, lambda *_a: None, cas,
-                    on_fault=faults.append, runner=runner)
+                    on_fault=faults.append, task_thread=runner, entries=_Entries(store))
     h.start()
     h.post(MetastoreChanged(GroupState("n1", 1, ("n1",), (), 1, 1)))
     return h
@@ -58,7 +76,7 @@ def host(tmp_path: Path) -> Iterator[tuple[ReplicaHost, list[ReplicaHost]]]:
     h.stop()
 
 
-def _append(h: ReplicaHost, build: Callable[[], tuple[Any, Any]]) -> concurrent.futures.Future[int]:
+def _append(h: ReplicaHost, request: EntryRequest) -> concurrent.futures.Future[int]:
     fut: concurrent.futures.Future[int] = concurrent.futures.Future()
 
     def done(first: int, _result: Any, error: Exception | None) -> None:
@@ -66,16 +84,12 @@ def _append(h: ReplicaHost, build: Callable[[], tuple[Any, Any]]) -> concurrent.
             fut.set_exception(error)
         else:
             fut.set_result(first)
-    h.post(PendingEntry(build, 10, Ack.APPLIED, done))
+    h.post(PendingEntry(request, 10, Ack.APPLIED, done))
     return fut
 
 
-def _records(h: ReplicaHost, *records: Any) -> Callable[[], tuple[Any, Any]]:
-    def build() -> tuple[Any, Any]:
-        builder, firsts, _acks = h.store.build_client_append(  # type: ignore[attr-defined]
-            [("*raw", 0, [msgpack.packb(r) for r in records])])
-        return builder, firsts
-    return build
+def _records(h: ReplicaHost, *records: Any) -> EntryRequest:
+    return DepotAppend([("*raw", 0, [msgpack.packb(r) for r in records])])
 
 
 def _leading(h: ReplicaHost) -> None:
@@ -89,10 +103,7 @@ def _leading(h: ReplicaHost) -> None:
 def test_a_request_that_raises_fails_alone_and_the_thread_goes_on(host: Any) -> None:
     h, faults = host
     _leading(h)
-
-    def broken() -> tuple[Any, Any]:
-        raise KeyError("a bug in building this one request")
-    bad = _append(h, broken)
+    bad = _append(h, BROKEN)
     good = _append(h, _records(h, {"id": 1}))
     with pytest.raises(AppendFailed, match="KeyError"):
         bad.result(timeout=10)
@@ -173,12 +184,12 @@ def test_a_dedicated_task_thread_ends_with_its_replica_or_when_it_never_started(
     """``--task-threads 0``: each replica's thread ends with it, including one released before it started
     (recovery's reopen that finds the module gone)."""
     h = _open(tmp_path / "g", 0, [])
-    assert h.runner.dedicated and h.runner.load == 1
+    assert h.task_thread.dedicated and h.task_thread.load == 1
     _leading(h)
     assert _append(h, _records(h, {"id": 1})).result(timeout=10) == 0
     h.stop()
     h.thread.join(timeout=10)
-    assert h.closed.is_set() and not h.thread.is_alive() and h.runner.load == 0
+    assert h.closed.is_set() and not h.thread.is_alive() and h.task_thread.load == 0
     never = TaskThread("task-never", dedicated=True)
     never.claim()
     never.release()

@@ -5,7 +5,8 @@
 The user function (declared with ``@m.microbatch(depot)``) maps a batch
 DataFrame of depot records to a DataFrame of changes with columns
 ``target`` (``"$$pstate"`` or ``"*depot"``), ``key``, ``op`` (``set``, ``add``,
-``remove``, ``append``) and ``value``. Why this is exactly once:
+``remove``, ``append``: :data:`topology.entries.requests.MICROBATCH_OPS`, which
+the group leaders interpret) and ``value``. Why this is exactly once:
 
 * the source's offsets are *applied* depot offsets, so when Spark replays a
   batch after a crash it reads exactly the same records;
@@ -23,11 +24,11 @@ entries, so they are exactly once too.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import logging
-import os
-import signal
 import sys
 from collections import defaultdict
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -35,6 +36,7 @@ import msgpack
 from conductor.client import Cluster
 from conductor.settings import LOOPBACK
 from conductor.wire import millrace_pb2 as pb
+from topology.entries.requests import MICROBATCH_OPS, OP_APPEND
 from topology.errors import TopologyError
 from topology.module import ModuleDefinition, TopologyDecl
 from topology.partitioners import task_for_key
@@ -46,7 +48,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("millrace.microbatch")
 
 CHANGE_COLUMNS = ("target", "key", "op", "value")
-OPS = ("set", "add", "remove", "append")
+#: called after each group's commit request is sent, with the group and the reply's future: a test's seam (the
+#: fault tests kill the driver between two groups' commits through it); None in production
+GroupSent = Callable[[int, concurrent.futures.Future[Any]], None]
 
 
 class MicrobatchContext:
@@ -72,14 +76,14 @@ def route_changes(definition: ModuleDefinition, topology: str, tasks: int, group
     out: dict[int, list[pb.BatchChange]] = defaultdict(list)
     for row in rows:
         target, key, op, value = (row[c] for c in CHANGE_COLUMNS)
-        if op not in OPS:
-            raise TopologyError(topology, f"change op {op!r} is not one of {OPS}")
+        if op not in MICROBATCH_OPS:
+            raise TopologyError(topology, f"change op {op!r} is not one of {MICROBATCH_OPS}")
         if target in definition.pstates:
-            if op == "append":
+            if op == OP_APPEND:
                 raise TopologyError(topology, f"op 'append' needs a depot target, got PState {target}")
             task = task_for_key(key, tasks)
         elif target in definition.depots:
-            if op != "append":
+            if op != OP_APPEND:
                 raise TopologyError(topology, f"depot {target} only takes op 'append', got {op!r}")
             record = value.asDict(recursive=True) if hasattr(value, "asDict") else value
             task = definition.depots[target].partitioner(record, tasks)
@@ -93,29 +97,21 @@ def route_changes(definition: ModuleDefinition, topology: str, tasks: int, group
     return out
 
 
-#: test hook: SIGKILL the driver itself after this many group commits of a batch (mid-commit crash)
-CRASH_AFTER_GROUPS_ENV = "MILLRACE_TEST_CRASH_AFTER_GROUPS"
-
-
 def commit_batch(cluster: Cluster, module: str, topology: str, batch_id: int,
-                 changes: dict[int, list[pb.BatchChange]]) -> dict[int, bool]:
+                 changes: dict[int, list[pb.BatchChange]], sent: GroupSent | None = None) -> dict[int, bool]:
     """Send each group its share (in parallel); returns group -> skipped (it had applied it already).
 
     Every group gets a request, even an empty one, so every group records the
     batch as committed and `Progress` tells how far a topology got everywhere.
     """
     info = cluster.module_info(module)
-    crash_after = os.environ.get(CRASH_AFTER_GROUPS_ENV)
     futures = {}
     for g in range(info.groups):
         req = pb.CommitBatchRequest(module=module, group=g, topology=topology, batch_id=batch_id,
                                     changes=changes.get(g, []))
         futures[g] = cluster.call_group(module, g, "CommitBatch", req)
-        if crash_after is not None and g + 1 >= int(crash_after):
-            futures[g].result()
-            log.warning("test hook %s: killing the driver after %d group commit(s) of batch %d",
-                        CRASH_AFTER_GROUPS_ENV, g + 1, batch_id)
-            os.kill(os.getpid(), signal.SIGKILL)
+        if sent is not None:
+            sent(g, futures[g])
     return {g: f.result().skipped for g, f in futures.items()}
 
 
@@ -161,8 +157,12 @@ class MicrobatchQuery:
 
 
 def run_microbatch(spark: SparkSession, zk: str, module: str, topology: str, checkpoint: str,
-                   trigger: dict[str, Any] | None = None, max_records_per_trigger: int | None = None) -> MicrobatchQuery:
-    """Start the Structured Streaming query of a microbatch topology; returns a handle on it."""
+                   trigger: dict[str, Any] | None = None, max_records_per_trigger: int | None = None,
+                   sent: GroupSent | None = None) -> MicrobatchQuery:
+    """Start the Structured Streaming query of a microbatch topology; returns a handle on it.
+
+    ``sent`` is :func:`commit_batch`'s seam for tests (None: nothing is called).
+    """
     from topology.spark import register
 
     register(spark)
@@ -189,7 +189,7 @@ def run_microbatch(spark: SparkSession, zk: str, module: str, topology: str, che
             raise TopologyError(topology, f"the function must return columns {CHANGE_COLUMNS}; missing {missing}")
         rows = changes_df.select(*CHANGE_COLUMNS).collect()
         routed = route_changes(definition, topology, info.tasks, info.groups, rows)
-        skipped = commit_batch(cluster, module, topology, batch_id, routed)
+        skipped = commit_batch(cluster, module, topology, batch_id, routed, sent)
         log.info("microbatch %s/%s batch %d: %d change(s) committed to %d group(s) (%d already had it)",
                  module, topology, batch_id, len(rows), len(skipped), sum(skipped.values()))
 
@@ -204,8 +204,11 @@ def run_microbatch(spark: SparkSession, zk: str, module: str, topology: str, che
     return MicrobatchQuery(query, cluster)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m topology.spark.microbatch --zk ... --module M --topology T --checkpoint DIR [--available-now]``."""
+def main(argv: list[str] | None = None, sent: GroupSent | None = None) -> int:
+    """``python -m topology.spark.microbatch --zk ... --module M --topology T --checkpoint DIR [--available-now]``.
+
+    ``sent``: see :func:`commit_batch` (a test's launcher passes one; the command line never does).
+    """
     p = argparse.ArgumentParser(prog="python -m topology.spark.microbatch",
                                 description="Run a Millrace microbatch topology on Spark (local[2], or a standalone "
                                             "cluster with --master).")
@@ -230,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
                           host=args.host)
     trigger = {"availableNow": True} if args.available_now else {"processingTime": args.interval}
     query = run_microbatch(spark, args.zk, args.module, args.topology, args.checkpoint, trigger=trigger,
-                           max_records_per_trigger=args.max_records_per_trigger)
+                           max_records_per_trigger=args.max_records_per_trigger, sent=sent)
     try:
         query.await_termination()
     finally:

@@ -43,7 +43,9 @@ from pstate.migration import (
 )
 from pstate.schema import Map, check_top_level
 from pstate.store import META, ChangeSetBuilder, TaskGroupStore, depot_cf, pstate_cf
+from topology.dataflow.group import GroupDataflow
 from topology.module import ModuleDefinition
+from topology.refs import MissingModule
 from topology.stream import StreamRunner
 
 log = logging.getLogger("millrace.node")
@@ -65,13 +67,16 @@ def switch_of(cs: ChangeSet | ChangeSetBuilder) -> str | None:
 class ModuleCode:
     """The versions of one module this worker has loaded, by version id; any other is loaded on demand."""
 
-    def __init__(self, name: str, initial: str, target: str, load: Callable[[str], ModuleDefinition]) -> None:
+    def __init__(self, name: str, initial: str, target: str, load: Callable[[str], ModuleDefinition], *,
+                 on_missing: MissingModule | None = None) -> None:
         self.name = name
         #: the version a replica runs before its first switch entry
         self.initial = initial
         #: the version the module's spec names: leaders switch to it
         self.target = target
         self._load = load
+        #: the runners' hook for a hop naming a function of a version not imported yet (:func:`topology.refs.resolve`)
+        self.on_missing = on_missing
         self._defs: dict[str, ModuleDefinition] = {}
         self._lock = threading.Lock()
 
@@ -110,7 +115,7 @@ class GroupCode:
         self.current = ""
         self.runner: StreamRunner | None = None
         #: the replica's dataflow (its runner follows the build version)
-        self.flow: Any = None
+        self.flow: GroupDataflow | None = None
         #: leader: a switch or migration entry posted and not answered yet (set by the lifecycle)
         self.in_flight = False
 
@@ -121,7 +126,8 @@ class GroupCode:
     def runner_of(self, version: str) -> StreamRunner:
         r = self._runners.get(version)
         if r is None:
-            r = self._runners[version] = StreamRunner(self.module.get(version), self.tasks, self.groups, self.group)
+            r = self._runners[version] = StreamRunner(self.module.get(version), self.tasks, self.groups, self.group,
+                                                      on_missing=self.module.on_missing)
         return r
 
     def prepare(self, version: str) -> StreamRunner:
@@ -137,6 +143,17 @@ class GroupCode:
         self.staged = None
         self.current = ""
         self.use(store)
+
+    def stage_entry(self, offset: int, builder: ChangeSetBuilder, store: TaskGroupStore) -> bytes:
+        """Leader: stage an entry tagged with a topology (a microbatch, a switch, a migration batch) at ``offset``.
+
+        Returns its payload, encoded again: a switch or migration entry's batch id becomes ``offset`` here
+        (:func:`tag_entry`); a switch entry changes the build version at once.
+        """
+        tag_entry(offset, builder)
+        payload = store.stage(offset, builder)
+        self.staged_entry(offset, builder, store)
+        return payload
 
     def staged_entry(self, offset: int, cs: ChangeSet | ChangeSetBuilder, store: TaskGroupStore) -> None:
         version = switch_of(cs)
