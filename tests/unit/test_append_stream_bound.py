@@ -32,7 +32,7 @@ class _FakeLeader:
     def __init__(self) -> None:
         self.futures: list[asyncio.Future[pb.AppendReply]] = []
 
-    def start(self, req: pb.AppendRequest) -> asyncio.Future[pb.AppendReply]:
+    def start(self, request: pb.AppendRequest) -> asyncio.Future[pb.AppendReply]:
         fut: asyncio.Future[pb.AppendReply] = asyncio.get_running_loop().create_future()
         self.futures.append(fut)
         return fut
