@@ -78,8 +78,11 @@ def test_the_dispatcher_never_waits_for_its_own_line() -> None:
     errors: list[BaseException] = []
     gate = threading.Event()
 
+    def hold() -> None:
+        gate.wait()
+
     def callback() -> None:  # runs on the dispatcher: fills the line, then submits once more
-        d.submit(gate.wait)
+        d.submit(hold)
         try:
             d.submit(lambda: None)
         except AssertionError as e:
