@@ -33,10 +33,10 @@ class _Leader:
     async def _event(self) -> asyncio.Event:
         return asyncio.Event()
 
-    async def append(self, module: str, group: int, req: pb.AppendRequest) -> pb.AppendReply:
+    async def append(self, module: str, group: int, request: pb.AppendRequest) -> pb.AppendReply:
         self.requests += 1
         await self.release.wait()
-        return pb.AppendReply(first_offsets=[0] * len(req.appends))
+        return pb.AppendReply(first_offsets=[0] * len(request.appends))
 
 
 @pytest.fixture
