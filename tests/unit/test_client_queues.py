@@ -28,6 +28,7 @@ class _Leader:
 
     def __init__(self, cluster: Cluster) -> None:
         self.requests = 0
+        self.offset = 0
         self.release = asyncio.run_coroutine_threadsafe(self._event(), cluster._loop).result()
 
     async def _event(self) -> asyncio.Event:
@@ -36,7 +37,9 @@ class _Leader:
     async def append(self, module: str, group: int, request: pb.AppendRequest) -> pb.AppendReply:
         self.requests += 1
         await self.release.wait()
-        return pb.AppendReply(first_offsets=[0] * len(request.appends))
+        first = self.offset  # one depot partition (task 0 of *d): offsets follow the records in order
+        self.offset += len(request.appends[0].records)
+        return pb.AppendReply(first_offsets=[first])
 
 
 @pytest.fixture
@@ -77,7 +80,7 @@ def test_append_async_past_max_queued_records_waits_then_raises_queue_full(clust
     waiter.join(5)
     assert not waiter.is_alive() and late
     assert [f.result(5) for f in futs] == [0, 1, 2]
-    assert late[0].result(5) == 0
+    assert late[0].result(5) == 3
     deadline = time.monotonic() + 5
     while c._outstanding and time.monotonic() < deadline:
         time.sleep(0.01)
