@@ -69,6 +69,10 @@ class LeaderRules(ReplicaState):
             ls.wait_append.append(p)
         else:
             ls.wait_applied.append(p)
+        # The wait queues are bounded by the unapplied entries (which the checks above bound): each waiting
+        # append's last entry is unapplied (unflushed, for ack=append) and no two share one.
+        assert len(ls.wait_append) + len(ls.wait_applied) <= self.log_end - 1 - self.apply_offset, (
+            len(ls.wait_append), len(ls.wait_applied), self.log_end, self.apply_offset)
         self._pump_all()
 
     def _bytes_between(self, a: int, b: int) -> int:

@@ -67,13 +67,22 @@ from topology.partitioners import random as random_partitioner
 from topology.partitioners import task_for_key
 from topology.refs import MissingModule, UnsendableFunction, fn_ref, known_ref, resolve
 
-#: local steps (handlers run on this group) one record or message may cause: a guard against send loops
+#: local steps (handlers run on this group) one record or message may cause: a guard against send loops;
+#: also the most local hops queued at once (`_Unit.local`), however many one handler sends
 MAX_LOCAL_STEPS = 100_000
 
 #: failures of the store itself, never blamed on user code (the entry fails and the replica handles it)
 _INFRA = (StorageError, StoreClosed, CorruptStore)
 
 Outbound = dict[int, list[bytes]]  # destination group -> packed messages
+
+
+class _TooManyLocalHops(TopologyError):
+    """One input caused more than MAX_LOCAL_STEPS local hops: its whole unit fails (never one hop alone)."""
+
+    def __init__(self, hop: str) -> None:
+        super().__init__(hop, f"more than {MAX_LOCAL_STEPS:,} local hops for one input: a handler sends to "
+                         "itself without end")
 
 
 class _Unit:
@@ -149,7 +158,10 @@ class StreamContext:
         except (TypeError, ValueError, OverflowError):
             raw = self._pack([name, task, key, list(values)])  # (raises the error that says so)
         if group == self._r.group:                        # here whatever group owns the key
-            self._unit.local.append((name, task, key, values, raw))
+            local = self._unit.local
+            if len(local) >= MAX_LOCAL_STEPS:  # each would cost a step: the unit would fail anyway
+                raise _TooManyLocalHops(self._hop)
+            local.append((name, task, key, values, raw))
         else:
             self._unit.send(group, raw)
 
@@ -445,14 +457,13 @@ class StreamRunner:
         while local:
             unit.steps += 1
             if unit.steps > MAX_LOCAL_STEPS:
-                raise TopologyError(unit.hop, f"more than {MAX_LOCAL_STEPS:,} local hops for one input: a handler "
-                                    "sends to itself without end")
+                raise _TooManyLocalHops(unit.hop)
             name, task, key, args, raw = local.popleft()
             mark, queued = builder.writes.savepoint(), len(local)
             sent = {g: len(msgs) for g, msgs in unit.out.items()}
             try:
                 self._step(builder, unit, name, task, key, args)
-            except _INFRA:
+            except (*_INFRA, _TooManyLocalHops):
                 raise
             except Exception:
                 builder.writes.rollback(mark)

@@ -8,7 +8,7 @@ executor) pays only for ZooKeeper, gRPC and the module API.
 """
 
 from conductor.client.cluster import Cluster, ModuleInfo
-from conductor.client.errors import ClientError
+from conductor.client.errors import ClientError, QueueFull
 from conductor.client.handles import Depot, DepotBatch, PartitionStatus, PState
 from conductor.client.retry import Retry
 from conductor.client.router import LeaderRouter
@@ -27,6 +27,7 @@ __all__ = [
     "NotLeader",
     "PState",
     "PartitionStatus",
+    "QueueFull",
     "Retry",
     "StalledGroup",
     "Unavailable",

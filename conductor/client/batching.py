@@ -93,7 +93,9 @@ class GroupBatcher:
 
     async def _send(self, ack: int, items: list[_Item]) -> None:
         by_part: dict[tuple[str, int], list[_Item]] = {}
+        nbytes = 0
         for it in items:
+            nbytes += len(it[2])
             part = (it[0], it[1])
             lst = by_part.get(part)
             if lst is None:
@@ -114,6 +116,7 @@ class GroupBatcher:
             for it in items:
                 _set_exception(it[3], e)
         finally:
+            self.c._answered(len(items), nbytes)
             self.inflight -= 1
             if self.waiting and not self.scheduled:
                 self.scheduled = True

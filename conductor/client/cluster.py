@@ -28,6 +28,13 @@ Python pays per object and per gRPC message, so the hot paths avoid both:
   into one request while ``max_inflight_per_group`` requests are out, and sends
   them on an ``AppendStream`` per group leader (:class:`_AioAppendStream`).
 
+Every queue is bounded. ``append_async`` holds at most ``max_queued_records``
+records (and ``max_queued_bytes``) not answered yet, from its call to its
+future's result; a blocking ``append`` waits with at most
+``max_blocking_appends_per_group`` others on its group leader's stream. A caller
+finding the bound reached waits for room up to ``timeout_s``, then gets
+:class:`~conductor.client.errors.QueueFull` naming the option to raise.
+
 Leader addresses are cached and looked up again only after ``NotLeader``,
 ``Unavailable`` or a leader change seen by the watch.
 """
@@ -49,7 +56,7 @@ import grpc
 
 from conductor.client.batching import GroupBatcher
 from conductor.client.code import CodeCache, default_cache, load_deployed
-from conductor.client.errors import ClientError
+from conductor.client.errors import ClientError, QueueFull
 from conductor.client.handles import Depot, PState
 from conductor.client.producer import Producer
 from conductor.client.retry import Retry
@@ -107,6 +114,8 @@ class Cluster:
 
     def __init__(self, zk_hosts: str, *, timeout_s: float = 45.0, linger_ms: float = 0.0,
                  max_batch_records: int = 10_000, max_inflight_per_group: int = 8,
+                 max_queued_records: int = 100_000, max_queued_bytes: int = 64 << 20,
+                 max_blocking_appends_per_group: int = 1024,
                  code_cache: CodeCache | None = None, idempotent: bool = True) -> None:
         self.zk_hosts = zk_hosts
         #: where deployed modules' code is fetched to (default: ~/.cache/millrace/code)
@@ -115,6 +124,11 @@ class Cluster:
         self.linger_ms = linger_ms
         self.max_batch_records = max_batch_records
         self.max_inflight_per_group = max_inflight_per_group
+        #: append_async: records (and their bytes) taken and not answered yet, at most (see the module docstring)
+        self.max_queued_records = max_queued_records
+        self.max_queued_bytes = max_queued_bytes
+        #: blocking appends waiting on one group leader's stream, at most
+        self.max_blocking_appends_per_group = max_blocking_appends_per_group
         #: numbers every append request, so a retry is answered with the original offsets (exactly once);
         #: None sends un-numbered requests (a retry may then append twice: at-least-once)
         self.producer = Producer() if idempotent else None
@@ -139,7 +153,11 @@ class Cluster:
         self._batchers: dict[tuple[str, int], GroupBatcher] = {}
         #: append_async hand-off to the event loop: filled by any thread, drained once per burst
         self._queued: deque[tuple[str, int, int, str, int, bytes, concurrent.futures.Future[int]]] = deque()
-        self._queued_lock = threading.Lock()
+        #: guards the hand-off; callers waiting for room wait on it
+        self._queued_lock = threading.Condition(threading.Lock())
+        #: append_async's records (and bytes) not answered yet: queued here, waiting in a batcher, or in flight
+        self._outstanding = 0
+        self._outstanding_bytes = 0
         self._drain_scheduled = False
         #: blocking appends: one AppendStream per (leader address, module, group), see SyncAppendStream
         self._append_streams: dict[tuple[str, str, int], SyncAppendStream] = {}
@@ -163,6 +181,8 @@ class Cluster:
         if self._closed:
             return
         self._closed = True
+        with self._queued_lock:  # callers waiting for room in append_async's queue: the client is closed
+            self._queued_lock.notify_all()
 
         async def shutdown() -> None:
             for ch in self._channels.values():
@@ -436,7 +456,8 @@ class Cluster:
         with self._calls_lock:
             stream = self._append_streams.get(key)
             if stream is None or stream.broken:
-                stream = self._append_streams[key] = SyncAppendStream(self._sync_channels.get(address))
+                stream = self._append_streams[key] = SyncAppendStream(self._sync_channels.get(address),
+                                                                      self.max_blocking_appends_per_group)
             if self._watchdog is None:
                 self._watchdog = threading.Thread(target=self._expire_streams, name="millrace-client-deadlines",
                                                   daemon=True)
@@ -489,15 +510,51 @@ class Cluster:
     # ------------------------------------------------------------------------ append_async hand-off
 
     def _enqueue(self, item: tuple[str, int, int, str, int, bytes, concurrent.futures.Future[int]]) -> None:
-        """Any thread: queue one record for the event loop, waking it only if it was not already due."""
+        """Any thread: queue one record for the event loop, waking it only if it was not already due.
+
+        Waits for room while ``max_queued_records`` records (or
+        ``max_queued_bytes``) are not answered yet; QueueFull after ``timeout_s``.
+        """
         if self._closed:
             raise ClientError("the cluster client is closed")
+        nbytes = len(item[5])
         with self._queued_lock:
+            if self._outstanding >= self.max_queued_records or (
+                    self._outstanding and self._outstanding_bytes + nbytes > self.max_queued_bytes):
+                self._wait_for_room(nbytes)
+            self._outstanding += 1
+            self._outstanding_bytes += nbytes
             self._queued.append(item)
             if self._drain_scheduled:
                 return
             self._drain_scheduled = True
         self._loop.call_soon_threadsafe(self._drain)
+
+    def _wait_for_room(self, nbytes: int) -> None:
+        """(holding the hand-off lock) Wait until append_async may take `nbytes` more, or raise QueueFull."""
+        start = time.monotonic()
+        while True:
+            if self._outstanding >= self.max_queued_records:
+                full = ("append_async's queue of records", "max_queued_records", self.max_queued_records)
+            elif self._outstanding and self._outstanding_bytes + nbytes > self.max_queued_bytes:
+                full = ("append_async's queue of bytes", "max_queued_bytes", self.max_queued_bytes)
+            else:
+                return
+            if self._closed:
+                raise ClientError("the cluster client is closed")
+            waited = time.monotonic() - start
+            # (the event loop answers the appends: on it, waiting would wait for itself)
+            if waited >= self.timeout_s or threading.current_thread() is self._thread:
+                raise QueueFull(*full, waited)
+            self._queued_lock.wait(self.timeout_s - waited)
+
+    def _answered(self, records: int, nbytes: int) -> None:
+        """Event loop: `records` of append_async's records were answered (or failed); room for as many."""
+        with self._queued_lock:
+            self._outstanding -= records
+            self._outstanding_bytes -= nbytes
+            assert self._outstanding >= 0 and self._outstanding_bytes >= 0, (self._outstanding, self._outstanding_bytes)
+            self._queued_lock.notify_all()
 
     def _drain(self) -> None:
         """Event loop: hand every queued record to its group's batcher."""

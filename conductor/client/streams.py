@@ -11,10 +11,12 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+import time
 from typing import Any
 
 import grpc
 
+from conductor.client.errors import QueueFull
 from conductor.wire import millrace_pb2 as pb
 from conductor.wire import millrace_pb2_grpc as pbg
 from conductor.wire.errors import error_from_json
@@ -66,9 +68,16 @@ class SyncAppendStream:
     ``grpc.RpcError``; the client then opens a new one. The client's abandonment
     on a leader move and the deadline watchdog both cancel the whole stream,
     which only ever carries one group's requests to one leader.
+
+    At most ``max_waiting`` requests wait on it (so at most as many are queued
+    for gRPC's request thread); a caller past that waits for room until its
+    deadline, then gets :class:`QueueFull`.
     """
 
-    def __init__(self, channel: grpc.Channel) -> None:
+    def __init__(self, channel: grpc.Channel, max_waiting: int = 1024) -> None:
+        self.max_waiting = max_waiting
+        self._room = threading.BoundedSemaphore(max_waiting)
+        #: requests for gRPC's request-iterator thread: at most `max_waiting` (each caller's own, until sent)
         self._requests: queue.SimpleQueue[pb.AppendRequest | None] = queue.SimpleQueue()
         self._call = pbg.ClientStub(channel).AppendStream(iter(self._requests.get, None))
         self._cond = threading.Condition(threading.Lock())
@@ -79,6 +88,17 @@ class SyncAppendStream:
         self.broken: BaseException | None = None
 
     def request(self, req: pb.AppendRequest, deadline: float) -> pb.AppendReply:
+        """Send `req` and wait for its reply (or the stream's error) until `deadline` (``time.monotonic``)."""
+        start = time.monotonic()
+        if not self._room.acquire(timeout=max(0.0, deadline - start)):
+            raise QueueFull("blocking appends waiting on one group leader's stream", "max_blocking_appends_per_group",
+                            self.max_waiting, time.monotonic() - start)
+        try:
+            return self._request(req, deadline)
+        finally:
+            self._room.release()
+
+    def _request(self, req: pb.AppendRequest, deadline: float) -> pb.AppendReply:
         cond = self._cond
         with cond:
             if self.broken is not None:

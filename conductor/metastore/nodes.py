@@ -138,7 +138,7 @@ class Nodes:
             if handle.cancelled or self.ms.closed:
                 return False
             nodes = sorted(children)
-            self.ms.submit(lambda: None if handle.cancelled else callback(nodes))
+            self.ms.submit(lambda: None if handle.cancelled else callback(nodes), key=handle)
             return True
 
         self.ms.zk.ChildrenWatch(NODES_PATH, on_children)

@@ -20,18 +20,19 @@ Why it looks the way it does:
   idempotent writes, but a CAS is never retried blindly: a write whose reply
   was lost may have been applied, so we re-read and decide (applied, not
   applied and safe to retry, or a real conflict).
-* kazoo calls listeners and watch functions on its own event thread, where
+* kazoo calls listeners and watch functions on its own threads, where
   blocking is forbidden (a blocking ZooKeeper call there can deadlock the
   client). Every user callback therefore runs on one dispatcher thread owned
-  by the Metastore, in the order the events happened.
+  by the Metastore, in the order the events happened; its line is bounded,
+  a watch's newer report replacing the one still waiting
+  (:mod:`conductor.metastore.dispatcher`).
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -47,6 +48,7 @@ from kazoo.retry import KazooRetry, RetryFailedError
 
 from conductor.metastore.acls import AclStore
 from conductor.metastore.conductors import ConductorElection
+from conductor.metastore.dispatcher import CONNECTED, LOST, SUSPENDED, Dispatcher, collapse_states
 from conductor.metastore.drains import LeaderDrains
 from conductor.metastore.errors import MetastoreUnavailable
 from conductor.metastore.groups import Groups
@@ -61,33 +63,6 @@ from conductor.metastore.watch import WatchHandle
 log = logging.getLogger("millrace.metastore")
 
 T = TypeVar("T")
-
-
-class _Dispatcher:
-    """One thread running callbacks in event order, so none of them ever runs on kazoo's threads."""
-
-    def __init__(self, name: str) -> None:
-        self._q: queue.Queue[Callable[[], None] | None] = queue.Queue()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    def submit(self, fn: Callable[[], None]) -> None:
-        self._q.put(fn)
-
-    def _run(self) -> None:
-        while True:
-            fn = self._q.get()
-            if fn is None:
-                return
-            try:
-                fn()
-            except Exception:
-                log.exception("metastore callback failed")
-
-    def stop(self) -> None:
-        self._q.put(None)
-        if threading.current_thread() is not self._thread:
-            self._thread.join(timeout=5.0)
 
 
 class Metastore:
@@ -122,7 +97,11 @@ class Metastore:
         # has a new session; for the idempotent operations run through _call that is just another retry.
         self._retry = KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=1.0, deadline=self.op_timeout,
                                  ignore_expire=True)
-        self._dispatcher = _Dispatcher(f"metastore-callbacks-{hosts}")
+        self._dispatcher = Dispatcher(f"metastore-callbacks-{hosts}")
+        #: connection states kazoo reported that the dispatcher has not reacted to yet (collapse_states)
+        self._states: list[str] = []
+        self._states_lock = threading.Lock()
+        #: (dispatcher thread) the session was lost since the last CONNECTED: our node znodes must be made again
         self._was_lost = False
         self.closed = False
         self.zk.add_listener(self._on_state)
@@ -176,36 +155,56 @@ class Metastore:
         cid = self.zk.client_id
         return int(cid[0]) if cid else None
 
-    def submit(self, fn: Callable[[], None]) -> None:
-        """Run ``fn`` on the callback thread, after every callback already queued (keeps event order)."""
-        self._dispatcher.submit(fn)
+    def submit(self, fn: Callable[[], None], key: Hashable | None = None) -> None:
+        """Run ``fn`` on the callback thread, after every callback already queued (keeps event order).
+
+        With a ``key`` (a watch's handle) it replaces the call of that key still
+        waiting, in its place: a watch's newest report is the only one that matters.
+        """
+        self._dispatcher.submit(fn, key)
 
     def add_state_listener(self, fn: Callable[[str], None]) -> None:
         """Call ``fn("SUSPENDED"|"LOST"|"CONNECTED")`` on the dispatcher thread on every state change."""
         self._state_listeners.append(fn)
 
     def _on_state(self, state: str) -> None:
-        # Runs on kazoo's event thread: never block here, hand everything to the dispatcher.
+        # Runs on kazoo's connection thread: never block here, hand everything to the dispatcher.
         if self.closed:
             return  # our own close() ends the session; that is not a failure to react to
         if state == KazooState.SUSPENDED:
             log.warning("ZooKeeper connection to %s suspended; pausing writes until it is back", self.hosts)
-            if self._pause_writes:
-                self._dispatcher.submit(self._pause_writes)
         elif state == KazooState.LOST:
             log.warning("ZooKeeper session to %s lost; stepping down (ephemeral nodes are gone)", self.hosts)
-            self._was_lost = True
-            if self._step_down:
-                self._dispatcher.submit(self._step_down)
         elif state == KazooState.CONNECTED:
             log.info("ZooKeeper connection to %s established", self.hosts)
-            was_lost, self._was_lost = self._was_lost, False
-            if was_lost:
-                self._dispatcher.submit(self.nodes.reregister)
-            if self._resume:
-                self._dispatcher.submit(self._resume)
-        for fn in list(self._state_listeners):
-            self._dispatcher.submit(lambda fn=fn: fn(str(state)))  # type: ignore[misc]
+        with self._states_lock:
+            self._states = collapse_states([*self._states, str(state)])
+        self._dispatcher.submit(self._react_to_states, key=self._react_to_states)
+
+    def _react_to_states(self) -> None:
+        """(dispatcher thread) React to every connection state reported since the last time, in order."""
+        with self._states_lock:
+            states, self._states = self._states, []
+        for state in states:
+            reactions: list[Callable[[], None] | None] = []
+            if state == SUSPENDED:
+                reactions.append(self._pause_writes)
+            elif state == LOST:
+                self._was_lost = True
+                reactions.append(self._step_down)
+            elif state == CONNECTED:
+                if self._was_lost:
+                    self._was_lost = False
+                    reactions.append(self.nodes.reregister)
+                reactions.append(self._resume)
+            reactions += [lambda fn=fn, state=state: fn(state) for fn in self._state_listeners]  # type: ignore[misc]
+            for react in reactions:
+                if react is None:
+                    continue
+                try:
+                    react()
+                except Exception:
+                    log.exception("metastore reaction to %s failed", state)
 
     def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run an idempotent operation with retries on ConnectionLoss, bounded by ``op_timeout``."""
@@ -252,7 +251,7 @@ class Metastore:
             except ValueError:
                 log.error("ignoring malformed data at %s: %r", path, data)
                 return True
-            self._dispatcher.submit(lambda: None if handle.cancelled else callback(*args))
+            self._dispatcher.submit(lambda: None if handle.cancelled else callback(*args), key=handle)
             return True
 
         self.zk.DataWatch(path, on_data)

@@ -48,6 +48,11 @@ VERSION = "0.1.0"
 #: what a service answers with a typed gRPC status; anything else is a bug (INTERNAL)
 SERVICE_ERRORS = (ReplogError, PStateError, TopologyError, ValueError)
 
+#: requests an AppendStream reads and has not answered yet; the client's own pipelines stay far below
+#: (append_async keeps max_inflight_per_group=8 requests out, a blocking append one per thread; the
+#: benchmark's wire diagnostic about 340)
+MAX_PIPELINED_APPENDS = 1024
+
 _ACKS = {pb.ACK_NONE: Ack.NONE, pb.ACK_APPEND: Ack.APPEND, pb.ACK_APPLIED: Ack.APPLIED}
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -126,6 +131,9 @@ class ReplicationService(pbg.ReplicationServicer):
 
 
 class ClientService(pbg.ClientServicer):
+    #: requests one AppendStream reads ahead of its replies (see AppendStream)
+    max_pipelined = MAX_PIPELINED_APPENDS
+
     def __init__(self, node: Worker) -> None:
         self.node = node
 
@@ -164,20 +172,35 @@ class ClientService(pbg.ClientServicer):
         return await self._start_append(request)
 
     async def AppendStream(self, request_iterator: AsyncIterator[pb.AppendRequest], context: Any) -> AsyncIterator[pb.AppendReply]:
-        # Pipelined: every request is posted to its task thread as it is read (no task per request);
-        # replies go out in request order (clients match by order).
-        pending: asyncio.Queue[tuple[int, asyncio.Future[pb.AppendReply]] | None] = asyncio.Queue()
+        """Pipelined appends: every request is posted to its task thread as it is read (no task per request).
+
+        Replies go out in request order (clients match by order). At most
+        ``max_pipelined`` requests are read and not yet answered: past that the
+        reader stops reading, so the next requests stay in gRPC's buffers and
+        HTTP/2 flow control holds the client back; a fast pipelining client
+        never grows this stream's queue.
+        """
+        room = asyncio.Semaphore(self.max_pipelined)
+        # (the end marker needs a slot of its own: it goes in however many replies are owed)
+        pending: asyncio.Queue[tuple[int, asyncio.Future[pb.AppendReply]] | None] = asyncio.Queue(
+            self.max_pipelined + 1)
         loop = asyncio.get_running_loop()
+        requests = aiter(request_iterator)
 
         async def reader() -> None:
             try:
-                async for req in request_iterator:
+                while True:
+                    await room.acquire()  # released when a reply went out
+                    try:
+                        req = await anext(requests)
+                    except StopAsyncIteration:
+                        break
                     try:
                         fut = self._start_append(req)
                     except SERVICE_ERRORS as e:
                         fut = loop.create_future()
                         fut.set_exception(e)
-                    pending.put_nowait((req.seq, fut))
+                    pending.put_nowait((req.seq, fut))  # (QueueFull here would be a bug: `room` bounds it)
             finally:
                 pending.put_nowait(None)
 
@@ -194,6 +217,7 @@ class ClientService(pbg.ClientServicer):
                     yield reply
                 except SERVICE_ERRORS as e:
                     yield pb.AppendReply(seq=seq, error=error_json(e))
+                room.release()
             await rtask  # the request stream's own error, if any
         finally:
             rtask.cancel()
@@ -287,6 +311,13 @@ class LoopSettler:
     request); a ``call_soon_threadsafe`` each would cost a self-pipe write and a
     loop iteration per request. Here the first post of a burst schedules one
     drain and the others only append to the list.
+
+    Bounded by the requests in flight, not by a limit of its own: each request
+    posted to a task thread (a ``PendingEntry``) posts its ``done`` exactly once,
+    so the list holds at most one callback per request in flight on this
+    worker, which ``AppendStream`` caps per stream (``max_pipelined``) and a
+    unary ``Append`` or ``CommitBatch`` at one per call. Blocking a task thread
+    here instead would stall every replica on it behind the event loop.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:

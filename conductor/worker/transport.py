@@ -1,7 +1,8 @@
 """Replication transport, sending side: protocol messages between nodes over one TCP link per peer.
 
 The replication state machines tolerate lost, duplicated and reordered
-messages, so the transport is deliberately simple: a bounded queue per peer,
+messages, so the transport is deliberately simple: a bounded hand-off from
+the task threads to the event loop, a bounded queue per peer,
 drained into one ``PeerFrame`` per write (many messages per frame, which is what
 Python's per-message cost demands), and a link that is reopened after a failure
 without replaying anything. A full queue drops the newest message rather than
@@ -30,7 +31,11 @@ from topology.dataflow.shipping import Pull
 
 log = logging.getLogger("millrace.transport")
 
+#: messages queued for one peer; a full queue drops the newest (counted in `_PeerLink.dropped`)
 MAX_QUEUED_MESSAGES = 10_000
+#: messages handed from task threads to the event loop and not yet given to their links (a stalled loop);
+#: past it the newest are dropped (counted in `PeerTransport.dropped`), as a full peer queue does
+MAX_HANDOFF_MESSAGES = 4 * MAX_QUEUED_MESSAGES
 #: a frame stops taking more queued messages past this size
 FRAME_TARGET_BYTES = 3 * 1024 * 1024
 #: the most a frame's messages may add up to (room left for the frame's own fields)
@@ -212,6 +217,8 @@ class PeerTransport:
         self._outbox: list[tuple[str, bytes]] = []
         self._outbox_lock = threading.Lock()
         self._wake_scheduled = False
+        #: messages dropped because the hand-off held MAX_HANDOFF_MESSAGES (the protocol resends)
+        self.dropped = 0
 
     def send(self, dst: str, module: str, group: int, msg: Any) -> None:
         """Called from any thread: encode here (off the event loop), enqueue on the loop."""
@@ -227,6 +234,10 @@ class PeerTransport:
         """
         encoded = [(dst, to_proto(module, group, m).SerializeToString()) for dst, m in msgs]
         with self._outbox_lock:
+            room = MAX_HANDOFF_MESSAGES - len(self._outbox)
+            if len(encoded) > room:
+                self._drop(len(encoded) - max(room, 0))
+                encoded = encoded[:max(room, 0)]
             self._outbox.extend(encoded)
             if self._wake_scheduled:
                 return
@@ -235,6 +246,13 @@ class PeerTransport:
             self.loop.call_soon_threadsafe(self._drain)
         except RuntimeError:  # the loop is closed: the node is stopping
             pass
+
+    def _drop(self, n: int) -> None:
+        """(holding the hand-off lock) `n` messages did not fit the hand-off."""
+        before, self.dropped = self.dropped, self.dropped + n
+        if before // 1000 != self.dropped // 1000 or before == 0:
+            log.warning("node %s: the event loop is behind and the replication hand-off is full; dropped %d "
+                        "message(s) so far (they will be resent)", self.node_id, self.dropped)
 
     def _drain(self) -> None:
         with self._outbox_lock:

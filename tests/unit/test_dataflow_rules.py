@@ -107,6 +107,24 @@ def test_a_new_leader_rebuilds_what_is_pending_from_applied_state() -> None:
     assert t.report(A) == (3, []) and t.take_roots_done() == []  # the old root has no waiter here
 
 
+def test_inlet_queues_at_most_two_windows_per_source_and_pulls_the_rest_again() -> None:
+    """A source shipping past its credit (a bug) cannot grow the destination's queue: the envelope that would
+    take it past MAX_QUEUED_WINDOWS windows is dropped, counted and pulled again once entries consumed some."""
+    inlet = Inlet(dst=B, epoch=3, window=1000, keepalive_ms=500)
+    inlet.start({A: 0})
+    inlet.pulls(0, {})
+    assert inlet.accept(A, 0, 900) and inlet.accept(A, 1, 900)  # 1,800 queued: within two windows
+    assert inlet.accept(A, 2, 300) is False and inlet.over_window == 1  # 2,100 would not be
+    assert inlet.expected(A) == 2
+    assert inlet.accept(A, 3, 10) is False and inlet.over_window == 1  # after it: a gap, as if lost
+    inlet.consumed(A, 1800)
+    assert inlet.pulls(10, {})[0].position == 2  # pulled again from the dropped one
+    assert inlet.accept(A, 2, 300)
+    big = Inlet(dst=B, epoch=3, window=1000, keepalive_ms=500)
+    big.start({A: 0})
+    assert big.accept(A, 0, 5000)  # one envelope larger than the bound goes when nothing else is queued
+
+
 def test_inlet_accepts_in_order_and_pulls_with_a_window() -> None:
     inlet = Inlet(dst=B, epoch=3, window=1000, keepalive_ms=500)
     inlet.start({A: 5, C: 0})

@@ -16,6 +16,10 @@ from typing import Any
 
 #: bytes a destination accepts from one source beyond what its entries consumed
 WINDOW_BYTES = 8 << 20
+#: a source ships within its latest pull's credit, overshooting by at most one envelope, so what one
+#: source has queued stays about one window; past this many windows (a misjudged credit, a bug) the
+#: destination drops the envelope, counts it and pulls it again once its entries consumed some
+MAX_QUEUED_WINDOWS = 2
 #: most bytes of envelopes in one batch message (several go out when a window allows more)
 BATCH_BYTES = 1 << 20
 #: a destination repeats its pull this often even when nothing changed (repairs lost pulls and batches)
@@ -59,6 +63,8 @@ class Inlet:
         self.window = window
         self.keepalive_ms = keepalive_ms
         self._feeds: dict[int, _Feed] = {}
+        #: envelopes dropped because their source's queue was full (MAX_QUEUED_WINDOWS); pulled again
+        self.over_window = 0
 
     def start(self, positions: dict[int, int]) -> None:
         """Begin (a leadership, or after a rebuild) from the inbox positions the group's entries hold, staged included."""
@@ -68,11 +74,19 @@ class Inlet:
         return self._feeds[src].expected
 
     def accept(self, src: int, seq: int, nbytes: int) -> bool:
-        """An envelope arrived: True to queue it for an entry (it is the next one), False to drop it."""
+        """An envelope arrived: True to queue it for an entry (it is the next one), False to drop it.
+
+        What one source has queued stays within ``MAX_QUEUED_WINDOWS`` windows,
+        or one envelope when nothing else is queued (a larger one must go too).
+        """
         f = self._feeds[src]
         if seq != f.expected:
             if seq > f.expected:
                 f.repull = True  # something was lost: ask again from where we are
+            return False
+        if f.queued and f.queued + nbytes > MAX_QUEUED_WINDOWS * self.window:
+            self.over_window += 1
+            f.repull = True
             return False
         f.expected += 1
         f.queued += nbytes
