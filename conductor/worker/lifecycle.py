@@ -34,6 +34,7 @@ from conductor.metastore.module_spec import (
 from conductor.wire import millrace_pb2 as pb
 from conductor.worker.dataflow import DataflowDriver
 from conductor.worker.group_code import GroupCode, ModuleCode
+from conductor.worker.inbox import AttachDataflow
 from conductor.worker.pending_entry import PendingEntry
 from conductor.worker.replica_host import ReplicaHost
 from conductor.worker.replica_store import ReplicaStore
@@ -126,14 +127,7 @@ class CodeLifecycle:
             return
         flow = GroupDataflow(store.current, runner)
         driver = DataflowDriver(f"{rt.spec.name}/{g}", flow, functools.partial(self.node._send_flow, rt.spec.name))
-
-        def attach(h: ReplicaHost) -> None:
-            if h.dataflow is None:
-                flow.runner = code.runner or runner
-                code.flow = flow
-                h.dataflow = driver
-                driver.role(h.replica.role, h.replica.epoch)
-        host.post(attach)
+        host.post(AttachDataflow(flow, driver, code, runner))
 
     def target(self, rt: ModuleRuntime, spec: ModuleSpec) -> None:
         """The module's spec names ``spec.version``: leaders switch to it."""

@@ -47,6 +47,7 @@ from conductor.worker.far_horizon import (
     replication_handler,
 )
 from conductor.worker.group_code import GroupCode
+from conductor.worker.inbox import InstallCheckpoint
 from conductor.worker.lifecycle import CodeLifecycle
 from conductor.worker.metrics import node_registry
 from conductor.worker.peer_server import PeerServer
@@ -524,13 +525,7 @@ class Worker(ReplicaRecovery):
 
         def install(staging: Path, manifest: Manifest, pairs: list[tuple[int, int]]) -> str | None:
             done: concurrent.futures.Future[str | None] = concurrent.futures.Future()
-
-            def run(h: ReplicaHost) -> None:
-                try:
-                    done.set_result(h.install_checkpoint(staging, manifest, pairs, leader, epoch))
-                except Exception as e:
-                    done.set_exception(e)
-            host.post(run)
+            host.post(InstallCheckpoint(staging, manifest, pairs, leader, epoch, done))
             return done.result(timeout=INSTALL_TIMEOUT_S)
 
         host.catchup = Catchup(host.name, host.module, host.group, self.node_id, leader, address, epoch,
