@@ -93,6 +93,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("millrace.node")
 
 
+def replica_counters() -> dict[str, int]:
+    """A replica's counters, all zero (metrics and ``conductor status`` read them)."""
+    return {"appends": 0, "entries_applied": 0, "flushes": 0, "far_horizon_installs": 0,
+            "far_horizon_bytes": 0, "far_horizon_refetched_files": 0, "replog_deleted_bytes": 0}
+
+
 class ReplicaHost:
     """Owns one replica's disk state and task thread; every other thread talks to it through `post`."""
 
@@ -115,6 +121,7 @@ class ReplicaHost:
         on_fault: Callable[[ReplicaHost], None] | None = None,
         *,
         runner: TaskThread,
+        stats: dict[str, int] | None = None,
     ) -> None:
         self.node_id = node_id
         self.module = module
@@ -169,9 +176,8 @@ class ReplicaHost:
         self.closed = threading.Event()
         self._next_tick = 0
         self._next_flow = 0  # the earliest the dataflow's next round is due with nothing arriving
-        #: counters for metrics and `conductor status`
-        self.stats = {"appends": 0, "entries_applied": 0, "flushes": 0, "far_horizon_installs": 0,
-                      "far_horizon_bytes": 0, "far_horizon_refetched_files": 0, "replog_deleted_bytes": 0}
+        #: counters for metrics and `conductor status` (the worker's record of this replica keeps them)
+        self.stats = replica_counters() if stats is None else stats
         self.last_error: str | None = None
         log.info("%s: opened replica on %s (log [%d, %d), applied %d)", self.name, node_id,
                  self.log.start_offset, self.log.end_offset, applied)

@@ -112,3 +112,36 @@ class TaskThread:
                 if not h.step(items):  # stopped or failed: its disk is closed
                     self._hosts.remove(h)
                     self.release(h)
+
+
+class TaskThreadPool:
+    """A worker's task threads: ``size`` shared ones, started as replicas need them, or (``size`` 0) a
+    dedicated one per replica (``--task-threads``)."""
+
+    def __init__(self, node_id: str, size: int) -> None:
+        assert size >= 0, size
+        self.node_id = node_id
+        self.size = size
+        self._threads: list[TaskThread] = []
+        self._lock = threading.Lock()
+
+    def claim(self, name: str) -> TaskThread:
+        """The task thread replica ``name`` will run on, claimed: the least loaded, or one dedicated to it,
+        which ends with it."""
+        if self.size == 0:
+            dedicated = TaskThread(f"task-{name}", dedicated=True)
+            dedicated.claim()
+            return dedicated
+        with self._lock:
+            if len(self._threads) < self.size:
+                self._threads.append(TaskThread(f"task-{self.node_id}-{len(self._threads)}"))
+            chosen = min(self._threads, key=lambda r: r.load)
+            chosen.claim()
+            return chosen
+
+    def stop(self) -> None:
+        """End the shared threads (the worker stopped its replicas first)."""
+        with self._lock:
+            threads = list(self._threads)
+        for t in threads:
+            t.stop()
