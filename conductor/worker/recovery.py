@@ -108,7 +108,7 @@ class ReplicaRecovery:
         if not self.modules.place(rt, rec, host, replacing):
             host.store.close()  # (closed meanwhile: module destroyed, worker stopping)
             host.log.close()
-            host.runner.release()  # (never started: its task thread never saw it)
+            host.runner.release(host)  # (never started: its task thread never saw it)
             return
         host.start()
         try:

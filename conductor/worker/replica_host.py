@@ -195,7 +195,17 @@ class ReplicaHost:
         self.runner.add(self)
 
     def post(self, item: InboxItem) -> None:
-        """Hand ``item`` to the task thread; an append over the inbox's bound is refused (Backpressure) at once."""
+        """Hand ``item`` to the task thread; an append over the inbox's bound is refused (Backpressure) at once.
+
+        A closed replica takes nothing more (no thread would ever drain it): an append gets the answer its
+        waiting appends got when it closed, anything else is dropped (the worker replaces or closes it).
+        """
+        if self.closed.is_set():
+            if isinstance(item, PendingEntry):
+                fault = self.fault
+                item.done(-1, None, ReplogError(f"{self.name}: the replica is closing") if fault is None
+                          else ReplicaFailed(self.name, fault.kind, fault.reason))
+            return
         if isinstance(item, PendingEntry):
             refused = self.inbox.put_append(item, self.config.max_unapplied_entries, self.config.max_unapplied_bytes)
             if refused is not None:

@@ -30,6 +30,11 @@ class ModuleRuntime:
         #: the groups with a replica on this worker, by group
         self.hosted: dict[int, HostedReplica] = {}
 
+    def host(self, group: int) -> ReplicaHost | None:
+        """The open local replica of ``group`` (None if it has none here, or it could not open)."""
+        rec = self.hosted.get(group)
+        return rec.host if rec is not None else None
+
     def hosts(self) -> dict[int, ReplicaHost]:
         """The open local replicas, by group (a snapshot)."""
         return {g: r.host for g, r in list(self.hosted.items()) if r.host is not None}
@@ -106,8 +111,8 @@ class LocalModules:
         return rt.hosted.get(group) if rt is not None else None
 
     def host(self, module: str, group: int) -> ReplicaHost | None:
-        rec = self.hosted(module, group)
-        return rec.host if rec is not None else None
+        rt = self._modules.get(module)
+        return rt.host(group) if rt is not None else None
 
     def leader(self, module: str, group: int) -> Leader:
         """The local replica if it leads `group`; NotLeader (with where to go) otherwise."""

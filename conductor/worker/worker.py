@@ -427,13 +427,13 @@ class Worker:
         if st is None:
             return
         self.running.router.observe(rt.spec.name, g, st)
-        host = rt.hosts().get(g)
+        host = rt.host(g)
         if host is not None:
             host.post(MetastoreChanged(st))
 
     def _on_resign(self, rt: ModuleRuntime, g: int, request: dict[str, Any] | None) -> None:
         """The conductor asks group ``g``'s leader to hand off; the replica decides whether the request applies."""
-        host = rt.hosts().get(g)
+        host = rt.host(g)
         if request is None or host is None:
             return
         try:

@@ -135,6 +135,11 @@ def test_a_replica_refuses_an_append_over_its_inbox_bound_at_once(tmp_path: Path
         assert [r for r, e in answers[1:]] == ["built"] * 4 and all(e is None for _r, e in answers[1:])
     finally:
         h.stop()
+    # closed, it takes nothing more: an append is answered at once, as those waiting when it closed were
+    late: list[Exception | None] = []
+    h.post(PendingEntry(lambda: (None, None), 1, Ack.NONE, lambda _f, _r, e: late.append(e)))
+    h.post(MetastoreChanged(GroupState("n1", 1, ("n1",), (), 2, 1)))
+    assert len(late) == 1 and "closing" in str(late[0]) and h.inbox.waiting() == 0
 
 
 class _Stub:
@@ -147,16 +152,17 @@ def test_a_task_threads_ready_replicas_hold_each_at_most_once_and_never_more_tha
     tt = TaskThread("task-test")
     tt.stop()
     tt.thread.join(timeout=10)  # (nothing takes the ready replicas from here on)
-    a, b = _Stub("a"), _Stub("b")
+    a: Any = _Stub("a")
+    b: Any = _Stub("b")
     tt.claim()
-    tt.wake(a)  # type: ignore[arg-type]
-    tt.wake(a)  # type: ignore[arg-type]
+    tt.wake(a)
+    tt.wake(a)
     assert list(tt._ready) == [a]
     b.closed.set()
-    tt.wake(b)  # type: ignore[arg-type]  # a closed replica is not stepped again
+    tt.wake(b)  # a closed replica is not stepped again
     assert list(tt._ready) == [a]
     b.closed.clear()
     with pytest.raises(AssertionError):
-        tt.wake(b)  # type: ignore[arg-type]  # more ready replicas than the thread was given
-    tt.release(a)  # type: ignore[arg-type]
+        tt.wake(b)  # more ready replicas than the thread was given
+    tt.release(a)
     assert not tt._ready and tt.load == 0
