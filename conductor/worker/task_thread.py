@@ -78,6 +78,8 @@ class TaskThread:
         The thread takes ``host`` out of the ready replicas before it drains that inbox, so a post it misses
         here was already drained.
         """
+        if host in self._ready:
+            return  # (a lock-free look: the thread takes the ready replicas before it drains their inboxes)
         with self._lock:
             if host in self._ready or host.closed.is_set():
                 return

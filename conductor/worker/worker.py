@@ -192,7 +192,7 @@ class Worker:
         self.metrics_address = self._start_metrics()
         self._sweeper = asyncio.create_task(self._sweep_checkpoints())
         log.warning("node %s serving on %s (data %s, ZooKeeper %s, session 0x%x, metrics http://%s/metrics, %s)",
-                    self.node_id, self.address, self.data_dir, self.zk_hosts, self.session,
+                    self.node_id, self.address, self.data_dir, self.zk_hosts, self.session or 0,
                     self.metrics_address, f"replicas share {self.task_threads.size} task thread(s)"
                     if self.task_threads.size else "a task thread per replica")
 
