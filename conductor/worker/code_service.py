@@ -14,18 +14,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import grpc
 
+from conductor.client.code import CodeCache
 from conductor.wire import code_pb2
 from conductor.wire import code_pb2_grpc as codeg
 from topology.artifact import CHUNK_BYTES
-from topology.module import ModuleDefinitionError
-
-if TYPE_CHECKING:
-    from conductor.worker.worker import Worker
+from topology.module import ModuleDefinition, ModuleDefinitionError
 
 log = logging.getLogger("millrace.node")
 
@@ -36,8 +34,15 @@ def describe(exc: BaseException) -> str:
 
 
 class CodeService(codeg.CodeServicer):
-    def __init__(self, node: Worker) -> None:
-        self.node = node
+    """Over this worker's ``code`` cache: ``prepare`` readies a loaded version for the module's replicas here
+    (``CodeLifecycle.prepare``), ``referenced`` lists the versions deployed modules keep (the metastore's)."""
+
+    def __init__(self, node_id: str, code: CodeCache, prepare: Callable[[str, str, ModuleDefinition], None],
+                 referenced: Callable[[], set[str]]) -> None:
+        self.node_id = node_id
+        self.code = code
+        self.prepare = prepare
+        self.referenced = referenced
 
     async def PutArtifact(self, request_iterator: AsyncIterator[code_pb2.ArtifactChunk],
                           context: grpc.aio.ServicerContext) -> code_pb2.PutArtifactReply:
@@ -49,50 +54,47 @@ class CodeService(codeg.CodeServicer):
         if not sha256:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first chunk must name the artifact's sha256")
         try:
-            stored = await asyncio.to_thread(self.node.code.put, sha256, chunks)
+            stored = await asyncio.to_thread(self.code.put, sha256, chunks)
         except ModuleDefinitionError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        log.info("node %s %s code version %s", self.node.node_id, "stored" if stored else "already had", sha256[:12])
-        return code_pb2.PutArtifactReply(sha256=sha256, node_id=self.node.node_id)
+        log.info("node %s %s code version %s", self.node_id, "stored" if stored else "already had", sha256[:12])
+        return code_pb2.PutArtifactReply(sha256=sha256, node_id=self.node_id)
 
     async def FetchArtifact(self, request: code_pb2.FetchArtifactRequest,
                             context: grpc.aio.ServicerContext) -> AsyncIterator[code_pb2.ArtifactChunk]:
-        code = self.node.code
+        code = self.code
         if not code.has(request.sha256):
             await context.abort(grpc.StatusCode.NOT_FOUND,
-                                f"node {self.node.node_id} does not hold code version {request.sha256}")
+                                f"node {self.node_id} does not hold code version {request.sha256}")
         data = await asyncio.to_thread(code.artifact_path(request.sha256).read_bytes)
         for i in range(0, len(data), CHUNK_BYTES):
             yield code_pb2.ArtifactChunk(data=data[i:i + CHUNK_BYTES])
 
     async def Prepare(self, request: code_pb2.PrepareRequest, context: Any) -> code_pb2.PrepareReply:
-        node = self.node
         try:
             await asyncio.to_thread(self._prepare, request)
         except Exception as e:  # the user's code may raise anything: that is the refusal we report
-            log.warning("node %s refuses code version %s of module %s: %s", node.node_id, request.sha256[:12],
+            log.warning("node %s refuses code version %s of module %s: %s", self.node_id, request.sha256[:12],
                         request.module, describe(e))
-            return code_pb2.PrepareReply(node_id=node.node_id, ok=False, error=describe(e))
-        log.info("node %s can run code version %s of module %s", node.node_id, request.sha256[:12], request.module)
-        return code_pb2.PrepareReply(node_id=node.node_id, ok=True)
+            return code_pb2.PrepareReply(node_id=self.node_id, ok=False, error=describe(e))
+        log.info("node %s can run code version %s of module %s", self.node_id, request.sha256[:12], request.module)
+        return code_pb2.PrepareReply(node_id=self.node_id, ok=True)
 
     def _prepare(self, request: code_pb2.PrepareRequest) -> None:
-        code = self.node.code
+        code = self.code
         if not code.has(request.sha256):
             code.fetch(request.sha256, list(request.sources))
         definition = code.load(request.sha256, request.module_ref).build()
         if definition.name != request.module:
             raise ModuleDefinitionError(f"{request.module_ref} declares module {definition.name!r}, not "
                                         f"{request.module!r}")
-        self.node.lifecycle.prepare(request.module, request.sha256, definition)  # an update: ready each replica
+        self.prepare(request.module, request.sha256, definition)  # an update: ready each replica
 
     async def Discard(self, request: code_pb2.DiscardRequest, context: Any) -> code_pb2.DiscardReply:
-        node = self.node
-        assert node.metastore is not None
-        referenced = await asyncio.to_thread(node.metastore.versions.referenced)
+        referenced = await asyncio.to_thread(self.referenced)
         if request.sha256 in referenced:
             return code_pb2.DiscardReply(removed=False)
-        removed = await asyncio.to_thread(node.code.discard, request.sha256)
+        removed = await asyncio.to_thread(self.code.discard, request.sha256)
         if removed:
-            log.info("node %s discarded code version %s", node.node_id, request.sha256[:12])
+            log.info("node %s discarded code version %s", self.node_id, request.sha256[:12])
         return code_pb2.DiscardReply(removed=removed)

@@ -22,9 +22,11 @@ import functools
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
-from conductor.client.code import code_sources
+from conductor.client.code import CodeCache, code_sources
+from conductor.metastore import Metastore
 from conductor.metastore.module_spec import (
     MIGRATION_BATCH_INTERVAL_MS,
     MIGRATION_BATCH_KEYS,
@@ -33,19 +35,19 @@ from conductor.metastore.module_spec import (
 )
 from conductor.wire import millrace_pb2 as pb
 from conductor.worker.dataflow import DataflowDriver
+from conductor.worker.hosted import HostedReplica
+from conductor.worker.inbox import AttachDataflow
 from conductor.worker.pending_entry import PendingEntry
 from conductor.worker.replica_host import ReplicaHost
 from conductor.worker.replica_store import ReplicaStore
+from conductor.worker.runtime import LocalModules, ModuleRuntime
 from replog.messages import Ack
 from topology.code_loader import ALIAS_PREFIX
-from topology.dataflow.group import GroupDataflow
+from topology.dataflow.group import Batch, GroupDataflow
+from topology.dataflow.shipping import Pull
 from topology.entries.requests import CodeSwitch, MigrationBatch
 from topology.group_code import GroupCode, ModuleCode
 from topology.module import ModuleDefinition, ModuleDefinitionError, load_module
-
-if TYPE_CHECKING:
-    from conductor.worker.runtime import ModuleRuntime
-    from conductor.worker.worker import Worker
 
 log = logging.getLogger("millrace.node")
 
@@ -54,12 +56,21 @@ log = logging.getLogger("millrace.node")
 BUSY_S = 0.01
 IDLE_S = 0.5
 
+#: sends a replica's dataflow message: (module, group, node or None for the group's leader, message)
+SendFlow = Callable[[str, int, str | None, Pull | Batch], None]
+
 
 class CodeLifecycle:
     """See the module docstring."""
 
-    def __init__(self, node: Worker) -> None:
-        self.node = node
+    def __init__(self, node_id: str, code: CodeCache, metastore: Metastore, modules: LocalModules,
+                 send_flow: SendFlow) -> None:
+        self.node_id = node_id
+        #: the code versions this worker stores (fetched from holders when missing)
+        self.code = code
+        self.metastore = metastore
+        self.modules = modules
+        self.send_flow = send_flow
         self._wake = threading.Event()
         self._stopped = False
         self._next_batch: dict[tuple[str, int], float] = {}
@@ -80,16 +91,14 @@ class CodeLifecycle:
 
     def _load(self, module: str, module_ref: str, version: str) -> ModuleDefinition:
         """Import and define ``version`` (fetched from a holder if this worker lacks it)."""
-        node = self.node
         if version.startswith(PATH_VERSION):
             definition = load_module(version[len(PATH_VERSION):]).build()
         else:
-            assert node.metastore is not None
-            found = node.metastore.versions.get(module, version)
+            found = self.metastore.versions.get(module, version)
             ref = found.module_ref if found is not None else module_ref
-            if not node.code.has(version):
-                node.code.fetch(version, code_sources(node.metastore, module, version, exclude=node.node_id))
-            definition = node.code.load(version, ref).build()
+            if not self.code.has(version):
+                self.code.fetch(version, code_sources(self.metastore, module, version, exclude=self.node_id))
+            definition = self.code.load(version, ref).build()
         if definition.name != module:
             raise ModuleDefinitionError(f"code version {version[:12]} declares module {definition.name!r}, not "
                                         f"{module!r}")
@@ -99,41 +108,35 @@ class CodeLifecycle:
         """Every runner's ``on_missing`` (:func:`topology.refs.resolve`): import the code version a hop's function
         reference names, if a module running here keeps it (its task thread waits: only hops sent before a
         restart get here)."""
-        if not module_name.startswith(ALIAS_PREFIX) or self.node.metastore is None:
+        if not module_name.startswith(ALIAS_PREFIX):
             return
         version = module_name[len(ALIAS_PREFIX):].partition(".")[0]
-        for rt in list(self.node.modules.values()):
-            if rt.code.has(version) or self.node.metastore.versions.get(rt.spec.name, version) is not None:
+        for rt in self.modules.runtimes():
+            if rt.code.has(version) or self.metastore.versions.get(rt.spec.name, version) is not None:
                 rt.code.get(version)
                 return
 
     def prepare(self, module: str, version: str, definition: ModuleDefinition) -> None:
         """Code service, off the loop: ``version`` of a module running here is loaded; ready every replica."""
-        rt = self.node.modules.get(module)
+        rt = self.modules.get(module)
         if rt is None:
             return  # a deploy: the module opens with it
         rt.code.add(version, definition)
-        for g, store in list(rt.stores.items()):
-            self._ready(rt, g, store, version)
+        for rec in list(rt.hosted.values()):
+            if rec.store is not None:
+                self._ready(rt, rec, rec.store, version)
 
-    def _ready(self, rt: ModuleRuntime, g: int, store: ReplicaStore, version: str) -> None:
-        """The runner of ``version`` for replica ``g``, and a dataflow if it starts needing one."""
+    def _ready(self, rt: ModuleRuntime, rec: HostedReplica, store: ReplicaStore, version: str) -> None:
+        """The runner of ``version`` for replica ``rec``, and a dataflow if it starts needing one."""
         code = store.code
         assert code is not None
         runner = code.prepare(version)
-        host = rt.hosts.get(g)
+        host = rec.host
         if not runner.active or code.flow is not None or host is None:
             return
         flow = GroupDataflow(store.current, runner)
-        driver = DataflowDriver(f"{rt.spec.name}/{g}", flow, functools.partial(self.node._send_flow, rt.spec.name))
-
-        def attach(h: ReplicaHost) -> None:
-            if h.dataflow is None:
-                flow.runner = code.runner or runner
-                code.flow = flow
-                h.dataflow = driver
-                driver.role(h.replica.role, h.replica.epoch)
-        host.post(attach)
+        driver = DataflowDriver(rec.name, flow, functools.partial(self.send_flow, rt.spec.name))
+        host.post(AttachDataflow(flow, driver, code, runner))
 
     def target(self, rt: ModuleRuntime, spec: ModuleSpec) -> None:
         """The module's spec names ``spec.version``: leaders switch to it."""
@@ -147,7 +150,7 @@ class CodeLifecycle:
     def _run(self) -> None:
         while not self._stopped:
             busy = False
-            for rt in list(self.node.modules.values()):
+            for rt in self.modules.runtimes():
                 try:
                     busy |= self._tick(rt)
                 except Exception:
@@ -161,19 +164,19 @@ class CodeLifecycle:
         busy = False
         target = rt.code.target
         now = time.monotonic()
-        for g, host in list(rt.hosts.items()):
-            store = rt.stores[g]
-            code = store.code
-            if code is None or not host.replica.is_leader:
+        for rec in list(rt.hosted.values()):
+            host, store = rec.host, rec.store
+            code = store.code if store is not None else None
+            if host is None or store is None or code is None or not host.replica.is_leader:
                 continue
             if code.build != target:
                 busy = True
                 if not code.in_flight:
-                    self._ready(rt, g, store, target)  # (a no-op once prepared)
+                    self._ready(rt, rec, store, target)  # (a no-op once prepared)
                     self._post(host, code, CodeSwitch(target))
             elif store.current().migrations:
                 busy = True
-                key = (rt.spec.name, g)
+                key = (rt.spec.name, rec.group)
                 if not code.in_flight and now >= self._next_batch.get(key, 0.0):
                     self._next_batch[key] = now + rt.spec.option(MIGRATION_BATCH_INTERVAL_MS) / 1000
                     limit = rt.spec.option(MIGRATION_BATCH_KEYS)
@@ -191,10 +194,9 @@ class CodeLifecycle:
         host.post(PendingEntry(request, 0, Ack.NONE, done))
 
 
-def code_status(node: Worker, module: str, group: int) -> dict[str, Any]:
-    """GroupStatus fields of a replica's code versions and migrations."""
-    rt = node.modules.get(module)
-    store = rt.stores.get(group) if rt is not None else None
+def code_status(rec: HostedReplica | None) -> dict[str, Any]:
+    """GroupStatus fields of a replica's code versions and migrations (none for a replica not open here)."""
+    store = rec.store if rec is not None else None
     if store is None or store.code is None:
         return {}
     s = store.code.status(store.current())

@@ -61,6 +61,8 @@ class ReplicaCollector(Collector):
                                        labels=labels)
         quarantined = CounterMetricFamily("millrace_replica_quarantines", "times damaged replica data was moved "
                                           "aside to rebuild the replica from an intact one", labels=labels)
+        dropped = CounterMetricFamily("millrace_inbox_dropped_peer_messages", "peer messages dropped because the "
+                                      "replica's inbox was full (the protocols resend them)", labels=labels)
         for host in self.replicas():
             s = host.status()
             lv = [self.node_id, host.module, str(host.group)]
@@ -82,6 +84,7 @@ class ReplicaCollector(Collector):
             copied.add_metric(lv, host.stats["far_horizon_bytes"])
             refetched.add_metric(lv, host.stats["far_horizon_refetched_files"])
             retained.add_metric(lv, host.stats["replog_deleted_bytes"])
+            dropped.add_metric(lv, host.inbox.dropped)
             fault = s.get("fault")
             for kind in FAULT_KINDS:
                 failed.add_metric([*lv, kind], 1.0 if s.get("failed") and fault.kind == kind else 0.0)
@@ -94,7 +97,7 @@ class ReplicaCollector(Collector):
                     in_flight.add_metric(lv, flow["envelopes_in_flight"])
                     waiting.add_metric(lv, flow["appends_waiting_for_hops"])
         yield from (role, epoch, log_end, log_start, applied, isr, stalled, lag, appends, entries, flushes,
-                    installs, copied, refetched, retained, dead, in_flight, waiting, failed, restarts, quarantined)
+                    installs, copied, refetched, retained, dropped, dead, in_flight, waiting, failed, restarts, quarantined)
 
 
 def node_registry(node_id: str, replicas: Callable[[], Iterable[Any]]) -> CollectorRegistry:

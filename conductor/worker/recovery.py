@@ -1,9 +1,9 @@
-"""How a worker recovers a replica that failed or could not open (:class:`ReplicaRecovery`, a part of ``Worker``).
+"""How a worker recovers a replica that failed or could not open (:class:`ReplicaRecovery`).
 
 A failed replica gives up leadership and the ISR in one CAS (``replog.election.abdicate``), quarantines
 damaged data, and is reopened from disk with backoff; a replica reopened empty is rebuilt from the leader
-like any replica that lost its storage (``replog.eligibility``). Kept apart from ``worker.py`` so each file
-has one reason to change: the worker's lifecycle and watches there, recovery here.
+like any replica that lost its storage (``replog.eligibility``). The worker composes it with what it needs:
+the data directory, the metastore, the table of local modules, and a way to open a replica from disk.
 """
 
 from __future__ import annotations
@@ -12,45 +12,47 @@ import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from conductor.metastore import Metastore, MetastoreError, VersionConflict
-from conductor.worker.replica_faults import CORRUPT, Backoff, Fault, describe, fault_kind, quarantine
+from conductor.worker.hosted import HostedReplica
+from conductor.worker.replica_faults import CORRUPT, Fault, describe, fault_kind, quarantine
 from conductor.worker.replica_host import ReplicaHost
-from conductor.worker.runtime import ModuleRuntime
+from conductor.worker.runtime import LocalModules, ModuleRuntime
 from replog.election import abdicate
 from replog.messages import MetastoreChanged
 
 log = logging.getLogger("millrace.node")
 
+#: opens a hosted replica from its directory (its host not started): ``Worker.open_replica``
+OpenReplica = Callable[[ModuleRuntime, HostedReplica], ReplicaHost]
+
 
 class ReplicaRecovery:
-    """The recovery half of ``Worker``: what it needs of the worker is declared below."""
+    """Restarts failed replicas and opens those that could not open (see the module docstring)."""
 
-    node_id: str
-    data_dir: Path
-    metastore: Metastore | None
-    modules: dict[str, ModuleRuntime]
-    _lock: threading.Lock
+    def __init__(self, node_id: str, data_dir: Path, metastore: Metastore, modules: LocalModules,
+                 open_replica: OpenReplica) -> None:
+        self.node_id = node_id
+        self.data_dir = data_dir
+        self.metastore = metastore
+        self.modules = modules
+        self._open_replica = open_replica
 
-    if TYPE_CHECKING:
-        def _open_replica(self, rt: ModuleRuntime, g: int) -> ReplicaHost: ...
-
-    def _quarantine(self, rt: ModuleRuntime, g: int, reason: str) -> None:
+    def quarantine(self, rt: ModuleRuntime, rec: HostedReplica, reason: str) -> None:
         """Move a replica's damaged data aside (it reopens empty and is rebuilt) and say so, once, clearly."""
-        name = f"{rt.spec.name}/{g}"
-        fault = rt.faults.get(g)
+        fault = rec.fault
         if fault is None or fault.kind != CORRUPT:
-            fault = rt.faults[g] = Fault(CORRUPT, reason, time.time(), fault.restarts if fault else 0,
-                                         fault.quarantined if fault else 0)
-        dest = quarantine(self.data_dir / rt.spec.name / str(g), self.data_dir / "_quarantine", name)
+            fault = rec.fault = Fault(CORRUPT, reason, time.time(), fault.restarts if fault else 0,
+                                      fault.quarantined if fault else 0)
+        dest = quarantine(self.data_dir / rt.spec.name / str(rec.group), self.data_dir / "_quarantine", rec.name)
         fault.quarantined = fault.quarantined + 1
         log.error("%s: DAMAGED DATA on node %s (%s); moved the replica's files to %s and rebuilding it from an "
-                  "intact replica (far-horizon catchup); the damaged copy is kept for inspection", name,
+                  "intact replica (far-horizon catchup); the damaged copy is kept for inspection", rec.name,
                   self.node_id, fault.reason, dest)
 
-    def _on_replica_fault(self, host: ReplicaHost) -> None:
+    def on_replica_fault(self, host: ReplicaHost) -> None:
         """A replica's task thread stopped on a fault: give up leadership now, then restart it from disk.
 
         Runs on the failed replica's task thread, before it closes its disk; the
@@ -58,21 +60,22 @@ class ReplicaRecovery:
         worker never keeps a dead replica.
         """
         rt = self.modules.get(host.module)
-        if rt is None or rt.hosts.get(host.group) is not host:
+        rec = rt.hosted.get(host.group) if rt is not None else None
+        if rt is None or rec is None or rec.host is not host:
             return  # closed meanwhile (module destroyed, worker stopping)
         assert host.fault is not None
-        old = rt.faults.get(host.group)
-        fault = rt.faults[host.group] = dataclasses.replace(host.fault, restarts=old.restarts if old else 0,
-                                                            quarantined=old.quarantined if old else 0)
+        old = rec.fault
+        fault = rec.fault = dataclasses.replace(host.fault, restarts=old.restarts if old else 0,
+                                                quarantined=old.quarantined if old else 0)
         self._abdicate(host, fault)
-        delay = rt.backoffs.setdefault(host.group, Backoff()).delay(time.monotonic())
+        delay = rec.backoff.delay(time.monotonic())
         log.warning("%s: restarting the replica from disk in %.1fs", host.name, delay)
         # (the fault travels as words: a live exception's frames would hold RocksDB handles open)
-        timer = threading.Timer(delay, self._restart_replica, args=(rt, host))
+        timer = threading.Timer(delay, self._restart_replica, args=(rt, rec, host))
         timer.daemon = True
         timer.start()
 
-    def _restart_replica(self, rt: ModuleRuntime, failed: ReplicaHost) -> None:
+    def _restart_replica(self, rt: ModuleRuntime, rec: HostedReplica, failed: ReplicaHost) -> None:
         """Reopen a failed replica from disk (after quarantining damaged data); on failure, try again later.
 
         The one seam of recovery: quarantine + reopen. A replica reopened empty
@@ -80,68 +83,64 @@ class ReplicaRecovery:
         """
         if threading.current_thread() is not failed.thread:
             failed.closed.wait(timeout=60)  # its disk is closed when its task thread lets go of it
-        if self.metastore is None or self.metastore.closed or rt.hosts.get(failed.group) is not failed:
+        if self.metastore.closed or rec.host is not failed:
             return
-        g = failed.group
         if failed.catchup is not None:
             failed.catchup.stop()
         try:
             if failed.fault is not None and failed.fault.kind == CORRUPT:
-                self._quarantine(rt, g, failed.fault.reason)
-            host = self._open_replica(rt, g)
+                self.quarantine(rt, rec, failed.fault.reason)
+            host = self._open_replica(rt, rec)
         except Exception as e:  # the disk is still full, or worse: the same backoff, again
             failed.fault = Fault(fault_kind(e), describe(e), time.time())
             del e
             log.error("%s: reopening the replica failed (%s); trying again", failed.name, failed.fault.reason)
-            self._on_replica_fault(failed)
+            self.on_replica_fault(failed)
             return
-        host.stats.update(failed.stats)
-        self._start_reopened(rt, g, host, failed)
+        self._start_reopened(rt, rec, host, failed)
 
-    def _start_reopened(self, rt: ModuleRuntime, g: int, host: ReplicaHost, replacing: ReplicaHost | None) -> None:
+    def _start_reopened(self, rt: ModuleRuntime, rec: HostedReplica, host: ReplicaHost,
+                        replacing: ReplicaHost | None) -> None:
         """Put a reopened replica in place of ``replacing`` (None: of none), start it and tell it the group's state."""
-        assert self.metastore is not None
-        fault = rt.faults[g]
+        fault = rec.fault
+        assert fault is not None, rec.name  # (what made it reopen)
         fault.restarts += 1
-        with self._lock:
-            if rt.hosts.get(g) is not replacing or self.modules.get(rt.spec.name) is not rt:
-                host.store.close()  # (closed meanwhile: module destroyed, worker stopping)
-                host.log.close()
-                host.task_thread.release()  # (never started: its task thread never saw it)
-                return
-            rt.hosts[g] = host
+        if not self.modules.place(rt, rec, host, replacing):
+            host.store.close()  # (closed meanwhile: module destroyed, worker stopping)
+            host.log.close()
+            host.task_thread.release(host)  # (never started: its task thread never saw it)
+            return
         host.start()
         try:
-            st, _version = self.metastore.groups.get(rt.spec.name, g)
+            st, _version = self.metastore.groups.get(rt.spec.name, rec.group)
             host.post(MetastoreChanged(st))
         except MetastoreError:
             pass  # the group watch delivers it when ZooKeeper is back
         log.warning("%s: replica restarted from disk (restart %d; last fault %s)", host.name, fault.restarts,
                     fault.line())
 
-    def _open_later(self, rt: ModuleRuntime, g: int, kind: str, reason: str) -> None:
+    def open_later(self, rt: ModuleRuntime, rec: HostedReplica, kind: str, reason: str) -> None:
         """A replica that could not open (a full disk, damage the quarantine could not move) is tried again."""
-        old = rt.faults.get(g)
-        rt.faults[g] = Fault(kind, reason, time.time(), old.restarts if old else 0, old.quarantined if old else 0)
-        delay = rt.backoffs.setdefault(g, Backoff()).delay(time.monotonic())
-        log.error("%s/%d: the replica could not open (%s); trying again in %.1fs", rt.spec.name, g,
-                  rt.faults[g].reason, delay)
-        timer = threading.Timer(delay, self._open_missing, args=(rt, g))
+        old = rec.fault
+        rec.fault = Fault(kind, reason, time.time(), old.restarts if old else 0, old.quarantined if old else 0)
+        delay = rec.backoff.delay(time.monotonic())
+        log.error("%s: the replica could not open (%s); trying again in %.1fs", rec.name, rec.fault.reason, delay)
+        timer = threading.Timer(delay, self._open_missing, args=(rt, rec))
         timer.daemon = True
         timer.start()
 
-    def _open_missing(self, rt: ModuleRuntime, g: int) -> None:
-        if self.metastore is None or self.metastore.closed or g in rt.hosts:
+    def _open_missing(self, rt: ModuleRuntime, rec: HostedReplica) -> None:
+        if self.metastore.closed or rec.host is not None:
             return
         try:
-            fault = rt.faults.get(g)
+            fault = rec.fault
             if fault is not None and fault.kind == CORRUPT:  # (a damaged replog: reopening it fails the same way)
-                self._quarantine(rt, g, fault.reason)
-            host = self._open_replica(rt, g)
+                self.quarantine(rt, rec, fault.reason)
+            host = self._open_replica(rt, rec)
         except Exception as e:
-            self._open_later(rt, g, fault_kind(e), describe(e))
+            self.open_later(rt, rec, fault_kind(e), describe(e))
             return
-        self._start_reopened(rt, g, host, None)
+        self._start_reopened(rt, rec, host, None)
 
     def _abdicate(self, host: ReplicaHost, fault: Fault) -> None:
         """A failed replica leaves the ISR and, if it led, gives up leadership: one CAS on the group znode.
@@ -151,7 +150,6 @@ class ReplicaRecovery:
         follower is left to its leader, which moves it to the OSR when it stops
         confirming.
         """
-        assert self.metastore is not None
         ms = self.metastore
         reason = f"{fault.kind}: {fault.reason}"
         for _ in range(5):
@@ -181,8 +179,9 @@ class ReplicaRecovery:
         """
         def run() -> None:
             rt = self.modules.get(module)
-            old = rt.hosts.get(group) if rt is not None else None
-            if rt is None or old is None:
+            rec = rt.hosted.get(group) if rt is not None else None
+            old = rec.host if rec is not None else None
+            if rt is None or rec is None or old is None:
                 return
             log.error("%s: reopening the replica%s: %s", old.name, " with its storage discarded" if discard_storage
                       else "", why)
@@ -190,11 +189,12 @@ class ReplicaRecovery:
             if old.thread.is_alive():
                 old.closed.wait()
             if discard_storage:
-                self._quarantine(rt, group, why)
-            if self.modules.get(module) is not rt:
+                self.quarantine(rt, rec, why)
+            if not self.modules.is_open(rt):
                 return  # closed or redeployed meanwhile
-            rt.faults.setdefault(group, Fault("internal" if not discard_storage else CORRUPT, why, time.time()))
-            self._start_reopened(rt, group, self._open_replica(rt, group), old)
+            if rec.fault is None:
+                rec.fault = Fault("internal" if not discard_storage else CORRUPT, why, time.time())
+            self._start_reopened(rt, rec, self._open_replica(rt, rec), old)
 
         thread = threading.Thread(target=run, name=f"reopen-{module}/{group}", daemon=True)
         thread.start()

@@ -15,22 +15,30 @@ The actions' contract is in :mod:`replog.messages`; this module only performs th
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, assert_never
 
 from conductor.worker.dataflow import DataflowDriver, Inflow
 from conductor.worker.entry_applier import EntryApplier
+from conductor.worker.inbox import (
+    AttachDataflow,
+    Fail,
+    InboxItem,
+    InstallCheckpoint,
+    Ordered,
+    ReplicaInbox,
+)
+from conductor.worker.log_frames import append_local, replicate_messages
 from conductor.worker.pending_entry import PendingEntry
 from conductor.worker.replica_disk import open_disk
 from conductor.worker.replica_faults import REPLICA_FAULTS, Fault, describe, fault_kind
 from conductor.worker.task_clock import RETAIN_INTERVAL_MS, TICK_MS, next_wake_ms, now_ms
 from pstate.checkpoint import Manifest
 from pstate.errors import PStateError
-from replog.batch import scan_frames, trim_frames
+from replog.batch import scan_frames
 from replog.config import DEFAULT_SEGMENT_BYTES, ReplicationConfig
 from replog.errors import (
     AppendFailed,
@@ -42,15 +50,20 @@ from replog.errors import (
 from replog.messages import (
     STORAGE_LOST,
     Ack,
+    Action,
     AppendLocal,
     Apply,
     ChangeIsr,
     ClientAppend,
     ConfigChanged,
+    EpochRequest,
+    EpochResponse,
     Event,
     FarHorizonOffer,
     GroupState,
     HandOff,
+    IsrChanged,
+    IsrChangeFailed,
     LocalFlushed,
     LogStartAdvanced,
     MetastoreChanged,
@@ -58,11 +71,14 @@ from replog.messages import (
     RawReplicate,
     RecordStorage,
     Replicate,
+    ReplicateAck,
     Reply,
+    ResignRequested,
     RoleChanged,
     Send,
     SendEntries,
     SessionExpired,
+    SessionStarted,
     StartFarHorizon,
     Tick,
     Truncate,
@@ -77,13 +93,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("millrace.node")
 
-#: entry type of a client depot append (the payload is a pstate change set)
-ENTRY_CLIENT_APPEND = 1
-#: largest replication message the driver builds; gRPC's default limit is 4 MiB
-MAX_FRAME_BYTES = 2 * 1024 * 1024
-#: a leader writes one drain's entries as log frames of about this size (an entry over it gets a frame of
-#: its own), so a frame, and the replication message that carries it, stays near its entry limit
-LOG_FRAME_BYTES = 4 * 1024 * 1024
+
+def replica_counters() -> dict[str, int]:
+    """A replica's counters, all zero (metrics and ``conductor status`` read them)."""
+    return {"appends": 0, "entries_applied": 0, "flushes": 0, "far_horizon_installs": 0,
+            "far_horizon_bytes": 0, "far_horizon_refetched_files": 0, "replog_deleted_bytes": 0}
 
 
 class ReplicaHost:
@@ -109,6 +123,7 @@ class ReplicaHost:
         *,
         task_thread: TaskThread,
         entries: EntryPort,
+        stats: dict[str, int] | None = None,
     ) -> None:
         self.node_id = node_id
         self.module = module
@@ -148,7 +163,8 @@ class ReplicaHost:
         self._next_retain_ms = 0
         #: work happened since the last retention check (an idle replica's retention point does not move)
         self._retain_owed = True
-        self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        #: what other threads post to the task thread, typed and bounded (conductor.worker.inbox)
+        self.inbox = ReplicaInbox(self.name)
         self._pending: dict[int, list[PendingEntry]] = {}
         self._next_request = 1
         self._stop = threading.Event()
@@ -162,13 +178,10 @@ class ReplicaHost:
         self.thread = task_thread.thread
         #: set once the task thread let go of this replica's disk (stopped or failed)
         self.closed = threading.Event()
-        #: this replica is in its task thread's queue of replicas to step (see TaskThread.wake)
-        self.woken = False
         self._next_tick = 0
         self._next_flow = 0  # the earliest the dataflow's next round is due with nothing arriving
-        #: counters for metrics and `conductor status`
-        self.stats = {"appends": 0, "entries_applied": 0, "flushes": 0, "far_horizon_installs": 0,
-                      "far_horizon_bytes": 0, "far_horizon_refetched_files": 0, "replog_deleted_bytes": 0}
+        #: counters for metrics and `conductor status` (the worker's record of this replica keeps them)
+        self.stats = replica_counters() if stats is None else stats
         self.last_error: str | None = None
         log.info("%s: opened replica on %s (log [%d, %d), applied %d)", self.name, node_id,
                  self.log.start_offset, self.log.end_offset, applied)
@@ -185,13 +198,30 @@ class ReplicaHost:
     def start(self) -> None:
         self.task_thread.add(self)
 
-    def post(self, item: Any) -> None:
-        self.inbox.put(item)
+    def post(self, item: InboxItem) -> None:
+        """Hand ``item`` to the task thread; an append over the inbox's bound is refused (Backpressure) at once.
+
+        A closed replica takes nothing more (no thread would ever drain it): an append gets the answer its
+        waiting appends got when it closed, anything else is dropped (the worker replaces or closes it).
+        """
+        if self.closed.is_set():
+            if isinstance(item, PendingEntry):
+                fault = self.fault
+                item.done(-1, None, ReplogError(f"{self.name}: the replica is closing") if fault is None
+                          else ReplicaFailed(self.name, fault.kind, fault.reason))
+            return
+        if isinstance(item, PendingEntry):
+            refused = self.inbox.put_append(item, self.config.max_unapplied_entries, self.config.max_unapplied_bytes)
+            if refused is not None:
+                item.done(-1, None, refused)
+                return
+        elif not self.inbox.put(item):
+            return  # a peer message dropped (counted): the protocol resends it
         self.task_thread.wake(self)
 
     def stop(self) -> None:
         self._stop.set()
-        self.post(None)
+        self.task_thread.wake(self)
         if self.thread.is_alive() and threading.current_thread() is not self.thread:
             self.closed.wait(timeout=10)
 
@@ -203,20 +233,15 @@ class ReplicaHost:
                             None if self.dataflow is None else self.dataflow.next_due_ms(now),
                             self._next_retain_ms if self._retain_owed else None, self._next_flow)
 
-    def drain_inbox(self) -> list[Any]:
+    def drain_inbox(self) -> list[InboxItem]:
         """Everything posted so far, without waiting (the task thread's step)."""
-        items: list[Any] = []
-        try:
-            while True:
-                items.append(self.inbox.get_nowait())
-        except queue.Empty:
-            return items
+        return self.inbox.drain()
 
     @property
     def stopping(self) -> bool:
         return self._stop.is_set()
 
-    def step(self, items: list[Any]) -> bool:
+    def step(self, items: list[InboxItem]) -> bool:
         """One drain of ``items`` on the task thread; False once this replica stopped (its disk is closed)."""
         if self._stop.is_set():
             self._close_disk()
@@ -241,12 +266,10 @@ class ReplicaHost:
         self._close_disk()
         return False
 
-    def _step(self, items: list[Any]) -> None:
+    def _step(self, items: list[InboxItem]) -> None:
         now = now_ms()
         appends: list[PendingEntry] = []
         for item in items:
-            if item is None:
-                continue
             if isinstance(item, PendingEntry):
                 appends.append(item)
             else:
@@ -276,26 +299,48 @@ class ReplicaHost:
 
     def report(self, exc: BaseException) -> None:
         """Any thread: a read found this replica's data damaged; the task thread stops on it (a fault)."""
-        def fail(_host: ReplicaHost) -> None:
-            raise exc
-        self.post(fail)
+        self.post(Fail(exc))
 
-    def _handle_item(self, item: Any) -> None:
-        if isinstance(item, RawReplicate):
-            self._on_raw_replicate(item)
-        elif isinstance(item, FarHorizonOffer):
-            self._on_far_horizon_offer(item)
-        elif isinstance(item, Inflow):
-            if self.dataflow is not None:
-                self.dataflow.received(item)
-        elif callable(item):
-            item(self)  # a query that must run on the task thread
-        else:
-            if isinstance(item, MetastoreChanged):
+    def _handle_item(self, item: Ordered) -> None:
+        match item:
+            case RawReplicate():
+                self._on_raw_replicate(item)
+            case FarHorizonOffer():
+                self._on_far_horizon_offer(item)
+            case Inflow():
+                if self.dataflow is not None:
+                    self.dataflow.received(item)
+            case Fail():
+                raise item.error  # the replica's fault (step's handler stops it)
+            case InstallCheckpoint():
+                self._install(item)
+            case AttachDataflow():
+                self._attach(item)
+            case MetastoreChanged():
                 self._znode = item.state
-            elif isinstance(item, ConfigChanged):
+                self._feed(item)
+            case ConfigChanged():
                 self.config = item.config
-            self._feed(item)
+                self._feed(item)
+            case (ReplicateAck() | EpochRequest() | EpochResponse() | IsrChanged() | IsrChangeFailed()
+                  | SessionExpired() | SessionStarted() | ResignRequested()):
+                self._feed(item)
+            case _:
+                assert_never(item)
+
+    def _install(self, m: InstallCheckpoint) -> None:
+        """A far-horizon transfer finished: install it; its answer (or its error) goes to the transfer thread."""
+        try:
+            m.done.set_result(self.install_checkpoint(m.staging, m.manifest, m.pairs, m.leader, m.epoch))
+        except Exception as e:
+            m.done.set_exception(e)
+
+    def _attach(self, m: AttachDataflow) -> None:
+        """Start the dataflow a newly prepared code version needs (none ran here before)."""
+        if self.dataflow is None:
+            m.bind()
+            self.dataflow = m.driver
+            m.driver.role(self.replica.role, self.replica.epoch)
 
     def _client_appends(self, ps: list[PendingEntry]) -> None:
         """Every append of one inbox drain becomes ONE state-machine append per ack level.
@@ -394,58 +439,61 @@ class ReplicaHost:
 
     # --------------------------------------------------------------------------------- actions
 
-    def _perform(self, a: Any) -> None:
-        if isinstance(a, AppendLocal):
-            self._append_local(a)
-        elif isinstance(a, SendEntries):
-            self._send_entries(a)
-        elif isinstance(a, Send):
-            self.outbox.add(a.msg.dst, a.msg)
-        elif isinstance(a, Reply):
-            self._reply(a)
-        elif isinstance(a, Apply):
-            if self.replica.is_leader:
-                self._apply(a.up_to)  # before the Reply that follows: replies must see applied state
-            else:
-                # Nobody reads a follower's store before its next drain: apply after this drain's
-                # fsync and acks, off the path of the leader's commit.
-                self._apply_later = max(self._apply_later, a.up_to)
-        elif isinstance(a, Truncate):
-            self._apply_deferred()
-            log.warning("%s: truncating replog to offset %d (epoch reconciliation)", self.name, a.end)
-            self.store.drop_staged()
-            assert self.marks.current is not None
-            self.marks.update(acked=min(self.marks.current.acked, a.end - 1))  # lowered before the cut
-            self.log.truncate(a.end)
-            self.log.flush()
-        elif isinstance(a, PersistEpochs):
-            self.epoch_file.save(list(a.pairs))
-        elif isinstance(a, ChangeIsr):
-            self._change_isr(self, a.expected_version, a.new)
-        elif isinstance(a, RecordStorage):
-            self._record_storage(a)
-        elif isinstance(a, HandOff):
-            assert self._hand_off is not None, f"{self.name}: a hand-off needs the hand_off callback"
-            log.warning("%s: handing leadership to %s (epoch %d -> %d)", self.name, a.new.leader, a.new.epoch - 1,
-                        a.new.epoch)
-            self._hand_off(self, a.expected_version, a.new)
-        elif isinstance(a, RoleChanged):
-            self._apply_deferred()
-            log.warning("%s: now %s in epoch %d (leader %s)", self.name, a.role.value, a.epoch, a.leader)
-            # Staged entries belong to a leadership. A new leader stages the tail it inherited
-            # (appended in earlier epochs, not yet applied) so new change sets build on top of it.
-            self._restage()
-            if self.dataflow is not None:
-                self.dataflow.role(a.role, a.epoch)
-            if self._on_role is not None:
-                self._on_role(self, a)
-        elif isinstance(a, StartFarHorizon):
-            log.warning("%s: follower %s needs entries this replog no longer keeps, or is more than "
-                        "replication.max.near.sync.message.lag entries behind: offering it a checkpoint",
-                        self.name, a.follower)
-            self.outbox.add(a.follower, FarHorizonOffer(self.node_id, a.epoch))
-        else:  # pragma: no cover - the Action union is closed
-            raise TypeError(f"unknown action {a!r}")
+    def _perform(self, a: Action) -> None:
+        match a:
+            case AppendLocal():
+                append_local(self.log, a, self.name)
+                self._dirty = True
+            case SendEntries():
+                for m in replicate_messages(self.log, self.node_id, a):
+                    self.outbox.add(a.dst, m)
+            case Send():
+                self.outbox.add(a.msg.dst, a.msg)
+            case Reply():
+                self._reply(a)
+            case Apply():
+                if self.replica.is_leader:
+                    self._apply(a.up_to)  # before the Reply that follows: replies must see applied state
+                else:
+                    # Nobody reads a follower's store before its next drain: apply after this drain's
+                    # fsync and acks, off the path of the leader's commit.
+                    self._apply_later = max(self._apply_later, a.up_to)
+            case Truncate():
+                self._apply_deferred()
+                log.warning("%s: truncating replog to offset %d (epoch reconciliation)", self.name, a.end)
+                self.store.drop_staged()
+                assert self.marks.current is not None
+                self.marks.update(acked=min(self.marks.current.acked, a.end - 1))  # lowered before the cut
+                self.log.truncate(a.end)
+                self.log.flush()
+            case PersistEpochs():
+                self.epoch_file.save(list(a.pairs))
+            case ChangeIsr():
+                self._change_isr(self, a.expected_version, a.new)
+            case RecordStorage():
+                self._record_storage(a)
+            case HandOff():
+                assert self._hand_off is not None, f"{self.name}: a hand-off needs the hand_off callback"
+                log.warning("%s: handing leadership to %s (epoch %d -> %d)", self.name, a.new.leader,
+                            a.new.epoch - 1, a.new.epoch)
+                self._hand_off(self, a.expected_version, a.new)
+            case RoleChanged():
+                self._apply_deferred()
+                log.warning("%s: now %s in epoch %d (leader %s)", self.name, a.role.value, a.epoch, a.leader)
+                # Staged entries belong to a leadership. A new leader stages the tail it inherited
+                # (appended in earlier epochs, not yet applied) so new change sets build on top of it.
+                self._restage()
+                if self.dataflow is not None:
+                    self.dataflow.role(a.role, a.epoch)
+                if self._on_role is not None:
+                    self._on_role(self, a)
+            case StartFarHorizon():
+                log.warning("%s: follower %s needs entries this replog no longer keeps, or is more than "
+                            "replication.max.near.sync.message.lag entries behind: offering it a checkpoint",
+                            self.name, a.follower)
+                self.outbox.add(a.follower, FarHorizonOffer(self.node_id, a.epoch))
+            case _:
+                assert_never(a)
 
     def _record_storage(self, a: RecordStorage) -> None:
         """Record this storage's incarnation in the group znode (the state machine's CAS, as a ChangeIsr's)."""
@@ -462,45 +510,6 @@ class ReplicaHost:
             log.info("%s: recording storage incarnation %016x under session %x", self.name, self.incarnation,
                      self.replica.session)
         self._change_isr(self, a.expected_version, new)
-
-    def _append_local(self, a: AppendLocal) -> None:
-        assert a.first == self.log.end_offset, (self.name, a.first, self.log.end_offset)
-        if isinstance(a.data, list):  # leader: encoded (and already staged) change sets, one epoch
-            epoch = a.epochs[0]
-            assert all(e == epoch for e in a.epochs)
-            skip = a.first - a.data_first
-            payloads = a.data[skip: skip + len(a.epochs)]
-            assert all(isinstance(x, bytes) for x in payloads), "a leader appends only built change sets"
-            i = 0
-            while i < len(payloads):  # frames of about LOG_FRAME_BYTES, so replication messages stay bounded
-                j, size = i + 1, len(payloads[i])
-                while j < len(payloads) and size + len(payloads[j]) <= LOG_FRAME_BYTES:
-                    size += len(payloads[j])
-                    j += 1
-                self.log.append(epoch, ENTRY_CLIENT_APPEND, payloads[i:j])
-                i = j
-        else:  # follower: raw frames from the leader
-            raw = a.data
-            assert isinstance(raw, bytes)
-            if a.first != a.data_first:
-                raw = trim_frames(raw, a.first)
-            want_end = a.first + len(a.epochs)
-            self.log.append_frames(raw)
-            if self.log.end_offset > want_end:
-                self.log.truncate(want_end)
-        self._dirty = True
-
-    def _send_entries(self, a: SendEntries) -> None:
-        start = a.start
-        if start >= a.end:
-            self.outbox.add(a.dst, RawReplicate(self.node_id, a.epoch, start, b"", a.apply_offset))
-            return
-        while start < a.end:
-            raw = self.log.read(start, MAX_FRAME_BYTES, end=a.end)
-            frames = scan_frames(raw).frames
-            first = frames[0].base_offset
-            self.outbox.add(a.dst, RawReplicate(self.node_id, a.epoch, first, raw, a.apply_offset))
-            start = frames[-1].next_offset
 
     def _ship(self, hold_acks: bool = False) -> None:
         """Hand the drain's peer messages to the transport in one call (one event-loop wake-up, not one each).

@@ -18,7 +18,7 @@ import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import grpc
 import msgpack
@@ -28,19 +28,18 @@ from conductor.wire import millrace_pb2 as pb
 from conductor.wire import millrace_pb2_grpc as pbg
 from conductor.wire.errors import InvalidRequest, error_json, status_of
 from conductor.wire.packing import pack_lengths
-from conductor.worker.far_horizon import read_chunk_into, stream_checkpoint
+from conductor.worker.far_horizon import CheckpointShelf, Shelved, read_chunk_into, stream_checkpoint
+from conductor.worker.hooks import ChunkFilter
 from conductor.worker.lifecycle import code_status
 from conductor.worker.pending_entry import PendingEntry
 from conductor.worker.replica_host import ReplicaHost
 from conductor.worker.replica_store import ReplicaStore
+from conductor.worker.runtime import LocalModules
 from pstate.errors import CorruptStore, PStateError
 from replog.errors import EntryTooLarge, NotLeader, ReplogError
 from replog.messages import Ack
 from topology.entries.requests import BatchChange, BatchCommit, DepotAppend
 from topology.errors import TopologyError
-
-if TYPE_CHECKING:
-    from conductor.worker.worker import Worker
 
 log = logging.getLogger("millrace.node")
 VERSION = "0.1.0"
@@ -103,53 +102,60 @@ def reports_damage(host: ReplicaHost) -> Iterator[None]:
 
 
 class AdminService(admin_pb2_grpc.AdminServicer):
-    def __init__(self, node: Worker) -> None:
-        self.node = node
+    def __init__(self, node_id: str) -> None:
+        self.node_id = node_id
 
     async def Ping(self, request: admin_pb2.PingRequest, context: Any) -> admin_pb2.PingReply:
-        return admin_pb2.PingReply(payload=request.payload, node_id=self.node.node_id, version=VERSION)
+        return admin_pb2.PingReply(payload=request.payload, node_id=self.node_id, version=VERSION)
 
 
 class ReplicationService(pbg.ReplicationServicer):
-    def __init__(self, node: Worker) -> None:
-        self.node = node
+    """Far-horizon transfers: ``checkpoint_round`` makes a follower's checkpoint (off the loop), ``shelf`` keeps it;
+    ``chunk_sent`` is a test launcher's hook on each data chunk (:class:`~conductor.worker.hooks.WorkerHooks`)."""
+
+    def __init__(self, shelf: CheckpointShelf, checkpoint_round: Callable[[pb.FetchCheckpointRequest], Shelved],
+                 chunk_sent: ChunkFilter | None = None) -> None:
+        self.shelf = shelf
+        self.checkpoint_round = checkpoint_round
+        self.chunk_sent = chunk_sent
 
     @maps_errors
     async def FetchCheckpoint(self, request: pb.FetchCheckpointRequest,
                               context: Any) -> AsyncIterator[pb.CheckpointChunk | bytes]:
-        node = self.node
         key = (request.module, request.group, request.follower)
         if request.release:
-            node.shelf.release(key)
+            self.shelf.release(key)
             return
-        shelved = await asyncio.to_thread(node.checkpoint_round, request)
+        shelved = await asyncio.to_thread(self.checkpoint_round, request)
 
         async def read_into(path: Path, offset: int, buf: bytearray) -> int:
             return await asyncio.to_thread(read_chunk_into, path, offset, buf)
-        async for chunk in stream_checkpoint(shelved, list(request.have), read_into, node.hooks.chunk_sent):
+        async for chunk in stream_checkpoint(shelved, list(request.have), read_into, self.chunk_sent):
             yield chunk
 
 
 class ClientService(pbg.ClientServicer):
+    """The client API over the local replicas (``modules``); ``settle`` runs a completion on the event loop."""
+
     #: requests one AppendStream reads ahead of its replies (see AppendStream)
     max_pipelined = MAX_PIPELINED_APPENDS
 
-    def __init__(self, node: Worker) -> None:
-        self.node = node
+    def __init__(self, modules: LocalModules, settle: Callable[..., None]) -> None:
+        self.modules = modules
+        self.settle = settle
 
     def _start_append(self, request: pb.AppendRequest) -> asyncio.Future[pb.AppendReply]:
         """Post `request` to its leader's task thread; the future gets the reply (or the error)."""
-        node = self.node
         ack = _ACKS.get(request.ack)
         if ack is None:  # a newer client's level, or garbage: never a weaker guarantee than asked for
             raise InvalidRequest("ack", f"unknown ack level {request.ack}; use ACK_NONE, ACK_APPEND or ACK_APPLIED")
-        host = node.leader_host(request.module, request.group)
-        rt = node.modules[request.module]
+        leader = self.modules.leader(request.module, request.group)
+        host, spec = leader.host, leader.spec
         appends = []
         nbytes = 0
         for d in request.appends:
-            if rt.spec.group_of(d.task) != request.group:
-                raise ValueError(f"task {d.task} of depot {d.depot} belongs to group {rt.spec.group_of(d.task)}, "
+            if spec.group_of(d.task) != request.group:
+                raise ValueError(f"task {d.task} of depot {d.depot} belongs to group {spec.group_of(d.task)}, "
                                  f"not {request.group}; refresh the module metadata")
             records = list(d.records)
             nbytes += sum(map(len, records))
@@ -158,8 +164,7 @@ class ClientService(pbg.ClientServicer):
                 raise EntryTooLarge(host.name, "record", biggest, host.config.max_record_bytes)
             appends.append((d.depot, d.task, records))
         fut: asyncio.Future[pb.AppendReply] = asyncio.get_running_loop().create_future()
-        settle = node.settler.post if node.settler is not None else None
-        assert settle is not None
+        settle = self.settle
 
         def done(first: int, result: Any, error: Exception | None) -> None:
             settle(_resolve, fut, first, result, error, host.replica.epoch)
@@ -224,13 +229,13 @@ class ClientService(pbg.ClientServicer):
 
     def _leader_store(self, module: str, task: int) -> tuple[ReplicaHost, ReplicaStore]:
         """The store of the local leader of the group owning `task` (reads see applied state only)."""
-        rt = self.node.modules.get(module)
+        rt = self.modules.get(module)
         if rt is None:
             raise NotLeader(f"{module}/?", None, None)
         if not 0 <= task < rt.spec.tasks:
             raise ValueError(f"task {task} is outside [0, {rt.spec.tasks}) for module {module}")
-        group = rt.spec.group_of(task)
-        return self.node.leader_host(module, group), rt.stores[group]
+        leader = self.modules.leader(module, rt.spec.group_of(task))
+        return leader.host, leader.store
 
     @maps_errors
     async def Select(self, request: pb.SelectRequest, context: Any) -> pb.SelectReply:
@@ -260,17 +265,15 @@ class ClientService(pbg.ClientServicer):
     @maps_errors
     async def CommitBatch(self, request: pb.CommitBatchRequest, context: Any) -> pb.CommitBatchReply:
         """One task group's share of a Spark microbatch, applied once whatever the retries."""
-        node = self.node
-        host = node.leader_host(request.module, request.group)
-        rt = node.modules[request.module]
+        leader = self.modules.leader(request.module, request.group)
+        host = leader.host
         for c in request.changes:
-            if rt.spec.group_of(c.task) != request.group:
+            if leader.spec.group_of(c.task) != request.group:
                 raise ValueError(f"change for task {c.task} sent to group {request.group}; route by task")
             if len(c.value) > host.config.max_record_bytes:
                 raise EntryTooLarge(host.name, "record", len(c.value), host.config.max_record_bytes)
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        settle = node.settler.post if node.settler is not None else None
-        assert settle is not None
+        settle = self.settle
 
         def done(first: int, result: Any, error: Exception | None) -> None:
             settle(settle_future, fut, (first, result), error)
@@ -283,12 +286,13 @@ class ClientService(pbg.ClientServicer):
 
     @maps_errors
     async def Progress(self, request: pb.ProgressRequest, context: Any) -> pb.ProgressReply:
-        self.node.leader_host(request.module, request.group)  # only the leader answers (NotLeader otherwise)
-        last = self.node.modules[request.module].stores[request.group].store.last_batch(request.topology)
+        leader = self.modules.leader(request.module, request.group)  # only the leader answers (NotLeader otherwise)
+        last = leader.store.store.last_batch(request.topology)
         return pb.ProgressReply(last_batch=-1 if last is None else last)
 
     async def GroupStatus(self, request: pb.GroupStatusRequest, context: Any) -> pb.GroupStatusReply:
-        host = self.node.host(request.module, request.group)
+        rec = self.modules.hosted(request.module, request.group)
+        host = rec.host if rec is not None else None
         if host is None:
             return pb.GroupStatusReply(role="none", apply_offset=-1, applied_offset=-1)
         s = host.status()
@@ -300,7 +304,7 @@ class ClientService(pbg.ClientServicer):
             role=s["role"], epoch=s["epoch"], log_start=s["log_start"], log_end=s["log_end"],
             apply_offset=s["apply_offset"], applied_offset=s["applied"], follower_offsets=s["followers"],
             catchup=catchup, fault=s["fault"].line() if s["fault"] is not None else "", **(s["dataflow"] or {}),
-            **code_status(self.node, request.module, request.group),
+            **code_status(rec),
         )
 
 

@@ -18,7 +18,6 @@ loop serving one replica, which ends with it.
 
 from __future__ import annotations
 
-import queue
 import threading
 from typing import TYPE_CHECKING
 
@@ -34,14 +33,17 @@ class TaskThread:
     def __init__(self, name: str, dedicated: bool = False) -> None:
         #: serves one replica and ends once it is released (closed, or never started)
         self.dedicated = dedicated
-        #: replicas posted to since the thread last looked, each at most once (its ``woken`` flag), so the
-        #: queue holds no more than this thread's replicas; None stops the thread
-        self._ready: queue.SimpleQueue[ReplicaHost | None] = queue.SimpleQueue()
+        #: replicas posted to since the thread last looked, in that order. Bounded by construction: a replica
+        #: is in it at most once, only while it is open (a closed one is not woken, and its release takes it
+        #: out), and an open replica of this thread was claimed: it never holds more than ``load`` (asserted)
+        self._ready: dict[ReplicaHost, None] = {}
+        self._stopping = False
         #: replicas this thread runs, in the order they were added (the thread's own list)
         self._hosts: list[ReplicaHost] = []
         #: replicas given to this thread and not closed yet (`claim`ed, until they leave it)
         self._load = 0
         self._lock = threading.Lock()
+        self._wakeup = threading.Condition(self._lock)
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.thread.start()
 
@@ -55,9 +57,11 @@ class TaskThread:
         with self._lock:
             self._load += 1
 
-    def release(self) -> None:
-        """A claimed replica stopped, or never opened (a dedicated thread ends with it)."""
+    def release(self, host: ReplicaHost | None = None) -> None:
+        """A claimed replica (``host``, if it ever ran) stopped, or never opened (a dedicated thread ends with it)."""
         with self._lock:
+            if host is not None:
+                self._ready.pop(host, None)
             self._load -= 1
             assert self._load >= 0, self._load
             done = self.dedicated and self._load == 0
@@ -71,31 +75,34 @@ class TaskThread:
     def wake(self, host: ReplicaHost) -> None:
         """``host`` was posted something (after it went into its inbox): step it soon.
 
-        The thread clears ``woken`` before it drains that inbox, so a post it misses here was already drained.
+        The thread takes ``host`` out of the ready replicas before it drains that inbox, so a post it misses
+        here was already drained.
         """
-        if not host.woken:
-            host.woken = True
-            self._ready.put(host)
+        if host in self._ready:
+            return  # (a lock-free look: the thread takes the ready replicas before it drains their inboxes)
+        with self._lock:
+            if host in self._ready or host.closed.is_set():
+                return
+            assert len(self._ready) < self._load, (host.name, len(self._ready), self._load)
+            self._ready[host] = None
+            self._wakeup.notify()
 
     def stop(self) -> None:
         """End the thread once it has woken (the worker stops its replicas first)."""
-        self._ready.put(None)
+        with self._lock:
+            self._stopping = True
+            self._wakeup.notify()
 
     def _run(self) -> None:
         while True:
             now = now_ms()
             due = min((h.due_ms(now) for h in self._hosts), default=now + MAX_SLEEP_MS)
-            woken: set[ReplicaHost] = set()
-            try:
-                got = self._ready.get(timeout=max(0.0, (due - now) / 1000))
-                while True:
-                    if got is None:
-                        return
-                    got.woken = False
-                    woken.add(got)
-                    got = self._ready.get_nowait()
-            except queue.Empty:
-                pass
+            with self._lock:
+                if not self._ready and not self._stopping:
+                    self._wakeup.wait(timeout=max(0.0, (due - now) / 1000))
+                if self._stopping:
+                    return
+                woken, self._ready = self._ready, {}
             for h in woken:
                 if h not in self._hosts and not h.closed.is_set():
                     self._hosts.append(h)
@@ -106,4 +113,37 @@ class TaskThread:
                     continue
                 if not h.step(items):  # stopped or failed: its disk is closed
                     self._hosts.remove(h)
-                    self.release()
+                    self.release(h)
+
+
+class TaskThreadPool:
+    """A worker's task threads: ``size`` shared ones, started as replicas need them, or (``size`` 0) a
+    dedicated one per replica (``--task-threads``)."""
+
+    def __init__(self, node_id: str, size: int) -> None:
+        assert size >= 0, size
+        self.node_id = node_id
+        self.size = size
+        self._threads: list[TaskThread] = []
+        self._lock = threading.Lock()
+
+    def claim(self, name: str) -> TaskThread:
+        """The task thread replica ``name`` will run on, claimed: the least loaded, or one dedicated to it,
+        which ends with it."""
+        if self.size == 0:
+            dedicated = TaskThread(f"task-{name}", dedicated=True)
+            dedicated.claim()
+            return dedicated
+        with self._lock:
+            if len(self._threads) < self.size:
+                self._threads.append(TaskThread(f"task-{self.node_id}-{len(self._threads)}"))
+            chosen = min(self._threads, key=lambda r: r.load)
+            chosen.claim()
+            return chosen
+
+    def stop(self) -> None:
+        """End the shared threads (the worker stopped its replicas first)."""
+        with self._lock:
+            threads = list(self._threads)
+        for t in threads:
+            t.stop()

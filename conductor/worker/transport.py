@@ -24,6 +24,7 @@ from conductor.wire import millrace_pb2 as pb
 from conductor.wire.packing import pack_lengths, unpack_lengths
 from conductor.wire.peer_framing import LENGTH, MAX_FRAME_BYTES, REFUSAL_MAX_BYTES, frame_bytes, tune_socket
 from conductor.worker.dataflow import Inflow
+from conductor.worker.inbox import PeerMessage
 from replog.config import MAX_ENTRY_BYTES_CEILING
 from replog.messages import EpochRequest, EpochResponse, FarHorizonOffer, RawReplicate, ReplicateAck
 from topology.dataflow.group import Batch
@@ -74,7 +75,7 @@ def to_proto(module: str, group: int, msg: Any) -> pb.PeerMessage:
     raise TypeError(f"cannot send {type(msg).__name__} to a peer")
 
 
-def from_proto(src: str, dst: str, m: pb.PeerMessage) -> Any:
+def from_proto(src: str, dst: str, m: pb.PeerMessage) -> PeerMessage:
     """The event (or RawReplicate, validated later on the task thread) a received message becomes."""
     body = m.WhichOneof("body")
     if body == "replicate":

@@ -18,6 +18,7 @@ from typing import Any
 import msgpack
 import pytest
 
+from conductor.worker.inbox import Fail
 from conductor.worker.pending_entry import PendingEntry
 from conductor.worker.replica_host import ReplicaHost
 from conductor.worker.replica_store import ReplicaStore
@@ -129,9 +130,7 @@ def test_an_internal_error_stops_the_replica_as_a_fault_and_releases_its_store(h
     _leading(h)
     assert _append(h, _records(h, {"id": 1})).result(timeout=10) == 0
 
-    def crash(_h: ReplicaHost) -> None:
-        raise RuntimeError("a bug outside any one request")
-    h.post(crash)
+    h.post(Fail(RuntimeError("a bug outside any one request")))  # (raised on the task thread, as a bug would be)
     h.thread.join(timeout=10)
     assert not h.thread.is_alive() and faults == [h]
     assert h.fault is not None and h.fault.kind == "internal" and "RuntimeError" in h.fault.reason
@@ -164,9 +163,7 @@ def test_on_a_shared_task_thread_a_fault_stops_that_replica_alone(tmp_path: Path
         assert _append(a, _records(a, {"id": 1})).result(timeout=10) == 0
         assert _append(b, _records(b, {"id": 1})).result(timeout=10) == 0
 
-        def crash(_h: ReplicaHost) -> None:
-            raise RuntimeError("a bug outside any one request")
-        a.post(crash)
+        a.post(Fail(RuntimeError("a bug outside any one request")))
         assert a.closed.wait(timeout=10) and faults == [a] and a.fault is not None
         # the other replica on the same thread goes on, and the thread no longer counts the failed one
         assert [_append(b, _records(b, {"id": i})).result(timeout=10) for i in (2, 3)] == [1, 2]
