@@ -48,12 +48,21 @@ class ConductorMetrics(Collector):
     # ---- what the controller reports -------------------------------------------------------------
 
     def transition(self, module: str, group: int, old: GroupState, new: GroupState, reason: str | None) -> None:
-        """The conductor wrote ``new`` over ``old`` (an election, a fence or a leaderless group)."""
+        """The conductor wrote ``new`` over ``old`` (an election, a fence or a leaderless group); ``reason`` is
+        why ``new`` has no leader, if it has none."""
         self.elections.labels(module).inc()
+        if new.leader is None:
+            why = f"no leader: {reason or 'no live in-sync replica'}"
+        elif old.leader is None:
+            why = "a returning replica took the leaderless group"
+        elif old.leader == new.leader:
+            why = "leader fenced (new session or ISR): same node, new epoch"
+        else:
+            why = f"failover: leader {old.leader} lost or restarted"
         with self._lock:
             self._changes.appendleft({
                 "at": time.time(), "module": module, "group": group, "from": old.leader, "to": new.leader,
-                "epoch": new.epoch, "isr": list(new.isr), "reason": reason})
+                "epoch": new.epoch, "isr": list(new.isr), "reason": why})
 
     def cas_conflict(self, module: str) -> None:
         self.cas_conflicts.labels(module).inc()

@@ -13,7 +13,7 @@ from html import escape
 from typing import Any
 from urllib.parse import quote
 
-from conductor.ui.svg import legend, line_chart
+from conductor.ui.svg import legend, line_chart, span, window
 
 
 def _e(value: Any) -> str:
@@ -116,10 +116,11 @@ def _group_row(g: dict[str, Any]) -> str:
             f'{_cell("dead_letters", r.get("dead_letters"))}{_problem("; ".join(problems) or None)}</tr>')
 
 
-def module_page(st: dict[str, Any], charts: list[dict[str, Any]], window_s: float, node: str | None,
+def module_page(st: dict[str, Any], charts: list[dict[str, Any]], history_s: float, node: str | None,
                 changes: list[dict[str, Any]]) -> str:
     """A module's task groups, options, replication charts (all replicas or one worker's) and recent changes."""
     name = st["module"]
+    window_s = window(charts, history_s)
     head = (f'<p><b>{_e(st["module_ref"])}</b> · {st["tasks"]} tasks in {st["group_count"]} task groups · '
             f'RF {st["replication_factor"]} on {st["workers"]} workers · min ISR '
             f'<b data-field="min_isr">{st["min_isr"]}</b> · state {_e(st["state"])} · code version '
@@ -139,7 +140,7 @@ def module_page(st: dict[str, Any], charts: list[dict[str, Any]], window_s: floa
                          f'{line_chart(c["id"], c["series"], window_s)}{legend(c["series"])}</figure>'
                          for c in charts)
     body = (head + "<h2>Task groups</h2>" + groups +
-            f'<h2>Replication, last {window_s / 60:.0f} minutes ({"worker " + _e(node) if node else "all workers"})'
+            f'<h2>Replication, last {span(window_s)} ({"worker " + _e(node) if node else "all workers"})'
             f'</h2><p class="scopes">{" · ".join(scopes)}</p><div class="charts">{chart_html}</div>'
             "<h2>Recent leadership changes</h2>" + changes_table([c for c in changes if c["module"] == name][:20]) +
             "<h2>Options</h2>" + options)

@@ -29,6 +29,20 @@ def _thin(points: Sequence[Sequence[float]], most: int) -> list[Sequence[float]]
     return picked
 
 
+def span(seconds: float) -> str:
+    """``90 s``, ``15 min``: how far back a chart reaches."""
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
+def window(charts: Sequence[dict[str, Any]], history_s: float, now: float | None = None,
+           least_s: float = 60.0) -> float:
+    """The seconds the charts span: back to their oldest point (at least ``least_s``), at most the history
+    kept, so a conductor that just started shows what it has instead of a sliver at the right edge."""
+    now = time.time() if now is None else now
+    oldest = min((p[0] for c in charts for s in c["series"] for p in s["points"]), default=now)
+    return min(history_s, max(least_s, now - oldest))
+
+
 def _label(v: float) -> str:
     return f"{v:.0f}" if abs(v) >= 10 or v == int(v) else f"{v:.2f}"
 
@@ -55,7 +69,7 @@ def line_chart(chart_id: str, series: Sequence[dict[str, Any]], window_s: float,
         v = bottom + frac * (top - bottom)
         parts.append(f'<line x1="{_LEFT}" x2="{WIDTH - _RIGHT}" y1="{y(v):.1f}" y2="{y(v):.1f}" stroke="#bbb"/>'
                      f'<text x="{_LEFT - 6}" y="{y(v) + 4:.1f}" text-anchor="end" font-size="12">{_label(v)}</text>')
-    for frac, label in ((0.0, f"-{window_s / 60:.0f} min"), (1.0, "now")):
+    for frac, label in ((0.0, f"-{span(window_s)}"), (1.0, "now")):
         parts.append(f'<text x="{_LEFT + frac * plot_w:.1f}" y="{HEIGHT - 8}" '
                      f'text-anchor="{"start" if frac == 0 else "end"}" font-size="12">{label}</text>')
     for i, s in enumerate(series):
