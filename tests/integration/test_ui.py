@@ -32,8 +32,6 @@ from tests.integration.cluster_helpers import Appender, converged, deploy, group
 MODULE = "Clicks"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (make apt installs it)")
-
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -49,7 +47,7 @@ class Browser:
         self.profile = out / "chromium-profile"
 
     def _run(self, *args: str) -> str:
-        assert CHROMIUM is not None
+        assert CHROMIUM is not None, "chromium is missing: `make apt` installs Debian's chromium package"
         done = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                                "--no-first-run", f"--user-data-dir={self.profile}", *args],
                               capture_output=True, text=True, timeout=90)
