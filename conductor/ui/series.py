@@ -67,6 +67,11 @@ class SeriesStore:
             return {labels: list(ring) for (n, labels), ring in self._series.items()
                     if n == name and all((k, v) in labels for k, v in match.items())}
 
+    def label_values(self, label: str) -> set[str]:
+        """Every value ``label`` takes across the series (the modules that have charts)."""
+        with self._lock:
+            return {v for _, labels in self._series for k, v in labels if k == label}
+
     def forget(self, **match: str) -> None:
         """Drop every series whose labels include ``match`` (a destroyed module's)."""
         with self._lock:

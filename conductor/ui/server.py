@@ -1,6 +1,7 @@
 """The UI's HTTP server: the standard library's ``ThreadingHTTPServer`` dispatching on :data:`ROUTES`.
 
-Read-only: only ``GET`` (and ``HEAD``) are served. A request runs on its own thread; status documents make
+Read-only: only ``GET`` (and ``HEAD``) are served. A request runs on its own thread (at most
+``MAX_CONCURRENT_REQUESTS`` at once: a connection past that is closed); status documents make
 ZooKeeper reads and GroupStatus RPCs with their own timeouts, so a slow worker slows one page, not the
 conductor (whose failover runs on other threads and never waits for the UI).
 """
@@ -38,14 +39,41 @@ def _error(kind: str, status: HTTPStatus, message: str) -> Reply:
     return Reply(pages.error_page(status, message).encode(), HTML, status)
 
 
+#: requests served at once; a connection past that is closed at once (a page is retried, the conductor lives)
+MAX_CONCURRENT_REQUESTS = 16
+
+
+class _BoundedHTTPServer(ThreadingHTTPServer):
+    """``ThreadingHTTPServer`` with at most ``MAX_CONCURRENT_REQUESTS`` request threads."""
+
+    daemon_threads = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._slots = threading.BoundedSemaphore(MAX_CONCURRENT_REQUESTS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            log.warning("UI: %d requests already running; closing a connection from %s",
+                        MAX_CONCURRENT_REQUESTS, client_address[0])
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
 class UIServer:
     """Serves :data:`conductor.ui.routes.ROUTES` from ``sources`` on ``host:port`` (0: a free port)."""
 
     def __init__(self, sources: Sources, host: str, port: int) -> None:
         self.sources = sources
         handler = type("UIHandler", (_Handler,), {"sources": sources})
-        self.httpd = ThreadingHTTPServer((host, port), handler)
-        self.httpd.daemon_threads = True
+        self.httpd = _BoundedHTTPServer((host, port), handler)
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="conductor-ui", daemon=True)
 
     @property

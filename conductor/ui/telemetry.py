@@ -172,7 +172,7 @@ class Telemetry:
             self.store.forget(module=module)
 
     def modules(self) -> set[str]:
-        return {dict(labels)["module"] for labels in self.store.select("min_isr")}
+        return self.store.label_values("module")
 
     def chart_data(self, module: str, node: str | None = None, since: float = 0.0) -> list[dict[str, Any]]:
         """Every chart of ``module`` (or of its replicas on ``node``) as plain data: the API's telemetry."""
