@@ -165,6 +165,7 @@ def test_a_failover_shows_on_the_leadership_page_and_in_the_conductors_metrics(c
     html = Browser(tmp_path).dom(f"{base}/leadership")
     assert parse(html, "group").titles == ["Leadership"]
     assert f'<td data-field="from">{victim}</td>' in html
+    Browser(tmp_path).screenshot(f"{base}/leadership", "leadership-page.png", size="1400,600")
     dc.start_node(victim)
     dc.wait_nodes([victim])
     wait_for(lambda: converged(dc, MODULE), 60, "the restarted node to rejoin every ISR")
@@ -228,6 +229,7 @@ def test_pages_render_and_their_numbers_match_conductor_status_json(cluster: Any
 
     shot = browser.screenshot(f"{base}/modules/{MODULE}", "module-page.png")
     print(f"screenshot of the module page: {shot}")
+    browser.screenshot(f"{base}/", "cluster-page.png", size="1400,700")
 
 
 def _numbers(g: dict[str, Any]) -> dict[str, Any]:
