@@ -139,12 +139,42 @@ def module_page(st: dict[str, Any], charts: list[dict[str, Any]], history_s: flo
     chart_html = "".join(f'<figure><figcaption>{escape(c["title"])} ({escape(c["unit"])})</figcaption>'
                          f'{line_chart(c["id"], c["series"], window_s)}{legend(c["series"])}</figure>'
                          for c in charts)
-    body = (head + "<h2>Task groups</h2>" + groups +
+    body = (head + "<h2>Task groups</h2>" + groups + _code_notes(st["code"]) + _catchups(st["groups"]) +
             f'<h2>Replication, last {span(window_s)} ({"worker " + _e(node) if node else "all workers"})'
             f'</h2><p class="scopes">{" · ".join(scopes)}</p><div class="charts">{chart_html}</div>'
             "<h2>Recent leadership changes</h2>" + changes_table([c for c in changes if c["module"] == name][:20]) +
             "<h2>Options</h2>" + options)
     return page(f"Module {name}", body)
+
+
+def _code_notes(code: dict[str, Any]) -> str:
+    """A code switch or PState migrations in progress (nothing when there is none)."""
+    notes = []
+    if code["switching"]:
+        notes.append(f'<p class="warn" data-field="switching">switching code version: task groups '
+                     f'{_e(", ".join(map(str, code["switching"])))} still run the previous one</p>')
+    for pstate, m in sorted(code["migrations"].items()):
+        notes.append(f'<p class="warn">migrating {_e(pstate)} ({_e(m["id"])}): {m["groups_done"]}/{m["groups"]} '
+                     f'task group(s) done, {m["rewritten"]:,} value(s) rewritten</p>')
+    return "".join(notes)
+
+
+def _catchups(groups: list[dict[str, Any]]) -> str:
+    """Far-horizon transfers in progress: who copies a checkpoint from whom, how far along."""
+    rows = []
+    for g in groups:
+        for c in g.get("catchups", []):
+            rate = c["bytes_per_s"]
+            eta = "-" if rate <= 0 else f'{max(0.0, (c["bytes_total"] - c["bytes_done"]) / rate):.0f} s'
+            rows.append(f'<tr data-group="{g["group"]}">{_cell("group", g["group"])}{_cell("node", c["node"])}'
+                        f'{_cell("leader", c["leader"])}{_cell("round", c["round"])}'
+                        f'{_cell("bytes_done", c["bytes_done"])}{_cell("bytes_total", c["bytes_total"])}'
+                        f'{_cell("bytes_per_s", int(rate))}{_cell("eta", eta)}{_cell("state", c["state"])}</tr>')
+    if not rows:
+        return ""
+    return "<h2>Far-horizon transfers in progress</h2>" + _table(
+        ("group", "replica", "from leader", "round", "bytes done", "bytes total", "bytes/s", "ETA", "state"),
+        rows, "catchups")
 
 
 def changes_table(changes: list[dict[str, Any]]) -> str:

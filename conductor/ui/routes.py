@@ -19,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from conductor.metastore import Metastore, ModuleNotFound
 from conductor.ui import pages
 from conductor.ui.metrics import ConductorMetrics
+from conductor.ui.schemas import SCHEMAS
 from conductor.ui.telemetry import Scraper, Telemetry
 
 JSON = "application/json"
@@ -63,6 +64,8 @@ class Route:
     handler: Handler
     summary: str
     query: tuple[tuple[str, str], ...] = ()
+    #: the name of its document's schema in :data:`conductor.ui.schemas.SCHEMAS` (JSON routes)
+    schema: str = ""
 
     @property
     def regex(self) -> re.Pattern[str]:
@@ -147,16 +150,18 @@ ROUTES: tuple[Route, ...] = (
           "(numbers from /api/modules/{module} and its telemetry)", _NODE),
     Route("/leadership", "html", leadership_html, "Leadership changes and groups without a leader "
           "(numbers from /api/leadership)"),
-    Route("/api/status", "json", status_doc, "Live workers and deployed modules: `conductor status --json`"),
+    Route("/api/status", "json", status_doc, "Live workers and deployed modules: `conductor status --json`",
+          schema="Status"),
     Route("/api/modules/{module}", "json", module_doc, "Every task group of a module: "
-          "`conductor status MODULE --json`"),
+          "`conductor status MODULE --json`", schema="Module"),
     Route("/api/modules/{module}/telemetry", "json", telemetry_doc, "The module's replication charts over "
-          "the kept history, all workers or one", _NODE + _SINCE),
-    Route("/api/workers", "json", workers_doc, "This conductor and the last scrape of each worker's metrics"),
+          "the kept history, all workers or one", _NODE + _SINCE, schema="Telemetry"),
+    Route("/api/workers", "json", workers_doc, "This conductor and the last scrape of each worker's metrics",
+          schema="Workers"),
     Route("/api/leadership", "json", leadership_doc, "Recent leadership changes (newest first) and groups "
-          "without a leader now"),
+          "without a leader now", schema="Leadership"),
     Route("/metrics", "text", metrics_text, "The conductor's own Prometheus metrics"),
-    Route("/openapi.json", "json", openapi_doc, "This description (OpenAPI 3.1)"),
+    Route("/openapi.json", "json", openapi_doc, "This description (OpenAPI 3.1)", schema="OpenAPI"),
     Route("/static/style.css", "text", style_css, "The pages' stylesheet"),
 )
 
@@ -180,7 +185,9 @@ def openapi() -> dict[str, Any]:
         parameters = [{"name": p, "in": "path", "required": True, "schema": {"type": "string"}} for p in r.params]
         parameters += [{"name": n, "in": "query", "required": False, "description": d, "schema": {"type": "string"}}
                        for n, d in r.query]
-        content = {_MEDIA[r.kind]: {"schema": {"type": "object"} if r.kind == "json" else {"type": "string"}}}
+        assert (r.kind == "json") == (r.schema in SCHEMAS), f"{r.pattern}: a JSON route names its schema"
+        schema = {"$ref": f"#/components/schemas/{r.schema}"} if r.schema else {"type": "string"}
+        content = {_MEDIA[r.kind]: {"schema": schema}}
         responses: dict[str, Any] = {"200": {"description": r.summary, "content": content}}
         if r.params:
             responses["404"] = {"description": "no such module"}
@@ -190,7 +197,7 @@ def openapi() -> dict[str, Any]:
             "info": {"title": "Millrace conductor UI", "version": "1",
                      "description": "Read-only cluster status, replication telemetry and leadership changes. "
                                     "Every number the pages show comes from one of the JSON routes."},
-            "paths": paths}
+            "paths": paths, "components": {"schemas": SCHEMAS}}
 
 
 def _operation_id(pattern: str) -> str:

@@ -21,6 +21,7 @@ from conductor.ui.routes import ROUTES, match, openapi
 from conductor.ui.series import SeriesStore
 from conductor.ui.svg import line_chart, window
 from conductor.ui.telemetry import CHARTS, Telemetry, parse_metrics
+from tests.json_shape import mismatches
 
 
 def test_a_series_keeps_its_last_points_and_the_store_refuses_series_past_its_bound() -> None:
@@ -98,6 +99,17 @@ def test_the_openapi_document_covers_every_route() -> None:
             assert p["in"] in ("path", "query") and p["schema"]["type"] == "string"
             assert p["required"] is (p["in"] == "path")
     assert match("/api/modules/Clicks/telemetry")[1] == {"module": "Clicks"}
+    schemas = doc["components"]["schemas"]
+    for r in ROUTES:
+        (media,) = doc["paths"][r.pattern]["get"]["responses"]["200"]["content"].values()
+        ref = media["schema"].get("$ref", "")
+        assert (r.kind == "json") == ref.startswith("#/components/schemas/"), r.pattern
+        assert ref == "" or ref.rsplit("/", 1)[1] in schemas
+    assert mismatches(doc, {"$ref": "#/components/schemas/OpenAPI"}, schemas) == []
+    assert mismatches({"zk": 1, "nodes": [{"node": "n1"}]}, schemas["Status"], schemas) == [
+        "$: missing 'modules'", "$.zk: int is not string", "$.nodes[0]: missing 'address'",
+        "$.nodes[0]: missing 'leaders_allowed'", "$.nodes[0]: missing 'metrics'", "$.nodes[0]: missing 'pid'",
+        "$.nodes[0]: missing 'replication'", "$.nodes[0]: missing 'started'"]
 
 
 def _state(leader: str | None, epoch: int) -> GroupState:
@@ -149,12 +161,14 @@ class _Metastore:
 MODULE_DOC: dict[str, Any] = {
     "module": "M", "module_ref": "examples.clicks:Clicks", "tasks": 2, "group_count": 1, "replication_factor": 3,
     "workers": 3, "min_isr": 2, "options": {}, "effective_options": {"replication.min.isr": "2"},
-    "code": {"version": "abc", "initial_version": "abc", "switching": [], "migrations": {}},
+    "code": {"version": "abc", "initial_version": "abc", "switching": [0], "migrations": {}},
     "live_nodes": ["n1", "n2"], "serving": 0, "checked_at": 0.0, "state": "running", "disallowed_leaders": [],
     "groups": [{"group": 0, "tasks": [0, 1], "leader": None, "leader_address": None, "epoch": 3,
                 "isr": ["n3"], "osr": ["n1", "n2"], "elr": [], "replicas": ["n1", "n2", "n3"],
                 "leaderless_reason": "no live ISR member", "replica": None, "followers": [], "serving": False,
-                "problem": "no live ISR member", "catchups": [], "faults": [], "handing_off_to": None}],
+                "problem": "no live ISR member", "faults": [], "handing_off_to": None,
+                "catchups": [{"node": "n1", "leader": "n3", "round": 2, "bytes_done": 1000, "bytes_total": 4000,
+                              "bytes_per_s": 500.0, "state": "copying"}]}],
 }
 
 
@@ -176,14 +190,15 @@ def ui() -> Iterator[str]:
         running.stop()
 
 
-def test_every_route_answers_and_json_routes_return_json(ui: str) -> None:
+def test_every_route_answers_and_json_routes_return_their_documented_shape(ui: str) -> None:
+    schemas = openapi()["components"]["schemas"]
     for route in ROUTES:
         path = route.pattern.replace("{module}", "M")
         with urllib.request.urlopen(ui + path, timeout=10) as r:
             body = r.read()
             assert r.status == 200, path
         if route.kind == "json":
-            json.loads(body)
+            assert mismatches(json.loads(body), schemas[route.schema], schemas) == [], path
     assert json.loads(urllib.request.urlopen(ui + "/api/modules/M", timeout=10).read()) == MODULE_DOC
 
 
@@ -191,6 +206,8 @@ def test_a_leaderless_group_is_a_red_problem_and_unknown_paths_are_404(ui: str) 
     html = urllib.request.urlopen(ui + "/modules/M", timeout=10).read().decode()
     assert '<td data-field="problem" class="problem">no live ISR member</td>' in html
     assert '<td data-field="leader" class="problem">none</td>' in html
+    assert '<td data-field="bytes_done">1000</td>' in html and '<td data-field="eta">6 s</td>' in html
+    assert "task groups 0 still run the previous one" in html
     for path in ("/modules/Nope", "/api/modules/Nope", "/nothing-here"):
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(ui + path, timeout=10)
