@@ -244,6 +244,7 @@ class Conductor:
                 self._kick.wait(wait)
         finally:
             self._active.clear()
+            self.metrics.forget_groups(set())  # a standby's leaderless clocks would go stale
             if not self._stopping.is_set():
                 log.warning("conductor %s is no longer active", self.name)
 

@@ -86,7 +86,7 @@ class ConductorMetrics(Collector):
                 self.leaderless_seconds.labels(module).inc(now - since)
 
     def forget_groups(self, keep: set[tuple[str, int]]) -> None:
-        """Stop the clocks of groups that no longer exist (a destroyed module)."""
+        """Stop the clocks of groups not in ``keep``: a destroyed module's, or all of them when the term ends."""
         with self._lock:
             for key in set(self._leaderless_since) - keep:
                 del self._leaderless_since[key]
