@@ -16,7 +16,8 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
 setup: apt venv jars proto
 
-# Debian packages: Java 17 for Spark, ZooKeeper's server jars, nats-server for the JetStream benchmark.
+# Debian packages: Java 17 for Spark, ZooKeeper's server jars, nats-server for the JetStream benchmark,
+# promtool (in prometheus) to check the alerting rules, headless chromium for the conductor UI's browser test.
 apt: $(STAMP)/apt
 $(STAMP)/apt:
 	@mkdir -p $(STAMP)
@@ -25,6 +26,8 @@ $(STAMP)/apt:
 	command -v mvn >/dev/null || need="$$need maven"; \
 	dpkg -s zookeeper >/dev/null 2>&1 || need="$$need zookeeper"; \
 	command -v nats-server >/dev/null || need="$$need nats-server"; \
+	command -v promtool >/dev/null || need="$$need prometheus"; \
+	command -v chromium >/dev/null || need="$$need chromium"; \
 	if [ -n "$$need" ]; then \
 	  echo "installing Debian packages:$$need"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \

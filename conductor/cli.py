@@ -201,6 +201,8 @@ def dev(
                                          f"(${ADDRESS_SETTINGS[1].env}; default: --host)"),
     config: Path | None = typer.Option(None, "--config", help=f"TOML config file (also ${CONFIG_ENV})"),
     stop: bool = typer.Option(False, "--stop", help="stop the cluster a previous `conductor dev` started"),
+    ui_port: int = typer.Option(8888, "--ui-port", min=0, max=65535,
+                                help="the conductor's web UI port (0: none)"),
 ) -> None:
     """Start local ZooKeeper server(s), a conductor and N worker nodes in the background (or --stop them).
 
@@ -253,7 +255,7 @@ def dev(
                     shutil.rmtree(leftover)
                     console.print(f"[dim]removed the previous dev cluster's data in {short_path(str(leftover))}"
                                   "[/dim]")
-        dc = DevCluster(root, nodes=nodes, zk_servers=zk_servers, listen=listen)
+        dc = DevCluster(root, nodes=nodes, zk_servers=zk_servers, listen=listen, ui_port=ui_port or None)
         try:
             with console.status(f"starting {zk_servers} ZooKeeper server(s), a conductor and {nodes} worker node(s) "
                                 f"in {root}"):
@@ -397,8 +399,7 @@ def status(
         with _connect(zk) as conductor:
             ms = conductor.ms
             if as_json:
-                data = (cluster_status.cluster_overview(ms) if module is None
-                        else cluster_status.module_status(ms, module))
+                data = cluster_status.status_document(ms, module)
                 typer.echo(json.dumps(data, indent=2, sort_keys=True))
                 return
             if not watch:

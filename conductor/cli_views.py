@@ -88,7 +88,8 @@ def dev_panel(state: dict[str, Any], title: str, root: Path, style: str = "green
         f"  {stop}\n",
         (f"from another directory: export {ZK_ENV}={zk}", "dim"),
     )
-    head = Text.assemble(("ZooKeeper ", "bold"), zk, ("   state ", "bold"), short_path(str(root / "cluster.json")))
+    head = Text.assemble(("ZooKeeper ", "bold"), zk, ("   state ", "bold"), short_path(str(root / "cluster.json")),
+                         *((("   web UI ", "bold"), state["ui"]) if state.get("ui") else ()))
     return Panel(Group(head, Text(""), table, Text(""), nxt), title=title, border_style=style, expand=False)
 
 

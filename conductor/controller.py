@@ -25,6 +25,7 @@ is LOST the election znode is gone, so it stops acting and campaigns again.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import signal
@@ -53,6 +54,9 @@ from conductor.metastore.versions import CodeVersion
 from conductor.metastore.watch import WatchHandle
 from conductor.placement import balance_leaders, fully_in_sync, place
 from conductor.settings import REQUIRED, Setting, SettingsError, add_arguments, parse_seconds, resolve
+from conductor.status import status_document
+from conductor.ui import UI_SETTINGS, start_ui
+from conductor.ui.metrics import ConductorMetrics
 from replog.election import leaderless_reason, next_leadership, switch_leader, unconfirmed_members
 
 log = logging.getLogger("millrace.conductor")
@@ -135,6 +139,8 @@ class Conductor:
         #: (module, group) -> watch that wakes the active term when a worker's CAS leaves the group leaderless
         self._group_watches: dict[tuple[str, int], WatchHandle] = {}
         self._started = False
+        #: what this conductor did (elections, CAS conflicts, balancing moves), for /metrics and the UI
+        self.metrics = ConductorMetrics()
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
@@ -238,6 +244,7 @@ class Conductor:
                 self._kick.wait(wait)
         finally:
             self._active.clear()
+            self.metrics.forget_groups(set())  # a standby's leaderless clocks would go stale
             if not self._stopping.is_set():
                 log.warning("conductor %s is no longer active", self.name)
 
@@ -267,9 +274,11 @@ class Conductor:
                 if self._stopping.is_set() or self._term_over.is_set():
                     return
                 settled = self._settle_group(module, g, state, version, sessions, disallowed)
+                self.metrics.group_seen(module, g, settled)
                 if settled.leader is None and unconfirmed_members(settled, sessions):
                     self._awaiting_storage = True
         self._watch_groups(seen)
+        self.metrics.forget_groups(seen)
 
     def _watch_groups(self, groups: set[tuple[str, int]]) -> None:
         """Watch exactly ``groups``: a worker's CAS that leaves one leaderless wakes the active term at once."""
@@ -292,6 +301,7 @@ class Conductor:
             try:
                 self.ms.groups.cas(module, g, new, version)
             except VersionConflict as c:
+                self.metrics.cas_conflict(module)
                 if c.current is None:
                     return state
                 state, version = c.current, c.current_version
@@ -299,6 +309,7 @@ class Conductor:
             except GroupNotFound:
                 return state
             self._log_transition(module, g, state, new, live)
+            self.metrics.transition(module, g, state, new, leaderless_reason(new, live))
             return new
         log.warning("group %s/%d: gave up after %d conflicting updates; will retry on the next reconcile",
                     module, g, _MAX_CAS_ATTEMPTS)
@@ -448,6 +459,7 @@ class Conductor:
                 log.info("balance: asked %s to hand group %s/%d to %s (epoch %d)", state.leader, module, g, to,
                          state.epoch)
             switches.append(Switch(module, g, state.leader, to, state.epoch))
+            self.metrics.balancing_move(module, g, state.leader, to, state.epoch)
         return switches
 
     def balance(self, modules: Sequence[str] | None = None, disallowed: Iterable[str] | None = None,
@@ -526,13 +538,14 @@ SETTINGS = [
     Setting("balance_interval", 60.0, parse_seconds,
             help="seconds between leadership-balancing rounds while active (0 disables them)"),
     Setting("log_level", "INFO"),
+    *UI_SETTINGS,
 ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m conductor.controller --zk HOST:PORT [--name c1]``: run one conductor until SIGTERM/SIGINT.
 
-    A conductor listens on no port (it only talks to ZooKeeper), so it has no bind or advertised address.
+    A conductor's only port is its read-only web UI, JSON API and /metrics (``--ui-port``, on ``--host``).
     Settings come from flags, ``MILLRACE_*`` variables or the ``[conductor]`` section of a TOML config file.
     """
     parser = argparse.ArgumentParser(prog="python -m conductor.controller",
@@ -549,11 +562,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                           reconcile_interval=s["reconcile_interval"], balance_interval=s["balance_interval"])
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: conductor.request_stop())
+    ui = None
     try:
+        conductor.start()
+        ui = start_ui(conductor, s, functools.partial(status_document, conductor.ms))
         conductor.run_forever()
     except MetastoreError as e:
         log.error("conductor %s cannot run: %s", s["name"], e)
         return 1
+    finally:
+        if ui is not None:
+            ui.stop()
     return 0
 
 

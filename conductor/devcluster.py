@@ -92,10 +92,13 @@ class DevCluster:
 
     def __init__(self, root: Path, nodes: int = 3, conductors: int = 1, session_timeout: float = 4.0,
                  log_level: str = "WARNING", balance_interval: float | None = None, zk_servers: int = 1,
-                 listen: Listen = Listen(), worker: Sequence[str] = ("-m", "conductor.worker")) -> None:
+                 listen: Listen = Listen(), worker: Sequence[str] = ("-m", "conductor.worker"),
+                 ui_port: int | None = None) -> None:
         self.root = Path(root)
         #: how a node starts, after the interpreter and before its settings (a test passes its own launcher)
         self.worker = tuple(worker)
+        #: the first conductor's web UI port (0: a free one); None: no UI (tests run side by side on 8888)
+        self.ui_port = ui_port
         self.listen = listen
         #: the conductors' --balance-interval (None: their default; 0: no periodic balancing)
         self.balance_interval = balance_interval
@@ -130,7 +133,8 @@ class DevCluster:
     def start_conductor(self, name: str) -> ChildProcess:
         p = ChildProcess(name, [PYTHON, "-m", "conductor.controller", "--zk", self.hosts, "--name", name,
                                 "--session-timeout", str(self.session_timeout), "--reconcile-interval", "1",
-                                "--log-level", "INFO",
+                                "--log-level", "INFO", "--host", self.listen.host,
+                                "--ui-port", "off" if self.ui_port is None or self.conductors else str(self.ui_port),
                                 *(["--balance-interval", str(self.balance_interval)]
                                   if self.balance_interval is not None else [])],
                          self.root / "logs" / f"conductor-{name}.log")
@@ -170,6 +174,8 @@ class DevCluster:
             "conductors": {n: p.pid for n, p in self.conductors.items()},
             "nodes": {n: p.pid for n, p in self.nodes.items()},
         }
+        if self.ui_port:
+            state["ui"] = f"http://{self.listen.advertised(self.ui_port)}/"
         (self.root / "cluster.json").write_text(json.dumps(state, indent=2))
 
     def stop(self) -> None:

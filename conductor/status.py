@@ -134,13 +134,15 @@ def resigning_groups(ms: Metastore, module: str, groups: dict[int, tuple[GroupSt
 
 
 def nodes_overview(ms: Metastore) -> list[dict[str, Any]]:
-    """Live worker nodes with their gRPC address and pid, sorted by id; ``leaders_allowed`` False when drained."""
+    """Live worker nodes with their gRPC, replication and metrics addresses and pid, sorted by id;
+    ``leaders_allowed`` False when drained."""
     out = []
     drained = ms.drains.nodes()
     for node_id in ms.nodes.live():
         info = ms.nodes.get(node_id)
         if info is not None:  # it may have left between the two reads
-            out.append({"node": node_id, "address": info.address, "pid": info.pid, "started": info.started,
+            out.append({"node": node_id, "address": info.address, "replication": info.replication,
+                        "metrics": info.metrics, "pid": info.pid, "started": info.started,
                         "leaders_allowed": node_id not in drained})
     return out
 
@@ -167,6 +169,13 @@ def modules_overview(ms: Metastore) -> list[dict[str, Any]]:
 def cluster_overview(ms: Metastore) -> dict[str, Any]:
     """The no-argument `conductor status`: ZooKeeper address, live nodes and modules."""
     return {"zk": ms.hosts, "nodes": nodes_overview(ms), "modules": modules_overview(ms)}
+
+
+def status_document(ms: Metastore, module: str | None = None,
+                    channels: Channels | None = None) -> dict[str, Any]:
+    """What ``conductor status [MODULE] --json`` prints and the UI's API serves (``/api/status``,
+    ``/api/modules/{module}``): one function, so a script reading either sees the same document."""
+    return cluster_overview(ms) if module is None else module_status(ms, module, channels=channels)
 
 
 def _group_row(spec: ModuleSpec, g: int, state: GroupState, live: dict[str, int],

@@ -8,7 +8,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from kazoo.exceptions import NodeExistsError, NoNodeError
@@ -35,16 +35,18 @@ class NodeInfo:
     started: float
     #: where peers send replication frames (conductor.worker.peer_server); "" for a worker without one
     replication: str = ""
+    #: where its Prometheus endpoint serves /metrics (the conductor's UI scrapes it); "" until it is up
+    metrics: str = ""
 
     def to_json(self) -> bytes:
         return json.dumps({"address": self.address, "replication": self.replication, "pid": self.pid,
-                           "started": self.started}, sort_keys=True).encode()
+                           "started": self.started, "metrics": self.metrics}, sort_keys=True).encode()
 
     @classmethod
     def from_json(cls, node_id: str, raw: bytes) -> NodeInfo:
         doc = json.loads(raw)
         return cls(node_id=node_id, address=doc["address"], pid=int(doc["pid"]), started=float(doc["started"]),
-                   replication=str(doc.get("replication", "")))
+                   replication=str(doc.get("replication", "")), metrics=str(doc.get("metrics", "")))
 
 
 class Nodes:
@@ -54,6 +56,8 @@ class Nodes:
         self.ms = ms
         #: node id -> (gRPC address, replication address) of the nodes this session registered
         self._registered: dict[str, tuple[str, str]] = {}
+        #: node id -> metrics address advertised by this session (kept across a re-registration)
+        self._metrics: dict[str, str] = {}
 
     def register(self, node_id: str, address: str, *, replication: str = "", stale_wait_s: float = 0.0) -> NodeInfo:
         """Announce a live worker node (ephemeral: it disappears when this session ends).
@@ -65,7 +69,7 @@ class Nodes:
         if not NAME_RE.match(node_id):
             raise ValueError(f"bad node id {node_id!r}: use letters, digits, '_', '-' or '.', starting with a letter")
         info = NodeInfo(node_id=node_id, address=address, pid=os.getpid(), started=time.time(),
-                        replication=replication)
+                        replication=replication, metrics=self._metrics.get(node_id, ""))
         path = f"{NODES_PATH}/{node_id}"
 
         def attempt() -> None:
@@ -98,8 +102,29 @@ class Nodes:
         self._registered[node_id] = (address, replication)
         return info
 
+    def advertise_metrics(self, node_id: str, metrics: str) -> None:
+        """Add the address of a registered node's Prometheus endpoint to its znode (the endpoint starts after
+        the node registered). Only this session's own znode is rewritten, so a stale worker cannot overwrite a
+        newer one's; a re-registration after a lost session keeps the address."""
+        assert node_id in self._registered, f"node {node_id} is not registered by this session"
+        self._metrics[node_id] = metrics
+        path = f"{NODES_PATH}/{node_id}"
+
+        def rewrite() -> None:
+            data, stat = self.ms.zk.get(path)
+            if stat.ephemeralOwner != self.ms.session_id:
+                return  # the session that owned it ended: reregister() writes the address with the new znode
+            info = NodeInfo.from_json(node_id, data)
+            self.ms.zk.set(path, replace(info, metrics=metrics).to_json(), version=stat.version)
+
+        try:
+            self.ms.call(rewrite)
+        except NoNodeError:
+            pass  # gone with its session; reregister() puts the address back
+
     def unregister(self, node_id: str) -> None:
         self._registered.pop(node_id, None)
+        self._metrics.pop(node_id, None)
         try:
             self.ms.call(self.ms.zk.delete, f"{NODES_PATH}/{node_id}")
         except NoNodeError:

@@ -195,6 +195,7 @@ class Worker:
         metastore.zk.ChildrenWatch(MODULES_PATH, self._on_modules)
         run.lifecycle.start()
         self.metrics_address = self._start_metrics()
+        await asyncio.to_thread(metastore.nodes.advertise_metrics, self.node_id, self.metrics_address)
         self._sweeper = asyncio.create_task(self._sweep_checkpoints())
         log.warning("node %s serving on %s (data %s, ZooKeeper %s, session 0x%x, metrics http://%s/metrics, %s)",
                     self.node_id, self.address, self.data_dir, self.zk_hosts, self.session or 0,

@@ -142,6 +142,23 @@ def test_ephemeral_node_disappears_when_session_closes(zk_hosts: str, ms: Metast
     handle.cancel()
 
 
+def test_a_node_advertises_its_metrics_address_and_keeps_it_when_it_registers_again(zk_hosts: str,
+                                                                                  ms: Metastore) -> None:
+    node = unique("node")
+    worker = Metastore(zk_hosts, session_timeout=2.0).start()
+    try:
+        worker.nodes.register(node, "127.0.0.1:7001", replication="127.0.0.1:7003")
+        assert ms.nodes.get(node).metrics == ""  # type: ignore[union-attr]
+        worker.nodes.advertise_metrics(node, "127.0.0.1:9100")
+        got = ms.nodes.get(node)
+        assert got is not None and (got.address, got.replication, got.metrics) == \
+            ("127.0.0.1:7001", "127.0.0.1:7003", "127.0.0.1:9100")
+        worker.nodes.register(node, "127.0.0.1:7001", replication="127.0.0.1:7003")  # as reregister() does
+        assert ms.nodes.get(node).metrics == "127.0.0.1:9100"  # type: ignore[union-attr]
+    finally:
+        worker.close()
+
+
 def test_a_restarted_worker_waits_for_its_crashed_predecessors_session(zk_hosts: str, ms: Metastore) -> None:
     """Found by the fault campaign (seed 203): a worker SIGKILLed and restarted within its session timeout
     found its id still registered by the dead session and exited instead of waiting for it to expire."""

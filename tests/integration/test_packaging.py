@@ -48,6 +48,7 @@ def test_the_wheel_installs_and_runs_its_cli_and_client_outside_the_repository(t
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names if "/" in n and ".dist-info" not in n} == TOP_LEVEL
     assert "conductor/wire/millrace_pb2.py" in names and "conductor/wire/millrace_pb2_grpc.py" in names
+    assert "conductor/ui/static/style.css" in names, "the UI's stylesheet ships in the package (no CDN)"
 
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", venv], cwd=tmp_path)

@@ -209,6 +209,10 @@ PLANTS: dict[str, tuple[list[tuple[str, str]], Callable[[], list[dict[str, Any]]
     "the worker imports a new top-level conductor module": (
         [("conductor/planted.py", "import conductor.status"),
          ("conductor/worker/worker.py", "import conductor.planted")], lambda: [_top()]),
+    "the UI imports a top-level conductor module": (
+        [("conductor/ui/pages.py", "import conductor.status")], lambda: [_top()]),
+    "the UI imports the worker": (
+        [("conductor/ui/pages.py", "import conductor.worker.metrics")], lambda: [_conductor_layers()]),
     "topology.spark imports a top-level conductor module": (
         [("topology/spark/fetch.py", "import conductor.status")], lambda: [_top()]),
     "the dataflow rules import Spark's package": (
