@@ -289,7 +289,8 @@ class Worker:
 
     def _on_modules(self, names: list[str]) -> bool:
         """ChildrenWatch on /millrace/modules: open replicas of new modules, close destroyed ones."""
-        self.running.metastore.submit(lambda: self._sync_modules(set(names)))
+        # (keyed: only the newest list of modules matters, a waiting older one is replaced)
+        self.running.metastore.submit(lambda: self._sync_modules(set(names)), key=MODULES_PATH)
         return True
 
     def _sync_modules(self, names: set[str]) -> None:
@@ -317,9 +318,12 @@ class Worker:
             try:
                 names = set(ms.modules.names())
             except MetastoreError:
-                names = {module}
+                # ZooKeeper is away: look again later. Never sync on a guessed list: every module missing
+                # from it would be closed and its data deleted.
+                self._retry_open(module)
+                return
             if module in names:
-                ms.submit(lambda: self._sync_modules(names))
+                ms.submit(lambda: self._sync_modules(names), key=MODULES_PATH)
         timer = threading.Timer(CODE_RETRY_S, again)
         timer.daemon = True
         timer.start()
