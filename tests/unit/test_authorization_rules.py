@@ -36,7 +36,7 @@ def test_module_permissions_and_deploy_on_any_module() -> None:
     acls = Acls().grant(APP, "Billing", ["append", "deploy"])
     c = checker(acls)
     check(c, APP, "/millrace.Client/Append", pb.AppendRequest(module="Billing"))
-    with pytest.raises(Denied, match="'append'.*conductor acl grant app/billing Other append"):
+    with pytest.raises(Denied, match=r"'append'.*conductor acl grant app/billing Other append"):
         check(c, APP, "/millrace.Client/Append", pb.AppendRequest(module="Other"))
     with pytest.raises(Denied, match="'query'"):
         check(c, APP, "/millrace.Client/Select", pb.SelectRequest(module="Billing"))
