@@ -33,6 +33,7 @@ from conductor.metastore import MODULES_PATH, Metastore, MetastoreError, Version
 from conductor.metastore.acls import AclCache
 from conductor.metastore.module_spec import SEGMENT_BYTES, ModuleSpec
 from conductor.metastore.tokens import TokenCache
+from conductor.metastore.zk_auth import ZkPrincipal
 from conductor.security.tls import TlsSource
 from conductor.settings import Listen
 from conductor.wire import admin_pb2, code_pb2
@@ -118,8 +119,11 @@ class Worker:
     def __init__(self, zk_hosts: str, node_id: str, data_dir: Path, port: int = 0,
                  session_timeout: float = 6.0, metrics_port: int = 0, *, listen: Listen = Listen(),
                  metrics_listen: Listen | None = None, replication_port: int = 0, task_threads: int = 1,
-                 hooks: WorkerHooks | None = None, tls: TlsSource | None = None, authorize: bool = False) -> None:
+                 hooks: WorkerHooks | None = None, tls: TlsSource | None = None, authorize: bool = False,
+                 zk_auth: ZkPrincipal | None = None) -> None:
         self.node_id = node_id
+        #: ZooKeeper digest credentials (--zk-auth): the znodes this worker creates are writable by them alone
+        self.zk_auth = zk_auth
         #: this worker's certificate (mutual TLS on gRPC and the replication links); None: plaintext
         self.tls = tls
         #: check every gRPC call's identity against the module ACLs (conductor.worker.authorization); off only in
@@ -163,7 +167,8 @@ class Worker:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        metastore = Metastore(self.zk_hosts, session_timeout=self.session_timeout, step_down=self._on_session_lost)
+        metastore = Metastore(self.zk_hosts, session_timeout=self.session_timeout, step_down=self._on_session_lost,
+                              zk_auth=self.zk_auth)
         router = LeaderRouter(metastore)
         lifecycle = CodeLifecycle(self.node_id, self.code, metastore, self.modules, self._send_flow)
         settler = LoopSettler(loop)
