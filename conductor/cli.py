@@ -65,6 +65,7 @@ from conductor.controller import Conductor, Switch
 from conductor.devcluster import DevCluster, stop_from_state
 from conductor.metastore import MetastoreError, MetastoreUnavailable, ModuleExists
 from conductor.metastore.module_spec import KNOWN_OPTIONS, SEGMENT_BYTES, ModuleSpec, SpecError, UnknownOption
+from conductor.metastore.zk_auth import ZkAuthError, ZkPrincipal, read_principal
 from conductor.runtime_env import EnvironmentBroken
 from conductor.settings import CONFIG_ENV, LOOPBACK, Listen, SettingsError, address_settings, resolve
 from conductor.shipping import CodeRefused, check_locally, deploy_code
@@ -103,8 +104,22 @@ EXPECTED_ERRORS = (CliError, SpecError, MetastoreError, ModuleDefinitionError, E
                    CodeRefused)
 
 
+#: ZooKeeper digest credentials of this invocation (``conductor --zk-auth FILE ...``), for every connection it opens
+_zk_auth: list[ZkPrincipal] = []
+
+
 @app.callback()
-def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="log debug detail to stderr")) -> None:
+def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="log debug detail to stderr"),
+         zk_auth: Path | None = typer.Option(
+             None, "--zk-auth", envvar="MILLRACE_ZK_AUTH",
+             help="file holding the ZooKeeper digest credentials USER:PASSWORD (mode 0600), for a protected "
+                  "ensemble (docs/security.md)")) -> None:
+    _zk_auth.clear()
+    if zk_auth is not None:
+        try:
+            _zk_auth.append(read_principal(zk_auth))
+        except ZkAuthError as e:
+            _fail(str(e))
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -149,7 +164,8 @@ def _resolve_zk(zk: str | None) -> tuple[str, str]:
 def _connect(zk: str | None) -> Iterator[Conductor]:
     """A connected, non-campaigning Conductor: deploy/destroy/balance are plain CAS-guarded metastore writes."""
     hosts, source = _resolve_zk(zk)
-    conductor = Conductor(hosts, name=f"cli-{socket.gethostname()}-{os.getpid()}")
+    conductor = Conductor(hosts, name=f"cli-{socket.gethostname()}-{os.getpid()}",
+                          zk_auth=_zk_auth[0] if _zk_auth else None)
     conductor.ms.connect_timeout = CONNECT_TIMEOUT_S
     try:
         conductor.ms.start()

@@ -36,6 +36,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from kazoo.exceptions import CancelledError, KazooException
@@ -52,6 +53,7 @@ from conductor.metastore import (
 from conductor.metastore.module_spec import DEPOT_APPEND_TIMEOUT_MS, ModuleSpec
 from conductor.metastore.versions import CodeVersion
 from conductor.metastore.watch import WatchHandle
+from conductor.metastore.zk_auth import ZkAuthError, ZkPrincipal, read_principal
 from conductor.placement import balance_leaders, fully_in_sync, place
 from conductor.settings import REQUIRED, Setting, SettingsError, add_arguments, parse_seconds, resolve
 from conductor.status import status_document
@@ -117,7 +119,8 @@ class Conductor:
     """
 
     def __init__(self, hosts: str, name: str, *, session_timeout: float = 10.0,
-                 reconcile_interval: float = 5.0, balance_interval: float = 60.0) -> None:
+                 reconcile_interval: float = 5.0, balance_interval: float = 60.0,
+                 zk_auth: ZkPrincipal | None = None) -> None:
         self.hosts = hosts
         self.name = name
         self.reconcile_interval = reconcile_interval
@@ -125,7 +128,7 @@ class Conductor:
         self.balance_interval = balance_interval
         self._next_balance = 0.0
         self.ms = Metastore(hosts, session_timeout=session_timeout, step_down=self._on_session_lost,
-                            resume=self._on_resume)
+                            resume=self._on_resume, zk_auth=zk_auth)
         self._stopping = threading.Event()
         self._active = threading.Event()
         self._term_over = threading.Event()
@@ -537,6 +540,8 @@ SETTINGS = [
     Setting("reconcile_interval", 5.0, parse_seconds, help="seconds between safety-net reconciles while active"),
     Setting("balance_interval", 60.0, parse_seconds,
             help="seconds between leadership-balancing rounds while active (0 disables them)"),
+    Setting("zk_auth", None, Path, help="file holding the ZooKeeper digest credentials USER:PASSWORD (mode 0600); "
+            "the znodes this conductor creates are then writable by that user only (docs/security.md)"),
     Setting("log_level", "INFO"),
     *UI_SETTINGS,
 ]
@@ -554,12 +559,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         s = resolve(vars(args), SETTINGS, "conductor", args.config)
-    except SettingsError as e:
+        zk_auth = read_principal(s["zk_auth"]) if s["zk_auth"] is not None else None
+    except (SettingsError, ZkAuthError) as e:
         parser.exit(2, f"{parser.prog}: error: {e}\n")
     logging.basicConfig(level=s["log_level"].upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
     conductor = Conductor(s["zk"], s["name"], session_timeout=s["session_timeout"],
-                          reconcile_interval=s["reconcile_interval"], balance_interval=s["balance_interval"])
+                          reconcile_interval=s["reconcile_interval"], balance_interval=s["balance_interval"],
+                          zk_auth=zk_auth)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: conductor.request_stop())
     ui = None

@@ -208,3 +208,13 @@ def parse_seconds(raw: str) -> float:
     if value < 0:
         raise ValueError("seconds cannot be negative")
     return value
+
+
+def parse_bool(raw: str) -> bool:
+    """A switch from a flag, a variable or TOML: true/false, yes/no, on/off, 1/0."""
+    value = raw.strip().lower()
+    if value in ("true", "yes", "on", "1"):
+        return True
+    if value in ("false", "no", "off", "0"):
+        return False
+    raise ValueError("expected true or false")

@@ -59,6 +59,7 @@ from conductor.metastore.resigns import Resigns
 from conductor.metastore.tokens import TokenStore
 from conductor.metastore.versions import Versions
 from conductor.metastore.watch import WatchHandle
+from conductor.metastore.zk_auth import ZkPrincipal, cluster_acl, session_options
 
 log = logging.getLogger("millrace.metastore")
 
@@ -78,7 +79,7 @@ class Metastore:
                  op_timeout: float | None = None,
                  pause_writes: Callable[[], None] | None = None,
                  step_down: Callable[[], None] | None = None,
-                 resume: Callable[[], None] | None = None) -> None:
+                 resume: Callable[[], None] | None = None, zk_auth: ZkPrincipal | None = None) -> None:
         self.hosts = hosts
         self.session_timeout = session_timeout
         self.connect_timeout = connect_timeout
@@ -91,8 +92,10 @@ class Metastore:
         # Reconnect quickly and forever: a brief ZooKeeper outage must not need an operator.
         conn_retry = KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=1.0)
         cmd_retry = KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=1.0, deadline=self.op_timeout)
+        # zk_auth: authenticate with its digest, and create every znode writable by it alone (zk_auth.py)
+        auth = session_options(zk_auth, cluster_acl(zk_auth)) if zk_auth is not None else {}
         self.zk = KazooClient(hosts=hosts, timeout=session_timeout, connection_retry=conn_retry,
-                              command_retry=cmd_retry)
+                              command_retry=cmd_retry, **auth)
         # ignore_expire: right after a session expires, calls fail with SessionExpiredError until kazoo
         # has a new session; for the idempotent operations run through _call that is just another retry.
         self._retry = KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=1.0, deadline=self.op_timeout,

@@ -22,8 +22,10 @@ in a repr or a log line; the ACL holds only an unsalted SHA-1 digest of
 from __future__ import annotations
 
 import secrets
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from kazoo.client import KazooClient
@@ -49,6 +51,32 @@ class ZkPrincipal:
     def auth_data(self) -> tuple[str, str]:
         """One entry of ``KazooClient(auth_data=[...])`` (or ``zk.add_auth(*p.auth_data())``)."""
         return DIGEST, f"{self.user}:{self.password}"
+
+
+class ZkAuthError(ValueError):
+    """The ``--zk-auth`` file cannot be used; the message names the file, never its contents."""
+
+
+def read_principal(path: Path) -> ZkPrincipal:
+    """The principal in ``path`` (``--zk-auth FILE``): one line ``user:password``; refused if others may read it."""
+    try:
+        mode = path.stat().st_mode
+        text = path.read_text().strip()
+    except OSError as e:
+        raise ZkAuthError(f"cannot read the ZooKeeper credentials file {path}: {e.strerror}") from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ZkAuthError(f"the ZooKeeper credentials file {path} may be read by others: `chmod 600 {path}`")
+    user, sep, password = text.partition(":")
+    if not sep or not user or not password or "\n" in text:
+        raise ZkAuthError(f"the ZooKeeper credentials file {path} must hold one line USER:PASSWORD")
+    return ZkPrincipal(user, password)
+
+
+def cluster_acl(principal: ZkPrincipal) -> list[ACL]:
+    """The ACL of every znode a Millrace process creates: ``principal`` (the control plane's digest user, shared by
+    conductors, workers and admins) may do anything, everyone else may read: apps route from ZooKeeper, and no
+    znode holds a secret (tokens are stored as hashes)."""
+    return protected_acl([principal], world_readable=True)
 
 
 def protected_acl(writers: Sequence[ZkPrincipal], readers: Sequence[ZkPrincipal] = (), *,

@@ -13,6 +13,7 @@ import signal
 import time
 from pathlib import Path
 
+from conductor.metastore.zk_auth import ZkAuthError, read_principal
 from conductor.settings import (
     REQUIRED,
     Listen,
@@ -20,6 +21,7 @@ from conductor.settings import (
     SettingsError,
     add_arguments,
     address_settings,
+    parse_bool,
     parse_port,
     parse_seconds,
     resolve,
@@ -42,6 +44,10 @@ SETTINGS = [
     Setting("session_timeout", 6.0, parse_seconds, help="ZooKeeper session timeout, seconds"),
     Setting("task_threads", 1, int, help="threads the replicas' loops share (0: one per replica; more than one "
             "overlaps fsyncs on a slow disk but costs CPU per message: see conductor.worker.task_thread)"),
+    Setting("zk_auth", None, Path, help="file holding the ZooKeeper digest credentials USER:PASSWORD (mode 0600); "
+            "the znodes this worker creates are then writable by that user only (docs/security.md)"),
+    Setting("authorize", False, parse_bool, help="check every gRPC call's identity (certificate or bearer token) "
+            "against the module ACLs (docs/security.md)"),
     Setting("log_level", "WARNING"),
 ]
 
@@ -55,7 +61,8 @@ def main(argv: list[str] | None = None, hooks: WorkerHooks | None = None) -> Non
         s = resolve(vars(args), SETTINGS, "worker", args.config)
         listen = Listen.of(s["host"], s["advertise"])
         metrics = Listen.of(s["metrics_host"] or listen.host, listen.advertise)
-    except SettingsError as e:
+        zk_auth = read_principal(s["zk_auth"]) if s["zk_auth"] is not None else None
+    except (SettingsError, ZkAuthError) as e:
         p.exit(2, f"{p.prog}: error: {e}\n")
     node_id, data_dir = s["node_id"], s["data_dir"]
     logging.basicConfig(level=s["log_level"].upper(),
@@ -64,7 +71,7 @@ def main(argv: list[str] | None = None, hooks: WorkerHooks | None = None) -> Non
     async def run() -> None:
         node = Worker(s["zk"], node_id, data_dir, s["port"], s["session_timeout"], s["metrics_port"],
                       listen=listen, metrics_listen=metrics, replication_port=s["replication_port"],
-                      task_threads=s["task_threads"], hooks=hooks)
+                      task_threads=s["task_threads"], hooks=hooks, authorize=s["authorize"], zk_auth=zk_auth)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -30,13 +30,18 @@ from prometheus_client import start_http_server
 from conductor.client.code import CodeCache, CodeUnavailable
 from conductor.client.router import LeaderRouter
 from conductor.metastore import MODULES_PATH, Metastore, MetastoreError, VersionConflict
+from conductor.metastore.acls import AclCache
 from conductor.metastore.module_spec import SEGMENT_BYTES, ModuleSpec
+from conductor.metastore.tokens import TokenCache
+from conductor.metastore.zk_auth import ZkPrincipal
+from conductor.security.tls import TlsSource
 from conductor.settings import Listen
 from conductor.wire import admin_pb2, code_pb2
 from conductor.wire import millrace_pb2 as pb
 from conductor.wire.checked import checked_handler
 from conductor.wire.errors import InvalidRequest, RefusedPeer
 from conductor.wire.options import GRPC_OPTIONS
+from conductor.worker.authorization import Authorizer
 from conductor.worker.code_service import CodeService
 from conductor.worker.dataflow import DataflowDriver, Inflow
 from conductor.worker.far_horizon import (
@@ -114,8 +119,16 @@ class Worker:
     def __init__(self, zk_hosts: str, node_id: str, data_dir: Path, port: int = 0,
                  session_timeout: float = 6.0, metrics_port: int = 0, *, listen: Listen = Listen(),
                  metrics_listen: Listen | None = None, replication_port: int = 0, task_threads: int = 1,
-                 hooks: WorkerHooks | None = None) -> None:
+                 hooks: WorkerHooks | None = None, tls: TlsSource | None = None, authorize: bool = False,
+                 zk_auth: ZkPrincipal | None = None) -> None:
         self.node_id = node_id
+        #: ZooKeeper digest credentials (--zk-auth): the znodes this worker creates are writable by them alone
+        self.zk_auth = zk_auth
+        #: this worker's certificate (mutual TLS on gRPC and the replication links); None: plaintext
+        self.tls = tls
+        #: check every gRPC call's identity against the module ACLs (conductor.worker.authorization); off only in
+        #: the insecure development mode (no TLS, no tokens)
+        self.authorizer = Authorizer(node_id) if authorize else None
         #: fault-injection seams a test's launcher passes (conductor.worker.hooks); none in production
         self.hooks = hooks or WorkerHooks()
         self.data_dir = Path(data_dir)
@@ -154,11 +167,13 @@ class Worker:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        metastore = Metastore(self.zk_hosts, session_timeout=self.session_timeout, step_down=self._on_session_lost)
+        metastore = Metastore(self.zk_hosts, session_timeout=self.session_timeout, step_down=self._on_session_lost,
+                              zk_auth=self.zk_auth)
         router = LeaderRouter(metastore)
         lifecycle = CodeLifecycle(self.node_id, self.code, metastore, self.modules, self._send_flow)
         settler = LoopSettler(loop)
-        server = grpc.aio.server(options=GRPC_OPTIONS)
+        server = grpc.aio.server(options=GRPC_OPTIONS,
+                                 interceptors=[self.authorizer] if self.authorizer is not None else None)
         # every request body is checked: one that does not decode gets INVALID_ARGUMENT (conductor.wire.checked)
         server.add_generic_rpc_handlers((
             checked_handler(admin_pb2.DESCRIPTOR.services_by_name["Admin"], AdminService(self.node_id)),
@@ -173,7 +188,8 @@ class Worker:
             lifecycle)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         try:
-            bound = server.add_insecure_port(self.listen.bind(self.port))
+            bound = (server.add_secure_port(self.listen.bind(self.port), self.tls.grpc_server_credentials())
+                     if self.tls is not None else server.add_insecure_port(self.listen.bind(self.port)))
         except RuntimeError:
             bound = 0
         if bound == 0:
@@ -188,6 +204,9 @@ class Worker:
                           f"{self.listen.bind(self.replication_port)}: {e.strerror} (--host, --replication-port)"
                           ) from None
         await asyncio.to_thread(metastore.start)
+        if self.authorizer is not None:  # before registering: no client finds us before permissions are known
+            self.authorizer.attach(await asyncio.to_thread(AclCache, metastore.acls),
+                                   await asyncio.to_thread(TokenCache, metastore.tokens))
         metastore.add_state_listener(self._on_zk_state)
         # a crashed predecessor's session may hold our id for up to its timeout (assumed to be ours)
         await asyncio.to_thread(functools.partial(metastore.nodes.register, self.node_id, self.address,
@@ -197,8 +216,8 @@ class Worker:
         self.metrics_address = self._start_metrics()
         await asyncio.to_thread(metastore.nodes.advertise_metrics, self.node_id, self.metrics_address)
         self._sweeper = asyncio.create_task(self._sweep_checkpoints())
-        log.warning("node %s serving on %s (data %s, ZooKeeper %s, session 0x%x, metrics http://%s/metrics, %s)",
-                    self.node_id, self.address, self.data_dir, self.zk_hosts, self.session or 0,
+        log.warning("node %s serving on %s, %s (data %s, ZooKeeper %s, session 0x%x, metrics http://%s/metrics, %s)",
+                    self.node_id, self.address, self.authorization, self.data_dir, self.zk_hosts, self.session or 0,
                     self.metrics_address, f"replicas share {self.task_threads.size} task thread(s)"
                     if self.task_threads.size else "a task thread per replica")
 
@@ -211,6 +230,13 @@ class Worker:
         address = self.metrics_listen.advertised(server.server_port)
         (self.data_dir / "node.metrics").write_text(address)
         return address
+
+    @property
+    def authorization(self) -> str:
+        """Whether calls are checked, for the start line: off says so plainly."""
+        if self.authorizer is None:
+            return "authorization OFF (every caller may do everything)"
+        return "authorization on (certificates and tokens checked against the module ACLs)"
 
     @property
     def address(self) -> str:
@@ -249,6 +275,8 @@ class Worker:
             self._metrics_server.shutdown()
         if self._sweeper is not None:
             self._sweeper.cancel()
+        if self.authorizer is not None:
+            self.authorizer.close()
         if run is not None:
             await asyncio.to_thread(run.metastore.close)
         for rt in self.modules.clear():

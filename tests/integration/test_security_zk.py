@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from kazoo.client import KazooClient
@@ -12,12 +14,21 @@ from kazoo.exceptions import NoAuthError
 
 from conductor.metastore import Metastore
 from conductor.metastore.acls import AclCache
-from conductor.metastore.layout import ACLS_PATH
+from conductor.metastore.layout import ACLS_PATH, group_path, module_path
+from conductor.metastore.module_spec import ModuleSpec
 from conductor.metastore.tokens import TokenCache
-from conductor.metastore.zk_auth import ZkPrincipal, protect_tree, protected_acl, session_options
+from conductor.metastore.zk_auth import (
+    ZkAuthError,
+    ZkPrincipal,
+    protect_tree,
+    protected_acl,
+    read_principal,
+    session_options,
+)
 from conductor.security.acl import Denied
 from conductor.security.identity import Identity
 from conductor.security.tokens import TokenRefused, generate
+from replog.messages import GroupState
 from tests.integration.cluster_helpers import wait_for
 
 
@@ -162,3 +173,51 @@ def test_protect_tree_converts_an_existing_world_writable_tree(zk_hosts: str) ->
         for zk in (anyone, owner):
             zk.stop()
             zk.close()
+
+
+def test_a_protected_metastore_creates_znodes_only_it_can_change_and_apps_can_route_from(zk_hosts: str,
+                                                                                         tmp_path: Path) -> None:
+    """`--zk-auth FILE`: a conductor's Metastore authenticates with the digest and creates the module's znodes
+    with the cluster ACL; a client without the digest cannot change the group znode, and an app still reads the
+    routes."""
+    credentials = tmp_path / "zk-auth"
+    principal = ZkPrincipal.generate(unique("millrace"))
+    credentials.write_text(f"{principal.user}:{principal.password}\n")
+    credentials.chmod(0o600)
+    module = unique("Protected")
+    spec = ModuleSpec(name=module, module_ref=f"pkg.mod:{module}", tasks=2, threads=1, workers=1,
+                      replication_factor=1)
+    with Metastore(zk_hosts, session_timeout=4.0, zk_auth=read_principal(credentials)) as protected:
+        protected.modules.create(spec, {0: GroupState.initial(["n1"])})
+        intruder = client(zk_hosts)
+        try:
+            data, _ = intruder.get(group_path(module, 0))  # world-readable: routing needs it
+            for change in (lambda: intruder.set(group_path(module, 0), data.replace(b"n1", b"evil")),
+                           lambda: intruder.delete(group_path(module, 0)),
+                           lambda: intruder.set(module_path(module), b"{}"),
+                           lambda: intruder.create(f"{module_path(module)}/groups/1", b"{}")):
+                with pytest.raises(NoAuthError):
+                    change()
+        finally:
+            intruder.stop()
+            intruder.close()
+        with Metastore(zk_hosts, session_timeout=4.0) as app:  # an app's session: no digest
+            state, _version = app.groups.all(module)[0]
+            assert state.leader == "n1"
+        # the protected session itself still changes it (the conductor's and workers' CAS)
+        current, version = protected.groups.all(module)[0]
+        protected.groups.cas(module, 0, dataclasses.replace(current, epoch=current.epoch + 1), version)
+
+
+def test_the_credentials_file_is_refused_if_others_may_read_it(tmp_path: Path) -> None:
+    credentials = tmp_path / "zk-auth"
+    credentials.write_text("millrace:s3cret-password\n")
+    credentials.chmod(0o644)
+    with pytest.raises(ZkAuthError, match="chmod 600") as e:
+        read_principal(credentials)
+    assert "s3cret" not in str(e.value)
+    credentials.chmod(0o600)
+    assert read_principal(credentials).user == "millrace"
+    credentials.write_text("no-colon\n")
+    with pytest.raises(ZkAuthError, match="USER:PASSWORD"):
+        read_principal(credentials)

@@ -1,0 +1,71 @@
+"""The worker's method -> permission table covers every method it serves, and the checks follow the ACL model."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from conductor.security.acl import Acls, Denied
+from conductor.security.identity import Identity
+from conductor.wire import admin_pb2, code_pb2
+from conductor.wire import millrace_pb2 as pb
+from conductor.worker.authorization import RULES, Checker, NotAWorker
+
+APP, WORKER, ADMIN = Identity("app", "billing"), Identity("worker", "n1"), Identity("admin", "alice")
+
+
+def test_every_served_method_has_a_rule_and_every_rule_a_method() -> None:
+    served = {f"/{service.full_name}/{method.name}"
+              for module in (pb, code_pb2, admin_pb2) for service in module.DESCRIPTOR.services_by_name.values()
+              for method in service.methods}
+    assert served - set(RULES) == set(), "a method without a rule is refused: give it one"
+    assert set(RULES) - served == set()
+
+
+def checker(acls: Acls) -> Checker:
+    return Checker(SimpleNamespace(acls=acls), SimpleNamespace())  # type: ignore[arg-type]
+
+
+def check(c: Checker, who: Identity, method: str, request: Any) -> None:
+    c.check(who, RULES[method], request)
+
+
+def test_module_permissions_and_deploy_on_any_module() -> None:
+    acls = Acls().grant(APP, "Billing", ["append", "deploy"])
+    c = checker(acls)
+    check(c, APP, "/millrace.Client/Append", pb.AppendRequest(module="Billing"))
+    with pytest.raises(Denied, match=r"'append'.*conductor acl grant app/billing Other append"):
+        check(c, APP, "/millrace.Client/Append", pb.AppendRequest(module="Other"))
+    with pytest.raises(Denied, match="'query'"):
+        check(c, APP, "/millrace.Client/Select", pb.SelectRequest(module="Billing"))
+    check(c, APP, "/millrace.code.Code/PutArtifact", None)  # deploy on some module: may store an artifact
+    check(c, APP, "/millrace.code.Code/Prepare", code_pb2.PrepareRequest(module="Billing"))
+    with pytest.raises(Denied, match="'deploy'"):
+        check(c, APP, "/millrace.code.Code/Prepare", code_pb2.PrepareRequest(module="Other"))
+    with pytest.raises(Denied, match="on any module"):
+        check(checker(Acls()), APP, "/millrace.code.Code/PutArtifact", None)
+    with pytest.raises(Denied, match="'admin'"):
+        check(c, APP, "/millrace.admin.Admin/Ping", admin_pb2.PingRequest())
+    check(c, ADMIN, "/millrace.admin.Admin/Ping", admin_pb2.PingRequest())
+    with pytest.raises(Denied, match="'deploy'"):  # a worker never ships code
+        check(c, WORKER, "/millrace.code.Code/Prepare", code_pb2.PrepareRequest(module="Billing"))
+
+
+def test_checkpoints_go_to_workers_only_for_themselves() -> None:
+    c = checker(Acls())
+    req = pb.FetchCheckpointRequest(module="Billing", group=0, follower="n1")
+    check(c, WORKER, "/millrace.Replication/FetchCheckpoint", req)
+    with pytest.raises(NotAWorker):
+        check(c, Identity("worker", "n2"), "/millrace.Replication/FetchCheckpoint", req)
+    with pytest.raises(NotAWorker):
+        check(c, ADMIN, "/millrace.Replication/FetchCheckpoint", req)
+
+
+def test_answers_are_forgotten_when_the_watch_replaces_the_acls() -> None:
+    cache = SimpleNamespace(acls=Acls())
+    c = Checker(cache, SimpleNamespace())  # type: ignore[arg-type]
+    assert not c.allowed(APP, "Billing", "append")
+    cache.acls = cache.acls.grant(APP, "Billing", ["append"])
+    assert c.allowed(APP, "Billing", "append")
