@@ -13,6 +13,7 @@ import signal
 import time
 from pathlib import Path
 
+from conductor.security.config import TLS_SETTINGS, check_bind, tls_source
 from conductor.settings import (
     REQUIRED,
     Listen,
@@ -24,6 +25,7 @@ from conductor.settings import (
     parse_seconds,
     resolve,
 )
+from conductor.wire.channels import use_process_credentials
 from conductor.worker.hooks import WorkerHooks
 from conductor.worker.worker import Worker
 
@@ -43,6 +45,7 @@ SETTINGS = [
     Setting("task_threads", 1, int, help="threads the replicas' loops share (0: one per replica; more than one "
             "overlaps fsyncs on a slow disk but costs CPU per message: see conductor.worker.task_thread)"),
     Setting("log_level", "WARNING"),
+    *TLS_SETTINGS,
 ]
 
 
@@ -55,16 +58,21 @@ def main(argv: list[str] | None = None, hooks: WorkerHooks | None = None) -> Non
         s = resolve(vars(args), SETTINGS, "worker", args.config)
         listen = Listen.of(s["host"], s["advertise"])
         metrics = Listen.of(s["metrics_host"] or listen.host, listen.advertise)
+        tls = tls_source(s, "worker", s["node_id"])
+        check_bind(f"worker {s['node_id']}", listen.host, tls, s["insecure"])
     except SettingsError as e:
         p.exit(2, f"{p.prog}: error: {e}\n")
     node_id, data_dir = s["node_id"], s["data_dir"]
     logging.basicConfig(level=s["log_level"].upper(),
                         format=f"%(asctime)s {node_id} %(levelname)s %(name)s: %(message)s")
 
+    # every channel this worker opens (far-horizon copies, code fetches) presents its certificate
+    use_process_credentials(tls.grpc_channel_credentials if tls is not None else None)
+
     async def run() -> None:
         node = Worker(s["zk"], node_id, data_dir, s["port"], s["session_timeout"], s["metrics_port"],
                       listen=listen, metrics_listen=metrics, replication_port=s["replication_port"],
-                      task_threads=s["task_threads"], hooks=hooks)
+                      task_threads=s["task_threads"], hooks=hooks, tls=tls)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
