@@ -28,7 +28,7 @@ from conductor.client import Cluster
 from conductor.security import certs
 from conductor.security.identity import Identity
 from conductor.security.tls import TlsFiles, TlsSource
-from conductor.settings import Listen
+from conductor.settings import Listen, is_loopback
 from conductor.wire.channels import use_process_credentials
 from conductor.zkserver import ZooKeeperEnsemble
 
@@ -143,9 +143,10 @@ class DevCluster:
         return TlsFiles.in_dir(self.pki, identity)
 
     def tls_args(self, identity: Identity) -> list[str]:
-        """A child's TLS flags (none for a plaintext cluster); its certificate is issued if missing."""
+        """A child's TLS flags; its certificate is issued if missing. A plaintext dev cluster bound to a
+        reachable address is plaintext on purpose (`conductor dev` says so): ``--insecure``."""
         if not self.secure:
-            return []
+            return [] if is_loopback(self.listen.host) else ["--insecure"]
         if not TlsFiles.in_dir(self.pki, identity).cert.exists():
             self.issue(identity)
         return ["--tls-dir", str(self.pki)]
