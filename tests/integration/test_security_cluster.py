@@ -18,6 +18,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -196,3 +197,23 @@ def test_reachable_plaintext_bind_refuses_to_start(tmp_path: Path, cmd: list[str
                          timeout=60)
     assert out.returncode == 2, out
     assert "without TLS" in out.stderr and "--insecure" in out.stderr and "--tls-dir" in out.stderr, out.stderr
+
+
+def test_spark_reads_a_depot_and_a_pstate_over_tls(dc: DevCluster, spark: Any) -> None:
+    """Executors (local here: the same machine) read the files the tls* options name."""
+    from topology.spark import register
+
+    register(spark)
+    files = TlsFiles.in_dir(dc.pki, DevCluster.APP)
+    tls = {"tlsCa": str(files.ca), "tlsCert": str(files.cert), "tlsKey": str(files.key)}
+    with dc.connect() as client:
+        client.depot(MODULE, "*raw").append({"user": "spark", "id": "s1"}, ack="applied")
+        client.depot("WordCount", "*sentences").append("spark reads over tls", ack="applied")
+        counts = client.pstate("WordCount", "$$counts")
+        wait_for(lambda: counts.select_one("tls") == 1, 30, "the sentence counted")
+    rows = (spark.read.format("millrace.depot").option("cluster", dc.hosts).option("module", MODULE)
+            .option("depot", "*raw").options(**tls).load().collect())
+    assert any('"spark"' in r.value for r in rows), rows
+    scanned = dict((r.key, r.value) for r in spark.read.format("millrace.pstate").option("cluster", dc.hosts)
+                   .option("module", "WordCount").option("pstate", "$$counts").options(**tls).load().collect())
+    assert scanned.get("tls") == "1", scanned
