@@ -11,10 +11,9 @@ import queue
 import time
 from pathlib import Path
 
-import grpc
-
 from conductor.wire import millrace_pb2 as pb
 from conductor.wire import millrace_pb2_grpc as pbg
+from conductor.wire.channels import open_channel
 from conductor.wire.options import GRPC_OPTIONS
 
 
@@ -45,7 +44,7 @@ def transport_floor(address: str, directory: Path, count: int) -> dict[str, floa
     perf = time.perf_counter
     outbox: queue.SimpleQueue[pb.AppendRequest | None] = queue.SimpleQueue()
     rtts = []
-    with grpc.insecure_channel(address, options=GRPC_OPTIONS) as ch:
+    with open_channel(address, GRPC_OPTIONS) as ch:  # TLS on a secure cluster (the process's certificate)
         replies = pbg.ClientStub(ch).AppendStream(iter(outbox.get, None))
         req = pb.AppendRequest(module=FLOOR_PROBE_MODULE, group=0, ack=pb.ACK_APPLIED)
         for i in range(count + 100):

@@ -58,7 +58,7 @@ async def _receive() -> None:
     counted = 0
     arrived = asyncio.Event()
 
-    def deliver(frame: pb.PeerFrame) -> None:
+    def deliver(frame: pb.PeerFrame, _sender: str | None = None) -> None:
         nonlocal counted
         counted += len(frame.messages)
         arrived.set()

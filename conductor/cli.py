@@ -67,9 +67,19 @@ from conductor.metastore import MetastoreError, MetastoreUnavailable, ModuleExis
 from conductor.metastore.module_spec import KNOWN_OPTIONS, SEGMENT_BYTES, ModuleSpec, SpecError, UnknownOption
 from conductor.metastore.zk_auth import ZkAuthError, ZkPrincipal, read_principal
 from conductor.runtime_env import EnvironmentBroken
-from conductor.settings import CONFIG_ENV, LOOPBACK, Listen, SettingsError, address_settings, resolve
+from conductor.security.config import TLS_SETTINGS, tls_source
+from conductor.settings import (
+    CONFIG_ENV,
+    LOOPBACK,
+    Listen,
+    SettingsError,
+    address_settings,
+    is_loopback,
+    resolve,
+)
 from conductor.shipping import CodeRefused, check_locally, deploy_code
 from conductor.updating import update_code
+from conductor.wire.channels import use_process_credentials
 from topology.artifact import package_code
 from topology.module import ModuleDefinitionError
 
@@ -106,6 +116,8 @@ EXPECTED_ERRORS = (CliError, SpecError, MetastoreError, ModuleDefinitionError, E
 
 #: ZooKeeper digest credentials of this invocation (``conductor --zk-auth FILE ...``), for every connection it opens
 _zk_auth: list[ZkPrincipal] = []
+#: the TLS flags given before the command (`conductor --tls-dir pki status`); read by `_connect`
+_TLS_FLAGS: dict[str, Any] = {}
 
 
 @app.callback()
@@ -113,13 +125,23 @@ def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="log debug 
          zk_auth: Path | None = typer.Option(
              None, "--zk-auth", envvar="MILLRACE_ZK_AUTH",
              help="file holding the ZooKeeper digest credentials USER:PASSWORD (mode 0600), for a protected "
-                  "ensemble (docs/security.md)")) -> None:
+                  "ensemble (docs/security.md)"),
+         tls_dir: Path | None = typer.Option(None, "--tls-dir", help="folder with ca.pem and one admin-<name>.pem/.key "
+                                             "(`conductor certs issue --role admin`): talk to workers over mutual "
+                                             "TLS ($MILLRACE_TLS_DIR; a secure `conductor dev` cluster's is used "
+                                             "by itself)"),
+         tls_ca: Path | None = typer.Option(None, "--tls-ca", help="CA bundle ($MILLRACE_TLS_CA)"),
+         tls_cert: Path | None = typer.Option(None, "--tls-cert", help="the operator's certificate "
+                                              "($MILLRACE_TLS_CERT)"),
+         tls_key: Path | None = typer.Option(None, "--tls-key", help="its key ($MILLRACE_TLS_KEY)")) -> None:
     _zk_auth.clear()
     if zk_auth is not None:
         try:
             _zk_auth.append(read_principal(zk_auth))
         except ZkAuthError as e:
             _fail(str(e))
+    _TLS_FLAGS.clear()
+    _TLS_FLAGS.update(tls_dir=tls_dir, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key)
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -164,6 +186,7 @@ def _resolve_zk(zk: str | None) -> tuple[str, str]:
 def _connect(zk: str | None) -> Iterator[Conductor]:
     """A connected, non-campaigning Conductor: deploy/destroy/balance are plain CAS-guarded metastore writes."""
     hosts, source = _resolve_zk(zk)
+    _use_tls(hosts)
     conductor = Conductor(hosts, name=f"cli-{socket.gethostname()}-{os.getpid()}",
                           zk_auth=_zk_auth[0] if _zk_auth else None)
     conductor.ms.connect_timeout = CONNECT_TIMEOUT_S
@@ -177,6 +200,20 @@ def _connect(zk: str | None) -> Iterator[Conductor]:
         yield conductor
     finally:
         conductor.ms.close()
+
+
+def _use_tls(hosts: str) -> None:
+    """Every channel the command opens to a worker presents the operator's certificate (if it has one): the
+    flags, the MILLRACE_TLS_* variables, else the pki of the secure `conductor dev` cluster at `hosts`."""
+    tls = resolve(_TLS_FLAGS, TLS_SETTINGS[:4], "cli")
+    if all(v is None for v in tls.values()):
+        state_file = DEV_DIR / "cluster.json"
+        with contextlib.suppress(ValueError, OSError):
+            state = json.loads(state_file.read_text())
+            if state.get("zk") == hosts and state.get("tls_dir"):
+                tls["tls_dir"] = Path(state["tls_dir"])
+    source = tls_source(tls, "admin")
+    use_process_credentials(source.grpc_channel_credentials if source is not None else None)
 
 
 def _parse_options(raw: list[str] | None) -> dict[str, str]:
@@ -219,6 +256,8 @@ def dev(
     stop: bool = typer.Option(False, "--stop", help="stop the cluster a previous `conductor dev` started"),
     ui_port: int = typer.Option(8888, "--ui-port", min=0, max=65535,
                                 help="the conductor's web UI port (0: none)"),
+    secure: bool = typer.Option(False, "--secure", help="make a CA and certificates in DIR/pki and run every "
+                                "process with mutual TLS (prints how an app connects)"),
 ) -> None:
     """Start local ZooKeeper server(s), a conductor and N worker nodes in the background (or --stop them).
 
@@ -271,7 +310,11 @@ def dev(
                     shutil.rmtree(leftover)
                     console.print(f"[dim]removed the previous dev cluster's data in {short_path(str(leftover))}"
                                   "[/dim]")
-        dc = DevCluster(root, nodes=nodes, zk_servers=zk_servers, listen=listen, ui_port=ui_port or None)
+        if not secure and not is_loopback(listen.host):
+            console.print(f"[bold red]INSECURE[/bold red]: the dev cluster binds {listen.host} in plaintext; "
+                          "`conductor dev --secure` runs it with mutual TLS")
+        dc = DevCluster(root, nodes=nodes, zk_servers=zk_servers, listen=listen, ui_port=ui_port or None,
+                        secure=secure)
         try:
             with console.status(f"starting {zk_servers} ZooKeeper server(s), a conductor and {nodes} worker node(s) "
                                 f"in {root}"):

@@ -88,6 +88,13 @@ def dev_panel(state: dict[str, Any], title: str, root: Path, style: str = "green
         f"  {stop}\n",
         (f"from another directory: export {ZK_ENV}={zk}", "dim"),
     )
+    if state.get("tls_dir"):
+        pki = state["tls_dir"]
+        nxt.append_text(Text.assemble(
+            ("\nmutual TLS on every link", "bold green"), f"; certificates in {short_path(pki)}\n",
+            "  an app connects with its certificate (app/dev here; more: conductor certs issue --role app):\n",
+            f"  Cluster.connect(\"{zk}\", tls=TlsFiles.in_dir(Path(\"{pki}\"), Identity(\"app\", \"dev\")))\n",
+            (f"  the CLI uses admin/dev by itself; from another directory: export MILLRACE_TLS_DIR={pki}", "dim")))
     head = Text.assemble(("ZooKeeper ", "bold"), zk, ("   state ", "bold"), short_path(str(root / "cluster.json")),
                          *((("   web UI ", "bold"), state["ui"]) if state.get("ui") else ()))
     return Panel(Group(head, Text(""), table, Text(""), nxt), title=title, border_style=style, expand=False)
@@ -113,10 +120,10 @@ def deploy_summary(st: dict[str, Any], seconds: float) -> RenderableType:
 def overview_view(ov: dict[str, Any]) -> RenderableType:
     head = Text.assemble(("ZooKeeper ", "bold"), ov["zk"], f", {len(ov['nodes'])} live worker node(s)")
     nodes = Table(box=None, header_style="bold", pad_edge=False)
-    for col in ("node", "address", "pid", "leaders"):
+    for col in ("node", "address", "links", "pid", "leaders"):
         nodes.add_column(col, no_wrap=True)
     for n in ov["nodes"]:
-        nodes.add_row(n["node"], n["address"], str(n["pid"]),
+        nodes.add_row(n["node"], n["address"], "TLS" if n.get("secure") else "[red]plaintext[/red]", str(n["pid"]),
                       "allowed" if n["leaders_allowed"] else "[yellow]disallowed[/yellow]")
     if not ov["modules"]:
         return Group(head, nodes, Text(""),

@@ -55,10 +55,12 @@ from conductor.metastore.versions import CodeVersion
 from conductor.metastore.watch import WatchHandle
 from conductor.metastore.zk_auth import ZkAuthError, ZkPrincipal, read_principal
 from conductor.placement import balance_leaders, fully_in_sync, place
+from conductor.security.config import TLS_SETTINGS, check_bind, tls_source
 from conductor.settings import REQUIRED, Setting, SettingsError, add_arguments, parse_seconds, resolve
 from conductor.status import status_document
 from conductor.ui import UI_SETTINGS, start_ui
 from conductor.ui.metrics import ConductorMetrics
+from conductor.wire.channels import use_process_credentials
 from replog.election import leaderless_reason, next_leadership, switch_leader, unconfirmed_members
 
 log = logging.getLogger("millrace.conductor")
@@ -544,6 +546,7 @@ SETTINGS = [
             "the znodes this conductor creates are then writable by that user only (docs/security.md)"),
     Setting("log_level", "INFO"),
     *UI_SETTINGS,
+    *TLS_SETTINGS,
 ]
 
 
@@ -560,10 +563,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         s = resolve(vars(args), SETTINGS, "conductor", args.config)
         zk_auth = read_principal(s["zk_auth"]) if s["zk_auth"] is not None else None
+        tls = tls_source(s, "conductor", s["name"])
+        security = check_bind(f"conductor {s['name']}", s["host"], tls, s["insecure"])
     except (SettingsError, ZkAuthError) as e:
         parser.exit(2, f"{parser.prog}: error: {e}\n")
     logging.basicConfig(level=s["log_level"].upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+    # every channel to a worker (status, code shipping, deploys) presents the conductor's certificate
+    use_process_credentials(tls.grpc_channel_credentials if tls is not None else None)
+    log.warning("conductor %s: links to workers %s", s["name"], security)
     conductor = Conductor(s["zk"], s["name"], session_timeout=s["session_timeout"],
                           reconcile_interval=s["reconcile_interval"], balance_interval=s["balance_interval"],
                           zk_auth=zk_auth)

@@ -3,6 +3,12 @@
 `conductor dev` and the integration tests use the same class, so what the
 tests prove is what a developer runs. Every process is a child started in its
 own session with its own log file, and is stopped by its own pid.
+
+``secure=True`` makes a CA and certificates under ``<root>/pki`` (a worker
+certificate per node, one per conductor, ``admin/dev`` for the CLI and
+``app/dev`` for an app) and starts every process with mutual TLS;
+:meth:`DevCluster.connect` hands out a client authenticated as ``app/dev`` (or
+any identity the cluster's CA issues on the spot).
 """
 
 from __future__ import annotations
@@ -18,7 +24,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conductor.settings import Listen
+from conductor.client import Cluster
+from conductor.metastore import Metastore
+from conductor.security.acl import APPEND, QUERY
+from conductor.security import certs
+from conductor.security.identity import Identity
+from conductor.security.tls import TlsFiles, TlsSource
+from conductor.settings import Listen, is_loopback
+from conductor.wire.channels import use_process_credentials
 from conductor.zkserver import ZooKeeperEnsemble
 
 PYTHON = sys.executable
@@ -93,8 +106,11 @@ class DevCluster:
     def __init__(self, root: Path, nodes: int = 3, conductors: int = 1, session_timeout: float = 4.0,
                  log_level: str = "WARNING", balance_interval: float | None = None, zk_servers: int = 1,
                  listen: Listen = Listen(), worker: Sequence[str] = ("-m", "conductor.worker"),
-                 ui_port: int | None = None) -> None:
+                 ui_port: int | None = None, secure: bool = False) -> None:
         self.root = Path(root)
+        #: every process serves and dials mutual TLS with certificates from `pki` (made at start)
+        self.secure = secure
+        self.pki = self.root / "pki"
         #: how a node starts, after the interpreter and before its settings (a test passes its own launcher)
         self.worker = tuple(worker)
         #: the first conductor's web UI port (0: a free one); None: no UI (tests run side by side on 8888)
@@ -115,10 +131,53 @@ class DevCluster:
     def hosts(self) -> str:
         return self.zk.hosts
 
+    #: the identities a secure dev cluster issues besides its workers and conductors (the CLI's, an app's)
+    ADMIN = Identity("admin", "dev")
+    APP = Identity("app", "dev")
+
+    def issue(self, identity: Identity) -> TlsFiles:
+        """Certificate and key for `identity` from this cluster's CA (made on first use), for the advertised
+        address: what `--tls-dir <root>/pki` finds."""
+        if not (self.pki / certs.CA_KEY).exists():
+            certs.init_ca_dir(self.pki, name="Millrace dev cluster CA")
+        hosts = sorted({self.listen.advertise, "127.0.0.1", "localhost"})
+        certs.issue_to_dir(self.pki, identity, hosts=hosts)
+        return TlsFiles.in_dir(self.pki, identity)
+
+    def tls_args(self, identity: Identity) -> list[str]:
+        """A child's TLS flags; its certificate is issued if missing. A plaintext dev cluster bound to a
+        reachable address is plaintext on purpose (`conductor dev` says so): ``--insecure``."""
+        if not self.secure:
+            return [] if is_loopback(self.listen.host) else ["--insecure"]
+        if not TlsFiles.in_dir(self.pki, identity).cert.exists():
+            self.issue(identity)
+        return ["--tls-dir", str(self.pki)]
+
+    def operate_as(self, identity: Identity) -> None:
+        """Make this process the cluster's operator: every channel it opens without its own credentials
+        (deploys, code shipping, status, a test's helpers) presents `identity`'s certificate, as the CLI does."""
+        use_process_credentials(TlsSource(TlsFiles.in_dir(self.pki, identity)).grpc_channel_credentials)
+
+    def connect(self, identity: Identity | None = None, **kwargs: Any) -> Cluster:
+        """A client of this cluster: authenticated as `identity` (default app/dev) when it is secure."""
+        if not self.secure:
+            return Cluster.connect(self.hosts, **kwargs)
+        identity = identity or self.APP
+        files = TlsFiles.in_dir(self.pki, identity)
+        if not files.cert.exists():
+            self.issue(identity)
+        return Cluster.connect(self.hosts, tls=files, **kwargs)
+
     def start(self, timeout_s: float = 60.0) -> DevCluster:
         self.root.mkdir(parents=True, exist_ok=True)
         try:
+            if self.secure:  # (this process becomes the operator: `operate_as`)
+                for identity in (self.ADMIN, self.APP):
+                    self.issue(identity)
+                self.operate_as(self.ADMIN)
             self.zk.start()
+            if self.secure:
+                self._grant_dev_app()
             for i in range(1, self._n_conductors + 1):
                 self.start_conductor(f"c{i}")
             for i in range(1, self._n_nodes + 1):
@@ -130,13 +189,24 @@ class DevCluster:
         self.write_state()
         return self
 
+    def _grant_dev_app(self) -> None:
+        """A development convenience: ``app/dev`` may append to and query every module (``*``), so an app
+        connected with :meth:`connect` works at once; the workers check every call against the ACLs."""
+        ms = Metastore(self.hosts)
+        ms.start()
+        try:
+            ms.acls.grant(self.APP, "*", [APPEND, QUERY])
+        finally:
+            ms.close()
+
     def start_conductor(self, name: str) -> ChildProcess:
         p = ChildProcess(name, [PYTHON, "-m", "conductor.controller", "--zk", self.hosts, "--name", name,
                                 "--session-timeout", str(self.session_timeout), "--reconcile-interval", "1",
                                 "--log-level", "INFO", "--host", self.listen.host,
                                 "--ui-port", "off" if self.ui_port is None or self.conductors else str(self.ui_port),
                                 *(["--balance-interval", str(self.balance_interval)]
-                                  if self.balance_interval is not None else [])],
+                                  if self.balance_interval is not None else []),
+                                *self.tls_args(Identity("conductor", name))],
                          self.root / "logs" / f"conductor-{name}.log")
         self.conductors[name] = p.start()
         return p
@@ -151,7 +221,7 @@ class DevCluster:
         p = ChildProcess(node_id, [PYTHON, *self.worker, "--zk", self.hosts, "--node-id", node_id,
                                    "--data-dir", str(d), "--session-timeout", str(self.session_timeout),
                                    "--host", self.listen.host, "--advertise", self.listen.advertise,
-                                   "--log-level", self.log_level],
+                                   "--log-level", self.log_level, *self.tls_args(Identity("worker", node_id))],
                          self.root / "logs" / f"node-{node_id}.log")
         self.nodes[node_id] = p.start()
         return p
@@ -174,6 +244,8 @@ class DevCluster:
             "conductors": {n: p.pid for n, p in self.conductors.items()},
             "nodes": {n: p.pid for n, p in self.nodes.items()},
         }
+        if self.secure:
+            state["tls_dir"] = str(self.pki)
         if self.ui_port:
             state["ui"] = f"http://{self.listen.advertised(self.ui_port)}/"
         (self.root / "cluster.json").write_text(json.dumps(state, indent=2))
@@ -182,6 +254,8 @@ class DevCluster:
         for p in [*self.nodes.values(), *self.conductors.values()]:
             p.stop()
         self.zk.stop()
+        if self.secure:
+            use_process_credentials(None)
 
     def __enter__(self) -> DevCluster:
         return self.start()

@@ -87,6 +87,10 @@ def add_arguments(parser: argparse.ArgumentParser, settings: Sequence[Setting]) 
     parser.add_argument("--config", type=Path, default=None,
                         help=f"TOML config file (also ${CONFIG_ENV}); flags beat environment variables beat the file")
     for s in settings:
+        if s.parse is parse_bool:  # a switch: given or not (the environment and the file say true or false)
+            parser.add_argument(s.flag, dest=s.name, action="store_true", default=None,
+                                help=f"{s.help} (${s.env}=1)".strip())
+            continue
         default = "" if s.default is None or s.default is REQUIRED else f"; default {s.default}"
         parser.add_argument(s.flag, dest=s.name, default=None,
                             help=f"{s.help} (${s.env}{default})".strip())
@@ -203,18 +207,30 @@ def parse_port(raw: str) -> int:
     return port
 
 
+def parse_bool(raw: str) -> bool:
+    """A switch's value from the environment or a config file: 1/true/yes/on or 0/false/no/off."""
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError("write true or false")
+
+
+def is_loopback(host: str) -> bool:
+    """True for an address only this machine reaches (127.0.0.0/8, ::1, localhost): safe without TLS."""
+    h = _unbracket(host.strip())
+    if h == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(h).is_loopback
+    except ValueError:
+        return False
+
+
 def parse_seconds(raw: str) -> float:
     value = float(raw)
     if value < 0:
         raise ValueError("seconds cannot be negative")
     return value
 
-
-def parse_bool(raw: str) -> bool:
-    """A switch from a flag, a variable or TOML: true/false, yes/no, on/off, 1/0."""
-    value = raw.strip().lower()
-    if value in ("true", "yes", "on", "1"):
-        return True
-    if value in ("false", "no", "off", "0"):
-        return False
-    raise ValueError("expected true or false")

@@ -37,6 +37,7 @@ from conductor.metastore import GroupState, ModuleSpec
 from conductor.metastore.versions import CodeVersion
 from conductor.wire import code_pb2
 from conductor.wire import code_pb2_grpc as codeg
+from conductor.wire.channels import open_channel
 from conductor.wire.options import GRPC_OPTIONS
 from topology.artifact import Artifact
 from topology.code_loader import unload
@@ -86,7 +87,7 @@ def deploy_code(conductor: Conductor, spec: ModuleSpec, artifact: Artifact,
     groups = conductor.place_module(spec)
     nodes = sorted({n for st in groups.values() for n in st.replicas})
     addresses = {n: info.address for n in nodes if (info := conductor.ms.nodes.get(n)) is not None}
-    channels = {n: grpc.insecure_channel(a, options=GRPC_OPTIONS) for n, a in addresses.items()}
+    channels = {n: open_channel(a, GRPC_OPTIONS) for n, a in addresses.items()}  # TLS: the process's certificate
     try:
         step(f"shipping code {artifact.sha256[:12]} ({artifact.size:,} bytes) to {', '.join(nodes)}")
         holder, refusals = put_artifact(channels, nodes, artifact)

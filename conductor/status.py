@@ -49,8 +49,8 @@ class Channels(wire_channels.Channels):
     OPTIONS = [*GRPC_OPTIONS, ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
                ("grpc.max_reconnect_backoff_ms", 1000)]
 
-    def __init__(self) -> None:
-        super().__init__(self.OPTIONS)
+    def __init__(self, credentials: wire_channels.Credentials | None = None) -> None:
+        super().__init__(self.OPTIONS, credentials)
 
 
 def query_group_status(address: str, module: str, group: int, timeout_s: float = RPC_TIMEOUT_S,
@@ -143,7 +143,7 @@ def nodes_overview(ms: Metastore) -> list[dict[str, Any]]:
         if info is not None:  # it may have left between the two reads
             out.append({"node": node_id, "address": info.address, "replication": info.replication,
                         "metrics": info.metrics, "pid": info.pid, "started": info.started,
-                        "leaders_allowed": node_id not in drained})
+                        "secure": info.secure, "leaders_allowed": node_id not in drained})
     return out
 
 

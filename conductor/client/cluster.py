@@ -4,6 +4,10 @@
     cluster.depot("WordCount", "*sentences").append("the cat sat", ack="applied")
     cluster.pstate("WordCount", "$$counts").select_one("cat")
 
+    # a secured cluster: mutual TLS with the app's certificate (``conductor certs issue --role app``)
+    cluster = Cluster.connect("zk1:2181", tls=TlsFiles(Path("ca.pem"), Path("app-billing.pem"),
+                                                       Path("app-billing.key")))
+
 The client reads module metadata from ZooKeeper (never data), routes each record
 with the depot's own partitioner to the leader of the task group that owns its
 task, and refreshes metadata and retries when a leader moves (``NotLeader``) or a
@@ -71,9 +75,10 @@ from conductor.client.streams import (
 )
 from conductor.metastore import GroupState, Metastore, MetastoreError
 from conductor.metastore.module_spec import NAME_RE, ModuleSpec
+from conductor.security.tls import TlsFiles, TlsSource
 from conductor.wire import millrace_pb2 as pb
 from conductor.wire import millrace_pb2_grpc as pbg
-from conductor.wire.channels import Channels
+from conductor.wire.channels import Channels, open_aio_channel
 from conductor.wire.errors import Unavailable
 from conductor.wire.options import GRPC_OPTIONS
 from replog.errors import NotLeader
@@ -116,8 +121,13 @@ class Cluster:
                  max_batch_records: int = 10_000, max_inflight_per_group: int = 8,
                  max_queued_records: int = 100_000, max_queued_bytes: int = 64 << 20,
                  max_blocking_appends_per_group: int = 1024,
-                 code_cache: CodeCache | None = None, idempotent: bool = True) -> None:
+                 code_cache: CodeCache | None = None, idempotent: bool = True,
+                 tls: TlsFiles | TlsSource | None = None) -> None:
         self.zk_hosts = zk_hosts
+        #: the app's certificate: every channel is mutual TLS with the files' current content (a rotation is
+        #: used by the channels opened after it); None: plaintext (or the process's, conductor.wire.channels)
+        self.tls = tls if isinstance(tls, TlsSource) or tls is None else TlsSource(tls)
+        self._credentials = self.tls.grpc_channel_credentials if self.tls is not None else None
         #: where deployed modules' code is fetched to (default: ~/.cache/millrace/code)
         self.code_cache = code_cache or default_cache()
         self.timeout_s = timeout_s
@@ -141,7 +151,7 @@ class Cluster:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="millrace-client", daemon=True)
         self._channels: dict[str, grpc.aio.Channel] = {}
-        self._sync_channels = Channels()
+        self._sync_channels = Channels(credentials=self._credentials)
         #: guards the sync channels and the registry of calls in flight (any thread)
         self._calls_lock = threading.Lock()
         #: per group: bumped by every leader change the watch sees
@@ -254,7 +264,8 @@ class Cluster:
             m = self._modules.get(module)
             if m is not None:
                 return m
-            definition = load_deployed(self._ms, routes.spec, self.code_cache).build()
+            definition = load_deployed(self._ms, routes.spec, self.code_cache,
+                                       credentials=self._credentials).build()
             m = self._modules[module] = _Module(routes.spec, definition)
         for g in routes.groups:
             self._ms.groups.watch(module, g, functools.partial(self._on_group, module, g))
@@ -270,7 +281,8 @@ class Cluster:
         with self._modules_lock:
             m = self._modules[module]
             if spec.version != m.spec.version:
-                m = self._modules[module] = _Module(spec, load_deployed(self._ms, spec, self.code_cache).build())
+                m = self._modules[module] = _Module(spec, load_deployed(self._ms, spec, self.code_cache,
+                                                                           credentials=self._credentials).build())
         return m
 
     def _routes(self, module: str) -> ModuleRoutes:
@@ -383,7 +395,7 @@ class Cluster:
     def _stub(self, address: str) -> pbg.ClientStub:
         ch = self._channels.get(address)
         if ch is None:
-            ch = self._channels[address] = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
+            ch = self._channels[address] = open_aio_channel(address, GRPC_OPTIONS, self._credentials)
         return pbg.ClientStub(ch)
 
     def _sync_stub(self, address: str) -> pbg.ClientStub:

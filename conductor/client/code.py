@@ -30,6 +30,7 @@ import grpc
 from conductor.metastore import Metastore, ModuleSpec
 from conductor.wire import code_pb2
 from conductor.wire import code_pb2_grpc as codeg
+from conductor.wire.channels import Credentials, open_channel
 from conductor.wire.options import GRPC_OPTIONS
 from topology.artifact import CHUNK_BYTES, ArtifactError, extract
 from topology.code_loader import load_class, unload
@@ -100,12 +101,13 @@ class CodeCache:
             while chunk := f.read(size):
                 yield chunk
 
-    def fetch(self, sha256: str, sources: Iterable[str]) -> None:
-        """Fetch a version from the first of `sources` (gRPC addresses) that delivers it intact."""
+    def fetch(self, sha256: str, sources: Iterable[str], credentials: Credentials | None = None) -> None:
+        """Fetch a version from the first of `sources` (gRPC addresses) that delivers it intact (over TLS with
+        `credentials`, or the process's: conductor.wire.channels)."""
         tried = []
         for address in sources:
             try:
-                with grpc.insecure_channel(address, options=GRPC_OPTIONS) as channel:
+                with open_channel(address, GRPC_OPTIONS, credentials) as channel:
                     stream = codeg.CodeStub(channel).FetchArtifact(code_pb2.FetchArtifactRequest(sha256=sha256),
                                                                    timeout=FETCH_TIMEOUT_S)
                     self.put(sha256, (c.data for c in stream))
@@ -166,11 +168,12 @@ def code_sources(ms: Metastore, module: str, sha256: str, exclude: str | None = 
     return [i.address for i in infos if i is not None]
 
 
-def load_deployed(ms: Metastore, spec: ModuleSpec, cache: CodeCache, exclude: str | None = None) -> type[Module]:
+def load_deployed(ms: Metastore, spec: ModuleSpec, cache: CodeCache, exclude: str | None = None,
+                  credentials: Credentials | None = None) -> type[Module]:
     """The Module class a deployed module runs: its code version (fetched if this machine lacks it), or, for a
     module deployed without shipped code, the class on this interpreter's path."""
     if spec.code is None:
         return load_module(spec.module_ref)
     if not cache.has(spec.code):
-        cache.fetch(spec.code, code_sources(ms, spec.name, spec.code, exclude))
+        cache.fetch(spec.code, code_sources(ms, spec.name, spec.code, exclude), credentials)
     return cache.load(spec.code, spec.module_ref)

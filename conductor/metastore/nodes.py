@@ -37,16 +37,20 @@ class NodeInfo:
     replication: str = ""
     #: where its Prometheus endpoint serves /metrics (the conductor's UI scrapes it); "" until it is up
     metrics: str = ""
+    #: it serves mutual TLS (False: plaintext, loopback or --insecure; `conductor status` shows it)
+    secure: bool = False
 
     def to_json(self) -> bytes:
         return json.dumps({"address": self.address, "replication": self.replication, "pid": self.pid,
-                           "started": self.started, "metrics": self.metrics}, sort_keys=True).encode()
+                           "started": self.started, "metrics": self.metrics, "secure": self.secure},
+                          sort_keys=True).encode()
 
     @classmethod
     def from_json(cls, node_id: str, raw: bytes) -> NodeInfo:
         doc = json.loads(raw)
         return cls(node_id=node_id, address=doc["address"], pid=int(doc["pid"]), started=float(doc["started"]),
-                   replication=str(doc.get("replication", "")), metrics=str(doc.get("metrics", "")))
+                   replication=str(doc.get("replication", "")), metrics=str(doc.get("metrics", "")),
+                   secure=bool(doc.get("secure", False)))
 
 
 class Nodes:
@@ -55,11 +59,12 @@ class Nodes:
     def __init__(self, ms: Metastore) -> None:
         self.ms = ms
         #: node id -> (gRPC address, replication address) of the nodes this session registered
-        self._registered: dict[str, tuple[str, str]] = {}
+        self._registered: dict[str, tuple[str, str, bool]] = {}
         #: node id -> metrics address advertised by this session (kept across a re-registration)
         self._metrics: dict[str, str] = {}
 
-    def register(self, node_id: str, address: str, *, replication: str = "", stale_wait_s: float = 0.0) -> NodeInfo:
+    def register(self, node_id: str, address: str, *, replication: str = "", stale_wait_s: float = 0.0,
+                 secure: bool = False) -> NodeInfo:
         """Announce a live worker node (ephemeral: it disappears when this session ends).
 
         A worker restarted right after a crash finds its id still held by the crashed process's session
@@ -69,7 +74,7 @@ class Nodes:
         if not NAME_RE.match(node_id):
             raise ValueError(f"bad node id {node_id!r}: use letters, digits, '_', '-' or '.', starting with a letter")
         info = NodeInfo(node_id=node_id, address=address, pid=os.getpid(), started=time.time(),
-                        replication=replication, metrics=self._metrics.get(node_id, ""))
+                        replication=replication, metrics=self._metrics.get(node_id, ""), secure=secure)
         path = f"{NODES_PATH}/{node_id}"
 
         def attempt() -> None:
@@ -99,7 +104,7 @@ class Nodes:
                     raise
                 log.warning("%s; waiting up to %.0f s for that session to expire", e, deadline - time.monotonic())
                 time.sleep(0.25)
-        self._registered[node_id] = (address, replication)
+        self._registered[node_id] = (address, replication, secure)
         return info
 
     def advertise_metrics(self, node_id: str, metrics: str) -> None:
@@ -171,9 +176,9 @@ class Nodes:
 
     def reregister(self) -> None:
         """A new session after LOST: our node znodes expired with the old one, so create them again."""
-        for node_id, (address, replication) in list(self._registered.items()):
+        for node_id, (address, replication, secure) in list(self._registered.items()):
             try:
-                self.register(node_id, address, replication=replication)
+                self.register(node_id, address, replication=replication, secure=secure)
                 log.info("re-registered node %s after session loss", node_id)
             except MetastoreError as e:
                 log.error("could not re-register node %s: %s", node_id, e)

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from conductor.metastore.zk_auth import ZkAuthError, read_principal
+from conductor.security.config import TLS_SETTINGS, check_bind, tls_source
 from conductor.settings import (
     REQUIRED,
     Listen,
@@ -26,6 +27,7 @@ from conductor.settings import (
     parse_seconds,
     resolve,
 )
+from conductor.wire.channels import use_process_credentials
 from conductor.worker.hooks import WorkerHooks
 from conductor.worker.worker import Worker
 
@@ -46,9 +48,10 @@ SETTINGS = [
             "overlaps fsyncs on a slow disk but costs CPU per message: see conductor.worker.task_thread)"),
     Setting("zk_auth", None, Path, help="file holding the ZooKeeper digest credentials USER:PASSWORD (mode 0600); "
             "the znodes this worker creates are then writable by that user only (docs/security.md)"),
-    Setting("authorize", False, parse_bool, help="check every gRPC call's identity (certificate or bearer token) "
+    Setting("authorize", None, parse_bool, help="(default: on with TLS) check every gRPC call's identity (certificate or bearer token) "
             "against the module ACLs (docs/security.md)"),
     Setting("log_level", "WARNING"),
+    *TLS_SETTINGS,
 ]
 
 
@@ -62,16 +65,23 @@ def main(argv: list[str] | None = None, hooks: WorkerHooks | None = None) -> Non
         listen = Listen.of(s["host"], s["advertise"])
         metrics = Listen.of(s["metrics_host"] or listen.host, listen.advertise)
         zk_auth = read_principal(s["zk_auth"]) if s["zk_auth"] is not None else None
+        tls = tls_source(s, "worker", s["node_id"])
+        check_bind(f"worker {s['node_id']}", listen.host, tls, s["insecure"])
     except (SettingsError, ZkAuthError) as e:
         p.exit(2, f"{p.prog}: error: {e}\n")
     node_id, data_dir = s["node_id"], s["data_dir"]
     logging.basicConfig(level=s["log_level"].upper(),
                         format=f"%(asctime)s {node_id} %(levelname)s %(name)s: %(message)s")
 
+    # every channel this worker opens (far-horizon copies, code fetches) presents its certificate
+    use_process_credentials(tls.grpc_channel_credentials if tls is not None else None)
+
     async def run() -> None:
         node = Worker(s["zk"], node_id, data_dir, s["port"], s["session_timeout"], s["metrics_port"],
                       listen=listen, metrics_listen=metrics, replication_port=s["replication_port"],
-                      task_threads=s["task_threads"], hooks=hooks, authorize=s["authorize"], zk_auth=zk_auth)
+                      task_threads=s["task_threads"], hooks=hooks, tls=tls, zk_auth=zk_auth,
+                      # secure by default: with TLS every call is authorised unless --authorize false
+                      authorize=tls is not None if s["authorize"] is None else s["authorize"])
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -42,6 +42,7 @@ import grpc
 
 from conductor.wire import millrace_pb2 as pb
 from conductor.wire import millrace_pb2_grpc as pbg
+from conductor.wire.channels import open_channel
 from conductor.wire.checked import checked_handler
 from conductor.wire.packing import varint
 from conductor.worker.hooks import ChunkFilter
@@ -321,7 +322,7 @@ class Catchup:
         shutil.rmtree(self.staging, ignore_errors=True)
         self.staging.mkdir(parents=True)
         verified: dict[str, ManifestFile] = {}
-        channel = grpc.insecure_channel(self.address, options=self._options)
+        channel = open_channel(self.address, self._options)  # TLS: the worker's certificate, if it has one
         # Responses stay raw bytes: decode_chunk parses data chunks without copying them.
         fetch = channel.unary_stream(FETCH_METHOD, request_serializer=pb.FetchCheckpointRequest.SerializeToString,
                                      response_deserializer=None)

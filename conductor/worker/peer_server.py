@@ -5,6 +5,11 @@ event loop as bytes arrive (an ``asyncio.Protocol``: no await per frame) and han
 and posts each message to its replica's task thread). A sender that is not a
 replica, a frame that does not decode or one over the size limit gets one
 refusal and the link closes; its peer reconnects, as after any failure.
+
+With TLS (``links``: :class:`~conductor.security.tls.LinkContexts`) the listener
+requires a certificate from the cluster's CA; a link is kept only if that
+certificate is a worker's, and each frame must name that worker as its ``src``
+(:mod:`conductor.worker.peer_auth`): ``deliver`` is given the authenticated name.
 """
 
 from __future__ import annotations
@@ -12,12 +17,19 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from google.protobuf.message import DecodeError
 
+from conductor.security.identity import IdentityError
+from conductor.security.tls import PeerRefused
 from conductor.wire import millrace_pb2 as pb
 from conductor.wire.errors import InvalidRequest, RefusedPeer, status_of
 from conductor.wire.peer_framing import LENGTH, MAX_FRAME_BYTES, refusal_bytes, tune_socket
+from conductor.worker.peer_auth import link_peer
+
+if TYPE_CHECKING:
+    from conductor.security.tls import LinkContexts
 
 log = logging.getLogger("millrace.transport")
 
@@ -28,15 +40,20 @@ MAX_LINKS = 256
 class PeerServer:
     """Accepts replication links on ``host:port`` (0: a free port; ``port`` is the bound one once started)."""
 
-    def __init__(self, deliver: Callable[[pb.PeerFrame], None]) -> None:
+    def __init__(self, deliver: Callable[[pb.PeerFrame, str | None], None], tls: LinkContexts | None = None
+                 ) -> None:
+        #: (frame, the sender's authenticated name, or None without TLS)
         self.deliver = deliver
+        #: the listener's TLS contexts (None: plaintext)
+        self.tls = tls
         self.port = 0
         self._server: asyncio.Server | None = None
         self.links: set[_Link] = set()
 
     async def start(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _Link(self), host, port)
+        ssl = self.tls.server() if self.tls is not None else None
+        self._server = await loop.create_server(lambda: _Link(self), host, port, ssl=ssl)
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port
 
@@ -56,6 +73,8 @@ class _Link(asyncio.Protocol):
         self.server = server
         self.buf = bytearray()
         self.transport: asyncio.Transport | None = None
+        #: the worker the link's certificate names (TLS), else None
+        self.peer: str | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -67,6 +86,13 @@ class _Link(asyncio.Protocol):
             return
         self.server.links.add(self)
         tune_socket(transport.get_extra_info("socket"))
+        if self.server.tls is not None:
+            try:
+                self.peer = link_peer(transport).name
+            except (PeerRefused, IdentityError) as e:
+                log.warning("refused a replication link from %s: %s", transport.get_extra_info("peername"), e)
+                transport.write(refusal_bytes("UNAUTHENTICATED", str(e)))
+                self.close()
 
     def data_received(self, data: bytes) -> None:
         buf = self.buf
@@ -87,7 +113,10 @@ class _Link(asyncio.Protocol):
                         except DecodeError as e:
                             raise InvalidRequest("peer frame", f"does not decode: {e}") from None
                     pos = end
-                    self.server.deliver(frame)
+                    if self.peer is not None and frame.src != self.peer:
+                        raise InvalidRequest("peer frame", f"names {frame.src!r} as its sender on a link whose "
+                                             f"certificate is worker/{self.peer}; a worker sends only as itself")
+                    self.server.deliver(frame, self.peer)
         except (RefusedPeer, InvalidRequest) as e:  # not a replica, or garbage: say why and close
             code, details, _meta = status_of(e)
             assert self.transport is not None

@@ -8,7 +8,9 @@ Python's per-message cost demands), and a link that is reopened after a failure
 without replaying anything. A full queue drops the newest message rather than
 growing: the leader resends after ``replication.request.timeout.millis``. The
 framing, and why it is not gRPC, is in :mod:`conductor.wire.peer_framing`; the
-receiving side is :mod:`conductor.worker.peer_server`.
+receiving side is :mod:`conductor.worker.peer_server`. With TLS each dial uses the
+current client context (a rotated certificate is used from the next link) and the
+link is kept only if the peer's certificate is the worker we dialled.
 """
 
 from __future__ import annotations
@@ -19,12 +21,15 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from conductor.security.identity import IdentityError
+from conductor.security.tls import LinkContexts, PeerRefused
 from conductor.settings import split_hostport
 from conductor.wire import millrace_pb2 as pb
 from conductor.wire.packing import pack_lengths, unpack_lengths
 from conductor.wire.peer_framing import LENGTH, MAX_FRAME_BYTES, REFUSAL_MAX_BYTES, frame_bytes, tune_socket
 from conductor.worker.dataflow import Inflow
 from conductor.worker.inbox import PeerMessage
+from conductor.worker.peer_auth import expect_worker
 from replog.config import MAX_ENTRY_BYTES_CEILING
 from replog.messages import EpochRequest, EpochResponse, FarHorizonOffer, RawReplicate, ReplicateAck
 from topology.dataflow.group import Batch
@@ -165,8 +170,13 @@ class _PeerLink:
             writer: asyncio.StreamWriter | None = None
             try:
                 host, port = split_hostport(address)
-                reader, w = await asyncio.wait_for(asyncio.open_connection(host, port), CONNECT_TIMEOUT_S)
+                tls = self.t.tls.client() if self.t.tls is not None else None
+                reader, w = await asyncio.wait_for(
+                    asyncio.open_connection(host, port, ssl=tls, server_hostname=self.dst if tls else None),
+                    CONNECT_TIMEOUT_S)
                 writer = w
+                if tls is not None:
+                    expect_worker(w, self.dst)  # the address came from ZooKeeper: prove who answered
                 tune_socket(w.get_extra_info("socket"))
                 w.transport.set_write_buffer_limits(high=WRITE_BUFFER_BYTES)
                 refused = asyncio.ensure_future(_read_refusal(reader))
@@ -182,6 +192,9 @@ class _PeerLink:
                 raise
             except (TimeoutError, OSError, ValueError) as e:
                 log.debug("replication link to %s at %s broke: %r", self.dst, address, e)
+                self.t.forget(self.dst)
+            except (PeerRefused, IdentityError) as e:
+                log.warning("replication link to %s at %s refused: %s", self.dst, address, e)
                 self.t.forget(self.dst)
             except Exception:
                 log.exception("replication link to %s failed", self.dst)
@@ -207,8 +220,11 @@ class PeerTransport:
     """Sends protocol messages to peer nodes; thread-safe `send` for task threads."""
 
     def __init__(self, node_id: str, loop: asyncio.AbstractEventLoop,
-                 resolve: Callable[[str], str | None], forget: Callable[[str], None]) -> None:
+                 resolve: Callable[[str], str | None], forget: Callable[[str], None],
+                 tls: LinkContexts | None = None) -> None:
         self.node_id = node_id
+        #: the links' TLS contexts (None: plaintext)
+        self.tls = tls
         self.loop = loop
         self.resolve = resolve
         self.forget = forget

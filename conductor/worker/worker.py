@@ -35,7 +35,7 @@ from conductor.metastore.module_spec import SEGMENT_BYTES, ModuleSpec
 from conductor.metastore.tokens import TokenCache
 from conductor.metastore.zk_auth import ZkPrincipal
 from conductor.security.tls import TlsSource
-from conductor.settings import Listen
+from conductor.settings import Listen, is_loopback
 from conductor.wire import admin_pb2, code_pb2
 from conductor.wire import millrace_pb2 as pb
 from conductor.wire.checked import checked_handler
@@ -141,7 +141,7 @@ class Worker:
         self.metrics_port = metrics_port
         #: peers' replication links arrive here (on `listen.host`; 0: a free port), registered in ZooKeeper
         self.replication_port = replication_port
-        self.peer_server = PeerServer(self.deliver)
+        self.peer_server = PeerServer(self.deliver, tls.link_contexts() if tls is not None else None)
         #: the task threads the replicas share (0: a thread per replica); see conductor.worker.task_thread
         self.task_threads = TaskThreadPool(node_id, task_threads)
         #: the modules open here and their local replicas
@@ -180,10 +180,12 @@ class Worker:
             checked_handler(code_pb2.DESCRIPTOR.services_by_name["Code"], CodeService(
                 self.node_id, self.code, lifecycle.prepare, metastore.versions.referenced)),
             checked_handler(pb.DESCRIPTOR.services_by_name["Client"], ClientService(self.modules, settler.post)),
-            replication_handler(ReplicationService(self.shelf, self.checkpoint_round, self.hooks.chunk_sent)),
+            replication_handler(ReplicationService(self.shelf, self.checkpoint_round, self.hooks.chunk_sent,
+                                                   workers_only=self.tls is not None)),
         ))
         self._running = run = Running(
-            loop, metastore, router, PeerTransport(self.node_id, loop, self._resolve_peer, router.forget), server,
+            loop, metastore, router, PeerTransport(self.node_id, loop, self._resolve_peer, router.forget,
+                                                   self.peer_server.tls), server,
             settler, ReplicaRecovery(self.node_id, self.data_dir, metastore, self.modules, self.open_replica),
             lifecycle)
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -210,14 +212,16 @@ class Worker:
         metastore.add_state_listener(self._on_zk_state)
         # a crashed predecessor's session may hold our id for up to its timeout (assumed to be ours)
         await asyncio.to_thread(functools.partial(metastore.nodes.register, self.node_id, self.address,
-                                                  replication=self.replication_address, stale_wait_s=self.session_timeout * 1.5 + 2))
+                                                  replication=self.replication_address, stale_wait_s=self.session_timeout * 1.5 + 2,
+                                                  secure=self.tls is not None))
         metastore.zk.ChildrenWatch(MODULES_PATH, self._on_modules)
         run.lifecycle.start()
         self.metrics_address = self._start_metrics()
         await asyncio.to_thread(metastore.nodes.advertise_metrics, self.node_id, self.metrics_address)
         self._sweeper = asyncio.create_task(self._sweep_checkpoints())
         log.warning("node %s serving on %s, %s (data %s, ZooKeeper %s, session 0x%x, metrics http://%s/metrics, %s)",
-                    self.node_id, self.address, self.authorization, self.data_dir, self.zk_hosts, self.session or 0,
+                    self.node_id, self.address, f"{self.security}, {self.authorization}", self.data_dir,
+                    self.zk_hosts, self.session or 0,
                     self.metrics_address, f"replicas share {self.task_threads.size} task thread(s)"
                     if self.task_threads.size else "a task thread per replica")
 
@@ -237,6 +241,13 @@ class Worker:
         if self.authorizer is None:
             return "authorization OFF (every caller may do everything)"
         return "authorization on (certificates and tokens checked against the module ACLs)"
+
+    @property
+    def security(self) -> str:
+        """How the links are protected, for the start line (``python -m conductor.worker`` says INSECURE)."""
+        if self.tls is not None:
+            return f"mutual TLS as {self.tls.identity}"
+        return "INSECURE: plaintext" if not is_loopback(self.listen.host) else "plaintext on loopback"
 
     @property
     def address(self) -> str:
@@ -597,8 +608,12 @@ class Worker:
             return
         self.running.transport.send_many(module, group, [(node, msg)])
 
-    def deliver(self, frame: pb.PeerFrame) -> None:
+    def deliver(self, frame: pb.PeerFrame, sender: str | None = None) -> None:
         """Hand a peer's messages to their replicas; RefusedPeer / InvalidRequest for those that must not go.
+
+        ``sender`` is the worker the link's certificate names (TLS; the link already
+        refused a frame whose ``src`` differs), used instead of the self-declared
+        ``frame.src``; None on a plaintext link.
 
         Replication messages are taken only from the group's replicas (an unknown
         node id, or one that is no longer a replica, is refused); the others of
@@ -610,6 +625,7 @@ class Worker:
         if frame.dst != self.node_id:
             log.warning("dropped a replication frame for %s (this is %s)", frame.dst, self.node_id)
             return
+        src = sender if sender is not None else frame.src
         refused: Exception | None = None
         taken = 0
         for m in frame.messages:
@@ -618,11 +634,11 @@ class Worker:
                 continue
             if m.WhichOneof("body") in REPLICATION_BODIES:
                 replicas = host.replicas
-                if replicas is not None and frame.src not in replicas:
-                    refused = RefusedPeer(frame.src, host.name, list(replicas))
+                if replicas is not None and src not in replicas:
+                    refused = RefusedPeer(src, host.name, list(replicas))
                     continue
             try:
-                event = from_proto(frame.src, self.node_id, m)
+                event = from_proto(src, self.node_id, m)
             except ValueError as e:  # no body, or lengths that do not match the packed envelopes
                 refused = InvalidRequest("peer message", str(e))
                 continue

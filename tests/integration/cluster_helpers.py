@@ -19,6 +19,7 @@ from conductor.metastore.module_spec import ModuleSpec
 from conductor.shipping import deploy_code
 from conductor.wire import millrace_pb2 as pb
 from conductor.wire import millrace_pb2_grpc as pbg
+from conductor.wire.channels import open_channel
 from pstate import TaskGroupStore
 from replog.log import Log
 from topology import load_module
@@ -57,7 +58,7 @@ def deploy(dc: DevCluster, name: str = "Clicks", tasks: int = 4, threads: int = 
 
 def group_status(dc: DevCluster, node_id: str, module: str, group: int) -> pb.GroupStatusReply:
     address = (dc.node_dir(node_id) / "node.address").read_text()
-    with grpc.insecure_channel(address) as ch:
+    with open_channel(address) as ch:  # TLS on a secure DevCluster (its operator's certificate)
         try:
             return pbg.ClientStub(ch).GroupStatus(pb.GroupStatusRequest(module=module, group=group), timeout=2)
         except grpc.RpcError:

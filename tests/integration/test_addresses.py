@@ -46,12 +46,13 @@ def test_workers_on_separate_hosts_serve_replicate_and_report_at_their_advertise
     try:
         w1.spawn("w1", [sys.executable, "-m", "conductor.worker", "--zk", zk.hosts, "--node-id", "w1",
                         "--data-dir", str(tmp_path / "w1"), "--host", "0.0.0.0", "--advertise", w1.address,
-                        "--session-timeout", "4"], tmp_path / "w1.log")
+                        "--session-timeout", "4", "--insecure"], tmp_path / "w1.log")
         config = tmp_path / "w2.toml"
         config.write_text(f'zk = "{zk.hosts}"\n[worker]\nhost = "{w2.address}"\ndata_dir = "{tmp_path / "w2"}"\n'
                           f"metrics_port = {METRICS_PORT}\nport = 7001\nreplication_port = 7003\n")
         w2.spawn("w2", [sys.executable, "-m", "conductor.worker", "--session-timeout", "4"], tmp_path / "w2.log",
-                 env={"MILLRACE_CONFIG": str(config), "MILLRACE_NODE_ID": "w2", "MILLRACE_PORT": "7002"})
+                 env={"MILLRACE_CONFIG": str(config), "MILLRACE_NODE_ID": "w2", "MILLRACE_PORT": "7002",
+                      "MILLRACE_INSECURE": "1"})
         for name in ("w1", "w2"):
             wait_for(lambda n=name: (tmp_path / n / "node.address").exists(), 60, f"worker {name} to serve")
         a1 = (tmp_path / "w1" / "node.address").read_text()

@@ -77,7 +77,8 @@ class Cluster3:
             env = {"PYTHONPATH": str(self.root / "deps")} if w in dependency_on else {}
             # -P: not even the current folder (this repository) is on the worker's path
             host.spawn(w, [sys.executable, "-P", "-m", "conductor.worker", "--zk", self.zk.hosts, "--node-id", w,
-                           "--data-dir", str(self.data(w)), "--host", host.address, "--session-timeout", "4"],
+                           "--data-dir", str(self.data(w)), "--host", host.address, "--session-timeout", "4",
+                           "--insecure"],
                        self.root / f"{w}.log", env=env)
         for w in WORKERS:
             wait_for(lambda w=w: (self.data(w) / "node.address").exists(), 60, f"worker {w} to serve")

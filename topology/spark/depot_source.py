@@ -131,7 +131,7 @@ class DepotBatchReader(DataSourceReader):
         self.schema = schema
 
     def partitions(self) -> list[DepotPartition]:
-        with ModuleMeta(self.opts.cluster, self.opts.module, shared=True) as meta:
+        with ModuleMeta(self.opts.cluster, self.opts.module, shared=True, tls=self.opts.tls) as meta:
             statuses = meta.depot_statuses(self.opts.depot)
             starts = resolve_starts(self.opts, statuses)
             ranges = {t: (starts[t], st.end) for t, st in statuses.items()}
@@ -163,7 +163,7 @@ class DepotStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _m(self) -> ModuleMeta:
         if self._meta is None:
-            self._meta = ModuleMeta(self.opts.cluster, self.opts.module)
+            self._meta = ModuleMeta(self.opts.cluster, self.opts.module, tls=self.opts.tls)
         return self._meta
 
     def _statuses(self) -> dict[int, PartitionStatus]:

@@ -70,7 +70,7 @@ class Fetcher:
         p = self.p
         req = pb.DepotReadRequest(module=p.module, depot=p.depot, task=r.task, start=r.start, end=r.end,
                                   max_bytes=p.max_bytes, packed=True)
-        return client_stub(self.address).DepotRead.future(req, timeout=RPC_TIMEOUT_S)
+        return client_stub(self.address, p.tls).DepotRead.future(req, timeout=RPC_TIMEOUT_S)
 
     def _relocate(self, why: Exception | str, deadline: float) -> None:
         p = self.p
@@ -81,13 +81,13 @@ class Fetcher:
         log.info("depot %s/%s group %d: %s; looking up the leader again", p.module, p.depot, p.group, why)
         time.sleep(0.1)
         if self._meta is None:
-            self._meta = ModuleMeta(p.zk_hosts, p.module)
+            self._meta = ModuleMeta(p.zk_hosts, p.module, tls=p.tls)
         else:
             self._meta.refresh()
         self.address, _ = self._meta.leader(p.group)
 
     def _status(self, task: int) -> PartitionStatus:
-        r = client_stub(self.address).PartitionInfo(
+        r = client_stub(self.address, self.p.tls).PartitionInfo(
             pb.PartitionInfoRequest(module=self.p.module, depot=self.p.depot, task=task), timeout=RPC_TIMEOUT_S)
         return PartitionStatus(task, int(r.start), int(r.end), int(r.epoch))
 

@@ -29,11 +29,13 @@ import logging
 import sys
 from collections import defaultdict
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgpack
 
 from conductor.client import Cluster
+from conductor.security.tls import TlsFiles
 from conductor.settings import LOOPBACK
 from conductor.wire import millrace_pb2 as pb
 from topology.entries.requests import MICROBATCH_OPS, OP_APPEND
@@ -158,7 +160,7 @@ class MicrobatchQuery:
 
 def run_microbatch(spark: SparkSession, zk: str, module: str, topology: str, checkpoint: str,
                    trigger: dict[str, Any] | None = None, max_records_per_trigger: int | None = None,
-                   sent: GroupSent | None = None) -> MicrobatchQuery:
+                   sent: GroupSent | None = None, tls: TlsFiles | None = None) -> MicrobatchQuery:
     """Start the Structured Streaming query of a microbatch topology; returns a handle on it.
 
     ``sent`` is :func:`commit_batch`'s seam for tests (None: nothing is called).
@@ -166,14 +168,15 @@ def run_microbatch(spark: SparkSession, zk: str, module: str, topology: str, che
     from topology.spark import register
 
     register(spark)
-    cluster = Cluster.connect(zk)
+    cluster = Cluster.connect(zk, tls=tls)  # the driver's commits; the executors' reads get the same files:
+    tls_options = {} if tls is None else {"tlsCa": str(tls.ca), "tlsCert": str(tls.cert), "tlsKey": str(tls.key)}
     definition = cluster.module_definition(module)
     topo = _topology(definition, topology)
     info = cluster.module_info(module)
     frames = []
     for depot in topo.depots:
         reader = (spark.readStream.format("millrace.depot").option("cluster", zk).option("module", module)
-                  .option("depot", depot))
+                  .option("depot", depot).options(**tls_options))
         if max_records_per_trigger:
             reader = reader.option("maxRecordsPerTrigger", str(max_records_per_trigger))
         frames.append(reader.load())
@@ -224,6 +227,10 @@ def main(argv: list[str] | None = None, sent: GroupSent | None = None) -> int:
                    help="address the driver binds and executors reach it at (this machine's, with --master)")
     p.add_argument("--cores", type=int, default=2, help="local cores, or executor cores at most on a cluster")
     p.add_argument("--log-level", default="WARNING")
+    p.add_argument("--tls-ca", type=Path, default=None, help="a secured cluster: the CA bundle (PEM); with "
+                                                            "--tls-cert and --tls-key, the same paths on executors")
+    p.add_argument("--tls-cert", type=Path, default=None, help="the app's certificate (PEM)")
+    p.add_argument("--tls-key", type=Path, default=None, help="its key (PEM)")
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -232,8 +239,12 @@ def main(argv: list[str] | None = None, sent: GroupSent | None = None) -> int:
     spark = spark_session(f"millrace-{args.module}-{args.topology}", cores=args.cores, master=args.master,
                           host=args.host)
     trigger = {"availableNow": True} if args.available_now else {"processingTime": args.interval}
+    given = [args.tls_ca, args.tls_cert, args.tls_key]
+    if any(given) and not all(given):
+        p.error("give all of --tls-ca, --tls-cert and --tls-key (a secured cluster), or none")
+    tls = TlsFiles(args.tls_ca, args.tls_cert, args.tls_key) if all(given) else None
     query = run_microbatch(spark, args.zk, args.module, args.topology, args.checkpoint, trigger=trigger,
-                           max_records_per_trigger=args.max_records_per_trigger, sent=sent)
+                           max_records_per_trigger=args.max_records_per_trigger, sent=sent, tls=tls)
     try:
         query.await_termination()
     finally:

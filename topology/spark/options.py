@@ -41,6 +41,23 @@ def option(options: Mapping[str, str], name: str) -> str | None:
     return None
 
 
+#: the TLS file paths a read passes to its executors (ca, cert, key): they read the same files on their machine
+TlsPaths = tuple[str, str, str]
+
+
+def tls_option(options: Mapping[str, str], source: str) -> TlsPaths | None:
+    """``tlsCa``, ``tlsCert`` and ``tlsKey`` (PEM paths, the same on every executor's machine), or none."""
+    given = {n: option(options, n) for n in ("tlsCa", "tlsCert", "tlsKey")}
+    if not any(given.values()):
+        return None
+    missing = [n for n, v in given.items() if not v]
+    if missing:
+        raise SourceOptionError(f"{source}: give all of tlsCa, tlsCert and tlsKey for a secured cluster "
+                                f"(missing {', '.join(missing)}); see docs/security.md")
+    ca, cert, key = (str(given[n]).strip() for n in ("tlsCa", "tlsCert", "tlsKey"))
+    return ca, cert, key
+
+
 def required_option(options: Mapping[str, str], name: str, source: str, example: str) -> str:
     v = option(options, name)
     if v is None or not v.strip():
@@ -75,6 +92,8 @@ class DepotOptions:
     min_partitions: int | None = None
     records_per_request: int = DEFAULT_RECORDS_PER_REQUEST
     max_bytes_per_request: int = DEFAULT_MAX_BYTES_PER_REQUEST
+    #: mutual TLS with these files (None: plaintext)
+    tls: TlsPaths | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> DepotOptions:
@@ -103,7 +122,7 @@ class DepotOptions:
             raise SourceOptionError(f"maxBytesPerRequest must be at most {48 << 20} (gRPC messages are capped "
                                     f"at 64 MiB), got {mbr}")
         return cls(cluster, module, depot, starting, mrpt, value_schema.strip() if value_schema else None,
-                   rpp, minp, rpr, mbr)
+                   rpp, minp, rpr, mbr, tls_option(options, SOURCE_NAME))
 
     def schema_ddl(self) -> str:
         return f"{BASE_SCHEMA}, {self.value_schema}" if self.value_schema else JSON_SCHEMA

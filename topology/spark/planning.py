@@ -15,6 +15,7 @@ import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -25,6 +26,7 @@ from conductor.client.handles import PartitionStatus
 from conductor.client.retry import Retry
 from conductor.client.router import LeaderRouter
 from conductor.metastore import Metastore, MetastoreError, ModuleNotFound
+from conductor.security.tls import TlsError, TlsFiles, TlsSource
 from conductor.wire import millrace_pb2 as pb
 from conductor.wire import millrace_pb2_grpc as pbg
 from conductor.wire.errors import Unavailable
@@ -32,7 +34,7 @@ from conductor.wire.options import GRPC_OPTIONS
 from pstate.errors import DepotNotFound
 from topology.module import ModuleDefinition
 from topology.spark.errors import DepotOffsetOutOfRange, MillraceSourceError, SourceOptionError
-from topology.spark.options import EARLIEST, LATEST, DepotOptions
+from topology.spark.options import EARLIEST, LATEST, DepotOptions, TlsPaths
 
 log = logging.getLogger("millrace.spark")
 
@@ -44,18 +46,38 @@ RPC_TIMEOUT_S = 30.0
 RETRY_S = 45.0
 
 
-_CHANNELS: dict[str, grpc.Channel] = {}
+_CHANNELS: dict[tuple[str, TlsPaths | None], grpc.Channel] = {}
 
 
 _CHANNELS_LOCK = threading.Lock()
 
 
-def client_stub(address: str) -> pbg.ClientStub:
-    """A stub on a channel shared by every read in this Python process (Spark reuses its workers)."""
+#: the TLS files of this process's reads, loaded once per set of paths (they follow rotations)
+_TLS_SOURCES: dict[TlsPaths, TlsSource] = {}
+
+
+def _tls_source(tls: TlsPaths) -> TlsSource:
+    """(holding no lock, or _CHANNELS_LOCK) the process's TlsSource for these paths."""
+    source = _TLS_SOURCES.get(tls)
+    if source is None:
+        try:
+            source = _TLS_SOURCES[tls] = TlsSource(TlsFiles(*(Path(p) for p in tls)))
+        except TlsError as e:
+            raise SourceOptionError(f"options tlsCa/tlsCert/tlsKey: {e}") from None
+    return source
+
+
+def client_stub(address: str, tls: TlsPaths | None = None) -> pbg.ClientStub:
+    """A stub on a channel shared by every read in this Python process (Spark reuses its workers); mutual TLS
+    with the files `tls` names (the read's tlsCa/tlsCert/tlsKey options)."""
     with _CHANNELS_LOCK:
-        ch = _CHANNELS.get(address)
+        ch = _CHANNELS.get((address, tls))
         if ch is None:
-            ch = _CHANNELS[address] = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+            if tls is None:
+                ch = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+            else:
+                ch = grpc.secure_channel(address, _tls_source(tls).grpc_channel_credentials(), options=GRPC_OPTIONS)
+            _CHANNELS[(address, tls)] = ch
     return pbg.ClientStub(ch)
 
 
@@ -101,8 +123,10 @@ class ModuleMeta:
     which ``close`` leaves open.
     """
 
-    def __init__(self, zk_hosts: str, module: str, *, shared: bool = False) -> None:
+    def __init__(self, zk_hosts: str, module: str, *, shared: bool = False, tls: TlsPaths | None = None) -> None:
         self.zk_hosts = zk_hosts
+        #: the read's TLS files (every call to a leader presents them)
+        self.tls = tls
         self.module = module
         self._shared = shared
         try:
@@ -169,7 +193,7 @@ class ModuleMeta:
         while True:
             try:
                 address, _epoch = self.leader(group)
-                return getattr(client_stub(address), method)(request, timeout=timeout_s)
+                return getattr(client_stub(address, self.tls), method)(request, timeout=timeout_s)
             except (grpc.RpcError, Unavailable) as e:
                 err: Exception = e
             time.sleep(r.backoff(err))
@@ -188,7 +212,7 @@ class ModuleMeta:
             except Unavailable:
                 continue
             req = pb.PartitionInfoRequest(module=self.module, depot=depot, task=task)
-            first[task] = client_stub(address).PartitionInfo.future(req, timeout=RPC_TIMEOUT_S)
+            first[task] = client_stub(address, self.tls).PartitionInfo.future(req, timeout=RPC_TIMEOUT_S)
         out: dict[int, PartitionStatus] = {}
         for task in range(self.tasks):
             req = pb.PartitionInfoRequest(module=self.module, depot=depot, task=task)
@@ -207,7 +231,10 @@ class ModuleMeta:
 
     def definition(self) -> ModuleDefinition:
         """What the module's deployed code declares (fetched from a worker if this machine lacks it)."""
-        return load_deployed(self._ms, self.spec, default_cache()).build()
+        return load_deployed(self._ms, self.spec, default_cache(), credentials=self._credentials()).build()
+
+    def _credentials(self) -> grpc.ChannelCredentials | None:
+        return None if self.tls is None else _tls_source(self.tls).grpc_channel_credentials()
 
     def _known(self, what: str) -> list[str]:
         """Depot or PState names for an error message."""
@@ -297,8 +324,10 @@ class DepotPartition(InputPartition):
     """
 
     def __init__(self, zk_hosts: str, module: str, depot: str, group: int, ranges: list[TaskRange],
-                 address: str, records_per_request: int, max_bytes: int) -> None:
+                 address: str, records_per_request: int, max_bytes: int, tls: TlsPaths | None = None) -> None:
         super().__init__(group)
+        #: TLS file paths (read on the executor's machine), None: plaintext
+        self.tls = tls
         self.zk_hosts = zk_hosts
         self.module = module
         self.depot = depot
@@ -360,7 +389,7 @@ def plan_partitions(opts: DepotOptions, meta: ModuleMeta, ranges: Mapping[int, t
         address, _zk_epoch = meta.leader(group)
         for piece in split_ranges(rs, min(parts, n)):
             out.append(DepotPartition(opts.cluster, opts.module, opts.depot, group, piece, address,
-                                      opts.records_per_request, opts.max_bytes_per_request))
+                                      opts.records_per_request, opts.max_bytes_per_request, opts.tls))
     return out
 
 

@@ -44,7 +44,7 @@ from pstate.query import encode_query
 from topology.partitioners import task_for_key
 from topology.spark.arrow import to_json
 from topology.spark.errors import SourceOptionError
-from topology.spark.options import option, positive_option, required_option
+from topology.spark.options import TlsPaths, option, positive_option, required_option, tls_option
 from topology.spark.planning import ModuleMeta
 
 SOURCE_NAME = "millrace.pstate"
@@ -56,8 +56,9 @@ class PStatePartition(InputPartition):
     """One task group's share of a scan: enough to fetch it without ZooKeeper unless the leader moved."""
 
     def __init__(self, zk_hosts: str, module: str, pstate: str, group: int, tasks: int, start: Any, end: Any,
-                 page: int) -> None:
+                 page: int, tls: TlsPaths | None = None) -> None:
         super().__init__(group)
+        self.tls = tls
         self.zk_hosts = zk_hosts
         self.module = module
         self.pstate = pstate
@@ -116,6 +117,7 @@ class PStateDataSource(DataSource):
         page = positive_option(options, "pageSize", DEFAULT_PAGE)
         assert page is not None
         self.page = page
+        self.tls = tls_option(options, SOURCE_NAME)
 
     @classmethod
     def name(cls) -> str:
@@ -135,7 +137,7 @@ class PStateReader(DataSourceReader):
 
     def partitions(self) -> list[PStatePartition]:
         s = self.src
-        with ModuleMeta(s.cluster, s.module) as meta:
+        with ModuleMeta(s.cluster, s.module, tls=s.tls) as meta:
             kt = _key_type(meta, s.pstate)
             start = _coerce_key(s.start_key, kt, "startKey")
             end = _coerce_key(s.end_key, kt, "endKey")
@@ -147,7 +149,7 @@ class PStateReader(DataSourceReader):
             except PStateNotFound:
                 raise SourceOptionError(f"module {s.module} has no PState {s.pstate!r}; its PStates: "
                                         f"{meta._known('pstates')}") from None
-            return [PStatePartition(s.cluster, s.module, s.pstate, g, meta.tasks, start, end, s.page)
+            return [PStatePartition(s.cluster, s.module, s.pstate, g, meta.tasks, start, end, s.page, s.tls)
                     for g in range(meta.groups)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -156,7 +158,7 @@ class PStateReader(DataSourceReader):
 
 
 def _scan(p: PStatePartition, arrow_schema: pa.Schema, names: list[str]) -> Iterator[pa.RecordBatch]:
-    with ModuleMeta(p.zk_hosts, p.module) as meta:
+    with ModuleMeta(p.zk_hosts, p.module, tls=p.tls) as meta:
         # The group's first task routes the request; the group's store holds the keys of all its tasks.
         task = next(t for t in range(meta.tasks) if meta.group_of(t) == p.group)
         cursor = p.start

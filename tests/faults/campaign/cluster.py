@@ -128,7 +128,8 @@ class FaultCluster:
         host = self.net[w]
         p = host.spawn(w, [sys.executable, "-m", "conductor.worker", "--zk", self.zk_hosts, "--node-id", w,
                            "--data-dir", str(d), "--host", host.address,
-                           "--session-timeout", str(self.settings.session_timeout_s), "--log-level", "WARNING"],
+                           "--session-timeout", str(self.settings.session_timeout_s), "--log-level", "WARNING",
+                           "--insecure"],
                        self.root / "logs" / f"{w}.log")
         self.workers[w] = p
         return p

@@ -1,0 +1,219 @@
+"""A secure cluster for real: `DevCluster(secure=True)`, RF=3, every link mutual TLS (issue 26, transport half).
+
+One cluster for the module (real ZooKeeper, a conductor and three worker processes,
+certificates made by the test's CA). Checked: an app with its certificate appends
+and selects; a client without a certificate, with one from another CA, or an expired
+one is refused and changes nothing; a replication link from a certificate that is not
+one of the group's replicas is refused; a worker's certificate rotated while a writer
+appends fails no append; a reachable plaintext bind refuses to start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import socket
+import ssl
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from conductor.devcluster import DevCluster
+from conductor.metastore import Metastore
+from conductor.security import certs
+from conductor.security.identity import Identity
+from conductor.security.tls import TlsError, TlsFiles, TlsSource
+from conductor.settings import split_hostport
+from conductor.wire import millrace_pb2 as pb
+from conductor.wire import millrace_pb2_grpc as pbg
+from conductor.wire.peer_framing import LENGTH, frame_bytes
+from tests.integration.cluster_helpers import Appender, deploy, group_status, wait_for
+
+MODULE = "Clicks"
+
+
+@pytest.fixture(scope="module")
+def dc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
+    cluster = DevCluster(tmp_path_factory.mktemp("secure"), nodes=3, secure=True)
+    with cluster:
+        deploy(cluster, MODULE, tasks=4, threads=2)
+        deploy(cluster, "WordCount", tasks=4, threads=2, module_ref="examples.word_count:WordCount")
+        yield cluster
+
+
+def leader_address(dc: DevCluster, group: int = 0) -> tuple[str, str]:
+    with Metastore(dc.hosts) as ms:
+        st, _v = ms.groups.get(MODULE, group)
+        assert st.leader is not None
+        info = ms.nodes.get(st.leader)
+        assert info is not None and info.secure, "a TLS worker says so in its node znode (conductor status)"
+        return st.leader, info.address
+
+
+def log_end(dc: DevCluster, node: str, group: int = 0) -> int:
+    return group_status(dc, node, MODULE, group).log_end
+
+
+def raw_append(address: str, creds: grpc.ChannelCredentials) -> grpc.RpcError:
+    """An append with `creds`, straight to the leader: the error it gets (it must get one)."""
+    record = pb.AppendRequest(module=MODULE, group=0)  # (the handshake fails before any field is read)
+    with grpc.secure_channel(address, creds, options=[("grpc.use_local_subchannel_pool", 1)]) as ch:
+        try:
+            pbg.ClientStub(ch).Append(record, timeout=5)
+        except grpc.RpcError as e:
+            return e
+    raise AssertionError("the append was accepted")
+
+
+def test_app_with_its_certificate_appends_and_selects(dc: DevCluster) -> None:
+    with dc.connect() as client:  # app/dev, from the dev cluster's CA
+        for i in range(5):
+            assert client.depot(MODULE, "*clicks").append({"user": "ann", "id": f"a{i}"}, ack="applied") >= 0
+        # word counts travel between task groups over the workers' TLS replication links
+        client.depot("WordCount", "*sentences").append_many(["the cat sat", "the dog"] * 5, ack="applied")
+        counts = client.pstate("WordCount", "$$counts")
+        wait_for(lambda: counts.select_one("the") == 10 and counts.select_one("dog") == 5, 30, "the word counts")
+
+
+@pytest.mark.parametrize("offer", ["no certificate", "another CA", "expired"])
+def test_clients_without_a_valid_certificate_are_refused_and_change_nothing(
+        dc: DevCluster, tmp_path: Path, offer: str) -> None:
+    leader, address = leader_address(dc)
+    ca = (dc.pki / certs.CA_CERT).read_bytes()
+    app = Identity("app", f"intruder-{offer.replace(' ', '-')}")
+    if offer == "no certificate":
+        creds = grpc.ssl_channel_credentials(root_certificates=ca)
+    else:
+        if offer == "another CA":
+            certs.init_ca_dir(tmp_path / "other")
+            issued = certs.issue_to_dir(tmp_path / "other", app)
+        else:
+            past = datetime.datetime.now(datetime.UTC) - datetime.timedelta(days=10)
+            issued = certs.issue_to_dir(dc.pki, app, days=1, not_before=past, out=tmp_path / "expired")
+        # the client's own check names the problem before any connection (the server can only drop it)
+        with pytest.raises(TlsError, match="not issued by the CA" if offer == "another CA" else "expired"):
+            TlsSource(TlsFiles(dc.pki / certs.CA_CERT, issued.cert, issued.key))
+        creds = grpc.ssl_channel_credentials(root_certificates=ca, private_key=issued.key.read_bytes(),
+                                             certificate_chain=issued.cert.read_bytes())
+    before = log_end(dc, leader)
+    err = raw_append(address, creds)
+    assert err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNAUTHENTICATED), err
+    assert log_end(dc, leader) == before, "nothing reached the depot"
+
+
+def test_plaintext_client_is_refused(dc: DevCluster) -> None:
+    leader, address = leader_address(dc)
+    before = log_end(dc, leader)
+    with grpc.insecure_channel(address) as ch, pytest.raises(grpc.RpcError) as e:
+        pbg.ClientStub(ch).GroupStatus(pb.GroupStatusRequest(module=MODULE, group=0), timeout=5)
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert log_end(dc, leader) == before
+
+
+def link_attempt(dc: DevCluster, node: str, identity: Identity, src: str) -> str:
+    """Open a TLS replication link to `node` as `identity`, send one replication frame naming `src` as its
+    sender, and return what the worker answers before closing the link."""
+    files = TlsFiles.in_dir(dc.pki, identity)
+    if not files.cert.exists():
+        dc.issue(identity)
+    with Metastore(dc.hosts) as ms:
+        info = ms.nodes.get(node)
+        assert info is not None
+    host, port = split_hostport(info.replication)
+    msg = pb.PeerMessage(module=MODULE, group=0, epoch_request=pb.EpochRequestMsg(epoch=1, requested_epoch=1))
+
+    async def attempt() -> str:
+        ctx = TlsSource(files).link_contexts().client()
+        reader, writer = await asyncio.open_connection(host, port, ssl=ctx, server_hostname=node)
+        try:
+            writer.write(frame_bytes(src, node, [msg.SerializeToString()]))
+            await writer.drain()
+            (n,) = LENGTH.unpack(await asyncio.wait_for(reader.readexactly(LENGTH.size), 10))
+            return (await reader.readexactly(n)).decode()
+        finally:
+            writer.close()
+
+    return asyncio.run(attempt())
+
+
+def test_replication_link_from_a_non_replica_certificate_is_refused(dc: DevCluster) -> None:
+    leader, _ = leader_address(dc)
+    before = log_end(dc, leader)
+    app = link_attempt(dc, leader, Identity("app", "dev"), src="n2")
+    assert app.startswith("UNAUTHENTICATED") and "app/dev" in app, app
+    # a worker of this cluster's CA that is not a replica of the group (RF=3 on 3 nodes: a fourth name)
+    outsider = link_attempt(dc, leader, Identity("worker", "n9"), src="n9")
+    assert outsider.startswith("PERMISSION_DENIED") and "n9" in outsider, outsider
+    # ... and it cannot pass for a replica by naming one in the frame
+    impostor = link_attempt(dc, leader, Identity("worker", "n9"), src="n2")
+    assert "worker/n9" in impostor and "sends only as itself" in impostor, impostor
+    assert log_end(dc, leader) == before
+
+
+def served_certificate(dc: DevCluster, node: str) -> bytes:
+    """The DER certificate `node`'s replication listener presents to a new link now."""
+    with Metastore(dc.hosts) as ms:
+        info = ms.nodes.get(node)
+        assert info is not None
+    host, port = split_hostport(info.replication)
+    ctx = TlsSource(TlsFiles.in_dir(dc.pki, Identity("worker", "n3" if node != "n3" else "n2"))).link_contexts()
+    with socket.create_connection((host, port), timeout=5) as raw, \
+            ctx.client().wrap_socket(raw, server_hostname=node) as tls:
+        der = tls.getpeercert(binary_form=True)
+        assert der is not None
+        return der
+
+
+def test_worker_certificate_rotated_while_a_writer_appends(dc: DevCluster) -> None:
+    leader, _ = leader_address(dc)
+    old = served_certificate(dc, leader)
+    with dc.connect() as client:
+        writer = Appender(client.depot(MODULE, "*clicks"), prefix="rot").start()
+        wait_for(lambda: writer.count() > 50, 30, "appends before the rotation")
+        dc.issue(Identity("worker", leader))  # rewrites worker-<leader>.pem/.key in place
+        n = writer.count()
+        wait_for(lambda: writer.count() > n + 200, 30, "appends after the rotation")
+        new = served_certificate(dc, leader)
+        writer.stop()
+    assert new != old, "the listener serves the rotated certificate from its next handshake"
+    pem = ssl.DER_cert_to_PEM_cert(new).encode()
+    assert pem.strip() == TlsFiles.in_dir(dc.pki, Identity("worker", leader)).cert.read_bytes().strip()
+    assert writer.failed == 0, writer.errors[:3]
+    with dc.connect() as client:  # a new connection after the rotation: the gRPC port serves the new one too
+        client.depot(MODULE, "*clicks").append({"user": "bob", "id": "after"}, ack="applied")
+
+
+@pytest.mark.parametrize("cmd", [["-m", "conductor.worker", "--node-id", "w1", "--data-dir", "{d}",
+                                  "--host", "0.0.0.0", "--advertise", "10.1.2.3"],
+                                 ["-m", "conductor.controller", "--name", "c9", "--host", "0.0.0.0"]])
+def test_reachable_plaintext_bind_refuses_to_start(tmp_path: Path, cmd: list[str]) -> None:
+    args = [a.replace("{d}", str(tmp_path)) for a in cmd]
+    out = subprocess.run([sys.executable, *args, "--zk", "127.0.0.1:1"], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 2, out
+    assert "without TLS" in out.stderr and "--insecure" in out.stderr and "--tls-dir" in out.stderr, out.stderr
+
+
+def test_spark_reads_a_depot_and_a_pstate_over_tls(dc: DevCluster, spark: Any) -> None:
+    """Executors (local here: the same machine) read the files the tls* options name."""
+    from topology.spark import register
+
+    register(spark)
+    files = TlsFiles.in_dir(dc.pki, DevCluster.APP)
+    tls = {"tlsCa": str(files.ca), "tlsCert": str(files.cert), "tlsKey": str(files.key)}
+    with dc.connect() as client:
+        client.depot(MODULE, "*raw").append({"user": "spark", "id": "s1"}, ack="applied")
+        client.depot("WordCount", "*sentences").append("spark reads over tls", ack="applied")
+        counts = client.pstate("WordCount", "$$counts")
+        wait_for(lambda: counts.select_one("tls") == 1, 30, "the sentence counted")
+    rows = (spark.read.format("millrace.depot").option("cluster", dc.hosts).option("module", MODULE)
+            .option("depot", "*raw").options(**tls).load().collect())
+    assert any('"spark"' in r.value for r in rows), rows
+    scanned = dict((r.key, r.value) for r in spark.read.format("millrace.pstate").option("cluster", dc.hosts)
+                   .option("module", "WordCount").option("pstate", "$$counts").options(**tls).load().collect())
+    assert scanned.get("tls") == "1", scanned
