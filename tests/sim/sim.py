@@ -52,6 +52,7 @@ from replog.messages import (
     PersistEpochs,
     RecordStorage,
     Replicate,
+    Removed,
     Reply,
     ResignRequested,
     Role,
@@ -65,6 +66,7 @@ from replog.messages import (
     Truncate,
 )
 from replog.outbox import Outbox
+from replog.reassignment import min_isr_for, min_isr_met
 from replog.replica import Replica
 
 Entry = tuple[int, str]  # (epoch, payload)
@@ -167,6 +169,8 @@ class Node:
     max_epoch: int = 0
     #: the driver's outbox policy, as the worker runs it (replog.outbox)
     outbox: Outbox = field(default_factory=Outbox)
+    #: the worker hosts a replica of the group (a spare node does not until a reassignment adds it)
+    hosting: bool = True
 
 
 @dataclass
@@ -208,7 +212,7 @@ class Sim:
     def __init__(self, seed: int, *, nodes: int = 3, config: ReplicationConfig | None = None,
                  faults: Faults | None = None, replica_cls: type[Replica] = Replica,
                  metastore_ms: tuple[int, int] = (1, 5), session_timeout_ms: int = 60,
-                 trace: bool = False) -> None:
+                 trace: bool = False, spares: int = 0) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         #: when stores flush (its own stream, so the other draws of a seed are as before stores could lose state)
@@ -221,7 +225,8 @@ class Sim:
         self.now = 0
         self._q: list[tuple[int, int, Callable[..., None], tuple[Any, ...]]] = []
         self._seq = 0
-        ids = [chr(ord("a") + i) for i in range(nodes)]
+        ids = [chr(ord("a") + i) for i in range(nodes + spares)]
+        #: every worker, the group's replicas first; ``spares`` more host nothing until a reassignment adds them
         self.ids = ids
         self._sessions = 0
         self.nodes: dict[str, Node] = {}
@@ -229,9 +234,12 @@ class Sim:
         for nid in ids:
             self._sessions += 1
             disk = self.new_disk()
-            n = Node(nid, disk, self._new_replica(nid, disk, self._sessions), session=self._sessions)
+            n = Node(nid, disk, self._new_replica(nid, disk, self._sessions), session=self._sessions,
+                     hosting=nid in ids[:nodes])
             self.nodes[nid] = n
-        self.znode = GroupState(None, 0, tuple(ids), (), 0, 0)
+        self.znode = GroupState(None, 0, tuple(ids[:nodes]), (), 0, 0)
+        #: the replicas each znode version listed (a Removed must name a version that did not list its replica)
+        self.replica_history: dict[int, tuple[str, ...]] = {0: self.znode.replicas}
         self.cut: set[tuple[str, str]] = set()
         #: far-horizon transfers in progress, per (follower, incarnation)
         self.copying: set[tuple[str, int]] = set()
@@ -344,7 +352,7 @@ class Sim:
 
     def _tick(self, nid: str, inc: int) -> None:
         n = self.nodes[nid]
-        if not n.alive or n.incarnation != inc:
+        if not n.alive or n.incarnation != inc or not n.hosting:
             return
         due = n.replica.next_tick_ms()
         if due is None or self.now < due:  # a driver may skip this tick: it must be a no-op
@@ -374,7 +382,7 @@ class Sim:
 
     def _deliver(self, nid: str, inc: int, event: Event) -> None:
         n = self.nodes[nid]
-        if not n.alive or n.incarnation != inc:
+        if not n.alive or n.incarnation != inc or not n.hosting:
             return
         self.steps += 1
         actions = n.replica.handle(event, self.now)
@@ -419,8 +427,7 @@ class Sim:
             disk.epoch_pairs = a.pairs
         elif isinstance(a, ChangeIsr):
             lo, hi = self.metastore_ms
-            self.at(self.now + self.rng.randint(lo, hi), self._cas, n.id, n.incarnation, a,
-                    n.replica.config.effective_min_isr)
+            self.at(self.now + self.rng.randint(lo, hi), self._cas, n.id, n.incarnation, a, n.replica.config)
         elif isinstance(a, RecordStorage):
             lo, hi = self.metastore_ms
             self.at(self.now + self.rng.randint(lo, hi), self._record_storage, n.id, n.incarnation, a)
@@ -437,6 +444,8 @@ class Sim:
         elif isinstance(a, HandOff):
             lo, hi = self.metastore_ms
             self.at(self.now + self.rng.randint(lo, hi), self._hand_off, n.id, n.incarnation, a)
+        elif isinstance(a, Removed):
+            self._unhost(n, a)
         else:  # pragma: no cover
             self.fail(f"unknown action {a!r}")
 
@@ -598,9 +607,17 @@ class Sim:
             # promises is copies: every acknowledged entry is on at least that many disks, durably. (The
             # metastore's ISR may already be smaller, by a shrink decided under a lower min-ISR; its members
             # hold every applied entry: _check_isr_holds on each apply, _check_holds_committed on each join.)
-            min_isr = n.replica.config.effective_min_isr
-            if len(n.replica.isr) < min_isr:
+            min_isr = n.replica.min_isr
+            if not n.replica._min_isr_met(n.replica.isr):
                 self.fail(f"{n.id} acknowledged applied with ISR {n.replica.isr} below min-ISR {min_isr}")
+            ls = n.replica._ls
+            assert ls is not None
+            replicas = ls.isr + ls.osr
+            # The joint rule of replog.reassignment, as copies on disk: a removed replica's copy is deleted
+            # when its plan completes, an added one's when its plan is cancelled.
+            target = [m for m in replicas if m not in ls.removing]
+            original = [m for m in replicas if m not in ls.adding]
+            need = [(target, original)] if ls.adding or ls.removing else []
             for i, p in enumerate(req.payloads):
                 o = a.first + i
                 if o >= len(self.committed) or self.committed[o][1] != p:
@@ -609,9 +626,18 @@ class Sim:
                 copies = [m.id for m in self.nodes.values()
                           if o < m.disk.durable_end and m.disk.entries[o][1] == p]
                 # A storage fault may have taken copies that were acknowledged: they counted when they were.
-                if len(copies) + self.lost_copies.get(o, 0) < min_isr:
+                if not need and len(copies) + self.lost_copies.get(o, 0) < min_isr:
                     self.fail(f"{n.id} acknowledged {p} at {o} as applied with {len(copies)} durable copies "
                               f"({copies}), below min-ISR {min_isr}")
+                for tgt, orig in need:
+                    cfg = n.replica.config
+                    t_need, o_need = min_isr_for(cfg, len(tgt)), min_isr_for(cfg, len(orig))
+                    lost = self.lost_copies.get(o, 0)
+                    on_t, on_o = [m for m in copies if m in tgt], [m for m in copies if m in orig]
+                    if len(on_t) + lost < min(t_need, o_need) or len(on_o) + lost < o_need:
+                        self.fail(f"{n.id} acknowledged {p} at {o} as applied with copies on target {on_t} "
+                                  f"(needs {min(t_need, o_need)}) and on original {on_o} (needs {o_need}): "
+                                  f"a copy the end of the reassignment deletes was needed")
         elif req.ack is Ack.APPEND:
             d = n.disk
             for i, p in enumerate(req.payloads):
@@ -633,7 +659,12 @@ class Sim:
         old = self.znode
         self.znode = st
         self.note(f"znode v{st.version} leader={st.leader} epoch={st.epoch} isr={st.isr} osr={st.osr}"
-                  + (f" elr={st.elr}" if st.elr else ""))
+                  + (f" elr={st.elr}" if st.elr else "")
+                  + (f" adding={st.adding} removing={st.removing}" if st.reassigning else ""))
+        self.replica_history[st.version] = st.replicas
+        for m in st.replicas:
+            if not self.nodes[m].hosting:
+                self._host(self.nodes[m])
         for m in st.isr:
             # (one a storage fault just hit leaves again before it acknowledges anything)
             if m not in old.isr and self.intact(m):
@@ -661,14 +692,19 @@ class Sim:
             return back
         return None
 
-    def _cas(self, nid: str, inc: int, a: ChangeIsr, min_isr: int) -> None:
-        """The leader's ISR change, decided under ``min_isr`` (its config when it asked: options change live)."""
+    def _cas(self, nid: str, inc: int, a: ChangeIsr, config: ReplicationConfig) -> None:
+        """The leader's ISR change, decided under ``config`` (its options when it asked: they change live)."""
         back = self._cas_allowed(nid, inc, a, a.new.leader_session == self.nodes[nid].session)
         if back is not None:
-            if a.new.version != a.expected_version + 1 or a.new.epoch != self.znode.epoch:
-                self.fail(f"bad CAS from {nid}: {a}")
-            if len(a.new.isr) < min(min_isr, len(self.znode.isr)):  # growing back towards min-ISR is fine
-                self.fail(f"{nid} shrank the ISR to {a.new.isr}, below its min-ISR {min_isr}")
+            z, new = self.znode, a.new
+            if (new.version != a.expected_version + 1 or new.epoch != z.epoch
+                    or (new.adding, new.removing) != (z.adding, z.removing)):
+                self.fail(f"bad CAS from {nid}: {a} over {z}")
+            # (growing back towards min-ISR is fine)
+            if len(new.isr) < len(z.isr) and not min_isr_met(new.isr, new.replicas, new.adding, new.removing,
+                                                              config):
+                self.fail(f"{nid} shrank the ISR to {a.new.isr}, below its min-ISR {config.effective_min_isr} "
+                          f"(adding {new.adding}, removing {new.removing})")
             self._write_znode(a.new)
             self.at(back, self._deliver, nid, inc, IsrChanged(a.new))
 
@@ -728,7 +764,8 @@ class Sim:
             return
         z, new = self.znode, a.new
         if (z.leader != nid or new.version != z.version + 1 or new.epoch != z.epoch + 1 or new.leader == nid
-                or new.leader not in z.isr or (new.isr, new.osr, new.storage) != (z.isr, z.osr, z.storage)):
+                or new.leader not in z.isr or (new.isr, new.osr, new.storage) != (z.isr, z.osr, z.storage)
+                or (new.adding, new.removing) != (z.adding, z.removing)):
             self.fail(f"bad hand-off from {nid}: {a} over znode {z}")
         assert new.leader is not None
         old, succ = n.disk, self.nodes[new.leader].disk
@@ -829,6 +866,8 @@ class Sim:
         self._sessions += 1
         n.session = self._sessions
         n.session_live = True
+        if not n.hosting:
+            return  # a worker without a replica of the group
         self._open_storage(n)
         n.replica = self._new_replica(nid, n.disk, n.session)
         if n.replica.applied < n.disk.applied:
@@ -929,7 +968,7 @@ class Sim:
         the replica in place (same process, same session). Above the applied offset only the log from there
         goes; at or below it the store's state is suspect too, so the whole storage is discarded."""
         n = self.nodes[nid]
-        if not n.alive or not n.session_live:
+        if not n.alive or not n.session_live or not n.hosting:
             return  # (a reopen during a session change is a restart: covered by crashes)
         d = n.disk
         self.note(f"{nid} finds entry {offset} damaged")
@@ -950,6 +989,35 @@ class Sim:
         n.max_epoch = n.replica.epoch
         self.at(self.now + self.rng.randrange(self.tick_ms), self._tick, nid, n.incarnation)
         self._deliver(nid, n.incarnation, MetastoreChanged(self.znode))
+
+    # ------------------------------------------------------------------------------- membership
+
+    def _host(self, n: Node) -> None:
+        """The worker opens a replica of the group, which a reassignment added to it: empty, new storage."""
+        self.note(f"{n.id} opens a new replica")
+        n.hosting = True
+        n.disk = self.new_disk()
+        n.incarnation += 1
+        n.outbox.clear()
+        n.max_applied, n.max_epoch = -1, 0
+        n.replica = self._new_replica(n.id, n.disk, n.session)
+        if n.alive:
+            self.at(self.now + self.rng.randrange(self.tick_ms), self._tick, n.id, n.incarnation)
+            if n.session_live:
+                self._notify(n.id, self.znode)
+
+    def _unhost(self, n: Node, a: Removed) -> None:
+        """The replica says a reassignment removed it: the worker closes it and deletes its data."""
+        listed = self.replica_history.get(a.version)
+        if listed is None or n.id in listed:
+            self.fail(f"{n.id} says it was removed by znode v{a.version}, which lists {listed}")
+        self.note(f"{n.id} is removed (znode v{a.version}): closes its replica, deletes its data")
+        n.hosting = False
+        n.incarnation += 1  # what the replica had not done dies with it
+        n.outbox.clear()
+        n.disk = self.new_disk()
+        if n.id in self.znode.replicas:  # taken back meanwhile: a new, empty replica
+            self._host(n)
 
     # ------------------------------------------------------------------------------- partitions
 
@@ -983,11 +1051,17 @@ class Sim:
         if len(self.committed) != end:
             self.fail(f"leader {z.leader} log has {end} entries but only {len(self.committed)} are applied; "
                       f"ISR {z.isr}, applied " + ", ".join(f"{m}={self.nodes[m].disk.applied}" for m in self.ids))
-        for m in self.ids:
+        for m in z.replicas:
             d = self.nodes[m].disk
             if d.applied != end - 1 or d.entries != self.committed:
                 self.fail(f"{m} applied {d.applied} of {end} entries after healing "
                           f"(log {len(d.entries)}, durable {d.durable_end})")
+        if z.reassigning:
+            self.fail(f"a reassignment is still in progress after healing: {z}")
+        for m in self.ids:
+            n = self.nodes[m]
+            if m not in z.replicas and (n.hosting or n.disk.entries):
+                self.fail(f"{m} is not a replica but still {'hosts one' if n.hosting else 'holds its data'}")
         final_epoch = z.epoch
         for req in self.requests.values():
             if req.outcome != "ok":
