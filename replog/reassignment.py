@@ -20,7 +20,9 @@ A plan moves a group from its *original* replicas to a *target* list:
    replication factor in sync before any copy is deleted); if the leader is
    being removed it names an in-sync target replica to hand leadership to
    (the leader's coordinated hand-off: nothing truncated, no accepted append
-   fails); then it drops the removing replicas from the replicas, the ISR,
+   fails) once every target replica is live with its storage confirmed
+   (one that is down or restarting may have lost its disk without the znode
+   knowing yet); then it drops the removing replicas from the replicas, the ISR,
    the OSR, the ELR and the storage records. Those replicas learn it from the
    znode, stop serving and delete their data (the ``Removed`` action).
 3. :func:`cancel_reassignment` instead goes back to the original replicas,
@@ -170,6 +172,12 @@ def advance_reassignment(state: GroupState, live_nodes: Mapping[str, int] | Iter
     behind = [r for r in state.target if r not in state.isr]
     if behind:
         return Step(waiting=f"target replica(s) {behind} not in sync yet (catching up to join the ISR)")
+    live = _live(live_nodes)
+    unconfirmed = [r for r in state.target if r not in live or not eligible(state, r, live[r])]
+    if unconfirmed:
+        # An ISR member that is down, or restarted and has not confirmed its storage yet, may have lost its
+        # disk without the znode knowing: removing the other copies now could delete the last intact one.
+        return Step(waiting=f"target replica(s) {unconfirmed} not live with confirmed storage")
     if state.leader is not None and state.leader in state.removing:
         return _move_leadership(state, state.target, live_nodes, order)
     return Step(new=_keep_only(state, state.target))
@@ -179,17 +187,18 @@ def cancel_reassignment(state: GroupState, live_nodes: Mapping[str, int] | Itera
                         order: Sequence[str] = ()) -> Step:
     """The next step of cancelling the plan in progress: back to the original replicas.
 
-    Waits while no original replica is in the ISR (an added one may then
-    hold applied entries no original does: the plan must complete instead,
-    or an original catch up). Moves leadership off an added replica that
+    Waits while no original replica is in the ISR, live and confirmed (an
+    added one may then hold the only intact copies of applied entries: the
+    plan must complete instead, or an original catch up). Moves leadership off an added replica that
     leads first. The added replicas then learn they were removed and delete
     their data.
     """
     if not state.reassigning:
         return Step(waiting="no reassignment in progress")
-    if not any(r in state.isr for r in state.original):
-        return Step(waiting=f"no original replica of {list(state.original)} is in sync: cancelling now "
-                            f"would drop the only copies of applied entries")
+    live = _live(live_nodes)
+    if not any(r in state.isr and r in live and eligible(state, r, live[r]) for r in state.original):
+        return Step(waiting=f"no original replica of {list(state.original)} is in sync, live and confirmed: "
+                            f"cancelling now could drop the only intact copies of applied entries")
     if state.leader is not None and state.leader in state.adding:
         return _move_leadership(state, state.original, live_nodes, order)
     return Step(new=_keep_only(state, state.original))
@@ -197,12 +206,16 @@ def cancel_reassignment(state: GroupState, live_nodes: Mapping[str, int] | Itera
 
 def _move_leadership(state: GroupState, pool: Sequence[str], live_nodes: Mapping[str, int] | Iterable[str],
                      order: Sequence[str]) -> Step:
-    live = dict(live_nodes) if isinstance(live_nodes, Mapping) else dict.fromkeys(live_nodes, 0)
+    live = _live(live_nodes)
     for r in order or pool:
         if r in pool and r in state.isr and r in live and eligible(state, r, live[r]):
             return Step(resign_to=r)
     return Step(waiting=f"leader {state.leader} must hand off, but no in-sync replica of {list(pool)} is "
                         f"live and confirmed")
+
+
+def _live(live_nodes: Mapping[str, int] | Iterable[str]) -> dict[str, int]:
+    return dict(live_nodes) if isinstance(live_nodes, Mapping) else dict.fromkeys(live_nodes, 0)
 
 
 def _keep_only(state: GroupState, keep: Sequence[str]) -> GroupState:

@@ -412,6 +412,9 @@ class Replica(LeaderRules, FollowerRules):
         self._apply_to(self.apply_offset)
         if st.elr:
             self._maybe_change_isr()  # empty the ELR at once: nothing new is applied until then
+        # An ISR of this replica alone (a group of one, after a reassignment from one or to one) applies what it
+        # holds now: no ack or append may ever come to trigger it (sim seed 10000347).
+        self._advance_apply()
         self._pump_all()
 
     def _on_session_expired(self) -> None:

@@ -94,7 +94,9 @@ class LeaderRules(ReplicaState):
         assert ls is not None
         if ls.pending_change is None:
             return ls.isr
-        return ls.isr + tuple(r for r in ls.pending_change.isr if r not in ls.isr)
+        # (a member a reassignment removed meanwhile is not added: the CAS was computed from an older znode and
+        # will fail)
+        return ls.isr + tuple(r for r in ls.pending_change.isr if r not in ls.isr and r in ls.peers)
 
     def _apply_candidate(self) -> int | None:
         """Highest offset every ISR member holds, or None if some member has not reported yet."""

@@ -68,6 +68,7 @@ from replog.messages import (
 from replog.outbox import Outbox
 from replog.reassignment import min_isr_for, min_isr_met
 from replog.replica import Replica
+from tests.sim.membership import PlanRules, schedule_membership
 
 Entry = tuple[int, str]  # (epoch, payload)
 
@@ -171,6 +172,9 @@ class Node:
     outbox: Outbox = field(default_factory=Outbox)
     #: the worker hosts a replica of the group (a spare node does not until a reassignment adds it)
     hosting: bool = True
+    #: the disk a reassignment's removal deleted last: a leader that has not heard of the removal yet may
+    #: count the acks it sent before (they counted when they were given; the target holds the entries too)
+    deleted: list[Disk] = field(default_factory=list)
 
 
 @dataclass
@@ -388,6 +392,8 @@ class Sim:
         actions = n.replica.handle(event, self.now)
         for a in actions:
             self._perform(n, a)
+        if n.incarnation != inc:
+            return  # removed by a reassignment (Removed): the replica and its data are gone
         self._ship(n)
         r = n.replica
         if r.applied < n.max_applied:
@@ -624,7 +630,7 @@ class Sim:
                     self.fail(f"{n.id} acknowledged {p} at {o} as applied, committed has "
                               f"{self.committed[o] if o < len(self.committed) else None}")
                 copies = [m.id for m in self.nodes.values()
-                          if o < m.disk.durable_end and m.disk.entries[o][1] == p]
+                          if any(o < d.durable_end and d.entries[o][1] == p for d in (m.disk, *m.deleted[-1:]))]
                 # A storage fault may have taken copies that were acknowledged: they counted when they were.
                 if not need and len(copies) + self.lost_copies.get(o, 0) < min_isr:
                     self.fail(f"{n.id} acknowledged {p} at {o} as applied with {len(copies)} durable copies "
@@ -1015,6 +1021,7 @@ class Sim:
         n.hosting = False
         n.incarnation += 1  # what the replica had not done dies with it
         n.outbox.clear()
+        n.deleted[:] = [n.disk]
         n.disk = self.new_disk()
         if n.id in self.znode.replicas:  # taken back meanwhile: a new, empty replica
             self._host(n)
@@ -1085,6 +1092,9 @@ class RunResult:
     appended: int
     applied: int
     error: str | None
+    #: reassignments completed and cancelled (membership runs)
+    plans_completed: int = 0
+    plans_cancelled: int = 0
 
 
 def _tick_view(r: Replica) -> tuple[Any, ...]:
@@ -1100,11 +1110,29 @@ def replay_command(seed: int) -> str:
     return f"SIM_SEED={seed} .venv/bin/python -m pytest tests/sim/test_sim.py::test_replay"
 
 
+#: seeds from here on run membership changes (the conductor's reassignments, tests/sim/membership.py): every
+#: seed swept and kept before they existed lies below, and replays as it was recorded
+MEMBERSHIP_SEEDS_FROM = 10_000_000
+
+
 def run_seed(seed: int, replica_cls: type[Replica] = Replica, fault_ms: int = 1200,
-             quiet_ms: int = 1500, trace: bool = False) -> RunResult:
-    """One randomized run: faults and client load for ``fault_ms``, then heal and check liveness."""
+             quiet_ms: int = 1500, trace: bool = False, membership: bool | None = None,
+             plan_rules: type[PlanRules] = PlanRules) -> RunResult:
+    """One randomized run: faults and client load for ``fault_ms``, then heal and check liveness.
+
+    ``membership`` (default: the seeds from MEMBERSHIP_SEEDS_FROM) adds spare workers and the
+    reassignment nemesis, which plays the conductor with ``plan_rules``.
+    """
     rng = random.Random(seed ^ 0x5EED)
     nodes = rng.choice([2, 3, 3, 3, 4])
+    member_rng = random.Random(seed ^ 0x4E4B)  # its own stream, like the other fault classes
+    if membership is None:
+        membership = seed >= MEMBERSHIP_SEEDS_FROM
+    spares = 0
+    reassigner = None
+    if membership:
+        nodes = member_rng.choice([1, 2, 3, 3, 4])
+        spares = 2 if nodes == 1 else member_rng.choice([1, 2])
     faults = Faults.random(rng)
     # Its own stream, so seeds without hand-offs replay exactly as before hand-offs existed.
     balance_rng = random.Random(seed ^ 0xBA1A)
@@ -1113,7 +1141,7 @@ def run_seed(seed: int, replica_cls: type[Replica] = Replica, fault_ms: int = 12
     config = sim_config(nodes, min_isr=rng.choice([None, None, nodes]),
                         max_unapplied_entries=rng.choice([400, 400, 40]))
     sim = Sim(seed, nodes=nodes, config=config, faults=faults, replica_cls=replica_cls, trace=trace,
-              metastore_ms=rng.choice([(1, 5), (1, 40)]))
+              metastore_ms=rng.choice([(1, 5), (1, 40)]), spares=spares)
     # Its own generator, so seeds recorded before retention existed still replay their runs.
     sim.retention = random.Random(seed ^ 0x7E7E).random() < 0.5
     config_rng = random.Random(seed ^ 0xC0F1)  # likewise for live option changes
@@ -1130,6 +1158,8 @@ def run_seed(seed: int, replica_cls: type[Replica] = Replica, fault_ms: int = 12
         _schedule_resigns(sim, balance_rng, fault_ms)
         _schedule_config_changes(sim, config_rng, fault_ms)
         _schedule_storage_faults(sim, storage_rng, fault_ms)
+        if membership:
+            reassigner = schedule_membership(sim, member_rng, fault_ms, plan_rules)
         sim.run_until(fault_ms)
         # heal: no more faults, everyone back, fast disks, the options liveness is judged under
         sim.faults = replace(sim.faults, drop=0.0, duplicate=0.0)
@@ -1148,11 +1178,13 @@ def run_seed(seed: int, replica_cls: type[Replica] = Replica, fault_ms: int = 12
         else:
             frame = traceback.extract_tb(e.__traceback__)[-1]
             kind = f"state-machine assertion ({frame.filename.rsplit('/', 1)[-1]}:{frame.lineno} {frame.line})"
-        err = (f"seed {seed} ({nodes} nodes; {faults.describe()}): {kind} failed: {e}\n"
+        err = (f"seed {seed} ({nodes} nodes{f' + {spares} spare' if spares else ''}; {faults.describe()}): "
+               f"{kind} failed: {e}\n"
                f"replay: {replay_command(seed)}")
         if trace:
             err += "\n" + "\n".join(sim.log[-60:])
-    return RunResult(seed, sim.steps, sim._next_payload, len(sim.committed), err)
+    plans = (reassigner.completed, reassigner.cancelled) if reassigner is not None else (0, 0)
+    return RunResult(seed, sim.steps, sim._next_payload, len(sim.committed), err, *plans)
 
 
 def _poisson(sim: Sim, rng: random.Random, rate: float, until_ms: int, action: Callable[[], None]) -> None:
@@ -1199,7 +1231,8 @@ def _schedule_storage_faults(sim: Sim, rng: random.Random, until_ms: int) -> Non
     """Disk losses, tail losses after acknowledgement and corruption found on read, on a node chosen at random.
 
     Only where the group can survive it: some other member of the ISR or the
-    ELR keeps an intact copy (with every copy of an entry gone, losing it is
+    ELR keeps an intact copy (during a reassignment, among the target and among
+    the original replicas, since the plan may be completed or cancelled) (with every copy of an entry gone, losing it is
     not a bug). That member may be down or not yet confirmed: the damaged
     replica leaves the ISR, or stays in it marked lost, and the group is led
     again once an intact member can be elected (seeds 5100562, 6596 stalled
@@ -1213,7 +1246,10 @@ def _schedule_storage_faults(sim: Sim, rng: random.Random, until_ms: int) -> Non
     def fault() -> None:
         z = sim.znode
         nid = z.leader if (z.leader and rng.random() < 0.5) else rng.choice(sim.ids)
-        if not any(sim.intact(m) for m in z.isr + z.elr if m != nid):
+        # (during a reassignment, whichever way it ends: the conductor may be writing its last step already)
+        survivors = [z.target, z.original] if z.reassigning else [z.replicas]
+        if not sim.nodes[nid].hosting or not all(any(sim.intact(m) for m in z.isr + z.elr if m != nid and m in keep)
+                                                 for keep in survivors):
             return
         kind = rng.random()
         if kind < 0.35:
