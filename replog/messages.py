@@ -160,7 +160,7 @@ class GroupState:
     old leader holds everything.
     ``adding`` and ``removing`` describe a reassignment in progress (Kafka's
     KIP-455; :mod:`replog.reassignment` computes its steps): during one the
-    replicas are the target ∪ the original, ``adding`` the target replicas
+    replicas are the target plus the original, ``adding`` the target replicas
     that are not original (they start in the OSR and join the ISR by the
     leader's usual rejoin rule once caught up), ``removing`` the original
     replicas that are not in the target (they stay full members, electable
@@ -218,7 +218,7 @@ class GroupState:
 
     @property
     def reassigning(self) -> bool:
-        """A reassignment is in progress (its replicas are the target ∪ the original)."""
+        """A reassignment is in progress (its replicas are the target plus the original)."""
         return bool(self.adding or self.removing)
 
     @property

@@ -8,7 +8,7 @@ ZooKeeper.
 
 A plan moves a group from its *original* replicas to a *target* list:
 
-1. :func:`start_reassignment`: the replicas become target ∪ original; the
+1. :func:`start_reassignment`: the replicas become target plus original; the
    znode records ``adding`` (target, not original) and ``removing``
    (original, not target). Added replicas start in the OSR: they hold
    nothing. Their workers open them; they follow the leader, catch up (near
@@ -109,7 +109,7 @@ def min_isr_met(isr: Iterable[str], replicas: Iterable[str], adding: Iterable[st
                 config: ReplicationConfig) -> bool:
     """The joint min-ISR rule (module docstring): may a leader whose ISR is ``isr`` apply?
 
-    ``replicas`` is every replica of the group (target ∪ original during a plan).
+    ``replicas`` is every replica of the group (target plus original during a plan).
     """
     members, add, rem = set(isr), set(adding), set(removing)
     everyone = list(replicas)
