@@ -40,6 +40,10 @@ Driver contract (what the state machine relies on):
   an in-sync follower leader of the next epoch and withdraws the resign request
   (``/millrace/modules/<m>/resign/<g>``) in the same transaction. Its outcome
   comes back like a ChangeIsr's, as :class:`IsrChanged` or :class:`IsrChangeFailed`.
+* :class:`Removed`: the znode no longer lists this replica (a reassignment,
+  :mod:`replog.reassignment`, removed it). The driver closes the replica and
+  deletes its data; the replica ignores every later event. If the group takes
+  the node back later, the driver opens a new, empty replica.
 * :class:`Reply` answers one client append.
 * Retention: the driver asks :meth:`Replica.retention_point` with the applied
   offset its store holds *durably*, deletes whole log segments below the answer
