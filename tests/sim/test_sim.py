@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from tests.sim.sim import RunResult, run_seed
+from tests.sim.sim import MEMBERSHIP_SEEDS_FROM, RunResult, run_seed
 
 SEEDS = int(os.environ.get("SIM_SEEDS", "1000"))
 START = int(os.environ.get("SIM_SEED_START", "0"))
@@ -40,6 +40,12 @@ def _workers(seeds: int) -> int:
 
 def test_random_seeds() -> None:
     _run_seeds(range(START, START + SEEDS))
+
+
+def test_random_seeds_with_membership_changes() -> None:
+    """Seeds from MEMBERSHIP_SEEDS_FROM run the reassignment nemesis too (RF 1 -> 3, 3 -> 5, 3 -> 2, replace
+    one replica, any set; a quarter cancelled) over the same faults; sweep more with SIM_SEED_START=11000000."""
+    _run_seeds(range(MEMBERSHIP_SEEDS_FROM, MEMBERSHIP_SEEDS_FROM + 200))
 
 
 @pytest.mark.slow
@@ -190,4 +196,32 @@ def test_regression_seed_leader_deposed_while_the_last_isr_member_is_down() -> N
     storage and left, c came back lost, and nothing could be elected. A deposed leader now joins the ELR
     when at most one *live, confirmed* ISR member is left (replog.election), and d is elected after the heal."""
     result = run_seed(9414234)
+    assert result.error is None, result.error
+
+
+@pytest.mark.parametrize("seed", [10000047, 10000450, 10000575])
+def test_regression_seeds_reassignment_racing_a_lost_disk(seed: int) -> None:
+    """Membership sweep 10,000,000+: "no working leader after healing". A plan shrinking the group to one
+    replica completed while that replica had just lost its disk (down, or not yet recorded): the removal
+    deleted the only intact copy. Completion now waits for every target replica to be live and confirmed under
+    its session (replog.reassignment), and the simulator injects a storage fault only when an intact copy
+    survives however the plan in progress ends (10000450, 10000575: the completing CAS was already computed
+    when the disk went, a double fault no rule can see)."""
+    result = run_seed(seed)
+    assert result.error is None, result.error
+
+
+def test_regression_seed_a_group_of_one_applies_when_elected() -> None:
+    """Seed 10000347 (membership sweep): a group of one replica, restarted and elected, held entries it had not
+    applied, and nothing (no follower ack, no new append) made it apply them. A new leader now evaluates its
+    apply offset at once."""
+    result = run_seed(10000347)
+    assert result.error is None, result.error
+
+
+def test_regression_seed_leader_counting_acks_of_a_replica_removed_meanwhile() -> None:
+    """Seed 10000223 (membership sweep): a leader that had not heard of a completed plan yet applied with acks
+    the removed replicas had sent before deleting their data; the target replicas held the entries (the
+    completion waited for them), so the simulator now counts the copies a removal deleted as given."""
+    result = run_seed(10000223)
     assert result.error is None, result.error
