@@ -631,13 +631,15 @@ def plan_done(sim: Sim, re: Reassigner) -> Callable[[], bool]:
 
 def test_rf_1_to_3_while_writing_fails_no_append() -> None:
     sim, re = membership_sim(1, 2)
+    sim.retention = True  # a deletes what it applied beyond the near-horizon window: b and c need far horizon
     reqs: list[ClientRequest] = []
-    write_until(sim, lambda: len(reqs) > 30, reqs)
+    write_until(sim, lambda: sim.nodes["a"].disk.start > 0, reqs)
     assert re.start(["a", "b", "c"])
     write_until(sim, plan_done(sim, re), reqs)
     z = sim.znode
     assert set(z.replicas) == set(z.isr) == {"a", "b", "c"} and z.leader == "a"
     assert sim.nodes["a"].replica.min_isr == 2  # min-ISR's default follows the new replication factor
+    assert any("b installs a checkpoint" in line for line in sim.log)
     write_until(sim, lambda: len(reqs) > 200, reqs)
     sim.heal_and_settle()  # every replica holds and applied the same log
 
