@@ -1,4 +1,5 @@
-"""The conductor's reassignments in the simulator: plans started, advanced and cancelled at random.
+"""The conductor's reassignments in the simulator: plans started, advanced and cancelled (the nemesis that starts
+them at random is `_schedule_membership` in sim.py).
 
 It plays the conductor's role with the pure functions of
 :mod:`replog.reassignment` and versioned compare-and-sets on the simulated
@@ -150,44 +151,3 @@ class Reassigner:
         for m in keep:
             if sim.intact(m):
                 sim._check_holds_committed(sim.nodes[m], "is a target replica of a completed reassignment")
-
-
-def schedule_membership(sim: Sim, rng: random.Random, until_ms: int,
-                        rules: type[PlanRules] = PlanRules) -> Reassigner:
-    """The membership nemesis: plans started at random during the faults, a quarter of them cancelled.
-
-    Kinds: grow by one or two (RF 1 -> 3, 3 -> 5), shrink by one (3 -> 2),
-    replace one replica by a spare, or any set of workers. The conductor's loop
-    goes on after the faults, so every plan ends before liveness is judged.
-    """
-    reassigner = Reassigner(sim, rng, rules)
-    rate = rng.choice([2.0, 5.0])
-
-    def plan() -> None:
-        z = sim.znode
-        if z.reassigning:
-            if rng.random() < 0.2:
-                reassigner.cancel()
-            return
-        current = list(z.replicas)
-        spare = [m for m in sim.ids if m not in current]
-        kind = rng.random()
-        if kind < 0.3 and spare:
-            target = current + rng.sample(spare, min(len(spare), rng.choice([1, 2])))
-        elif kind < 0.55 and len(current) > 1:
-            target = rng.sample(current, len(current) - 1)
-        elif kind < 0.8 and spare:
-            out = rng.choice(current)
-            target = [m if m != out else rng.choice(spare) for m in current]
-        else:
-            target = rng.sample(sim.ids, rng.randint(1, len(sim.ids)))
-        rng.shuffle(target)
-        reassigner.start(target, cancel=rng.random() < 0.25)
-
-    t = 0.0
-    while True:
-        t += rng.expovariate(rate / 1000.0)
-        if t >= until_ms:
-            break
-        sim.at(int(t), plan)
-    return reassigner

@@ -68,7 +68,7 @@ from replog.messages import (
 from replog.outbox import Outbox
 from replog.reassignment import min_isr_for, min_isr_met
 from replog.replica import Replica
-from tests.sim.membership import PlanRules, schedule_membership
+from tests.sim.membership import PlanRules, Reassigner
 
 Entry = tuple[int, str]  # (epoch, payload)
 
@@ -1159,7 +1159,7 @@ def run_seed(seed: int, replica_cls: type[Replica] = Replica, fault_ms: int = 12
         _schedule_config_changes(sim, config_rng, fault_ms)
         _schedule_storage_faults(sim, storage_rng, fault_ms)
         if membership:
-            reassigner = schedule_membership(sim, member_rng, fault_ms, plan_rules)
+            reassigner = _schedule_membership(sim, member_rng, fault_ms, plan_rules)
         sim.run_until(fault_ms)
         # heal: no more faults, everyone back, fast disks, the options liveness is judged under
         sim.faults = replace(sim.faults, drop=0.0, duplicate=0.0)
@@ -1262,6 +1262,42 @@ def _schedule_storage_faults(sim: Sim, rng: random.Random, until_ms: int) -> Non
                 sim.find_corruption(nid, rng.randrange(d.start, d.durable_end))
 
     _poisson(sim, rng, rate, until_ms, fault)
+
+
+def _schedule_membership(sim: Sim, rng: random.Random, until_ms: int,
+                         rules: type[PlanRules] = PlanRules) -> Reassigner:
+    """The membership nemesis: plans started at random during the faults, a quarter of them cancelled.
+
+    Kinds: grow by one or two (RF 1 -> 3, 3 -> 5), shrink by one (3 -> 2),
+    replace one replica by a spare, or any set of workers. The conductor's loop
+    goes on after the faults, so every plan ends before liveness is judged.
+    """
+    reassigner = Reassigner(sim, rng, rules)
+    rate = rng.choice([2.0, 5.0])
+
+    def plan() -> None:
+        z = sim.znode
+        if z.reassigning:
+            if rng.random() < 0.2:
+                reassigner.cancel()
+            return
+        current = list(z.replicas)
+        spare = [m for m in sim.ids if m not in current]
+        kind = rng.random()
+        if kind < 0.3 and spare:
+            target = current + rng.sample(spare, min(len(spare), rng.choice([1, 2])))
+        elif kind < 0.55 and len(current) > 1:
+            target = rng.sample(current, len(current) - 1)
+        elif kind < 0.8 and spare:
+            out = rng.choice(current)
+            target = [m if m != out else rng.choice(spare) for m in current]
+        else:
+            target = rng.sample(sim.ids, rng.randint(1, len(sim.ids)))
+        rng.shuffle(target)
+        reassigner.start(target, cancel=rng.random() < 0.25)
+
+    _poisson(sim, rng, rate, until_ms, plan)
+    return reassigner
 
 
 def _schedule_resigns(sim: Sim, rng: random.Random, until_ms: int) -> None:
