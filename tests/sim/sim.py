@@ -937,6 +937,11 @@ class Sim:
         # Rebuilt like a restarted replica (same session), told the current znode at once.
         n.incarnation += 1
         n.replica = self._new_replica(nid, d, n.session)
+        if self.znode.incarnation_of(nid) != d.incarnation:
+            # A reassignment removed it and took it back while it was copying, and it never saw the removal: the
+            # znode no longer records its storage, so the rebuilt replica serves nothing (nor takes the current
+            # epoch) until it has recorded it again, like a restarted one (seed 11013759).
+            n.max_epoch = n.replica.epoch
         self.at(self.now + self.rng.randrange(self.tick_ms), self._tick, nid, n.incarnation)
         self._deliver(nid, n.incarnation, MetastoreChanged(self.znode))
 

@@ -225,3 +225,12 @@ def test_regression_seed_leader_counting_acks_of_a_replica_removed_meanwhile() -
     completion waited for them), so the simulator now counts the copies a removal deleted as given."""
     result = run_seed(10000223)
     assert result.error is None, result.error
+
+
+def test_regression_seed_far_horizon_install_after_an_unseen_removal() -> None:
+    """Seed 11013759 (membership sweep 11,010,000+): e, added, was copying a checkpoint when a cancel removed it
+    and a new plan took it back; it saw neither, installed the checkpoint and was rebuilt while the znode no
+    longer recorded its storage. The rebuilt replica rightly waits, unregistered, at the checkpoint's epoch
+    until it records its storage again; the simulator had expected it to take the current epoch at once."""
+    result = run_seed(11013759)
+    assert result.error is None, result.error
