@@ -139,7 +139,9 @@ class Replica(LeaderRules, FollowerRules):
         if self._epochs_unsaved:
             self._epochs_unsaved = False
             self._persist_epochs()
-        if self.removed or self._leaves_group(event):
+        if isinstance(event, IsrChangeFailed) and self._stale_without_me(event.current):
+            event = IsrChangeFailed(event.reason, event.proposed, None)  # answered as if nothing was read
+        if self.removed or self._stale_without_me(event) or self._leaves_group(event):
             if isinstance(event, ClientAppend):
                 self._out.append(Reply(event.request_id, -1, event.count, NotLeader(self.group, None, self.epoch)))
             out, self._out = self._out, []
@@ -279,6 +281,14 @@ class Replica(LeaderRules, FollowerRules):
 
     # ------------------------------------------------------------------------------- membership
 
+    def _stale_without_me(self, event: Event | GroupState | None) -> bool:
+        """A znode older than one that listed this replica, that does not list it: a stale read from before this
+        replica was added (again); nothing in it concerns this replica (dropped; for a failed CAS, its answer
+        is taken without the znode read)."""
+        st = event.state if isinstance(event, MetastoreChanged) else event
+        return (isinstance(st, GroupState) and self.node_id not in st.replicas
+                and st.version <= self._member_version)
+
     def _leaves_group(self, event: Event) -> bool:
         """A znode newer than the last one listing this replica does not list it: a reassignment removed it.
 
@@ -295,8 +305,6 @@ class Replica(LeaderRules, FollowerRules):
             return False
         if self.node_id in st.replicas:
             self._member_version = max(self._member_version, st.version)
-            return False
-        if st.version <= self._member_version:
             return False
         assert self._ls is None or st.epoch > self.epoch, (
             f"{self.node_id} removed from {self.group} while it leads epoch {self.epoch}: {st}")

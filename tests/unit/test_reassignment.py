@@ -15,12 +15,14 @@ from replog.messages import (
     GroupState,
     InvalidGroupState,
     IsrChanged,
+    IsrChangeFailed,
     LocalFlushed,
     MetastoreChanged,
     Removed,
     ReplicateAck,
     Reply,
     SendEntries,
+    Tick,
 )
 from replog.reassignment import (
     ReassignmentRefused,
@@ -208,3 +210,18 @@ def test_a_stale_znode_without_the_replica_does_not_remove_it() -> None:
     c = Replica("c", "g", ReplicationConfig(), session=3)
     c.handle(MetastoreChanged(replace(added, epoch=2)), 0)
     assert c.handle(MetastoreChanged(before), 1) == [] and not c.removed
+
+
+def test_a_stale_znode_from_before_the_replica_was_added_is_ignored_whole() -> None:
+    """Sweep seed: a replica added (again) got a notification older than its first znode, without itself; its
+    storage must not be recorded on it (that znode has no place for it), and a failed CAS answered with such a
+    znode is taken as answered without it."""
+    cfg = ReplicationConfig(request_timeout_ms=100)
+    removed = replace(group("a", "b"), storage=(("a", 1, 1), ("b", 2, 2)))
+    added = start_reassignment(removed, ["a", "b", "c"])
+    c = Replica("c", "g", cfg, session=3, incarnation=30)
+    (rec,) = c.handle(MetastoreChanged(added), 0)
+    assert c.handle(MetastoreChanged(removed), 1) == [] and not c.removed
+    assert c.handle(IsrChangeFailed("conflict", rec.new, removed), 2) == [] and not c.removed  # type: ignore[attr-defined]
+    out = c.handle(Tick(), 200)  # proposes its record again, on the znode that lists it
+    assert [type(x).__name__ for x in out] == ["RecordStorage"]
