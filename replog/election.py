@@ -17,6 +17,11 @@ Safety rules (docs/replication.md, Election):
   (``GroupState.elr``: a leader deposed by a failover, while nothing was
   applied since, holds every applied entry; KIP-966); failing that the group
   stays leaderless, keeping its ISR, until an ISR member returns;
+* during a reassignment (``replog.reassignment``) a replica being removed is
+  elected only when no other in-sync replica can lead: it holds every applied
+  entry, so electing it is safe, but the plan would have to move leadership
+  off it again before removing it; an added replica is electable once it is
+  in the ISR (it then holds every applied entry), never before;
 * a new state carries the znode version it will have once written (the read
   one plus one), as the replication state machine's proposals do;
 * leadership is bound to the ZooKeeper session of the elected node
@@ -67,22 +72,25 @@ def elect_leader(state: GroupState, live_nodes: Iterable[str] | Mapping[str, int
     is lost or not confirmed under its live session (``replog.eligibility``).
     None if no ISR member qualifies.
     Nodes drained of leadership (``disallowed``) are taken only when no allowed
-    ISR member is live: availability beats the drain.
+    ISR member is live: availability beats the drain; replicas a reassignment
+    removes come last of all, for the same reason.
     """
     return _pick(state, state.isr, live_nodes, exclude, disallowed, order)
 
 
 def _pick(state: GroupState, pool: Iterable[str], live_nodes: Iterable[str] | Mapping[str, int],
           exclude: Iterable[str], disallowed: Iterable[str], order: Sequence[str]) -> str | None:
-    """The first live, eligible member of ``pool`` in preference order, drained nodes last."""
+    """The first live, eligible member of ``pool`` in preference order, drained nodes next to last, replicas
+    being removed last."""
     sessions = live_sessions(live_nodes)
     live = set(sessions) - set(exclude)
     members = set(pool)
     candidates = [node for node in (order or state.replicas)
                   if node in members and node in live and eligible(state, node, sessions[node])]
-    banned = set(disallowed)
-    allowed = [node for node in candidates if node not in banned]
-    pick = allowed or candidates
+    banned, leaving = set(disallowed), set(state.removing)
+    tiers = ([n for n in candidates if n not in banned and n not in leaving],
+             [n for n in candidates if n not in leaving], candidates)
+    pick = next((tier for tier in tiers if tier), [])
     return pick[0] if pick else None
 
 

@@ -40,6 +40,10 @@ Driver contract (what the state machine relies on):
   an in-sync follower leader of the next epoch and withdraws the resign request
   (``/millrace/modules/<m>/resign/<g>``) in the same transaction. Its outcome
   comes back like a ChangeIsr's, as :class:`IsrChanged` or :class:`IsrChangeFailed`.
+* :class:`Removed`: the znode no longer lists this replica (a reassignment,
+  :mod:`replog.reassignment`, removed it). The driver closes the replica and
+  deletes its data; the replica ignores every later event. If the group takes
+  the node back later, the driver opens a new, empty replica.
 * :class:`Reply` answers one client append.
 * Retention: the driver asks :meth:`Replica.retention_point` with the applied
   offset its store holds *durably*, deletes whole log segments below the answer
@@ -82,6 +86,7 @@ HandOff                      CAS on the group znode + delete of its resign reque
 StartFarHorizon              checkpoint + file copy in rounds to the follower
 Reply                        answer the client (error -> gRPC status via ``grpc_code``)
 RoleChanged                  start/stop stream topologies, refresh client routing
+Removed                      close the replica, delete its data (a reassignment removed it)
 ==========================  =================================================================
 
 A restarted replica is rebuilt with ``Replica(node, group, config, session=...,
@@ -157,6 +162,15 @@ class GroupState:
     ``elr``). They are elected when no ISR member can be, so that lone replica
     losing its storage right after the failover does not stall a group whose
     old leader holds everything.
+    ``adding`` and ``removing`` describe a reassignment in progress (Kafka's
+    KIP-455; :mod:`replog.reassignment` computes its steps): during one the
+    replicas are the target plus the original, ``adding`` the target replicas
+    that are not original (they start in the OSR and join the ISR by the
+    leader's usual rejoin rule once caught up), ``removing`` the original
+    replicas that are not in the target (they stay full members, electable
+    only when no other in-sync replica can lead, until the last step drops
+    them). Both empty: no reassignment (the znode of a group never reassigned
+    has neither field).
     Construction validates, so no process can store or act on a broken state.
     """
 
@@ -169,10 +183,12 @@ class GroupState:
     placement: tuple[str, ...] = ()
     storage: tuple[tuple[str, int, int], ...] = ()
     elr: tuple[str, ...] = ()
+    adding: tuple[str, ...] = ()
+    removing: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # Accept lists from callers but store tuples, so states are hashable and immutable.
-        for name in ("isr", "osr", "placement", "elr"):
+        for name in ("isr", "osr", "placement", "elr", "adding", "removing"):
             value = getattr(self, name)
             if not isinstance(value, tuple):
                 object.__setattr__(self, name, tuple(value))
@@ -203,6 +219,21 @@ class GroupState:
     def replicas(self) -> tuple[str, ...]:
         """Every replica of the group, in preference order when the placement is known."""
         return self.placement or self.isr + self.osr
+
+    @property
+    def reassigning(self) -> bool:
+        """A reassignment is in progress (its replicas are the target plus the original)."""
+        return bool(self.adding or self.removing)
+
+    @property
+    def target(self) -> tuple[str, ...]:
+        """The replicas once the reassignment in progress completes (all of them when there is none)."""
+        return tuple(r for r in self.replicas if r not in self.removing)
+
+    @property
+    def original(self) -> tuple[str, ...]:
+        """The replicas before the reassignment in progress, which a cancel goes back to (all when none)."""
+        return tuple(r for r in self.replicas if r not in self.adding)
 
     def validate(self) -> None:
         """Raise InvalidGroupState naming the first broken invariant."""
@@ -238,6 +269,17 @@ class GroupState:
                                     f"(OSR {list(self.osr)})")
         if any(self.incarnation_of(x) == STORAGE_LOST for x in self.elr):
             raise InvalidGroupState(f"an eligible leader replica of {list(self.elr)} lost its storage")
+        for name in ("adding", "removing"):
+            members = getattr(self, name)
+            if len(set(members)) != len(members) or not set(members) <= set(replicas):
+                raise InvalidGroupState(f"replicas {name} {list(members)} must be distinct replicas of "
+                                        f"{list(replicas)}")
+        if set(self.adding) & set(self.removing):
+            raise InvalidGroupState(f"a replica cannot be both added and removed: adding {list(self.adding)}, "
+                                    f"removing {list(self.removing)}")
+        if not self.target or not self.original:
+            raise InvalidGroupState(f"a reassignment needs replicas before and after it: replicas "
+                                    f"{list(replicas)}, adding {list(self.adding)}, removing {list(self.removing)}")
 
     def to_dict(self) -> dict[str, Any]:
         """The znode's document (the version is the znode's own, not part of it)."""
@@ -248,6 +290,10 @@ class GroupState:
             doc["storage"] = {name: [inc, session] for name, inc, session in self.storage}
         if self.elr:
             doc["elr"] = list(self.elr)
+        if self.adding:
+            doc["adding"] = list(self.adding)
+        if self.removing:
+            doc["removing"] = list(self.removing)
         return doc
 
     def to_json(self) -> bytes:
@@ -263,7 +309,9 @@ class GroupState:
                        placement=tuple(doc["replicas"]), storage=tuple((str(name), int(inc), int(session))
                                                                   for name, (inc, session) in
                                                                   dict(doc.get("storage", {})).items()),
-                       elr=tuple(str(x) for x in doc.get("elr", ())))
+                       elr=tuple(str(x) for x in doc.get("elr", ())),
+                       adding=tuple(str(x) for x in doc.get("adding", ())),
+                       removing=tuple(str(x) for x in doc.get("removing", ())))
         except (ValueError, KeyError, TypeError) as e:
             raise InvalidGroupState(f"malformed group state {raw!r}: {e}") from None
 
@@ -354,7 +402,9 @@ class SessionStarted:
 class ConfigChanged:
     """An operator changed the module's options (``conductor set-option``); they apply from now on.
 
-    The replication factor is fixed by placement and cannot change this way.
+    The replication factor a group runs with is its replica set in the znode
+    (changed by a reassignment, :mod:`replog.reassignment`); the option's
+    value only says what the conductor places.
     """
 
     config: ReplicationConfig
@@ -601,6 +651,20 @@ class Reply:
 
 
 @dataclass(frozen=True, slots=True)
+class Removed:
+    """This replica is no longer one of the group's replicas: the znode of ``version`` does not list it.
+
+    A reassignment removed it (or cancelled its addition). It has stepped
+    down and serves nothing more (every later event is dropped, appends are
+    refused); the driver closes it and deletes its data (log, epoch file,
+    storage marks, store). Should the group take this node back later, the
+    driver opens a new, empty replica for it.
+    """
+
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
 class RoleChanged:
     """This replica's role changed (drivers start or stop topologies; the simulator checks one leader per epoch)."""
 
@@ -611,5 +675,5 @@ class RoleChanged:
 
 Action = (
     AppendLocal | Truncate | PersistEpochs | Apply | SendEntries | Send | ChangeIsr
-    | StartFarHorizon | Reply | RoleChanged | HandOff | RecordStorage
+    | StartFarHorizon | Reply | RoleChanged | HandOff | RecordStorage | Removed
 )

@@ -61,6 +61,14 @@ Rules, and why:
   ISR is below min-ISR still serves everything it acknowledged as applied.
   Truncation never goes below the floor (the KIP-101 rule above keeps it).
 
+* The replicas change only by a reassignment (:mod:`replog.reassignment`,
+  KIP-455): an added replica is a follower like any other that starts empty,
+  catches up and is admitted to the ISR by the rejoin rule above; min-ISR is
+  the joint rule of that module while a plan runs; the leader forgets a
+  removed replica (sends it nothing, ignores what it sends), and a replica
+  that reads a znode without itself says :class:`Removed` and serves nothing
+  more.
+
 * A replica acknowledges, applies and leads nothing until the group znode
   records its storage's incarnation; storage that lost entries it acknowledged
   is recorded in the same CAS that takes it out of the ISR and the leadership,
@@ -91,6 +99,7 @@ from replog.messages import (
     LogStartAdvanced,
     MetastoreChanged,
     RecordStorage,
+    Removed,
     Replicate,
     ReplicateAck,
     Reply,
@@ -130,6 +139,13 @@ class Replica(LeaderRules, FollowerRules):
         if self._epochs_unsaved:
             self._epochs_unsaved = False
             self._persist_epochs()
+        if isinstance(event, IsrChangeFailed) and self._stale_without_me(event.current):
+            event = IsrChangeFailed(event.reason, event.proposed, None)  # answered as if nothing was read
+        if self.removed or self._stale_without_me(event) or self._leaves_group(event):
+            if isinstance(event, ClientAppend):
+                self._out.append(Reply(event.request_id, -1, event.count, NotLeader(self.group, None, self.epoch)))
+            out, self._out = self._out, []
+            return out
         handled = ((self.incarnation is not None and self._storage_event(event))
                    or (not self.registered and self._while_unregistered(event)))
         if handled:
@@ -192,7 +208,7 @@ class Replica(LeaderRules, FollowerRules):
     @property
     def stalled(self) -> bool:
         """Nothing can be applied: a laggard may not be removed, or the ISR is below min-ISR."""
-        return self._ls is not None and (self._ls.stalled or len(self._ls.isr) < self.config.effective_min_isr)
+        return self._ls is not None and (self._ls.stalled or not self._min_isr_met(self._ls.isr))
 
     @property
     def held(self) -> int:
@@ -246,10 +262,12 @@ class Replica(LeaderRules, FollowerRules):
 
         Safety does not depend on the values (the rules hold for any min-ISR,
         lag or timeout): lowering min-ISR is how an operator chooses to unstall
-        a group with fewer copies, as Kafka's dynamic min.insync.replicas.
+        a group with fewer copies, as Kafka's dynamic min.insync.replicas. The
+        replication factor may change too: it only says what the conductor
+        places; the group's replicas are the znode's (a reassignment changes
+        them), and min-ISR's default follows their count
+        (:func:`replog.reassignment.min_isr_for`).
         """
-        assert config.replication_factor == self.config.replication_factor, (
-            f"replication factor cannot change live ({self.config.replication_factor} -> {config.replication_factor})")
         self.config = config
         if self._ls is not None:
             self._maybe_change_isr()
@@ -260,6 +278,40 @@ class Replica(LeaderRules, FollowerRules):
         assert start >= self.log_start, f"log start went back from {self.log_start} to {start}"
         assert start <= self.applied + 1, f"entries [{self.applied + 1}, {start}) deleted before being applied"
         self.log_start = start
+
+    # ------------------------------------------------------------------------------- membership
+
+    def _stale_without_me(self, event: Event | GroupState | None) -> bool:
+        """A znode older than one that listed this replica, that does not list it: a stale read from before this
+        replica was added (again); nothing in it concerns this replica (dropped; for a failed CAS, its answer
+        is taken without the znode read)."""
+        st = event.state if isinstance(event, MetastoreChanged) else event
+        return (isinstance(st, GroupState) and self.node_id not in st.replicas
+                and st.version <= self._member_version)
+
+    def _leaves_group(self, event: Event) -> bool:
+        """A znode newer than the last one listing this replica does not list it: a reassignment removed it.
+
+        The replica steps down, says so with :class:`Removed` (the driver
+        closes it and deletes its data) and serves nothing more: it is
+        terminal, and a node the group takes back later gets a new replica. A
+        replica that has never seen a znode listing it (restarted after being
+        removed while down) is removed by the first one it reads. An older
+        znode (a stale read) changes nothing.
+        """
+        st = event.state if isinstance(event, MetastoreChanged) else (
+            event.current if isinstance(event, IsrChangeFailed) else None)
+        if st is None:
+            return False
+        if self.node_id in st.replicas:
+            self._member_version = max(self._member_version, st.version)
+            return False
+        assert self._ls is None or st.epoch > self.epoch, (
+            f"{self.node_id} removed from {self.group} while it leads epoch {self.epoch}: {st}")
+        self._step_down(max(self.epoch, st.epoch), st.leader if st.epoch >= self.epoch else None)
+        self.removed = True
+        self._out.append(Removed(st.version))
+        return True
 
     # ------------------------------------------------------------------------------- storage
 
@@ -359,7 +411,7 @@ class Replica(LeaderRules, FollowerRules):
             self._persist_epochs()
         peers = {r: Peer(last_progress_ms=self._now) for r in st.replicas if r != self.node_id}
         self._ls = LeaderState(isr=st.isr, osr=st.osr, version=st.version, peers=peers, storage=st.storage,
-                                elr=st.elr, batch_ends=[self.log_end], batch_times=[self._now],
+                                elr=st.elr, adding=st.adding, removing=st.removing, batch_ends=[self.log_end], batch_times=[self._now],
                                 bytes_base=self.log_end)
         # The apply offset learnt from the previous leader is group-wide: every ISR
         # member (this one included) holds it durably.
@@ -368,6 +420,9 @@ class Replica(LeaderRules, FollowerRules):
         self._apply_to(self.apply_offset)
         if st.elr:
             self._maybe_change_isr()  # empty the ELR at once: nothing new is applied until then
+        # An ISR of this replica alone (a group of one, after a reassignment from one or to one) applies what it
+        # holds now: no ack or append may ever come to trigger it (sim seed 10000347).
+        self._advance_apply()
         self._pump_all()
 
     def _on_session_expired(self) -> None:
@@ -402,6 +457,8 @@ class Replica(LeaderRules, FollowerRules):
         """
         if self._epochs_unsaved:
             return 0  # the cut epoch file is persisted by the first event, a tick included
+        if self.removed:
+            return None
         due = [t for t in (self._storage_next_tick(), self._role_next_tick()) if t is not None]
         return min(due) if due else None
 

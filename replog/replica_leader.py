@@ -28,6 +28,7 @@ from replog.messages import (
     SendEntries,
     StartFarHorizon,
 )
+from replog.reassignment import min_isr_for, min_isr_met
 from replog.replica_state import Peer, PendingAppend, ReplicaState, Resign
 
 
@@ -97,7 +98,9 @@ class LeaderRules(ReplicaState):
         assert ls is not None
         if ls.pending_change is None:
             return ls.isr
-        return ls.isr + tuple(r for r in ls.pending_change.isr if r not in ls.isr)
+        # (a member a reassignment removed meanwhile is not added: the CAS was computed from an older znode and
+        # will fail)
+        return ls.isr + tuple(r for r in ls.pending_change.isr if r not in ls.isr and r in ls.peers)
 
     def _apply_candidate(self) -> int | None:
         """Highest offset every ISR member holds, or None if some member has not reported yet."""
@@ -119,8 +122,10 @@ class LeaderRules(ReplicaState):
         if not self.session_ok:
             return
         # min-ISR counts members the metastore has recorded: one whose join is still in flight holds the
-        # entries (the candidate waits for it) but is not electable yet, so it adds no durability.
-        if len(ls.isr) < self.config.effective_min_isr:
+        # entries (the candidate waits for it) but is not electable yet, so it adds no durability. During a
+        # reassignment it is the joint rule of replog.reassignment (no entry needs the vote of a replica whose
+        # data the end of the plan deletes).
+        if not self._min_isr_met(ls.isr):
             return
         if ls.elr:
             # An ELR member is electable because it holds every applied entry: applying more first would
@@ -207,7 +212,7 @@ class LeaderRules(ReplicaState):
         lagging = [r for r in ls.isr if r != self.node_id and self._lag_ms(r) > self.config.max_time_lag_ms]
         if lagging:
             keep = tuple(r for r in ls.isr if r not in lagging)
-            if len(keep) >= self.config.effective_min_isr:
+            if self._min_isr_met(keep):
                 ls.stalled = False
                 self._propose(keep, ls.osr + tuple(lagging))
                 return
@@ -228,9 +233,25 @@ class LeaderRules(ReplicaState):
         ls = self._ls
         assert ls is not None and self.node_id in isr
         new = GroupState(self.node_id, self.epoch, isr, osr, ls.version + 1, self.session,
-                         storage=ls.storage)
+                         storage=ls.storage, adding=ls.adding, removing=ls.removing)
         ls.pending_change = new
         self._out.append(ChangeIsr(ls.version, new))
+
+    def _min_isr_met(self, isr: tuple[str, ...]) -> bool:
+        """The ISR ``isr`` is enough to apply (replog.reassignment's joint rule; ``|ISR| >= min-ISR`` without a
+        reassignment)."""
+        ls = self._ls
+        assert ls is not None
+        return min_isr_met(isr, ls.isr + ls.osr, ls.adding, ls.removing, self.config)
+
+    @property
+    def min_isr(self) -> int:
+        """The min-ISR of the replicas this group will have (the target of a reassignment in progress); the
+        module's option otherwise (a replica that does not lead does not know its group's size)."""
+        ls = self._ls
+        if ls is None:
+            return self.config.effective_min_isr
+        return min_isr_for(self.config, sum(r not in ls.removing for r in ls.isr + ls.osr))
 
     def _on_isr_changed(self, st: GroupState) -> None:
         ls = self._ls
@@ -304,7 +325,10 @@ class LeaderRules(ReplicaState):
         ls = self._ls
         assert ls is not None and st.epoch == self.epoch and st.leader == self.node_id
         ls.isr, ls.osr, ls.version, ls.elr = st.isr, st.osr, st.version, st.elr
+        ls.adding, ls.removing = st.adding, st.removing
         assert self.node_id in ls.isr, f"leader {self.node_id} removed from its own ISR {st.isr}"
+        for r in [r for r in ls.peers if r not in st.replicas]:
+            del ls.peers[r]  # removed by a reassignment: nothing more is sent to it, nothing it sends counts
         for r in st.replicas:
             if r != self.node_id and (r not in ls.peers or
                                       _recorded(ls.storage, r) != st.incarnation_of(r)):
@@ -343,7 +367,7 @@ class LeaderRules(ReplicaState):
             f"{self.node_id} hands off {self.group} with clients waiting: every accepted append must be answered"
         )
         new = GroupState(rs.to, self.epoch + 1, ls.isr, ls.osr, ls.version + 1, rs.to_session,
-                         storage=ls.storage)
+                         storage=ls.storage, adding=ls.adding, removing=ls.removing)
         ls.pending_change = new
         self._out.append(HandOff(ls.version, new))
 
@@ -355,12 +379,12 @@ class LeaderRules(ReplicaState):
     def _timeout_error(self) -> StalledGroup | Backpressure:
         ls = self._ls
         assert ls is not None
-        if ls.stalled or len(ls.isr) < self.config.effective_min_isr:
+        if ls.stalled or not self._min_isr_met(ls.isr):
             # Stalled by a laggard we may not remove, or handed an ISR already below min-ISR
             # (the controller drops a dead leader from the ISR): either way nothing can apply.
             healthy = [r for r in ls.isr
                        if r == self.node_id or self._lag_ms(r) <= self.config.max_time_lag_ms]
-            return StalledGroup(self.group, healthy, self.config.effective_min_isr)
+            return StalledGroup(self.group, healthy, self.min_isr)
         return Backpressure(self.group, f"append waited replication.depot.append.timeout.millis="
                                         f"{self.config.append_timeout_ms} for replication")
 

@@ -65,6 +65,9 @@ class LeaderState:
     storage: tuple[tuple[str, int, int], ...] = ()
     #: eligible leader replicas of the znode: nothing is applied (nor a checkpoint offered) until a CAS empties it
     elr: tuple[str, ...] = ()
+    #: the reassignment in progress in the znode (replog.reassignment): replicas being added and removed
+    adding: tuple[str, ...] = ()
+    removing: tuple[str, ...] = ()
     #: proposed znode of an in-flight ChangeIsr (at most one at a time)
     pending_change: GroupState | None = None
     #: ends and append times of batches not yet applied, for the time-lag rule
@@ -148,6 +151,11 @@ class ReplicaState:
         self._recording: GroupState | None = None
         self._recording_ms = 0
         self._seen: GroupState | None = None
+        #: the highest znode version that listed this replica (-1: none yet); a newer znode without it means a
+        #: reassignment removed it
+        self._member_version = -1
+        #: a reassignment removed this replica: it serves nothing more (the driver deletes its data)
+        self.removed = False
         self._out: list[Action] = []
         self._now = 0
 

@@ -6,11 +6,14 @@ switch that could turn a rule off.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
 from replog.messages import EpochResponse, GroupState, RecordStorage
+from replog.reassignment import Step, advance_reassignment, min_isr_for
 from replog.replica import Replica
+from tests.sim.membership import PlanRules
 
 
 class TruncateToHighWatermark(Replica):
@@ -87,3 +90,46 @@ class ForgetsAppliedFloor(Replica):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["applied_floor"] = -1
         super().__init__(*args, **kwargs)
+
+
+# ------------------------------------------------------------------------------------------------ membership
+
+
+class ApplyWithoutAddedReplicaAcks(Replica):
+    """The leader keeps waiting only for the original replicas: an added replica that joined the ISR is
+    electable, yet entries are applied without its acknowledgement."""
+
+    def _effective_isr(self) -> tuple[str, ...]:
+        ls = self._ls
+        assert ls is not None
+        return tuple(r for r in super()._effective_isr() if r not in ls.adding)
+
+
+class CountsRemovingTowardMinIsr(Replica):
+    """min-ISR counted over the whole ISR during a reassignment (no joint rule): an entry may be applied that
+    only the acknowledgement of a replica whose data the end of the plan deletes made count."""
+
+    def _min_isr_met(self, isr: tuple[str, ...]) -> bool:
+        ls = self._ls
+        assert ls is not None
+        replicas = ls.isr + ls.osr
+        target = sum(r not in ls.removing for r in replicas)
+        original = sum(r not in ls.adding for r in replicas)
+        return len(isr) >= min(min_isr_for(self.config, target), min_isr_for(self.config, original))
+
+
+class CompleteBeforeCaughtUp(PlanRules):
+    """The conductor completes a reassignment as soon as leadership is off the removed replicas, without
+    waiting for the added ones to join the ISR: the group runs below its new replication factor, and the
+    removed replicas' data, deleted, was still needed."""
+
+    @staticmethod
+    def advance(state: GroupState, live: dict[str, int], order: Sequence[str]) -> Step:
+        if not state.reassigning or state.leader in state.removing or not set(state.isr) & set(state.target):
+            return advance_reassignment(state, live, order)
+        return Step(new=replace(state, version=state.version + 1, placement=state.target,
+                                isr=tuple(r for r in state.isr if r in state.target),
+                                osr=tuple(r for r in state.osr if r in state.target),
+                                elr=tuple(r for r in state.elr if r in state.target),
+                                storage=tuple(x for x in state.storage if x[0] in state.target),
+                                adding=(), removing=()))

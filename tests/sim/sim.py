@@ -51,6 +51,7 @@ from replog.messages import (
     MetastoreChanged,
     PersistEpochs,
     RecordStorage,
+    Removed,
     Replicate,
     Reply,
     ResignRequested,
@@ -65,7 +66,9 @@ from replog.messages import (
     Truncate,
 )
 from replog.outbox import Outbox
+from replog.reassignment import min_isr_for, min_isr_met
 from replog.replica import Replica
+from tests.sim.membership import PlanRules, Reassigner
 
 Entry = tuple[int, str]  # (epoch, payload)
 
@@ -167,6 +170,11 @@ class Node:
     max_epoch: int = 0
     #: the driver's outbox policy, as the worker runs it (replog.outbox)
     outbox: Outbox = field(default_factory=Outbox)
+    #: the worker hosts a replica of the group (a spare node does not until a reassignment adds it)
+    hosting: bool = True
+    #: the disk a reassignment's removal deleted last: a leader that has not heard of the removal yet may
+    #: count the acks it sent before (they counted when they were given; the target holds the entries too)
+    deleted: list[Disk] = field(default_factory=list)
 
 
 @dataclass
@@ -208,7 +216,7 @@ class Sim:
     def __init__(self, seed: int, *, nodes: int = 3, config: ReplicationConfig | None = None,
                  faults: Faults | None = None, replica_cls: type[Replica] = Replica,
                  metastore_ms: tuple[int, int] = (1, 5), session_timeout_ms: int = 60,
-                 trace: bool = False) -> None:
+                 trace: bool = False, spares: int = 0) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         #: when stores flush (its own stream, so the other draws of a seed are as before stores could lose state)
@@ -221,7 +229,8 @@ class Sim:
         self.now = 0
         self._q: list[tuple[int, int, Callable[..., None], tuple[Any, ...]]] = []
         self._seq = 0
-        ids = [chr(ord("a") + i) for i in range(nodes)]
+        ids = [chr(ord("a") + i) for i in range(nodes + spares)]
+        #: every worker, the group's replicas first; ``spares`` more host nothing until a reassignment adds them
         self.ids = ids
         self._sessions = 0
         self.nodes: dict[str, Node] = {}
@@ -229,9 +238,12 @@ class Sim:
         for nid in ids:
             self._sessions += 1
             disk = self.new_disk()
-            n = Node(nid, disk, self._new_replica(nid, disk, self._sessions), session=self._sessions)
+            n = Node(nid, disk, self._new_replica(nid, disk, self._sessions), session=self._sessions,
+                     hosting=nid in ids[:nodes])
             self.nodes[nid] = n
-        self.znode = GroupState(None, 0, tuple(ids), (), 0, 0)
+        self.znode = GroupState(None, 0, tuple(ids[:nodes]), (), 0, 0)
+        #: the replicas each znode version listed (a Removed must name a version that did not list its replica)
+        self.replica_history: dict[int, tuple[str, ...]] = {0: self.znode.replicas}
         self.cut: set[tuple[str, str]] = set()
         #: far-horizon transfers in progress, per (follower, incarnation)
         self.copying: set[tuple[str, int]] = set()
@@ -344,7 +356,7 @@ class Sim:
 
     def _tick(self, nid: str, inc: int) -> None:
         n = self.nodes[nid]
-        if not n.alive or n.incarnation != inc:
+        if not n.alive or n.incarnation != inc or not n.hosting:
             return
         due = n.replica.next_tick_ms()
         if due is None or self.now < due:  # a driver may skip this tick: it must be a no-op
@@ -374,12 +386,14 @@ class Sim:
 
     def _deliver(self, nid: str, inc: int, event: Event) -> None:
         n = self.nodes[nid]
-        if not n.alive or n.incarnation != inc:
+        if not n.alive or n.incarnation != inc or not n.hosting:
             return
         self.steps += 1
         actions = n.replica.handle(event, self.now)
         for a in actions:
             self._perform(n, a)
+        if n.incarnation != inc:
+            return  # removed by a reassignment (Removed): the replica and its data are gone
         self._ship(n)
         r = n.replica
         if r.applied < n.max_applied:
@@ -419,8 +433,7 @@ class Sim:
             disk.epoch_pairs = a.pairs
         elif isinstance(a, ChangeIsr):
             lo, hi = self.metastore_ms
-            self.at(self.now + self.rng.randint(lo, hi), self._cas, n.id, n.incarnation, a,
-                    n.replica.config.effective_min_isr)
+            self.at(self.now + self.rng.randint(lo, hi), self._cas, n.id, n.incarnation, a, n.replica.config)
         elif isinstance(a, RecordStorage):
             lo, hi = self.metastore_ms
             self.at(self.now + self.rng.randint(lo, hi), self._record_storage, n.id, n.incarnation, a)
@@ -437,6 +450,8 @@ class Sim:
         elif isinstance(a, HandOff):
             lo, hi = self.metastore_ms
             self.at(self.now + self.rng.randint(lo, hi), self._hand_off, n.id, n.incarnation, a)
+        elif isinstance(a, Removed):
+            self._unhost(n, a)
         else:  # pragma: no cover
             self.fail(f"unknown action {a!r}")
 
@@ -598,20 +613,37 @@ class Sim:
             # promises is copies: every acknowledged entry is on at least that many disks, durably. (The
             # metastore's ISR may already be smaller, by a shrink decided under a lower min-ISR; its members
             # hold every applied entry: _check_isr_holds on each apply, _check_holds_committed on each join.)
-            min_isr = n.replica.config.effective_min_isr
-            if len(n.replica.isr) < min_isr:
+            min_isr = n.replica.min_isr
+            if not n.replica._min_isr_met(n.replica.isr):
                 self.fail(f"{n.id} acknowledged applied with ISR {n.replica.isr} below min-ISR {min_isr}")
+            ls = n.replica._ls
+            assert ls is not None
+            replicas = ls.isr + ls.osr
+            # The joint rule of replog.reassignment, as copies on disk: a removed replica's copy is deleted
+            # when its plan completes, an added one's when its plan is cancelled.
+            target = [m for m in replicas if m not in ls.removing]
+            original = [m for m in replicas if m not in ls.adding]
+            need = [(target, original)] if ls.adding or ls.removing else []
             for i, p in enumerate(req.payloads):
                 o = a.first + i
                 if o >= len(self.committed) or self.committed[o][1] != p:
                     self.fail(f"{n.id} acknowledged {p} at {o} as applied, committed has "
                               f"{self.committed[o] if o < len(self.committed) else None}")
                 copies = [m.id for m in self.nodes.values()
-                          if o < m.disk.durable_end and m.disk.entries[o][1] == p]
+                          if any(o < d.durable_end and d.entries[o][1] == p for d in (m.disk, *m.deleted[-1:]))]
                 # A storage fault may have taken copies that were acknowledged: they counted when they were.
-                if len(copies) + self.lost_copies.get(o, 0) < min_isr:
+                if not need and len(copies) + self.lost_copies.get(o, 0) < min_isr:
                     self.fail(f"{n.id} acknowledged {p} at {o} as applied with {len(copies)} durable copies "
                               f"({copies}), below min-ISR {min_isr}")
+                for tgt, orig in need:
+                    cfg = n.replica.config
+                    t_need, o_need = min_isr_for(cfg, len(tgt)), min_isr_for(cfg, len(orig))
+                    lost = self.lost_copies.get(o, 0)
+                    on_t, on_o = [m for m in copies if m in tgt], [m for m in copies if m in orig]
+                    if len(on_t) + lost < min(t_need, o_need) or len(on_o) + lost < o_need:
+                        self.fail(f"{n.id} acknowledged {p} at {o} as applied with copies on target {on_t} "
+                                  f"(needs {min(t_need, o_need)}) and on original {on_o} (needs {o_need}): "
+                                  f"a copy the end of the reassignment deletes was needed")
         elif req.ack is Ack.APPEND:
             d = n.disk
             for i, p in enumerate(req.payloads):
@@ -633,7 +665,12 @@ class Sim:
         old = self.znode
         self.znode = st
         self.note(f"znode v{st.version} leader={st.leader} epoch={st.epoch} isr={st.isr} osr={st.osr}"
-                  + (f" elr={st.elr}" if st.elr else ""))
+                  + (f" elr={st.elr}" if st.elr else "")
+                  + (f" adding={st.adding} removing={st.removing}" if st.reassigning else ""))
+        self.replica_history[st.version] = st.replicas
+        for m in st.replicas:
+            if not self.nodes[m].hosting:
+                self._host(self.nodes[m])
         for m in st.isr:
             # (one a storage fault just hit leaves again before it acknowledges anything)
             if m not in old.isr and self.intact(m):
@@ -661,14 +698,19 @@ class Sim:
             return back
         return None
 
-    def _cas(self, nid: str, inc: int, a: ChangeIsr, min_isr: int) -> None:
-        """The leader's ISR change, decided under ``min_isr`` (its config when it asked: options change live)."""
+    def _cas(self, nid: str, inc: int, a: ChangeIsr, config: ReplicationConfig) -> None:
+        """The leader's ISR change, decided under ``config`` (its options when it asked: they change live)."""
         back = self._cas_allowed(nid, inc, a, a.new.leader_session == self.nodes[nid].session)
         if back is not None:
-            if a.new.version != a.expected_version + 1 or a.new.epoch != self.znode.epoch:
-                self.fail(f"bad CAS from {nid}: {a}")
-            if len(a.new.isr) < min(min_isr, len(self.znode.isr)):  # growing back towards min-ISR is fine
-                self.fail(f"{nid} shrank the ISR to {a.new.isr}, below its min-ISR {min_isr}")
+            z, new = self.znode, a.new
+            if (new.version != a.expected_version + 1 or new.epoch != z.epoch
+                    or (new.adding, new.removing) != (z.adding, z.removing)):
+                self.fail(f"bad CAS from {nid}: {a} over {z}")
+            # (growing back towards min-ISR is fine)
+            if len(new.isr) < len(z.isr) and not min_isr_met(new.isr, new.replicas, new.adding, new.removing,
+                                                              config):
+                self.fail(f"{nid} shrank the ISR to {a.new.isr}, below its min-ISR {config.effective_min_isr} "
+                          f"(adding {new.adding}, removing {new.removing})")
             self._write_znode(a.new)
             self.at(back, self._deliver, nid, inc, IsrChanged(a.new))
 
@@ -728,7 +770,8 @@ class Sim:
             return
         z, new = self.znode, a.new
         if (z.leader != nid or new.version != z.version + 1 or new.epoch != z.epoch + 1 or new.leader == nid
-                or new.leader not in z.isr or (new.isr, new.osr, new.storage) != (z.isr, z.osr, z.storage)):
+                or new.leader not in z.isr or (new.isr, new.osr, new.storage) != (z.isr, z.osr, z.storage)
+                or (new.adding, new.removing) != (z.adding, z.removing)):
             self.fail(f"bad hand-off from {nid}: {a} over znode {z}")
         assert new.leader is not None
         old, succ = n.disk, self.nodes[new.leader].disk
@@ -829,6 +872,8 @@ class Sim:
         self._sessions += 1
         n.session = self._sessions
         n.session_live = True
+        if not n.hosting:
+            return  # a worker without a replica of the group
         self._open_storage(n)
         n.replica = self._new_replica(nid, n.disk, n.session)
         if n.replica.applied < n.disk.applied:
@@ -892,6 +937,11 @@ class Sim:
         # Rebuilt like a restarted replica (same session), told the current znode at once.
         n.incarnation += 1
         n.replica = self._new_replica(nid, d, n.session)
+        if self.znode.incarnation_of(nid) != d.incarnation:
+            # A reassignment removed it and took it back while it was copying, and it never saw the removal: the
+            # znode no longer records its storage, so the rebuilt replica serves nothing (nor takes the current
+            # epoch) until it has recorded it again, like a restarted one (seed 11013759).
+            n.max_epoch = n.replica.epoch
         self.at(self.now + self.rng.randrange(self.tick_ms), self._tick, nid, n.incarnation)
         self._deliver(nid, n.incarnation, MetastoreChanged(self.znode))
 
@@ -929,7 +979,7 @@ class Sim:
         the replica in place (same process, same session). Above the applied offset only the log from there
         goes; at or below it the store's state is suspect too, so the whole storage is discarded."""
         n = self.nodes[nid]
-        if not n.alive or not n.session_live:
+        if not n.alive or not n.session_live or not n.hosting:
             return  # (a reopen during a session change is a restart: covered by crashes)
         d = n.disk
         self.note(f"{nid} finds entry {offset} damaged")
@@ -950,6 +1000,36 @@ class Sim:
         n.max_epoch = n.replica.epoch
         self.at(self.now + self.rng.randrange(self.tick_ms), self._tick, nid, n.incarnation)
         self._deliver(nid, n.incarnation, MetastoreChanged(self.znode))
+
+    # ------------------------------------------------------------------------------- membership
+
+    def _host(self, n: Node) -> None:
+        """The worker opens a replica of the group, which a reassignment added to it: empty, new storage."""
+        self.note(f"{n.id} opens a new replica")
+        n.hosting = True
+        n.disk = self.new_disk()
+        n.incarnation += 1
+        n.outbox.clear()
+        n.max_applied, n.max_epoch = -1, 0
+        n.replica = self._new_replica(n.id, n.disk, n.session)
+        if n.alive:
+            self.at(self.now + self.rng.randrange(self.tick_ms), self._tick, n.id, n.incarnation)
+            if n.session_live:
+                self._notify(n.id, self.znode)
+
+    def _unhost(self, n: Node, a: Removed) -> None:
+        """The replica says a reassignment removed it: the worker closes it and deletes its data."""
+        listed = self.replica_history.get(a.version)
+        if listed is None or n.id in listed:
+            self.fail(f"{n.id} says it was removed by znode v{a.version}, which lists {listed}")
+        self.note(f"{n.id} is removed (znode v{a.version}): closes its replica, deletes its data")
+        n.hosting = False
+        n.incarnation += 1  # what the replica had not done dies with it
+        n.outbox.clear()
+        n.deleted[:] = [n.disk]
+        n.disk = self.new_disk()
+        if n.id in self.znode.replicas:  # taken back meanwhile: a new, empty replica
+            self._host(n)
 
     # ------------------------------------------------------------------------------- partitions
 
@@ -983,11 +1063,17 @@ class Sim:
         if len(self.committed) != end:
             self.fail(f"leader {z.leader} log has {end} entries but only {len(self.committed)} are applied; "
                       f"ISR {z.isr}, applied " + ", ".join(f"{m}={self.nodes[m].disk.applied}" for m in self.ids))
-        for m in self.ids:
+        for m in z.replicas:
             d = self.nodes[m].disk
             if d.applied != end - 1 or d.entries != self.committed:
                 self.fail(f"{m} applied {d.applied} of {end} entries after healing "
                           f"(log {len(d.entries)}, durable {d.durable_end})")
+        if z.reassigning:
+            self.fail(f"a reassignment is still in progress after healing: {z}")
+        for m in self.ids:
+            n = self.nodes[m]
+            if m not in z.replicas and (n.hosting or n.disk.entries):
+                self.fail(f"{m} is not a replica but still {'hosts one' if n.hosting else 'holds its data'}")
         final_epoch = z.epoch
         for req in self.requests.values():
             if req.outcome != "ok":
@@ -1011,6 +1097,9 @@ class RunResult:
     appended: int
     applied: int
     error: str | None
+    #: reassignments completed and cancelled (membership runs)
+    plans_completed: int = 0
+    plans_cancelled: int = 0
 
 
 def _tick_view(r: Replica) -> tuple[Any, ...]:
@@ -1026,11 +1115,29 @@ def replay_command(seed: int) -> str:
     return f"SIM_SEED={seed} .venv/bin/python -m pytest tests/sim/test_sim.py::test_replay"
 
 
+#: seeds from here on run membership changes (the conductor's reassignments, tests/sim/membership.py): every
+#: seed swept and kept before they existed lies below, and replays as it was recorded
+MEMBERSHIP_SEEDS_FROM = 10_000_000
+
+
 def run_seed(seed: int, replica_cls: type[Replica] = Replica, fault_ms: int = 1200,
-             quiet_ms: int = 1500, trace: bool = False) -> RunResult:
-    """One randomized run: faults and client load for ``fault_ms``, then heal and check liveness."""
+             quiet_ms: int = 1500, trace: bool = False, membership: bool | None = None,
+             plan_rules: type[PlanRules] = PlanRules) -> RunResult:
+    """One randomized run: faults and client load for ``fault_ms``, then heal and check liveness.
+
+    ``membership`` (default: the seeds from MEMBERSHIP_SEEDS_FROM) adds spare workers and the
+    reassignment nemesis, which plays the conductor with ``plan_rules``.
+    """
     rng = random.Random(seed ^ 0x5EED)
     nodes = rng.choice([2, 3, 3, 3, 4])
+    member_rng = random.Random(seed ^ 0x4E4B)  # its own stream, like the other fault classes
+    if membership is None:
+        membership = seed >= MEMBERSHIP_SEEDS_FROM
+    spares = 0
+    reassigner = None
+    if membership:
+        nodes = member_rng.choice([1, 2, 3, 3, 4])
+        spares = 2 if nodes == 1 else member_rng.choice([1, 2])
     faults = Faults.random(rng)
     # Its own stream, so seeds without hand-offs replay exactly as before hand-offs existed.
     balance_rng = random.Random(seed ^ 0xBA1A)
@@ -1039,7 +1146,7 @@ def run_seed(seed: int, replica_cls: type[Replica] = Replica, fault_ms: int = 12
     config = sim_config(nodes, min_isr=rng.choice([None, None, nodes]),
                         max_unapplied_entries=rng.choice([400, 400, 40]))
     sim = Sim(seed, nodes=nodes, config=config, faults=faults, replica_cls=replica_cls, trace=trace,
-              metastore_ms=rng.choice([(1, 5), (1, 40)]))
+              metastore_ms=rng.choice([(1, 5), (1, 40)]), spares=spares)
     # Its own generator, so seeds recorded before retention existed still replay their runs.
     sim.retention = random.Random(seed ^ 0x7E7E).random() < 0.5
     config_rng = random.Random(seed ^ 0xC0F1)  # likewise for live option changes
@@ -1056,6 +1163,8 @@ def run_seed(seed: int, replica_cls: type[Replica] = Replica, fault_ms: int = 12
         _schedule_resigns(sim, balance_rng, fault_ms)
         _schedule_config_changes(sim, config_rng, fault_ms)
         _schedule_storage_faults(sim, storage_rng, fault_ms)
+        if membership:
+            reassigner = _schedule_membership(sim, member_rng, fault_ms, plan_rules)
         sim.run_until(fault_ms)
         # heal: no more faults, everyone back, fast disks, the options liveness is judged under
         sim.faults = replace(sim.faults, drop=0.0, duplicate=0.0)
@@ -1074,11 +1183,13 @@ def run_seed(seed: int, replica_cls: type[Replica] = Replica, fault_ms: int = 12
         else:
             frame = traceback.extract_tb(e.__traceback__)[-1]
             kind = f"state-machine assertion ({frame.filename.rsplit('/', 1)[-1]}:{frame.lineno} {frame.line})"
-        err = (f"seed {seed} ({nodes} nodes; {faults.describe()}): {kind} failed: {e}\n"
+        err = (f"seed {seed} ({nodes} nodes{f' + {spares} spare' if spares else ''}; {faults.describe()}): "
+               f"{kind} failed: {e}\n"
                f"replay: {replay_command(seed)}")
         if trace:
             err += "\n" + "\n".join(sim.log[-60:])
-    return RunResult(seed, sim.steps, sim._next_payload, len(sim.committed), err)
+    plans = (reassigner.completed, reassigner.cancelled) if reassigner is not None else (0, 0)
+    return RunResult(seed, sim.steps, sim._next_payload, len(sim.committed), err, *plans)
 
 
 def _poisson(sim: Sim, rng: random.Random, rate: float, until_ms: int, action: Callable[[], None]) -> None:
@@ -1125,7 +1236,8 @@ def _schedule_storage_faults(sim: Sim, rng: random.Random, until_ms: int) -> Non
     """Disk losses, tail losses after acknowledgement and corruption found on read, on a node chosen at random.
 
     Only where the group can survive it: some other member of the ISR or the
-    ELR keeps an intact copy (with every copy of an entry gone, losing it is
+    ELR keeps an intact copy (during a reassignment, among the target and among
+    the original replicas, since the plan may be completed or cancelled) (with every copy of an entry gone, losing it is
     not a bug). That member may be down or not yet confirmed: the damaged
     replica leaves the ISR, or stays in it marked lost, and the group is led
     again once an intact member can be elected (seeds 5100562, 6596 stalled
@@ -1139,7 +1251,10 @@ def _schedule_storage_faults(sim: Sim, rng: random.Random, until_ms: int) -> Non
     def fault() -> None:
         z = sim.znode
         nid = z.leader if (z.leader and rng.random() < 0.5) else rng.choice(sim.ids)
-        if not any(sim.intact(m) for m in z.isr + z.elr if m != nid):
+        # (during a reassignment, whichever way it ends: the conductor may be writing its last step already)
+        survivors = [z.target, z.original] if z.reassigning else [z.replicas]
+        if not sim.nodes[nid].hosting or not all(any(sim.intact(m) for m in z.isr + z.elr if m != nid and m in keep)
+                                                 for keep in survivors):
             return
         kind = rng.random()
         if kind < 0.35:
@@ -1152,6 +1267,42 @@ def _schedule_storage_faults(sim: Sim, rng: random.Random, until_ms: int) -> Non
                 sim.find_corruption(nid, rng.randrange(d.start, d.durable_end))
 
     _poisson(sim, rng, rate, until_ms, fault)
+
+
+def _schedule_membership(sim: Sim, rng: random.Random, until_ms: int,
+                         rules: type[PlanRules] = PlanRules) -> Reassigner:
+    """The membership nemesis: plans started at random during the faults, a quarter of them cancelled.
+
+    Kinds: grow by one or two (RF 1 -> 3, 3 -> 5), shrink by one (3 -> 2),
+    replace one replica by a spare, or any set of workers. The conductor's loop
+    goes on after the faults, so every plan ends before liveness is judged.
+    """
+    reassigner = Reassigner(sim, rng, rules)
+    rate = rng.choice([2.0, 5.0])
+
+    def plan() -> None:
+        z = sim.znode
+        if z.reassigning:
+            if rng.random() < 0.2:
+                reassigner.cancel()
+            return
+        current = list(z.replicas)
+        spare = [m for m in sim.ids if m not in current]
+        kind = rng.random()
+        if kind < 0.3 and spare:
+            target = current + rng.sample(spare, min(len(spare), rng.choice([1, 2])))
+        elif kind < 0.55 and len(current) > 1:
+            target = rng.sample(current, len(current) - 1)
+        elif kind < 0.8 and spare:
+            out = rng.choice(current)
+            target = [m if m != out else rng.choice(spare) for m in current]
+        else:
+            target = rng.sample(sim.ids, rng.randint(1, len(sim.ids)))
+        rng.shuffle(target)
+        reassigner.start(target, cancel=rng.random() < 0.25)
+
+    _poisson(sim, rng, rate, until_ms, plan)
+    return reassigner
 
 
 def _schedule_resigns(sim: Sim, rng: random.Random, until_ms: int) -> None:

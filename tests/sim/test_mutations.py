@@ -5,14 +5,18 @@ from __future__ import annotations
 import pytest
 
 from replog.replica import Replica
+from tests.sim.membership import PlanRules
 from tests.sim.mutants import (
     AppliesWhileElrHoldsBack,
+    ApplyWithoutAddedReplicaAcks,
     ApplyWithoutAllIsrAcks,
+    CompleteBeforeCaughtUp,
+    CountsRemovingTowardMinIsr,
     ElectsEmptiedReplica,
     ForgetsAppliedFloor,
     TruncateToHighWatermark,
 )
-from tests.sim.sim import run_seed
+from tests.sim.sim import MEMBERSHIP_SEEDS_FROM, run_seed
 
 WITHIN = 50
 #: a deposed leader joins the ELR only when one in-sync replica is left, a rarer state: caught at seed 57
@@ -29,3 +33,17 @@ def test_random_seeds_catch_mutant(mutant: type[Replica]) -> None:
             assert "replay:" in result.error
             return
     pytest.fail(f"{mutant.__name__} survived {within} seeds: the checker is too weak")
+
+
+@pytest.mark.parametrize(("mutant", "rules"), [(ApplyWithoutAddedReplicaAcks, PlanRules),
+                                               (CountsRemovingTowardMinIsr, PlanRules),
+                                               (Replica, CompleteBeforeCaughtUp)],
+                         ids=["ApplyWithoutAddedReplicaAcks", "CountsRemovingTowardMinIsr", "CompleteBeforeCaughtUp"])
+def test_membership_seeds_catch_mutant(mutant: type[Replica], rules: type[PlanRules]) -> None:
+    """Broken membership rules (a replica's, or the conductor's plan steps) on seeds with reassignments."""
+    for seed in range(MEMBERSHIP_SEEDS_FROM, MEMBERSHIP_SEEDS_FROM + WITHIN):
+        result = run_seed(seed, replica_cls=mutant, membership=True, plan_rules=rules)
+        if result.error is not None:
+            assert "replay:" in result.error
+            return
+    pytest.fail(f"{mutant.__name__}/{rules.__name__} survived {WITHIN} membership seeds: the checker is too weak")

@@ -8,6 +8,9 @@ scenario is about, and expect the simulator to catch it.
 
 from __future__ import annotations
 
+import random
+from collections.abc import Callable
+
 import pytest
 
 from replog.election import leaderless_reason
@@ -21,7 +24,13 @@ from replog.messages import (
     ResignRequested,
 )
 from replog.replica import Replica
-from tests.sim.mutants import HandOffWithoutCatchUp, SingleRoundEpochExchange, TruncateToHighWatermark
+from tests.sim.membership import Reassigner
+from tests.sim.mutants import (
+    CountsRemovingTowardMinIsr,
+    HandOffWithoutCatchUp,
+    SingleRoundEpochExchange,
+    TruncateToHighWatermark,
+)
 from tests.sim.sim import ClientRequest, InvariantViolation, Sim, sim_config
 
 
@@ -579,3 +588,182 @@ def test_restarted_follower_is_not_flooded_by_the_beats_queued_while_it_was_down
               and m.src == "c" and m.reset]
     assert len(resets) <= 2, resets  # one per queued beat (over 20) before the fix
     sim.heal_and_settle()
+
+
+# ------------------------------------------------------------------------------------------------ membership
+
+
+def membership_sim(nodes: int, spares: int, replica_cls: type[Replica] = Replica,
+                   **config: int) -> tuple[Sim, Reassigner]:
+    """A group of ``nodes`` replicas led by a, ``spares`` more workers, and the conductor's reassignment loop."""
+    sim = Sim(7, nodes=nodes, spares=spares, config=sim_config(nodes, **config), replica_cls=replica_cls,
+              trace=True)
+    sim.auto_elect = False
+    sim.start()
+    sim.run_until_true(lambda: all(sim.nodes[m].replica.registered for m in sim.znode.replicas))
+    sim.elect("a")
+    sim.run_until_true(lambda: sim.nodes["a"].replica.is_leader)
+    sim.auto_elect = True  # failovers as the conductor does them
+    return sim, Reassigner(sim, random.Random(1))
+
+
+def write_until(sim: Sim, done: Callable[[], bool], reqs: list[ClientRequest], max_ms: int = 3_000,
+                settle: bool = True) -> None:
+    """A writer appending (ack=applied) every 3 ms to the leader the metastore names, retrying refused appends
+    (NotLeader, as the client does) until ``done()``; then (``settle``) every accepted append must be answered
+    ok."""
+    deadline = sim.now + max_ms
+    while not done():
+        if sim.now > deadline:
+            sim.fail(f"not done within {max_ms} ms: {sim.znode}")
+        reqs.append(sim.append(1, Ack.APPLIED))
+        sim.run_for(3)
+        for r in [r for r in reqs if r.outcome != "ok" and r.outcome != "pending" and r.first == -1]:
+            r.outcome = "retried"
+            reqs.append(sim.append(1, Ack.APPLIED))
+    if settle:
+        sim.run_until_true(lambda: all(r.outcome in ("ok", "retried") for r in reqs), max_ms=1_000)
+
+
+def plan_done(sim: Sim, re: Reassigner) -> Callable[[], bool]:
+    return lambda: re.completed + re.cancelled > 0 and not sim.znode.reassigning
+
+
+def test_rf_1_to_3_while_writing_fails_no_append() -> None:
+    sim, re = membership_sim(1, 2)
+    sim.retention = True  # a deletes what it applied beyond the near-horizon window: b and c need far horizon
+    reqs: list[ClientRequest] = []
+    write_until(sim, lambda: sim.nodes["a"].disk.start > 0, reqs)
+    assert re.start(["a", "b", "c"])
+    write_until(sim, plan_done(sim, re), reqs)
+    z = sim.znode
+    assert set(z.replicas) == set(z.isr) == {"a", "b", "c"} and z.leader == "a"
+    assert sim.nodes["a"].replica.min_isr == 2  # min-ISR's default follows the new replication factor
+    assert any("b installs a checkpoint" in line for line in sim.log)
+    write_until(sim, lambda: len(reqs) > 200, reqs)
+    sim.heal_and_settle()  # every replica holds and applied the same log
+
+
+def test_rf_3_to_5_and_back_to_3() -> None:
+    sim, re = membership_sim(3, 2)
+    reqs: list[ClientRequest] = []
+    assert re.start(["a", "b", "c", "d", "e"])
+    write_until(sim, plan_done(sim, re), reqs)
+    assert set(sim.znode.isr) == {"a", "b", "c", "d", "e"} and sim.nodes["a"].replica.min_isr == 4
+    assert re.start(["a", "d", "e"])
+    write_until(sim, lambda: re.completed == 2 and not sim.znode.reassigning, reqs)
+    assert set(sim.znode.replicas) == {"a", "d", "e"}
+    for m in "bc":
+        assert not sim.nodes[m].hosting and sim.nodes[m].disk.entries == []
+    sim.heal_and_settle()
+
+
+def test_rf_3_to_2_deletes_the_removed_replicas_data() -> None:
+    sim, re = membership_sim(3, 0)
+    reqs: list[ClientRequest] = []
+    write_until(sim, lambda: len(reqs) > 30, reqs)
+    assert sim.nodes["c"].disk.entries
+    assert re.start(["a", "b"])
+    write_until(sim, plan_done(sim, re), reqs)
+    sim.run_until_true(lambda: not sim.nodes["c"].hosting)
+    assert sim.nodes["c"].disk.entries == [] and sim.nodes["a"].replica.min_isr == 1
+    assert set(sim.nodes["a"].replica.follower_offsets()) == {"b"}
+    assert any("c is removed" in line for line in sim.log)
+    sim.heal_and_settle()
+
+
+def test_replacing_the_leader_hands_off_first_and_fails_no_accepted_append() -> None:
+    sim, re = membership_sim(3, 1)
+    reqs: list[ClientRequest] = []
+    assert re.start(["b", "c", "d"])
+    write_until(sim, plan_done(sim, re), reqs)
+    assert sim.hand_offs == 1 and set(sim.znode.replicas) == {"b", "c", "d"} and sim.znode.leader in ("b", "c", "d")
+    assert all(r.outcome in ("ok", "retried") for r in reqs)
+    assert all(r.first == -1 for r in reqs if r.outcome == "retried"), "only appends refused on arrival may fail"
+    sim.heal_and_settle()
+
+
+def test_leader_crash_in_the_middle_of_a_reassignment() -> None:
+    """RF 3 -> 5; the leader crashes while d and e catch up: a failover, and the plan completes once the old
+    leader is back in sync (it is a target replica). Nothing acknowledged is lost."""
+    sim, re = membership_sim(3, 2)
+    reqs: list[ClientRequest] = []
+    assert re.start(["a", "b", "c", "d", "e"])
+    write_until(sim, lambda: sim.znode.reassigning and len(reqs) > 20, reqs)
+    sim.crash("a")  # (the appends it had accepted are never answered: a client retries them elsewhere)
+    sim.at(sim.now + 150, sim.restart, "a")
+    write_until(sim, plan_done(sim, re), reqs, settle=False)
+    assert sim.znode.leader != "a" and set(sim.znode.isr) == {"a", "b", "c", "d", "e"}
+    sim.heal_and_settle()
+
+
+def test_a_removed_replica_that_keeps_talking_is_ignored_then_deletes_its_data() -> None:
+    """c's session expires just before the plan removes it; it hears nothing of the removal for 300 ms and
+    keeps acknowledging; the leader ignores it and sends it nothing. Its new session reads the znode: it says
+    Removed and the driver deletes its data."""
+    sim, re = membership_sim(3, 0)
+    reqs: list[ClientRequest] = []
+    write_until(sim, lambda: len(reqs) > 30, reqs)
+    sim.expire_session("c", notify_after_ms=300)
+    assert re.start(["a", "b"])
+    write_until(sim, plan_done(sim, re), reqs)
+    c = sim.nodes["c"]
+    assert c.hosting and not c.replica.removed  # it has not heard yet
+    a = sim.nodes["a"]
+    sim.run_until_true(lambda: "c" not in a.replica.follower_offsets())
+    sim.run_for(sim.config.heartbeat_interval_ms)  # (beats queued for c before the removal leave the outbox)
+    sent_before = len(sim.sent)
+    talk = ReplicateAck("c", "a", sim.znode.epoch, c.replica.held, c.replica.log_end, reset=True,
+                        incarnation=c.disk.incarnation)
+    sim.inject("a", talk)
+    sim.inject("a", EpochRequest("c", "a", sim.znode.epoch, sim.znode.epoch))
+    sim.run_for(10)
+    assert "c" not in a.replica.follower_offsets()
+    assert not [m for _, dst, m in sim.sent[sent_before:] if dst == "c"], "nothing is sent to a removed replica"
+    sim.run_until_true(lambda: not c.hosting, max_ms=500)
+    assert c.disk.entries == []
+    sim.heal_and_settle()
+
+
+def test_cancel_rolls_back_an_added_replica_that_joined_the_isr() -> None:
+    sim, re = membership_sim(3, 2)
+    reqs: list[ClientRequest] = []
+    assert re.start(["a", "b", "c", "d", "e"])
+    write_until(sim, lambda: "d" in sim.znode.isr or "e" in sim.znode.isr, reqs)
+    re.cancel()
+    write_until(sim, plan_done(sim, re), reqs)
+    assert re.cancelled == 1 and set(sim.znode.replicas) == {"a", "b", "c"}
+    sim.run_until_true(lambda: not sim.nodes["d"].hosting and not sim.nodes["e"].hosting)
+    sim.heal_and_settle()
+
+
+def replace_with_a_lagging_survivor(replica_cls: type[Replica]) -> Sim:
+    """b is cut off and leaves the ISR (a, c: min-ISR 2); then c is to be replaced by d. Applying with a and c
+    would need c's vote, and c's data is deleted at the end: the joint rule stalls the group until d has
+    joined the ISR (a, d then meet the target's min-ISR)."""
+    sim, re = membership_sim(3, 1, replica_cls, min_isr=2)
+    reqs: list[ClientRequest] = []
+    write_until(sim, lambda: len(reqs) > 20, reqs)
+    sim.isolate("b")
+    before = sim.append(1, Ack.APPLIED)
+    sim.run_until_true(lambda: "b" not in sim.znode.isr and before.outcome == "ok")
+    assert re.start(["a", "b", "d"])
+    sim.run_for(20)
+    stalled = [sim.append(1, Ack.APPLIED) for _ in range(3)]
+    sim.run_until_true(lambda: "d" in sim.znode.isr or any(r.outcome == "ok" for r in stalled))
+    assert all(r.outcome == "pending" for r in stalled), "applied before d joined: c's vote was needed"
+    sim.run_until_true(lambda: all(r.outcome == "ok" for r in stalled))
+    sim.heal()
+    write_until(sim, plan_done(sim, re), reqs)
+    return sim
+
+
+def test_joint_min_isr_does_not_count_a_removed_replica_for_the_target() -> None:
+    sim = replace_with_a_lagging_survivor(Replica)
+    assert set(sim.znode.replicas) == {"a", "b", "d"}
+    sim.heal_and_settle()
+
+
+def test_joint_min_isr_catches_counting_removed_replicas() -> None:
+    with pytest.raises(InvariantViolation, match="deletes was needed"):
+        replace_with_a_lagging_survivor(CountsRemovingTowardMinIsr)
