@@ -37,12 +37,13 @@ $(STAMP)/apt:
 	@touch $@
 
 venv: $(STAMP)/venv
-$(STAMP)/venv: pyproject.toml
+# requirements.lock pins the exact set the tests run; pyproject.toml declares the ranges a user's install gets.
+$(STAMP)/venv: pyproject.toml requirements.lock
 	@mkdir -p $(STAMP)
 	@command -v python$(PY_VERSION) >/dev/null || { echo "python$(PY_VERSION) is required"; exit 1; }
 	@[ -x $(PY) ] || python$(PY_VERSION) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -c requirements.lock -e '.[dev]'
 	@touch $@
 
 # Delta Lake's JVM jars from Maven Central, once; Spark then starts offline from build/jars.

@@ -26,8 +26,8 @@ from typing import Any
 
 from conductor.client import Cluster
 from conductor.metastore import Metastore
-from conductor.security.acl import APPEND, QUERY
 from conductor.security import certs
+from conductor.security.acl import APPEND, QUERY
 from conductor.security.identity import Identity
 from conductor.security.tls import TlsFiles, TlsSource
 from conductor.settings import Listen, is_loopback
