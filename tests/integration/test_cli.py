@@ -257,6 +257,57 @@ def test_balance_moves_leadership_back_after_a_failover(cluster: DevCluster, cli
     wait_for("every group serving after the switch", lambda: all_serving_with_full_isr(cluster))
 
 
+APP_MODULE = """from pstate import Map
+from topology import Module, random
+
+
+def plus_one(n):
+    return (n or 0) + 1
+
+
+class Tally(Module):
+    def define(self, m):
+        words = m.depot("*words", random)
+        counts = m.pstate("$$counts", Map(str, int))
+
+        @m.stream(words)
+        def count(ctx, word: str):
+            ctx.update(counts.name, word, plus_one)
+"""
+
+
+def test_deploy_and_update_import_the_app_from_where_the_user_stands(cluster: DevCluster, tmp_path: Path) -> None:
+    # A fresh folder holding only the app's package, outside the repository; the installed console script
+    # (its sys.path[0] is its bin folder, and PYTHONPATH names only the product) must find `tallyapp` here.
+    app_dir = tmp_path / "myproject"
+    (app_dir / "tallyapp").mkdir(parents=True)
+    (app_dir / "tallyapp" / "__init__.py").write_text("")
+    (app_dir / "tallyapp" / "counting.py").write_text(APP_MODULE)
+    exe = str(Path(sys.executable).parent / "conductor")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+
+    def conductor(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([exe, *args, "--zk", cluster.hosts], capture_output=True, text=True, env=env,
+                              cwd=cwd, timeout=120)
+
+    deployed = conductor("deploy", "--module", "tallyapp.counting:Tally", "--tasks", "2", "--threads", "1",
+                         "--workers", "3", "--replicationFactor", "3", cwd=app_dir)
+    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    assert "deployed Tally (tallyapp.counting:Tally)" in deployed.stdout
+    try:
+        # Elsewhere, the package is not importable unless --app-dir points at it.
+        (app_dir / "tallyapp" / "counting.py").write_text(APP_MODULE + "# version 2\n")
+        refused = conductor("update", "Tally", "--module", "tallyapp.counting:Tally", cwd=tmp_path)
+        assert refused.returncode == 1 and "--app-dir" in refused.stderr, refused.stderr
+        updated = conductor("update", "Tally", "--module", "tallyapp.counting:Tally", "--app-dir", str(app_dir),
+                            cwd=tmp_path)
+        assert updated.returncode == 0, updated.stdout + updated.stderr
+        assert "Tally switched from" in updated.stdout
+    finally:
+        destroyed = cli(cluster, "destroy", "Tally", "--yes")
+        assert destroyed.exit_code == 0, destroyed.output
+
+
 def test_destroy_asks_unless_yes_and_removes_the_module(cluster: DevCluster, clicks: Result) -> None:
     declined = cli(cluster, "destroy", "Clicks", input="n\n")
     assert_one_red_line(declined, "not confirmed", "--yes")
