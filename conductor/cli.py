@@ -660,9 +660,16 @@ def allow_leaders(
 
 
 @app.command()
-def doctor() -> None:
-    """Check Java, ZooKeeper, RocksDB, gRPC and Spark+Delta by doing real work with each."""
+def doctor(fetch: bool = typer.Option(False, "--fetch", help="first download what is missing (Delta's jars, "
+                                                              "from Maven Central or $MILLRACE_MAVEN)")) -> None:
+    """Check Java, ZooKeeper, RocksDB, gRPC, Delta's jars and Spark+Delta by doing real work with each."""
     from conductor.doctor import CheckResult, run_checks
+
+    if fetch:
+        from topology.spark.session import fetch_delta_jars
+
+        with _operator_errors():
+            fetch_delta_jars()
 
     console.print("[bold]Millrace doctor[/bold]: checking every component with a real round trip")
 
@@ -673,7 +680,8 @@ def doctor() -> None:
     results = run_checks(show)
     failed = [r for r in results if not r.ok]
     if failed:
-        console.print(f"[red]{len(failed)} check(s) failed[/red]: run `make setup`, then `conductor doctor -v`")
+        console.print(f"[red]{len(failed)} check(s) failed[/red]: each line says what to install; "
+                      "`conductor doctor --fetch` downloads Delta's jars (in a checkout: `make setup`)")
         raise typer.Exit(1)
     console.print(f"[green]all {len(results)} checks passed[/green]")
 

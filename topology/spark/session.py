@@ -1,8 +1,10 @@
 """One way to build a Spark session with Delta Lake from the cached jars, local or on a standalone cluster.
 
-The session starts offline: jars come from ``build/jars`` (filled once by
-`make jars`), never from Ivy at run time, so tests and the demo behave the same
-with and without a network. On a cluster (``master="spark://host:7077"``) the
+The session starts offline: Delta's jars come from ``build/jars`` in a checkout
+(filled once by `make jars`), else from the user's cache, downloaded there with
+a progress bar and checked the first time (``conductor.runtime_env``), never
+from Ivy at run time, so tests and the demo behave the same with and without a
+network. On a cluster (``master="spark://host:7077"``) the
 same jars travel with the job (``spark.jars``: the driver serves them to its
 executors), so Spark workers need nothing but pyspark and Millrace; the
 driver binds `host`, which executors must reach (its machine's address).
@@ -12,10 +14,11 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from conductor.runtime_env import delta_jars, require_java17, venv_python
+from conductor.runtime_env import MavenJar, delta_jars, jars_dir, missing_jars, require_java17, venv_python
 from conductor.settings import LOOPBACK
 
 if TYPE_CHECKING:
@@ -35,7 +38,7 @@ def spark_session(app_name: str = "millrace", warehouse: Path | None = None, cor
     The driver binds and advertises `host`.
     """
     require_java17()
-    jars = ",".join(str(j) for j in delta_jars())
+    jars = ",".join(str(j) for j in fetch_delta_jars())
     os.environ.setdefault("SPARK_LOCAL_IP", host)  # bind only to the address given
     os.environ.setdefault("PYSPARK_PYTHON", venv_python())
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", venv_python())
@@ -67,6 +70,37 @@ def spark_session(app_name: str = "millrace", warehouse: Path | None = None, cor
     spark = _launch(builder)
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def fetch_delta_jars() -> list[Path]:
+    """Delta's jars, downloading the missing ones first with a progress bar on stderr (rich's, when the
+    server extra installed it; else one line per jar)."""
+    missing = missing_jars()
+    if not missing:
+        return delta_jars(fetch=False)
+    total = sum(j.size for j in missing)
+    print(f"Delta Lake's jars are not in {jars_dir()} yet: downloading {len(missing)} ({total / 2**20:.1f} MiB), "
+          "once", file=sys.stderr)
+    try:
+        from rich.console import Console
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+    except ImportError:
+        return delta_jars(on_progress=_print_when_done)
+    received: dict[str, int] = {}
+    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                  console=Console(stderr=True)) as progress:
+        task = progress.add_task("Delta Lake jars", total=total)
+
+        def show(jar: MavenJar, got: int) -> None:
+            received[jar.file_name] = got
+            progress.update(task, completed=sum(received.values()))
+
+        return delta_jars(on_progress=show)
+
+
+def _print_when_done(jar: MavenJar, received: int) -> None:
+    if received == jar.size:
+        print(f"  {jar.file_name}", file=sys.stderr)
 
 
 def _launch(builder: Any, attempts: int = GATEWAY_ATTEMPTS) -> SparkSession:
