@@ -6,6 +6,7 @@ is the installed version); it is imported lazily so that the CLI and worker proc
 
 from __future__ import annotations
 
+import os
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +14,13 @@ if TYPE_CHECKING:
     from conductor.client import Cluster
 
 __all__ = ["Cluster", "__version__"]
+
+# gRPC reads these when it is first imported, and every Millrace process imports this package before gRPC.
+# Nothing here forks without exec (subprocesses and Spark's JVM exec at once), so gRPC's fork handlers only
+# print "Other threads are currently calling into gRPC, skipping fork() handlers" at each Popen (and once in
+# a while broke the child before its exec); an app that sets either variable itself keeps its value.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 
 def _installed_version() -> str:

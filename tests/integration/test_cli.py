@@ -294,6 +294,7 @@ def test_deploy_and_update_import_the_app_from_where_the_user_stands(cluster: De
                          "--workers", "3", "--replicationFactor", "3", cwd=app_dir)
     assert deployed.returncode == 0, deployed.stdout + deployed.stderr
     assert "deployed Tally (tallyapp.counting:Tally)" in deployed.stdout
+    assert "fork_posix" not in deployed.stderr and "Traceback" not in deployed.stderr, deployed.stderr
     try:
         # Elsewhere, the package is not importable unless --app-dir points at it.
         (app_dir / "tallyapp" / "counting.py").write_text(APP_MODULE + "# version 2\n")

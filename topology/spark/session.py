@@ -12,9 +12,12 @@ driver binds `host`, which executors must reach (its machine's address).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +30,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("millrace.spark")
 #: JVM launches tried before giving up
 GATEWAY_ATTEMPTS = 3
+#: where the JVM's own output goes (Spark's and log4j's start-up lines, its warnings); see spark_log_file()
+SPARK_LOG_ENV = "MILLRACE_SPARK_LOG"
+
+
+def spark_log_file() -> Path:
+    """``$MILLRACE_SPARK_LOG``, else one file in the temporary folder that every session appends to."""
+    return Path(os.environ.get(SPARK_LOG_ENV) or Path(tempfile.gettempdir()) / "millrace-spark-driver.log")
 
 
 def spark_session(app_name: str = "millrace", warehouse: Path | None = None, cores: int = 2,
@@ -67,9 +77,38 @@ def spark_session(app_name: str = "millrace", warehouse: Path | None = None, cor
                    .config("spark.executorEnv.PYSPARK_PYTHON", os.environ["PYSPARK_PYTHON"]))
     if warehouse is not None:
         builder = builder.config("spark.sql.warehouse.dir", str(warehouse))
-    spark = _launch(builder)
+    log_file = spark_log_file()
+    with _jvm_output_to(log_file):
+        spark = _launch(builder)
     spark.sparkContext.setLogLevel("ERROR")
+    log.info("Spark's JVM writes its output to %s", log_file)
     return spark
+
+
+@contextlib.contextmanager
+def _jvm_output_to(log_file: Path) -> Iterator[None]:
+    """Point this process's stdout and stderr (file descriptors 1 and 2) at `log_file` while the JVM starts.
+
+    PySpark starts the JVM with the driver's descriptors, and the JVM and the Python workers it forks keep
+    them for their lives: Spark's start-up banner, log4j's lines and the JVM's own warnings would interleave
+    with the app's output. Only the launch sees the swap; Python's own writes go back to the terminal after.
+    """
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    target = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    saved = (os.dup(1), os.dup(2))
+    try:
+        os.dup2(target, 1)
+        os.dup2(target, 2)
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (target, *saved):
+            os.close(fd)
 
 
 def fetch_delta_jars() -> list[Path]:
@@ -119,6 +158,7 @@ def _launch(builder: Any, attempts: int = GATEWAY_ATTEMPTS) -> SparkSession:
             return session
         except PySparkRuntimeError as e:
             if e.getCondition() != "JAVA_GATEWAY_EXITED" or attempt == attempts:
+                log.error("Spark's JVM did not start; its output is in %s", spark_log_file())
                 raise
             log.warning("Spark's JVM exited before it started (attempt %d of %d); launching it again",
                         attempt, attempts)
