@@ -31,6 +31,7 @@ from typer.testing import CliRunner, Result
 from conductor.cli import app
 from conductor.devcluster import DevCluster, stop_from_state
 from conductor.metastore import Metastore
+from tests.integration.cluster_helpers import write_tally_app
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = ["deploy", "--module", "examples.clicks:Clicks", "--tasks", "4", "--threads", "2", "--workers", "3",
@@ -257,32 +258,11 @@ def test_balance_moves_leadership_back_after_a_failover(cluster: DevCluster, cli
     wait_for("every group serving after the switch", lambda: all_serving_with_full_isr(cluster))
 
 
-APP_MODULE = """from pstate import Map
-from topology import Module, random
-
-
-def plus_one(n):
-    return (n or 0) + 1
-
-
-class Tally(Module):
-    def define(self, m):
-        words = m.depot("*words", random)
-        counts = m.pstate("$$counts", Map(str, int))
-
-        @m.stream(words)
-        def count(ctx, word: str):
-            ctx.update(counts.name, word, plus_one)
-"""
-
-
 def test_deploy_and_update_import_the_app_from_where_the_user_stands(cluster: DevCluster, tmp_path: Path) -> None:
     # A fresh folder holding only the app's package, outside the repository; the installed console script
     # (its sys.path[0] is its bin folder, and PYTHONPATH names only the product) must find `tallyapp` here.
     app_dir = tmp_path / "myproject"
-    (app_dir / "tallyapp").mkdir(parents=True)
-    (app_dir / "tallyapp" / "__init__.py").write_text("")
-    (app_dir / "tallyapp" / "counting.py").write_text(APP_MODULE)
+    write_tally_app(app_dir)
     exe = str(Path(sys.executable).parent / "conductor")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
 
@@ -297,7 +277,7 @@ def test_deploy_and_update_import_the_app_from_where_the_user_stands(cluster: De
     assert "fork_posix" not in deployed.stderr and "Traceback" not in deployed.stderr, deployed.stderr
     try:
         # Elsewhere, the package is not importable unless --app-dir points at it.
-        (app_dir / "tallyapp" / "counting.py").write_text(APP_MODULE + "# version 2\n")
+        write_tally_app(app_dir, extra="# version 2\n")
         refused = conductor("update", "Tally", "--module", "tallyapp.counting:Tally", cwd=tmp_path)
         assert refused.returncode == 1 and "--app-dir" in refused.stderr, refused.stderr
         updated = conductor("update", "Tally", "--module", "tallyapp.counting:Tally", "--app-dir", str(app_dir),
