@@ -1,5 +1,7 @@
 """The wheel: built from the tracked files alone, installed into a fresh virtualenv, it runs its CLI and client;
-installed as the light client with its dependencies resolved, it brings no RocksDB, Spark or pandas.
+installed as the light client with its dependencies resolved, it brings no RocksDB, Spark or pandas; installed
+with ``[server,spark]`` (slow: a few hundred MB), a user's folder outside the repository runs `conductor doctor`,
+`conductor dev`, deploys its own package, appends and selects.
 
 A wheel once installed fine and then failed on `conductor --help` (its gRPC code
 was not in it). This builds one from what a clean clone holds (no generated
@@ -22,6 +24,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
+from tests.integration.cluster_helpers import write_tally_app
 
 REPO = Path(__file__).resolve().parents[2]
 TOP_LEVEL = {"replog", "pstate", "topology", "conductor"}
@@ -109,3 +113,36 @@ def test_the_light_client_installs_with_its_dependencies_and_without_rocksdb_spa
                           timeout=60, env=_ENV)
     assert done.returncode == 1 and "pip install 'millrace[server]'" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.slow
+def test_the_server_wheel_runs_doctor_dev_deploy_append_and_select_outside_the_repository(
+        wheel: Path, tmp_path: Path) -> None:
+    # millrace[server,spark] with its dependencies resolved (the lock as constraints keeps the download cached).
+    venv = tmp_path / "venv"
+    _run([sys.executable, "-m", "venv", "--without-pip", venv], cwd=tmp_path)
+    py, conductor = venv / "bin" / "python", venv / "bin" / "conductor"
+    _run([sys.executable, "-m", "pip", "--python", py, "install", "-q", "-c", REPO / "requirements.lock",
+          f"{wheel}[server,spark]"], cwd=tmp_path, timeout=900)
+    project = tmp_path / "myproject"
+    write_tally_app(project)
+    _ENV["MILLRACE_JARS"] = str(REPO / "build" / "jars")  # offline: the checkout's jars stand in for the cache
+    try:
+        doctor = _run([conductor, "doctor"], cwd=project, timeout=300)
+        assert "all 6 checks passed" in doctor
+        _run([conductor, "dev", "--nodes", "3"], cwd=project, timeout=120)
+        try:
+            _run([conductor, "deploy", "--module", "tallyapp.counting:Tally", "--tasks", "2", "--threads", "1",
+                  "--workers", "3", "--replicationFactor", "3"], cwd=project, timeout=120)
+            zk = _run([py, "-c", "import json; print(json.load(open('.millrace-dev/cluster.json'))['zk'])"],
+                      cwd=project).strip()
+            got = _run([py, "-c", "from conductor import Cluster\n"
+                                  f"with Cluster.connect({zk!r}) as c:\n"
+                                  "    c.depot('Tally', '*words').append('mill')\n"
+                                  "    c.depot('Tally', '*words').append('mill')\n"
+                                  "    print(c.pstate('Tally', '$$counts').select_one('mill'))"], cwd=project)
+            assert got.strip() == "2"
+        finally:
+            _run([conductor, "dev", "--stop"], cwd=project, timeout=120)
+    finally:
+        _ENV.pop("MILLRACE_JARS")
