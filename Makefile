@@ -12,7 +12,7 @@ PROTO_OUT := $(PROTOS:.proto=_pb2.py)
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: setup apt venv jars proto lint typecheck test test-all faults demo doctor bench clean
+.PHONY: setup apt venv jars proto lint typecheck test test-all test-pythons faults demo doctor bench clean
 
 setup: apt venv jars proto
 
@@ -37,12 +37,13 @@ $(STAMP)/apt:
 	@touch $@
 
 venv: $(STAMP)/venv
-$(STAMP)/venv: pyproject.toml
+# requirements.lock pins the exact set the tests run; pyproject.toml declares the ranges a user's install gets.
+$(STAMP)/venv: pyproject.toml requirements.lock
 	@mkdir -p $(STAMP)
 	@command -v python$(PY_VERSION) >/dev/null || { echo "python$(PY_VERSION) is required"; exit 1; }
 	@[ -x $(PY) ] || python$(PY_VERSION) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -c requirements.lock -e '.[dev]'
 	@touch $@
 
 # Delta Lake's JVM jars from Maven Central, once; Spark then starts offline from build/jars.
@@ -69,6 +70,21 @@ test: lint
 
 test-all: lint
 	$(PY) -m pytest -q -m ''
+
+# The unit tests on the other Pythons the dependencies support, each in its own venv under build/ with the
+# locked versions (python3.X on PATH, else pyenv's; a missing one is reported and skipped).
+PYTHONS ?= 3.12 3.13
+test-pythons: proto
+	@for v in $(PYTHONS); do \
+	  py=$$(command -v python$$v 2>/dev/null); \
+	  { [ -n "$$py" ] && $$py -c pass 2>/dev/null; } || py=$$(ls -d $$HOME/.pyenv/versions/$$v*/bin/python$$v 2>/dev/null | tail -1); \
+	  [ -n "$$py" ] || { echo "python$$v not found: skipped"; continue; }; \
+	  venv=$(BUILD)/venv-$$v; \
+	  [ -x $$venv/bin/python ] || $$py -m venv $$venv || exit 1; \
+	  $$venv/bin/python -m pip install -q -c requirements.lock -e '.[dev]' || exit 1; \
+	  echo "unit tests on Python $$v ($$py)"; \
+	  $$venv/bin/python -m pytest -q -p no:cacheprovider tests/unit || exit 1; \
+	done
 
 # The fault campaign (tests/faults/campaign, needs root): 100 seeded runs of every fault class.
 faults: setup

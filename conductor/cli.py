@@ -5,7 +5,7 @@ it the address comes from ``MILLRACE_ZK``, else from ``.millrace-dev/cluster.jso
 written by ``conductor dev`` in the current directory):
 
     conductor dev [--dir .millrace-dev] [--nodes 3] [--zk-servers 1] [--host H --advertise A] [--stop]
-    conductor deploy --module pkg.mod:Class [--code WHEEL] --tasks N --threads N --workers N --replicationFactor N
+    conductor deploy --module pkg.mod:Class [--code WHEEL] [--app-dir DIR] --tasks N --threads N --workers N --replicationFactor N
                      [--option k=v]
     conductor status [MODULE] [--watch] [--json]
     conductor set-option MODULE KEY VALUE
@@ -47,6 +47,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
+from conductor import __version__
 from conductor import status as cluster_status
 from conductor.cli_security import SecurityCommands
 from conductor.cli_views import (
@@ -80,7 +81,7 @@ from conductor.settings import (
 from conductor.shipping import CodeRefused, check_locally, deploy_code
 from conductor.updating import update_code
 from conductor.wire.channels import use_process_credentials
-from topology.artifact import package_code
+from topology.artifact import import_from_first, package_code
 from topology.module import ModuleDefinitionError
 
 app = typer.Typer(
@@ -120,8 +121,16 @@ _zk_auth: list[ZkPrincipal] = []
 _TLS_FLAGS: dict[str, Any] = {}
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        console.print(f"millrace {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
 def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="log debug detail to stderr"),
+         show_version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                           help="print Millrace's version and exit"),
          zk_auth: Path | None = typer.Option(
              None, "--zk-auth", envvar="MILLRACE_ZK_AUTH",
              help="file holding the ZooKeeper digest credentials USER:PASSWORD (mode 0600), for a protected "
@@ -214,6 +223,10 @@ def _use_tls(hosts: str) -> None:
                 tls["tls_dir"] = Path(state["tls_dir"])
     source = tls_source(tls, "admin")
     use_process_credentials(source.grpc_channel_credentials if source is not None else None)
+
+
+APP_DIR_HELP = ("the folder to import the module's package from (default: the current directory, searched "
+                "before the installed packages, as `python -m` does)")
 
 
 def _parse_options(raw: list[str] | None) -> dict[str, str]:
@@ -357,6 +370,7 @@ def deploy(
     zk: str | None = typer.Option(None, "--zk", envvar=ZK_ENV, help=ZK_OPTION_HELP),
     option: list[str] | None = typer.Option(None, "--option", "-o", help="a module option KEY=VALUE (repeatable)"),
     timeout: float = typer.Option(60.0, "--timeout", help="seconds to wait for every group's leader to serve"),
+    app_dir: Path | None = typer.Option(None, "--app-dir", help=APP_DIR_HELP),
 ) -> None:
     """Ship a module's code to the workers, deploy it, and wait until every task group has a leader serving it.
 
@@ -370,6 +384,7 @@ def deploy(
         # Everything that can be checked without the cluster is checked first: a refused command is
         # cheaper than a half-deployed module.
         options = _parse_options(option)
+        import_from_first(app_dir or Path.cwd())
         artifact = package_code(module_ref, code)
         definition = check_locally(artifact, module_ref)  # a broken package or define() fails here
         spec = ModuleSpec(name=definition.name, module_ref=module_ref, tasks=tasks, threads=threads,
@@ -406,6 +421,7 @@ def update(
     tasks: int | None = typer.Option(None, "--tasks", help="must equal the deployed task count (it is fixed)"),
     zk: str | None = typer.Option(None, "--zk", envvar=ZK_ENV, help=ZK_OPTION_HELP),
     timeout: float = typer.Option(60.0, "--timeout", help="seconds to wait for every group to switch"),
+    app_dir: Path | None = typer.Option(None, "--app-dir", help=APP_DIR_HELP),
 ) -> None:
     """Switch a running module to new code with no processing pause (or back: a rollback is an update).
 
@@ -415,6 +431,7 @@ def update(
     place (reads see migrated values at once; `conductor status` shows the background rewrite).
     """
     with _operator_errors():
+        import_from_first(app_dir or Path.cwd())
         artifact = package_code(module_ref, code)
         with _connect(zk) as conductor:
             result = update_code(conductor, module, artifact, module_ref, allow_drop=allow_drop, tasks=tasks,
@@ -643,9 +660,16 @@ def allow_leaders(
 
 
 @app.command()
-def doctor() -> None:
-    """Check Java, ZooKeeper, RocksDB, gRPC and Spark+Delta by doing real work with each."""
+def doctor(fetch: bool = typer.Option(False, "--fetch", help="first download what is missing (Delta's jars, "
+                                                              "from Maven Central or $MILLRACE_MAVEN)")) -> None:
+    """Check Java, ZooKeeper, RocksDB, gRPC, Delta's jars and Spark+Delta by doing real work with each."""
     from conductor.doctor import CheckResult, run_checks
+
+    if fetch:
+        from topology.spark.session import fetch_delta_jars
+
+        with _operator_errors():
+            fetch_delta_jars()
 
     console.print("[bold]Millrace doctor[/bold]: checking every component with a real round trip")
 
@@ -656,7 +680,8 @@ def doctor() -> None:
     results = run_checks(show)
     failed = [r for r in results if not r.ok]
     if failed:
-        console.print(f"[red]{len(failed)} check(s) failed[/red]: run `make setup`, then `conductor doctor -v`")
+        console.print(f"[red]{len(failed)} check(s) failed[/red]: each line says what to install; "
+                      "`conductor doctor --fetch` downloads Delta's jars (in a checkout: `make setup`)")
         raise typer.Exit(1)
     console.print(f"[green]all {len(results)} checks passed[/green]")
 

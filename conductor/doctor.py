@@ -16,7 +16,7 @@ from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
 
-from conductor.runtime_env import EnvironmentBroken, require_java17
+from conductor.runtime_env import EnvironmentBroken, delta_jars, jars_dir, missing_jars, require_java17
 from conductor.settings import LOOPBACK
 
 
@@ -103,8 +103,16 @@ def check_grpc(_: Path) -> str:
     return f"gRPC: 1 MiB echo over {LOOPBACK}:{port} came back byte-identical"
 
 
+def check_delta_jars(_: Path) -> str:
+    jars = delta_jars(fetch=False)  # says how to get them when missing; never downloads behind the check
+    return f"Delta Lake: {len(jars)} jars in {jars_dir()}"
+
+
 def check_spark_delta(work: Path) -> str:
     from topology.spark.session import spark_session
+
+    if missing_jars():
+        raise EnvironmentBroken("not tried: Delta's jars are missing (above)")
 
     spark = spark_session("millrace-doctor", warehouse=work / "warehouse")
     try:
@@ -124,6 +132,7 @@ CHECKS: list[tuple[str, Callable[[Path], str]]] = [
     ("zookeeper", check_zookeeper),
     ("rocksdb", check_rocksdb),
     ("grpc", check_grpc),
+    ("delta jars", check_delta_jars),
     ("spark+delta", check_spark_delta),
 ]
 

@@ -19,6 +19,7 @@ import hashlib
 import importlib.util
 import io
 import os
+import sys
 import zipfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -67,6 +68,21 @@ class Artifact:
             return top_level_names(zf.namelist())
 
 
+def import_from_first(folder: Path) -> None:
+    """Put the user's folder first on the import path, as `python -m` does with the current directory.
+
+    A console script's ``sys.path[0]`` is its bin folder, so without this the CLI would find an app package
+    beside the user "not importable here" unless they set PYTHONPATH (`conductor deploy --app-dir`).
+    """
+    resolved = Path(folder).resolve()
+    if not resolved.is_dir():
+        raise ArtifactError(f"--app-dir {folder} is not a folder")
+    if str(resolved) in sys.path:
+        sys.path.remove(str(resolved))
+    sys.path.insert(0, str(resolved))
+    importlib.invalidate_caches()
+
+
 def package_code(module_ref: str, wheel: Path | None = None) -> Artifact:
     """The artifact to deploy for `module_ref`: the given wheel, or its top-level package from this
     interpreter's path. Either must contain the module the reference names."""
@@ -100,8 +116,8 @@ def _package_files(top: str) -> list[tuple[str, Path]]:
     except (ImportError, ValueError) as e:
         raise ArtifactError(f"cannot find package {top!r} to ship: {e}") from None
     if spec is None:
-        raise ArtifactError(f"package {top!r} is not importable here; run the deploy where it is (or give a wheel "
-                            "with --code FILE)")
+        raise ArtifactError(f"package {top!r} is not importable here; run the deploy in the folder that holds it, "
+                            "point at that folder with --app-dir DIR, or give a wheel with --code FILE")
     if spec.submodule_search_locations is None:  # a single-file module
         if spec.origin is None or not spec.origin.endswith(".py"):
             raise ArtifactError(f"{top!r} is not Python source ({spec.origin}); give a wheel with --code FILE")

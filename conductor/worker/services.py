@@ -23,6 +23,7 @@ from typing import Any, TypeVar, cast
 import grpc
 import msgpack
 
+from conductor import __version__
 from conductor.wire import admin_pb2, admin_pb2_grpc
 from conductor.wire import millrace_pb2 as pb
 from conductor.wire import millrace_pb2_grpc as pbg
@@ -43,7 +44,8 @@ from topology.entries.requests import BatchChange, BatchCommit, DepotAppend
 from topology.errors import TopologyError
 
 log = logging.getLogger("millrace.node")
-VERSION = "0.1.0"
+#: the installed Millrace version, in every Ping reply
+VERSION = __version__
 
 #: what a service answers with a typed gRPC status; anything else is a bug (INTERNAL)
 SERVICE_ERRORS = (ReplogError, PStateError, TopologyError, ValueError)

@@ -1,4 +1,9 @@
-"""Helpers for tests that run a real cluster: deploy, find leaders, wait for convergence, compare replicas."""
+"""Helpers for tests that run a real cluster: deploy, find leaders, wait for convergence, compare replicas.
+
+What an app's tests need too (waiting, deploying, group status, convergence, killing and restarting
+workers) lives in the product, ``conductor.testing``; this module re-exports it beside what only this
+repository's tests use (reading a stopped replica's files, background writers).
+"""
 
 from __future__ import annotations
 
@@ -10,79 +15,50 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Self
 
-import grpc
-
-from conductor.controller import Conductor
+from conductor import testing
 from conductor.devcluster import DevCluster
-from conductor.metastore import GroupState, Metastore
-from conductor.metastore.module_spec import ModuleSpec
-from conductor.shipping import deploy_code
-from conductor.wire import millrace_pb2 as pb
-from conductor.wire import millrace_pb2_grpc as pbg
-from conductor.wire.channels import open_channel
+from conductor.metastore import GroupState
+from conductor.testing import converged, group_status, groups_of, wait_for
 from pstate import TaskGroupStore
 from replog.log import Log
 from topology import load_module
-from topology.artifact import package_code
 
 MODULE_REF = "examples.clicks:Clicks"
+__all__ = ["MODULE_REF", "TALLY_APP", "Appender", "Background", "Writer", "assert_replicas_identical", "converged", "deploy",
+           "group_status", "groups_of", "replica_state", "wait_for", "write_tally_app"]
 
 
-def wait_for(cond: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(interval_s)
+#: a user's app package (outside the repository) for the CLI's and the pytest plugin's tests
+TALLY_APP = """from pstate import Map
+from topology import Module, random
+
+
+def plus_one(n):
+    return (n or 0) + 1
+
+
+class Tally(Module):
+    def define(self, m):
+        words = m.depot("*words", random)
+        counts = m.pstate("$$counts", Map(str, int))
+
+        @m.stream(words)
+        def count(ctx, word: str):
+            ctx.update(counts.name, word, plus_one)
+"""
+
+
+def write_tally_app(project: Path, extra: str = "") -> None:
+    """`project`/tallyapp/counting.py holding the Tally module (`extra` appended: a new code version)."""
+    (project / "tallyapp").mkdir(parents=True, exist_ok=True)
+    (project / "tallyapp" / "__init__.py").write_text("")
+    (project / "tallyapp" / "counting.py").write_text(TALLY_APP + extra)
 
 
 def deploy(dc: DevCluster, name: str = "Clicks", tasks: int = 4, threads: int = 2,
            options: dict[str, str] | None = None, module_ref: str = MODULE_REF) -> dict[int, GroupState]:
-    c = Conductor(dc.hosts, "test-deployer")
-    c.ms.start()
-    try:
-        spec = ModuleSpec(name=name, module_ref=module_ref, tasks=tasks, threads=threads, workers=3,
-                          replication_factor=3, options=options or {})
-        groups = deploy_code(c, spec, package_code(module_ref))  # the code ships, as `conductor deploy` does
-    finally:
-        c.ms.close()
-    for g, st in groups.items():
-        assert st.leader is not None
-        wait_for(lambda g=g, st=st: group_status(dc, st.leader, name, g).role == "leader", 20,
-                 f"group {g} leader {st.leader} to serve")
-    return groups
-
-
-def group_status(dc: DevCluster, node_id: str, module: str, group: int) -> pb.GroupStatusReply:
-    address = (dc.node_dir(node_id) / "node.address").read_text()
-    with open_channel(address) as ch:  # TLS on a secure DevCluster (its operator's certificate)
-        try:
-            return pbg.ClientStub(ch).GroupStatus(pb.GroupStatusRequest(module=module, group=group), timeout=2)
-        except grpc.RpcError:
-            return pb.GroupStatusReply(role="unreachable")
-
-
-def groups_of(dc: DevCluster, module: str) -> dict[int, GroupState]:
-    with Metastore(dc.hosts) as ms:
-        return {g: st for g, (st, _v) in ms.groups.all(module).items()}
-
-
-def converged(dc: DevCluster, module: str, require_full_isr: bool = True) -> bool:
-    """Every replica of every group applied its leader's whole log (and the ISR is full, if asked)."""
-    for g, st in groups_of(dc, module).items():
-        if st.leader is None or (require_full_isr and len(st.isr) != len(st.replicas)):
-            return False
-        lead = group_status(dc, st.leader, module, g)
-        if lead.role != "leader" or lead.applied_offset + 1 != lead.log_end:
-            return False
-        for r in st.replicas:
-            s = group_status(dc, r, module, g)
-            if s.log_end != lead.log_end or s.applied_offset != lead.applied_offset:
-                return False
-    return True
+    """conductor.testing.deploy with this repository's defaults (examples.clicks:Clicks, named Clicks)."""
+    return testing.deploy(dc, module_ref, name=name, tasks=tasks, threads=threads, options=options)
 
 
 def replica_state(root: Path, node_id: str, module: str, group: int, module_ref: str = MODULE_REF) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from typer.testing import CliRunner, Result
 from conductor.cli import app
 from conductor.devcluster import DevCluster, stop_from_state
 from conductor.metastore import Metastore
+from tests.integration.cluster_helpers import write_tally_app
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = ["deploy", "--module", "examples.clicks:Clicks", "--tasks", "4", "--threads", "2", "--workers", "3",
@@ -255,6 +256,37 @@ def test_balance_moves_leadership_back_after_a_failover(cluster: DevCluster, cli
     after = status_json(cluster)
     assert max(Counter(g["leader"] for g in after["groups"]).values()) == 1, after["groups"]
     wait_for("every group serving after the switch", lambda: all_serving_with_full_isr(cluster))
+
+
+def test_deploy_and_update_import_the_app_from_where_the_user_stands(cluster: DevCluster, tmp_path: Path) -> None:
+    # A fresh folder holding only the app's package, outside the repository; the installed console script
+    # (its sys.path[0] is its bin folder, and PYTHONPATH names only the product) must find `tallyapp` here.
+    app_dir = tmp_path / "myproject"
+    write_tally_app(app_dir)
+    exe = str(Path(sys.executable).parent / "conductor")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+
+    def conductor(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([exe, *args, "--zk", cluster.hosts], capture_output=True, text=True, env=env,
+                              cwd=cwd, timeout=120)
+
+    deployed = conductor("deploy", "--module", "tallyapp.counting:Tally", "--tasks", "2", "--threads", "1",
+                         "--workers", "3", "--replicationFactor", "3", cwd=app_dir)
+    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    assert "deployed Tally (tallyapp.counting:Tally)" in deployed.stdout
+    assert "fork_posix" not in deployed.stderr and "Traceback" not in deployed.stderr, deployed.stderr
+    try:
+        # Elsewhere, the package is not importable unless --app-dir points at it.
+        write_tally_app(app_dir, extra="# version 2\n")
+        refused = conductor("update", "Tally", "--module", "tallyapp.counting:Tally", cwd=tmp_path)
+        assert refused.returncode == 1 and "--app-dir" in refused.stderr, refused.stderr
+        updated = conductor("update", "Tally", "--module", "tallyapp.counting:Tally", "--app-dir", str(app_dir),
+                            cwd=tmp_path)
+        assert updated.returncode == 0, updated.stdout + updated.stderr
+        assert "Tally switched from" in updated.stdout
+    finally:
+        destroyed = cli(cluster, "destroy", "Tally", "--yes")
+        assert destroyed.exit_code == 0, destroyed.output
 
 
 def test_destroy_asks_unless_yes_and_removes_the_module(cluster: DevCluster, clicks: Result) -> None:
