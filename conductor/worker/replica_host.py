@@ -2,12 +2,10 @@
 
 Each replica's loop runs on one *task thread* that owns its replog, epoch file
 and RocksDB store; nothing else touches them, so none of them needs a lock. The
-thread is a worker's :class:`~conductor.worker.task_thread.TaskThread`, dedicated to
-the replica or stepping several replicas in turn. Each step drains the inbox in bulk, feeds every event to the state
-machine, and performs the returned actions. Local appends are written at once but fsynced
-once per drain cycle: every client append that arrived while the previous
-fsync ran shares the next one (group commit), which is what turns a ~1 ms fsync
-into throughput instead of a per-record cost.
+thread is a worker's :class:`~conductor.worker.task_thread.TaskThread`, dedicated to the replica or stepping
+several replicas in turn. Each step drains the inbox in bulk, feeds every event to the state machine, and
+performs the returned actions. Local appends are written at once but fsynced once per drain cycle: appends that
+arrived while the previous fsync ran share the next one (group commit), turning a ~1 ms fsync into throughput.
 
 The actions' contract is in :mod:`replog.messages`; this module only performs them.
 """
@@ -15,6 +13,7 @@ The actions' contract is in :mod:`replog.messages`; this module only performs th
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -70,6 +69,7 @@ from replog.messages import (
     PersistEpochs,
     RawReplicate,
     RecordStorage,
+    Removed,
     Replicate,
     ReplicateAck,
     Reply,
@@ -183,6 +183,8 @@ class ReplicaHost:
         #: counters for metrics and `conductor status` (the worker's record of this replica keeps them)
         self.stats = replica_counters() if stats is None else stats
         self.last_error: str | None = None
+        #: a reassignment removed this replica: its data goes once its disk is closed
+        self.removed = False
         log.info("%s: opened replica on %s (log [%d, %d), applied %d)", self.name, node_id,
                  self.log.start_offset, self.log.end_offset, applied)
 
@@ -492,6 +494,11 @@ class ReplicaHost:
                             "replication.max.near.sync.message.lag entries behind: offering it a checkpoint",
                             self.name, a.follower)
                 self.outbox.add(a.follower, FarHorizonOffer(self.node_id, a.epoch))
+            case Removed():
+                log.warning("%s: no longer a replica of the group (znode version %d): closing it and deleting "
+                            "its data", self.name, a.version)
+                self.removed = True
+                self._stop.set()
             case _:
                 assert_never(a)
 
@@ -588,6 +595,8 @@ class ReplicaHost:
                     else:  # (its flush may be what failed; the replog replays what the memtables held)
                         self.store.abandon()
                 finally:
+                    if self.removed:
+                        shutil.rmtree(self.dir, ignore_errors=True)
                     self.closed.set()
 
     # ------------------------------------------------------------------------ retention
