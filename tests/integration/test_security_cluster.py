@@ -143,6 +143,28 @@ def test_zookeeper_client_without_the_digest_cannot_change_a_group_znode(dc: Dev
         zk.close()
 
 
+@pytest.mark.parametrize("who", ["worker/n9", "app/dev", "worker/n2 for n1"])
+def test_far_horizon_copy_only_for_a_replica_of_the_group_fetching_for_itself(dc: DevCluster, who: str) -> None:
+    """`FetchCheckpoint` hands out a replica's whole state: refused (before any checkpoint is made) to a worker
+    the group's znode does not name, to an app, and to a replica asking in another replica's name."""
+    leader, address = leader_address(dc)
+    role, _, rest = who.partition("/")
+    name, _, follower = rest.partition(" for ")
+    identity = Identity(role, name)
+    files = TlsFiles.in_dir(dc.pki, identity)
+    if not files.cert.exists():
+        dc.issue(identity)
+    creds = grpc.ssl_channel_credentials(root_certificates=files.ca.read_bytes(), private_key=files.key.read_bytes(),
+                                         certificate_chain=files.cert.read_bytes())
+    req = pb.FetchCheckpointRequest(module=MODULE, group=0, follower=follower or name, epoch=0)
+    with grpc.secure_channel(address, creds) as ch, pytest.raises(grpc.RpcError) as e:
+        for _chunk in pbg.ReplicationStub(ch).FetchCheckpoint(req, timeout=10):
+            pass
+    assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED, e.value
+    assert ("not a replica of Clicks/0" if name == "n9" else "only a replica of the group") in str(e.value.details())
+    assert not list((dc.node_dir(leader) / "checkpoints").glob("*")), "no checkpoint was made"
+
+
 def link_attempt(dc: DevCluster, node: str, identity: Identity, src: str) -> str:
     """Open a TLS replication link to `node` as `identity`, send one replication frame naming `src` as its
     sender, and return what the worker answers before closing the link."""
