@@ -86,8 +86,9 @@ RULES: dict[str, Rule] = {
     "/millrace.code.Code/PutArtifact": Rule(DEPLOY, ANY),
     "/millrace.code.Code/Prepare": Rule(DEPLOY),
     "/millrace.code.Code/Discard": Rule(DEPLOY, ANY),
-    # workers fetch artifacts from each other (their role has query everywhere); so may whoever deploys
-    "/millrace.code.Code/FetchArtifact": Rule(QUERY, EVERY),
+    # code, not data: whoever may query some module may fetch a version (an app's client loads its module's code
+    # to route; workers fetch from each other); not yet narrowed to the modules that use the version
+    "/millrace.code.Code/FetchArtifact": Rule(QUERY, ANY),
     "/millrace.admin.Admin/Ping": Rule(ADMIN, EVERY),
     # a far-horizon copy is a replica's whole state: only a replica of the group, and only for itself
     "/millrace.Replication/FetchCheckpoint": Rule(QUERY, replicas_only=True),
@@ -106,8 +107,9 @@ def _deny(identity: Identity, module: str, permission: str) -> Denied:
     if module != ANY:
         return Denied(identity, module, permission)
     denied = Denied(identity, "*", permission)
+    verb = "ship" if permission == DEPLOY else "fetch"
     denied.args = (f"{identity} may not {permission} on any module (missing permission {permission!r}), so it may "
-                   f"not ship code; an admin grants it with `conductor acl grant {identity} MODULE {permission}`",)
+                   f"not {verb} code; an admin grants it with `conductor acl grant {identity} MODULE {permission}`",)
     return denied
 
 

@@ -49,6 +49,11 @@ def test_module_permissions_and_deploy_on_any_module() -> None:
     with pytest.raises(Denied, match="'admin'"):
         check(c, APP, "/millrace.admin.Admin/Ping", admin_pb2.PingRequest())
     check(c, ADMIN, "/millrace.admin.Admin/Ping", admin_pb2.PingRequest())
+    # an app that may query its module loads the module's code (its client routes with it): query on some module
+    check(checker(Acls().grant(APP, "Billing", ["query"])), APP, "/millrace.code.Code/FetchArtifact",
+          code_pb2.FetchArtifactRequest(sha256="ab"))
+    with pytest.raises(Denied, match="'query'"):
+        check(c, APP, "/millrace.code.Code/FetchArtifact", code_pb2.FetchArtifactRequest(sha256="ab"))
     with pytest.raises(Denied, match="'deploy'"):  # a worker never ships code
         check(c, WORKER, "/millrace.code.Code/Prepare", code_pb2.PrepareRequest(module="Billing"))
 
