@@ -165,6 +165,18 @@ def test_far_horizon_copy_only_for_a_replica_of_the_group_fetching_for_itself(dc
     assert not list((dc.node_dir(leader) / "checkpoints").glob("*")), "no checkpoint was made"
 
 
+def test_a_replica_of_the_group_may_call_for_its_own_copy(dc: DevCluster) -> None:
+    """The positive side: a follower's own certificate passes the rule (a `release` asks for nothing to be made)."""
+    leader, address = leader_address(dc)
+    follower = next(n for n in dc.nodes if n != leader)
+    files = TlsFiles.in_dir(dc.pki, Identity("worker", follower))
+    creds = grpc.ssl_channel_credentials(root_certificates=files.ca.read_bytes(), private_key=files.key.read_bytes(),
+                                         certificate_chain=files.cert.read_bytes())
+    req = pb.FetchCheckpointRequest(module=MODULE, group=0, follower=follower, release=True)
+    with grpc.secure_channel(address, creds) as ch:
+        assert list(pbg.ReplicationStub(ch).FetchCheckpoint(req, timeout=10)) == []
+
+
 def link_attempt(dc: DevCluster, node: str, identity: Identity, src: str) -> str:
     """Open a TLS replication link to `node` as `identity`, send one replication frame naming `src` as its
     sender, and return what the worker answers before closing the link."""
