@@ -196,8 +196,7 @@ def _connect(zk: str | None) -> Iterator[Conductor]:
     """A connected, non-campaigning Conductor: deploy/destroy/balance are plain CAS-guarded metastore writes."""
     hosts, source = _resolve_zk(zk)
     _use_tls(hosts)
-    conductor = Conductor(hosts, name=f"cli-{socket.gethostname()}-{os.getpid()}",
-                          zk_auth=_zk_auth[0] if _zk_auth else None)
+    conductor = Conductor(hosts, name=f"cli-{socket.gethostname()}-{os.getpid()}", zk_auth=_zk_principal(hosts))
     conductor.ms.connect_timeout = CONNECT_TIMEOUT_S
     try:
         conductor.ms.start()
@@ -211,16 +210,36 @@ def _connect(zk: str | None) -> Iterator[Conductor]:
         conductor.ms.close()
 
 
+def _dev_state(hosts: str) -> dict[str, Any]:
+    """The state file of the `conductor dev` cluster at `hosts` (empty if there is none, or it is another's)."""
+    with contextlib.suppress(ValueError, OSError):
+        state = json.loads((DEV_DIR / "cluster.json").read_text())
+        if isinstance(state, dict) and state.get("zk") == hosts:
+            return state
+    return {}
+
+
+def _zk_principal(hosts: str) -> ZkPrincipal | None:
+    """The ZooKeeper digest of this invocation: `--zk-auth`, else a secure `conductor dev` cluster's at `hosts`."""
+    if _zk_auth:
+        return _zk_auth[0]
+    path = _dev_state(hosts).get("zk_auth")
+    if not path:
+        return None
+    try:
+        return read_principal(Path(path))
+    except ZkAuthError as e:
+        raise CliError(str(e)) from None
+
+
 def _use_tls(hosts: str) -> None:
     """Every channel the command opens to a worker presents the operator's certificate (if it has one): the
     flags, the MILLRACE_TLS_* variables, else the pki of the secure `conductor dev` cluster at `hosts`."""
     tls = resolve(_TLS_FLAGS, TLS_SETTINGS[:4], "cli")
     if all(v is None for v in tls.values()):
-        state_file = DEV_DIR / "cluster.json"
-        with contextlib.suppress(ValueError, OSError):
-            state = json.loads(state_file.read_text())
-            if state.get("zk") == hosts and state.get("tls_dir"):
-                tls["tls_dir"] = Path(state["tls_dir"])
+        tls_dir = _dev_state(hosts).get("tls_dir")
+        if tls_dir:
+            tls["tls_dir"] = Path(tls_dir)
     source = tls_source(tls, "admin")
     use_process_credentials(source.grpc_channel_credentials if source is not None else None)
 
@@ -270,7 +289,8 @@ def dev(
     ui_port: int = typer.Option(8888, "--ui-port", min=0, max=65535,
                                 help="the conductor's web UI port (0: none)"),
     secure: bool = typer.Option(False, "--secure", help="make a CA and certificates in DIR/pki and run every "
-                                "process with mutual TLS (prints how an app connects)"),
+                                "process with mutual TLS, ACLs and ZooKeeper digest auth (DIR/zk-auth; prints how "
+                                "an app connects)"),
 ) -> None:
     """Start local ZooKeeper server(s), a conductor and N worker nodes in the background (or --stop them).
 

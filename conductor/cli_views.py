@@ -95,6 +95,11 @@ def dev_panel(state: dict[str, Any], title: str, root: Path, style: str = "green
             "  an app connects with its certificate (app/dev here; more: conductor certs issue --role app):\n",
             f"  Cluster.connect(\"{zk}\", tls=TlsFiles.in_dir(Path(\"{pki}\"), Identity(\"app\", \"dev\")))\n",
             (f"  the CLI uses admin/dev by itself; from another directory: export MILLRACE_TLS_DIR={pki}", "dim")))
+    if state.get("zk_auth"):
+        nxt.append_text(Text.assemble(
+            ("\nZooKeeper digest auth", "bold green"), f": only the control plane ({short_path(state['zk_auth'])}, "
+            "mode 0600) changes the cluster's znodes; apps read routing without it\n",
+            (f"  from another directory: export MILLRACE_ZK_AUTH={state['zk_auth']}", "dim")))
     head = Text.assemble(("ZooKeeper ", "bold"), zk, ("   state ", "bold"), short_path(str(root / "cluster.json")),
                          *((("   web UI ", "bold"), state["ui"]) if state.get("ui") else ()))
     return Panel(Group(head, Text(""), table, Text(""), nxt), title=title, border_style=style, expand=False)

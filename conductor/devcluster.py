@@ -8,7 +8,10 @@ own session with its own log file, and is stopped by its own pid.
 certificate per node, one per conductor, ``admin/dev`` for the CLI and
 ``app/dev`` for an app) and starts every process with mutual TLS;
 :meth:`DevCluster.connect` hands out a client authenticated as ``app/dev`` (or
-any identity the cluster's CA issues on the spot).
+any identity the cluster's CA issues on the spot). It also protects ZooKeeper: a digest
+principal written 0600 to ``<root>/zk-auth`` is every conductor's and worker's
+``--zk-auth``, so only they (and this process, the operator) can change the
+cluster's znodes; apps still read what routing needs.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any
 
 from conductor.client import Cluster
 from conductor.metastore import Metastore
+from conductor.metastore.zk_auth import ZkPrincipal, read_principal, use_process_principal, write_principal
 from conductor.security import certs
 from conductor.security.acl import APPEND, QUERY
 from conductor.security.identity import Identity
@@ -111,6 +115,8 @@ class DevCluster:
         #: every process serves and dials mutual TLS with certificates from `pki` (made at start)
         self.secure = secure
         self.pki = self.root / "pki"
+        #: the control plane's ZooKeeper digest credentials (`--zk-auth`), written at start when secure
+        self.zk_auth_file = self.root / "zk-auth"
         #: how a node starts, after the interpreter and before its settings (a test passes its own launcher)
         self.worker = tuple(worker)
         #: the first conductor's web UI port (0: a free one); None: no UI (tests run side by side on 8888)
@@ -145,18 +151,25 @@ class DevCluster:
         return TlsFiles.in_dir(self.pki, identity)
 
     def tls_args(self, identity: Identity) -> list[str]:
-        """A child's TLS flags; its certificate is issued if missing. A plaintext dev cluster bound to a
-        reachable address is plaintext on purpose (`conductor dev` says so): ``--insecure``."""
+        """A child's TLS and ZooKeeper-auth flags; its certificate is issued if missing. A plaintext dev cluster
+        bound to a reachable address is plaintext on purpose (`conductor dev` says so): ``--insecure``."""
         if not self.secure:
             return [] if is_loopback(self.listen.host) else ["--insecure"]
         if not TlsFiles.in_dir(self.pki, identity).cert.exists():
             self.issue(identity)
-        return ["--tls-dir", str(self.pki)]
+        return ["--tls-dir", str(self.pki), "--zk-auth", str(self.zk_auth_file)]
+
+    def zk_principal(self) -> ZkPrincipal:
+        """The control plane's ZooKeeper digest principal: the one in ``zk_auth_file``, made (0600) on first use."""
+        if not self.zk_auth_file.exists():
+            write_principal(self.zk_auth_file, ZkPrincipal.generate("millrace"))
+        return read_principal(self.zk_auth_file)
 
     def operate_as(self, identity: Identity) -> None:
         """Make this process the cluster's operator: every channel it opens without its own credentials
         (deploys, code shipping, status, a test's helpers) presents `identity`'s certificate, as the CLI does."""
         use_process_credentials(TlsSource(TlsFiles.in_dir(self.pki, identity)).grpc_channel_credentials)
+        use_process_principal(self.zk_principal())  # and every Metastore it opens may change the cluster's znodes
 
     def connect(self, identity: Identity | None = None, **kwargs: Any) -> Cluster:
         """A client of this cluster: authenticated as `identity` (default app/dev) when it is secure."""
@@ -192,7 +205,7 @@ class DevCluster:
     def _grant_dev_app(self) -> None:
         """A development convenience: ``app/dev`` may append to and query every module (``*``), so an app
         connected with :meth:`connect` works at once; the workers check every call against the ACLs."""
-        ms = Metastore(self.hosts)
+        ms = Metastore(self.hosts, zk_auth=self.zk_principal())
         ms.start()
         try:
             ms.acls.grant(self.APP, "*", [APPEND, QUERY])
@@ -246,6 +259,7 @@ class DevCluster:
         }
         if self.secure:
             state["tls_dir"] = str(self.pki)
+            state["zk_auth"] = str(self.zk_auth_file)
         if self.ui_port:
             state["ui"] = f"http://{self.listen.advertised(self.ui_port)}/"
         (self.root / "cluster.json").write_text(json.dumps(state, indent=2))
@@ -256,6 +270,7 @@ class DevCluster:
         self.zk.stop()
         if self.secure:
             use_process_credentials(None)
+            use_process_principal(None)
 
     def __enter__(self) -> DevCluster:
         return self.start()

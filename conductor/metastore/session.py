@@ -59,7 +59,7 @@ from conductor.metastore.resigns import Resigns
 from conductor.metastore.tokens import TokenStore
 from conductor.metastore.versions import Versions
 from conductor.metastore.watch import WatchHandle
-from conductor.metastore.zk_auth import ZkPrincipal, cluster_acl, session_options
+from conductor.metastore.zk_auth import ZkPrincipal, cluster_acl, process_principal, session_options
 
 log = logging.getLogger("millrace.metastore")
 
@@ -92,7 +92,9 @@ class Metastore:
         # Reconnect quickly and forever: a brief ZooKeeper outage must not need an operator.
         conn_retry = KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=1.0)
         cmd_retry = KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=1.0, deadline=self.op_timeout)
-        # zk_auth: authenticate with its digest, and create every znode writable by it alone (zk_auth.py)
+        # zk_auth: authenticate with its digest, and create every znode writable by it alone (zk_auth.py); none
+        # given: the process's operator principal, if it has one (a secure DevCluster's test process)
+        zk_auth = zk_auth if zk_auth is not None else process_principal()
         auth = session_options(zk_auth, cluster_acl(zk_auth)) if zk_auth is not None else {}
         self.zk = KazooClient(hosts=hosts, timeout=session_timeout, connection_retry=conn_retry,
                               command_retry=cmd_retry, **auth)

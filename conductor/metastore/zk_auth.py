@@ -21,6 +21,7 @@ in a repr or a log line; the ACL holds only an unsalted SHA-1 digest of
 
 from __future__ import annotations
 
+import os
 import secrets
 import stat
 from collections.abc import Sequence
@@ -119,3 +120,30 @@ def protect_tree(zk: KazooClient, acl: Sequence[ACL], root: str = ROOT) -> int:
         changed += 1
         stack.extend(f"{path.rstrip('/')}/{c}" for c in children)
     return changed
+
+
+#: the principal of a process that operates one cluster (a secure ``DevCluster``'s test process): every
+#: Metastore it opens without its own ``zk_auth`` authenticates with it, so the test helpers work unchanged
+_process_principal: ZkPrincipal | None = None
+
+
+def use_process_principal(principal: ZkPrincipal | None) -> None:
+    """Make every Metastore opened without explicit ``zk_auth`` authenticate as ``principal`` (None: none)."""
+    global _process_principal
+    _process_principal = principal
+
+
+def process_principal() -> ZkPrincipal | None:
+    return _process_principal
+
+
+def write_principal(path: Path, principal: ZkPrincipal) -> Path:
+    """Write ``principal`` as a ``--zk-auth`` file: one line ``user:password``, mode 0600 from creation."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{principal.user}:{principal.password}\n")
+    os.replace(tmp, path)
+    return path

@@ -16,7 +16,9 @@ No identity: ``UNAUTHENTICATED``; an identity without the permission:
 The check runs before the service sees the request: a refused ``PutArtifact``
 stores no byte, a refused ``Prepare`` imports nothing, a refused append changes
 no depot. A stream (``AppendStream``) is checked once per module it names, not
-per record.
+per record. A far-horizon copy (``FetchCheckpoint``) is a replica's whole state:
+only a worker that the group's znode names as a replica, fetching for itself,
+gets one (the worker tells the checker the replicas it last learnt).
 
 Checks read the :class:`~conductor.metastore.acls.AclCache` (kept current by a
 ZooKeeper watch) and remember their answers until the watch replaces the ACLs,
@@ -27,7 +29,7 @@ a request costs a dict lookup.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,13 +53,22 @@ ANY = "any"          # some module: code artifacts belong to no module until ``P
 EVERY = "every"      # every module (``*``): operations on the whole worker
 
 
+#: (module, group) -> the group's replicas as this worker last learnt them from its znode (None: not hosted here)
+GroupReplicas = Callable[[str, int], Sequence[str] | None]
+
+
+def _no_groups(module: str, group: int) -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class Rule:
-    """The permission a method needs, and on which module; ``workers_only``: only a worker identity may call."""
+    """The permission a method needs, and on which module; ``replicas_only``: only a worker that the request's
+    group names as a replica may call, for itself (``request.follower``)."""
 
     permission: str
     scope: str = REQUEST
-    workers_only: bool = False
+    replicas_only: bool = False
 
 
 #: every method the worker serves -> its rule (the one place; a method absent here is refused)
@@ -75,16 +86,17 @@ RULES: dict[str, Rule] = {
     "/millrace.code.Code/PutArtifact": Rule(DEPLOY, ANY),
     "/millrace.code.Code/Prepare": Rule(DEPLOY),
     "/millrace.code.Code/Discard": Rule(DEPLOY, ANY),
-    # workers fetch artifacts from each other (their role has query everywhere); so may whoever deploys
-    "/millrace.code.Code/FetchArtifact": Rule(QUERY, EVERY),
+    # code, not data: whoever may query some module may fetch a version (an app's client loads its module's code
+    # to route; workers fetch from each other); not yet narrowed to the modules that use the version
+    "/millrace.code.Code/FetchArtifact": Rule(QUERY, ANY),
     "/millrace.admin.Admin/Ping": Rule(ADMIN, EVERY),
-    # a far-horizon copy is a replica's whole state: only a worker, and only for itself as the follower
-    "/millrace.Replication/FetchCheckpoint": Rule(QUERY, workers_only=True),
+    # a far-horizon copy is a replica's whole state: only a replica of the group, and only for itself
+    "/millrace.Replication/FetchCheckpoint": Rule(QUERY, replicas_only=True),
 }
 
 
-class NotAWorker(Exception):
-    """A method only workers call (a far-horizon copy) called by another identity, or for another worker."""
+class NotAReplica(Exception):
+    """A method only a group's replicas call (a far-horizon copy) called by another identity, or for another."""
 
 
 class Unauthenticated(Exception):
@@ -95,17 +107,20 @@ def _deny(identity: Identity, module: str, permission: str) -> Denied:
     if module != ANY:
         return Denied(identity, module, permission)
     denied = Denied(identity, "*", permission)
+    verb = "ship" if permission == DEPLOY else "fetch"
     denied.args = (f"{identity} may not {permission} on any module (missing permission {permission!r}), so it may "
-                   f"not ship code; an admin grants it with `conductor acl grant {identity} MODULE {permission}`",)
+                   f"not {verb} code; an admin grants it with `conductor acl grant {identity} MODULE {permission}`",)
     return denied
 
 
 class Checker:
     """The pure part: identity from a call, permission answers memoized per ACL version (no gRPC here)."""
 
-    def __init__(self, acls: AclCache, tokens: TokenCache) -> None:
+    def __init__(self, acls: AclCache, tokens: TokenCache, replicas: GroupReplicas = _no_groups) -> None:
         self.acls = acls
         self.tokens = tokens
+        #: the replicas of a group hosted here (which workers may copy it); unknown groups: nobody
+        self.replicas = replicas
         self._memo: dict[tuple[Identity, str, str], bool] = {}
         self._memo_of: Acls | None = None
         self._certs: dict[bytes, Identity] = {}
@@ -151,17 +166,27 @@ class Checker:
         return answer
 
     def check(self, identity: Identity, rule: Rule, request: Any) -> None:
-        """Raise Denied / NotAWorker unless ``identity`` may make ``request`` under ``rule``."""
-        if rule.workers_only:
-            follower = getattr(request, "follower", None)
-            if identity.role != "worker" or (follower is not None and follower != identity.name):
-                raise NotAWorker(f"{identity} may not copy a replica's checkpoint"
-                                 f"{f' for worker {follower!r}' if follower else ''}: only a worker, for itself, "
-                                 "fetches far-horizon checkpoints (Replication.FetchCheckpoint)")
+        """Raise Denied / NotAReplica unless ``identity`` may make ``request`` under ``rule``."""
+        if rule.replicas_only:
+            self._require_replica(identity, request)
         module = (ALL_MODULES if rule.scope == EVERY else ANY if rule.scope == ANY
                   else str(getattr(request, "module", "")))
         if not self.allowed(identity, module, rule.permission):
             raise _deny(identity, module, rule.permission)
+
+    def _require_replica(self, identity: Identity, request: Any) -> None:
+        """``identity`` is a worker fetching for itself that the group's znode names as a replica."""
+        module, group = str(getattr(request, "module", "")), int(getattr(request, "group", 0))
+        follower = str(getattr(request, "follower", ""))
+        if identity.role != "worker" or follower != identity.name:
+            raise NotAReplica(f"{identity} may not copy a replica's checkpoint of {module}/{group}"
+                              f"{f' for worker {follower!r}' if follower else ''}: only a replica of the group, "
+                              "for itself, fetches far-horizon checkpoints (Replication.FetchCheckpoint)")
+        replicas = self.replicas(module, group)
+        if replicas is None or identity.name not in replicas:
+            known = "this worker hosts no replica of it" if replicas is None else f"its replicas: {list(replicas)}"
+            raise NotAReplica(f"{identity} is not a replica of {module}/{group} ({known}): only the workers the "
+                              "group's znode names may copy its checkpoint")
 
 
 class Authorizer(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # (grpc ships no types)
@@ -179,8 +204,8 @@ class Authorizer(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # (grpc shi
         #: method -> (the handler gRPC gave, our wrapped one): generic handlers return the same object per call
         self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
-    def attach(self, acls: AclCache, tokens: TokenCache) -> None:
-        self.checker = Checker(acls, tokens)
+    def attach(self, acls: AclCache, tokens: TokenCache, replicas: GroupReplicas = _no_groups) -> None:
+        self.checker = Checker(acls, tokens, replicas)
 
     def close(self) -> None:
         if self.checker is not None:
@@ -221,7 +246,7 @@ class Authorizer(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # (grpc shi
     async def _require(self, context: Any, checker: Checker, identity: Identity, rule: Rule, request: Any) -> None:
         try:
             checker.check(identity, rule, request)
-        except (Denied, NotAWorker) as e:
+        except (Denied, NotAReplica) as e:
             log.info("node %s refused a call: %s", self.node_id, e)
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(e))
 

@@ -1,20 +1,18 @@
-"""Who may open a worker-to-worker link or copy a replica: only workers, proven by their certificates.
+"""Who may open a worker-to-worker link: only workers, proven by their certificates.
 
-With TLS on, a replication link's peer and a far-horizon copy's caller are read
-from the certificate TLS verified (:mod:`conductor.security.identity`), never from
-what a frame says: ``PeerFrame.src`` is self-declared, so a link accepts only a
+With TLS on, a replication link's peer is read from the certificate TLS verified
+(:mod:`conductor.security.identity`), never from what a frame says: ``PeerFrame.src`` is self-declared, so a link accepts only a
 ``worker`` identity, and each of its frames must name that same worker as its
 sender. Which groups that worker may replicate is then ``Worker.deliver``'s check
-against the group's replicas, on the authenticated name.
+against the group's replicas, on the authenticated name. (Who may copy a replica,
+``FetchCheckpoint``, is the gRPC interceptor's rule: ``conductor.worker.authorization``.)
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import grpc
-
-from conductor.security.identity import Identity, IdentityError, from_grpc_context
+from conductor.security.identity import Identity
 from conductor.security.tls import PeerRefused, check_link_peer
 
 
@@ -32,18 +30,4 @@ def expect_worker(transport: Any, node_id: str) -> Identity:
     return check_link_peer(transport, {Identity("worker", node_id)})
 
 
-async def require_worker_caller(context: Any, what: str) -> Identity:
-    """A gRPC call that only workers may make (far-horizon copies); aborts the call otherwise."""
-    try:
-        peer = from_grpc_context(context)
-    except IdentityError as e:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(e))
-        raise AssertionError("unreachable") from None  # abort raises
-    if not is_worker(peer):
-        await context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                            f"{what} is only for workers of this cluster; {peer} is not one (a replica copies "
-                            "from its leader with its worker certificate)")
-    return peer
-
-
-__all__ = ["PeerRefused", "expect_worker", "is_worker", "link_peer", "require_worker_caller"]
+__all__ = ["PeerRefused", "expect_worker", "is_worker", "link_peer"]

@@ -32,7 +32,6 @@ from conductor.wire.packing import pack_lengths
 from conductor.worker.far_horizon import CheckpointShelf, Shelved, read_chunk_into, stream_checkpoint
 from conductor.worker.hooks import ChunkFilter
 from conductor.worker.lifecycle import code_status
-from conductor.worker.peer_auth import require_worker_caller
 from conductor.worker.pending_entry import PendingEntry
 from conductor.worker.replica_host import ReplicaHost
 from conductor.worker.replica_store import ReplicaStore
@@ -117,18 +116,14 @@ class ReplicationService(pbg.ReplicationServicer):
     ``chunk_sent`` is a test launcher's hook on each data chunk (:class:`~conductor.worker.hooks.WorkerHooks`)."""
 
     def __init__(self, shelf: CheckpointShelf, checkpoint_round: Callable[[pb.FetchCheckpointRequest], Shelved],
-                 chunk_sent: ChunkFilter | None = None, *, workers_only: bool = False) -> None:
+                 chunk_sent: ChunkFilter | None = None) -> None:
         self.shelf = shelf
         self.checkpoint_round = checkpoint_round
         self.chunk_sent = chunk_sent
-        #: TLS on: only a worker's certificate may copy a replica (conductor.worker.peer_auth)
-        self.workers_only = workers_only
 
     @maps_errors
     async def FetchCheckpoint(self, request: pb.FetchCheckpointRequest,
                               context: Any) -> AsyncIterator[pb.CheckpointChunk | bytes]:
-        if self.workers_only:
-            await require_worker_caller(context, "a far-horizon copy")
         key = (request.module, request.group, request.follower)
         if request.release:
             self.shelf.release(key)

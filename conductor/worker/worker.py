@@ -180,8 +180,8 @@ class Worker:
             checked_handler(code_pb2.DESCRIPTOR.services_by_name["Code"], CodeService(
                 self.node_id, self.code, lifecycle.prepare, metastore.versions.referenced)),
             checked_handler(pb.DESCRIPTOR.services_by_name["Client"], ClientService(self.modules, settler.post)),
-            replication_handler(ReplicationService(self.shelf, self.checkpoint_round, self.hooks.chunk_sent,
-                                                   workers_only=self.tls is not None)),
+            # (who may copy a replica: the Authorizer's rule, against group_replicas)
+            replication_handler(ReplicationService(self.shelf, self.checkpoint_round, self.hooks.chunk_sent)),
         ))
         self._running = run = Running(
             loop, metastore, router, PeerTransport(self.node_id, loop, self._resolve_peer, router.forget,
@@ -208,7 +208,7 @@ class Worker:
         await asyncio.to_thread(metastore.start)
         if self.authorizer is not None:  # before registering: no client finds us before permissions are known
             self.authorizer.attach(await asyncio.to_thread(AclCache, metastore.acls),
-                                   await asyncio.to_thread(TokenCache, metastore.tokens))
+                                   await asyncio.to_thread(TokenCache, metastore.tokens), self.group_replicas)
         metastore.add_state_listener(self._on_zk_state)
         # a crashed predecessor's session may hold our id for up to its timeout (assumed to be ours)
         await asyncio.to_thread(functools.partial(metastore.nodes.register, self.node_id, self.address,
@@ -571,6 +571,12 @@ class Worker:
                                host.dir / "far-horizon", host.config.max_near_sync_message_lag, install,
                                channel_options=GRPC_OPTIONS, on_done=functools.partial(_count_catchup, host))
         host.catchup.start()
+
+    def group_replicas(self, module: str, group: int) -> tuple[str, ...] | None:
+        """The replicas the group's znode names, as this worker's replica of it last learnt them (None: not
+        hosted here); who may copy its checkpoint (conductor.worker.authorization)."""
+        host = self.modules.host(module, group)
+        return host.replicas if host is not None else None
 
     def checkpoint_round(self, request: pb.FetchCheckpointRequest) -> Shelved:
         """Leader, off the loop: a fresh checkpoint for this follower's round (NotLeader if we no longer lead)."""

@@ -40,6 +40,16 @@ def test_short_campaign(seed: int, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("seed", [1])
+def test_short_secure_campaign(seed: int, tmp_path: Path) -> None:
+    """The same short run with security on (`--secure`): mutual TLS, authorization, ZooKeeper digest auth."""
+    r = run_once(RunConfig(seed, SHORT_DURATION_S, DEFAULT_FAULTS, secure=True), tmp_path)
+    assert_safe(r)
+    assert sum(r.injected.values()) >= 3, r.story()
+    assert r.findings.acknowledged >= 50, "too few appends succeeded for the run to mean anything"
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("reg", REGRESSIONS, ids=[f"seed{r.config.seed}" for r in REGRESSIONS])
 def test_kept_regression_seed(reg: Regression, tmp_path: Path) -> None:
     r = run_once(reg.config, tmp_path)

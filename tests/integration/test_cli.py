@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -31,6 +32,7 @@ from typer.testing import CliRunner, Result
 from conductor.cli import app
 from conductor.devcluster import DevCluster, stop_from_state
 from conductor.metastore import Metastore
+from conductor.security.identity import Identity
 from tests.integration.cluster_helpers import write_tally_app
 
 REPO = Path(__file__).resolve().parents[2]
@@ -356,6 +358,38 @@ def test_dev_starts_a_background_cluster_and_stop_ends_it(tmp_path: Path) -> Non
         assert restarted.returncode == 0, restarted.stdout + restarted.stderr
         with Metastore(json.loads((root / "cluster.json").read_text())["zk"]) as ms:
             assert ms.nodes.live() == ["n1", "n2"]
+    finally:
+        if (root / "cluster.json").exists():
+            stop_from_state(root)
+
+
+def test_dev_secure_runs_with_tls_acls_and_zookeeper_auth_and_the_cli_uses_them(tmp_path: Path) -> None:
+    """`conductor dev --secure`: certificates, a 0600 ZooKeeper digest file, the state file naming both, the panel
+    showing how an app connects; the CLI in that folder changes the protected ACL znode with the digest by itself."""
+    exe = str(Path(sys.executable).parent / "conductor")
+    root = tmp_path / ".millrace-dev"  # the CLI's default folder: commands run in tmp_path find the cluster
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env.pop("MILLRACE_ZK_AUTH", None)
+
+    def conductor(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([exe, *args], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=90)
+
+    try:
+        started = conductor("dev", "--secure", "--nodes", "1", "--ui-port", "0")
+        assert started.returncode == 0, started.stdout + started.stderr
+        state = json.loads((root / "cluster.json").read_text())
+        zk_auth = Path(state["zk_auth"])
+        assert zk_auth == root / "zk-auth" and stat.S_IMODE(zk_auth.stat().st_mode) == 0o600
+        out = " ".join(started.stdout.split())
+        for fragment in ("mutual TLS on every link", "Cluster.connect(", "ZooKeeper digest auth"):
+            assert fragment in out, (fragment, started.stdout)
+        assert zk_auth.read_text().split(":", 1)[1].strip() not in started.stdout, "no password is shown"
+        granted = conductor("acl", "grant", "app/billing", "Billing", "query")
+        assert granted.returncode == 0, granted.stdout + granted.stderr
+        with Metastore(state["zk"]) as ms:  # (reads need no digest)
+            assert ms.acls.get()[0].granted(Identity("app", "billing"), "Billing") == {"query"}
+        status = conductor("status")
+        assert status.returncode == 0 and "TLS" in status.stdout, status.stdout + status.stderr
     finally:
         if (root / "cluster.json").exists():
             stop_from_state(root)

@@ -11,6 +11,12 @@ that is on no worker's path (RF=3, 20,000 sentences appended with ``ack="applied
   timeout + 2 s; the link comes back, the worker rejoins every ISR, a ZooKeeper server is killed without any
   failure, and every replica of every group holds the same bytes.
 
+Security is on, as a real deployment runs it (issue 26): a CA made by the test issues every worker a certificate
+naming its host's address (an IP SAN), the conductor, an operator (admin, for the deploy and the test's probes) and
+the app (granted append and query on WordCount only); every link is mutual TLS, every worker call is authorised,
+and the conductor and workers authenticate to ZooKeeper with a digest (`--zk-auth`). The Spark driver and
+executors read with the app's certificate (the ``tls*`` options).
+
 The two tests share the cluster (module scope) to keep the run short; each also passes alone.
 """
 
@@ -38,10 +44,16 @@ from conductor.client import Cluster
 from conductor.client.code import CodeCache
 from conductor.devcluster import ChildProcess
 from conductor.metastore import GroupState, Metastore
+from conductor.metastore.zk_auth import ZkPrincipal, write_principal
 from conductor.runtime_env import EnvironmentBroken
+from conductor.security import certs
+from conductor.security.acl import APPEND, QUERY
+from conductor.security.identity import Identity
+from conductor.security.tls import TlsFiles, TlsSource
 from conductor.spark_standalone import StandaloneCluster
 from conductor.wire import millrace_pb2 as pb
 from conductor.wire import millrace_pb2_grpc as pbg
+from conductor.wire.channels import open_channel, use_process_credentials
 from conductor.zkserver import ZooKeeperEnsemble
 from tests.integration.cluster_helpers import Appender, replica_state, wait_for
 from tests.netns import HostNetwork, NamespacesUnavailable
@@ -61,6 +73,8 @@ MODULE = "WordCount"
 PACKAGE = "mr_multihost_wc"
 MODULE_REF = f"{PACKAGE}.word_count:WordCount"
 TASKS, GROUPS = 4, 2
+#: the app the test appends and queries as (granted on MODULE only), and the operator that deploys and probes
+APP, ADMIN = Identity("app", "multihost"), Identity("admin", "multihost")
 SENTENCES = 20_000
 VOCABULARY = ("the", "cat", "sat", "on", "a", "mat", "while", "seven", "quick", "foxes", "jumped", "over", "lazy",
               "dogs", "near", "old", "mills", "and", "rivers", "millrace", "water", "wheel", "turns", "grain", "into",
@@ -76,7 +90,11 @@ from topology.spark import register
 from topology.spark.microbatch import run_microbatch
 from topology.spark.session import spark_session
 
-zk, master, host, root = sys.argv[1:5]
+from pathlib import Path
+from conductor.security.tls import TlsFiles
+
+zk, master, host, root, ca, cert, key = sys.argv[1:8]
+tls = TlsFiles(Path(ca), Path(cert), Path(key))
 retries = 0
 
 def retried(step):
@@ -93,9 +111,10 @@ def retried(step):
 spark = spark_session("multihost", master=master, host=host, warehouse=root + "/warehouse")
 register(spark)
 retried(lambda: run_microbatch(spark, zk, "WordCount", "lengths", root + "/checkpoint",
-                               trigger={"availableNow": True}).await_termination())
+                               trigger={"availableNow": True}, tls=tls).await_termination())
 scanned = retried(lambda: spark.read.format("millrace.pstate").option("cluster", zk).option("module", "WordCount")
-                  .option("pstate", "$$counts").load().count())
+                  .option("pstate", "$$counts").option("tlsCa", ca).option("tlsCert", cert).option("tlsKey", key)
+                  .load().count())
 print(json.dumps({"counts_rows": scanned,
                   "executors": spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1,
                   "retries": retries}), flush=True)
@@ -116,6 +135,7 @@ class MultiHost:
     conductor: ChildProcess
     workers: dict[str, ChildProcess]
     sent: list[str]
+    pki: Path
 
     @property
     def hosts(self) -> str:
@@ -125,7 +145,9 @@ class MultiHost:
         return self.root / "nodes" / worker
 
     def connect(self) -> Cluster:
-        return Cluster.connect(self.hosts, timeout_s=60, code_cache=CodeCache(self.root / "client-code"))
+        """The app's client: mutual TLS with its certificate (it may append to and query MODULE only)."""
+        return Cluster.connect(self.hosts, timeout_s=60, code_cache=CodeCache(self.root / "client-code"),
+                               tls=TlsFiles.in_dir(self.pki, APP))
 
     def groups(self) -> dict[int, GroupState]:
         with Metastore(self.hosts) as ms:
@@ -135,7 +157,7 @@ class MultiHost:
         return (self.node_dir(worker) / "node.address").read_text()
 
     def status(self, worker: str, group: int) -> pb.GroupStatusReply:
-        with grpc.insecure_channel(self.address(worker)) as ch:
+        with open_channel(self.address(worker)) as ch:  # the operator's certificate (use_process_credentials)
             try:
                 return pbg.ClientStub(ch).GroupStatus(pb.GroupStatusRequest(module=MODULE, group=group), timeout=3)
             except grpc.RpcError:
@@ -155,14 +177,31 @@ class MultiHost:
         return True
 
 
+def make_pki(net: HostNetwork, root: Path) -> Path:
+    """A CA and every process's certificate: each worker's and the conductor's name its host's address (clients
+    check it against the address they dial), the operator's and the app's name none."""
+    pki = root / "pki"
+    certs.init_ca_dir(pki, name="Millrace multihost test CA")
+    for w in WORKERS:
+        certs.issue_to_dir(pki, Identity("worker", w), hosts=[net[w].address])
+    certs.issue_to_dir(pki, Identity("conductor", "c1"), hosts=[net["conductor"].address])
+    for identity in (ADMIN, APP):
+        certs.issue_to_dir(pki, identity)
+    return pki
+
+
+def security_args(root: Path) -> list[str]:
+    """Mutual TLS with the certificates in root/pki, ZooKeeper digest auth with root/zk-auth."""
+    return ["--tls-dir", str(root / "pki"), "--zk-auth", str(root / "zk-auth")]
+
+
 def spawn_worker(net: HostNetwork, root: Path, zk_hosts: str, worker: str) -> ChildProcess:
     host = net[worker]
     # -P: not even the current folder (this repository) is on the worker's path; the module code is shipped
     return host.spawn(worker, [sys.executable, "-P", "-m", "conductor.worker", "--zk", zk_hosts, "--node-id", worker,
                                "--data-dir", str(root / "nodes" / worker), "--host", "0.0.0.0",
                                "--advertise", host.address, "--session-timeout", str(SESSION_S),
-                               "--log-level", "INFO", "--insecure"],  # (addressing and failover: TLS is tested
-                                                                     # in test_security_cluster)
+                               "--log-level", "INFO", *security_args(root)],
                       root / f"{worker}.log")
 
 
@@ -179,6 +218,11 @@ def mh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MultiHost]:
     except NamespacesUnavailable as e:
         sys.path.remove(str(src))
         pytest.fail(str(e), pytrace=False)
+    pki = make_pki(net, root)
+    principal = ZkPrincipal.generate("millrace")
+    write_principal(root / "zk-auth", principal)
+    # the test process is the operator: its probes and the CLI's code shipping present the admin certificate
+    use_process_credentials(TlsSource(TlsFiles.in_dir(pki, ADMIN)).grpc_channel_credentials)
     zk = ZooKeeperEnsemble(root / "zk", 3, hosts=[net[f"zk{i}"].address for i in (1, 2, 3)],
                            launch_prefixes=[net[f"zk{i}"].exec_prefix for i in (1, 2, 3)], tick_ms=200)
     try:
@@ -186,19 +230,21 @@ def mh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MultiHost]:
             zk.start(timeout_s=120)
         except EnvironmentBroken as e:
             pytest.fail(f"the ZooKeeper ensemble did not start: {e}", pytrace=False)
+        with Metastore(zk.hosts, zk_auth=principal) as ms:  # (the first znodes: writable by the digest alone)
+            ms.acls.grant(APP, MODULE, [APPEND, QUERY])
         conductor = net["conductor"].spawn(
             "conductor", [sys.executable, "-P", "-m", "conductor.controller", "--zk", zk.hosts, "--name", "c1",
                           "--session-timeout", str(SESSION_S), "--reconcile-interval", "1",
-                          "--balance-interval", "0", "--log-level", "INFO"],
+                          "--balance-interval", "0", "--log-level", "INFO", *security_args(root)],
             root / "conductor.log", env={"MILLRACE_CODE_CACHE": str(root / "conductor-code")})
         workers = {w: spawn_worker(net, root, zk.hosts, w) for w in WORKERS}
         for w in WORKERS:
             wait_for(lambda w=w: (root / "nodes" / w / "node.address").exists(), 120, f"worker {w} to serve")
-        r = CliRunner().invoke(app, ["deploy", "--module", MODULE_REF, "--tasks", str(TASKS), "--threads",
+        r = CliRunner().invoke(app, [*security_args(root), "deploy", "--module", MODULE_REF, "--tasks", str(TASKS), "--threads",
                                      str(GROUPS), "--workers", "3", "--replicationFactor", "3", "--zk", zk.hosts,
                                      "--timeout", "180", "--option", f"replication.max.time.lag.millis={LAG_MS}"])
         assert r.exit_code == 0, r.output
-        m = MultiHost(net, zk, root, conductor, workers, sentences(SENTENCES))
+        m = MultiHost(net, zk, root, conductor, workers, sentences(SENTENCES), pki)
         for w in WORKERS:
             assert not (m.node_dir(w) / "examples").exists() and PACKAGE not in m.address(w)
         with m.connect() as cluster:
@@ -210,6 +256,7 @@ def mh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MultiHost]:
             net.close()
         finally:
             zk.stop()
+            use_process_credentials(None)
             sys.path.remove(str(src))
             for name in [n for n in sys.modules if n.startswith(PACKAGE)]:
                 del sys.modules[name]
@@ -232,8 +279,9 @@ def test_spark_standalone_runs_the_microbatch_topology_exactly_once(mh: MultiHos
     with StandaloneCluster(mh.root / "spark", master_host=spark_hosts[0].address,
                            worker_hosts=[h.address for h in spark_hosts[1:]],
                            launch_prefixes=[h.exec_prefix for h in spark_hosts], cores=1, memory="1g") as sc:
+        tls = TlsFiles.in_dir(mh.pki, APP)  # (the executors read the same paths: one file system)
         run = driver.spawn("driver", [sys.executable, "-c", DRIVER, mh.hosts, sc.master_url, driver.address,
-                                      str(out)], mh.root / "driver.log",
+                                      str(out), str(tls.ca), str(tls.cert), str(tls.key)], mh.root / "driver.log",
                            env={"MILLRACE_CODE_CACHE": str(mh.root / "driver-code")})
         assert run.proc is not None
         assert run.proc.wait(timeout=900) == 0, run.tail(60)
@@ -271,7 +319,7 @@ def probe_append(address: str, group: int, ack: int = pb.ACK_APPLIED) -> bool:
     """One append straight to `group` at `address` (a task of the group: task g is in group g)."""
     req = pb.AppendRequest(module=MODULE, group=group, ack=ack, appends=[
         pb.DepotRecords(depot="*sentences", task=group, records=[msgpack.packb("probe after failover")])])
-    with grpc.insecure_channel(address) as ch:
+    with open_channel(address) as ch:  # (the operator's certificate)
         try:
             pbg.ClientStub(ch).Append(req, timeout=2)
             return True

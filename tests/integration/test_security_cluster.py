@@ -4,7 +4,8 @@ One cluster for the module (real ZooKeeper, a conductor and three worker process
 certificates made by the test's CA). Checked: an app with its certificate appends
 and selects; a client without a certificate, with one from another CA, or an expired
 one is refused and changes nothing; a replication link from a certificate that is not
-one of the group's replicas is refused; a worker's certificate rotated while a writer
+one of the group's replicas is refused; a ZooKeeper client without the cluster's
+digest cannot change a group znode; a worker's certificate rotated while a writer
 appends fails no append; a reachable plaintext bind refuses to start.
 """
 
@@ -12,8 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import json
 import socket
 import ssl
+import stat
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,9 +25,12 @@ from typing import Any
 
 import grpc
 import pytest
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoAuthError
 
 from conductor.devcluster import DevCluster
 from conductor.metastore import Metastore
+from conductor.metastore.layout import group_path
 from conductor.security import certs
 from conductor.security.identity import Identity
 from conductor.security.tls import TlsError, TlsFiles, TlsSource
@@ -113,6 +119,62 @@ def test_plaintext_client_is_refused(dc: DevCluster) -> None:
         pbg.ClientStub(ch).GroupStatus(pb.GroupStatusRequest(module=MODULE, group=0), timeout=5)
     assert e.value.code() == grpc.StatusCode.UNAVAILABLE
     assert log_end(dc, leader) == before
+
+
+def test_zookeeper_client_without_the_digest_cannot_change_a_group_znode(dc: DevCluster) -> None:
+    """`DevCluster(secure=True)` runs its conductor and workers with `--zk-auth` (a 0600 file under its root):
+    a ZooKeeper client without the digest reads a group znode (routing) but cannot change or delete it."""
+    assert stat.S_IMODE(dc.zk_auth_file.stat().st_mode) == 0o600
+    assert json.loads((dc.root / "cluster.json").read_text())["zk_auth"] == str(dc.zk_auth_file)
+    path = group_path(MODULE, 0)
+    zk = KazooClient(hosts=dc.hosts)
+    zk.start(timeout=15)
+    try:
+        data, znode = zk.get(path)
+        with pytest.raises(NoAuthError):
+            zk.set(path, b'{"leader": "intruder"}', version=znode.version)
+        with pytest.raises(NoAuthError):
+            zk.delete(path, recursive=False)
+        with pytest.raises(NoAuthError):
+            zk.create(f"{path}/intruder", b"")
+        assert zk.get(path)[0] == data
+    finally:
+        zk.stop()
+        zk.close()
+
+
+@pytest.mark.parametrize("who", ["worker/n9", "app/dev", "worker/n2 for n1"])
+def test_far_horizon_copy_only_for_a_replica_of_the_group_fetching_for_itself(dc: DevCluster, who: str) -> None:
+    """`FetchCheckpoint` hands out a replica's whole state: refused (before any checkpoint is made) to a worker
+    the group's znode does not name, to an app, and to a replica asking in another replica's name."""
+    leader, address = leader_address(dc)
+    role, _, rest = who.partition("/")
+    name, _, follower = rest.partition(" for ")
+    identity = Identity(role, name)
+    files = TlsFiles.in_dir(dc.pki, identity)
+    if not files.cert.exists():
+        dc.issue(identity)
+    creds = grpc.ssl_channel_credentials(root_certificates=files.ca.read_bytes(), private_key=files.key.read_bytes(),
+                                         certificate_chain=files.cert.read_bytes())
+    req = pb.FetchCheckpointRequest(module=MODULE, group=0, follower=follower or name, epoch=0)
+    with grpc.secure_channel(address, creds) as ch, pytest.raises(grpc.RpcError) as e:
+        for _chunk in pbg.ReplicationStub(ch).FetchCheckpoint(req, timeout=10):
+            pass
+    assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED, e.value
+    assert ("not a replica of Clicks/0" if name == "n9" else "only a replica of the group") in str(e.value.details())
+    assert not list((dc.node_dir(leader) / "checkpoints").glob("*")), "no checkpoint was made"
+
+
+def test_a_replica_of_the_group_may_call_for_its_own_copy(dc: DevCluster) -> None:
+    """The positive side: a follower's own certificate passes the rule (a `release` asks for nothing to be made)."""
+    leader, address = leader_address(dc)
+    follower = next(n for n in dc.nodes if n != leader)
+    files = TlsFiles.in_dir(dc.pki, Identity("worker", follower))
+    creds = grpc.ssl_channel_credentials(root_certificates=files.ca.read_bytes(), private_key=files.key.read_bytes(),
+                                         certificate_chain=files.cert.read_bytes())
+    req = pb.FetchCheckpointRequest(module=MODULE, group=0, follower=follower, release=True)
+    with grpc.secure_channel(address, creds) as ch:
+        assert list(pbg.ReplicationStub(ch).FetchCheckpoint(req, timeout=10)) == []
 
 
 def link_attempt(dc: DevCluster, node: str, identity: Identity, src: str) -> str:

@@ -11,7 +11,7 @@ from conductor.security.acl import Acls, Denied
 from conductor.security.identity import Identity
 from conductor.wire import admin_pb2, code_pb2
 from conductor.wire import millrace_pb2 as pb
-from conductor.worker.authorization import RULES, Checker, NotAWorker
+from conductor.worker.authorization import RULES, Checker, NotAReplica
 
 APP, WORKER, ADMIN = Identity("app", "billing"), Identity("worker", "n1"), Identity("admin", "alice")
 
@@ -49,18 +49,33 @@ def test_module_permissions_and_deploy_on_any_module() -> None:
     with pytest.raises(Denied, match="'admin'"):
         check(c, APP, "/millrace.admin.Admin/Ping", admin_pb2.PingRequest())
     check(c, ADMIN, "/millrace.admin.Admin/Ping", admin_pb2.PingRequest())
+    # an app that may query its module loads the module's code (its client routes with it): query on some module
+    check(checker(Acls().grant(APP, "Billing", ["query"])), APP, "/millrace.code.Code/FetchArtifact",
+          code_pb2.FetchArtifactRequest(sha256="ab"))
+    with pytest.raises(Denied, match="'query'"):
+        check(c, APP, "/millrace.code.Code/FetchArtifact", code_pb2.FetchArtifactRequest(sha256="ab"))
     with pytest.raises(Denied, match="'deploy'"):  # a worker never ships code
         check(c, WORKER, "/millrace.code.Code/Prepare", code_pb2.PrepareRequest(module="Billing"))
 
 
-def test_checkpoints_go_to_workers_only_for_themselves() -> None:
-    c = checker(Acls())
+def test_checkpoints_go_only_to_the_groups_replicas_each_for_itself() -> None:
+    groups = {("Billing", 0): ("n1", "n2", "n3")}
+    c = Checker(SimpleNamespace(acls=Acls()), SimpleNamespace(),  # type: ignore[arg-type]
+                lambda module, group: groups.get((module, group)))
+    method = "/millrace.Replication/FetchCheckpoint"
     req = pb.FetchCheckpointRequest(module="Billing", group=0, follower="n1")
-    check(c, WORKER, "/millrace.Replication/FetchCheckpoint", req)
-    with pytest.raises(NotAWorker):
-        check(c, Identity("worker", "n2"), "/millrace.Replication/FetchCheckpoint", req)
-    with pytest.raises(NotAWorker):
-        check(c, ADMIN, "/millrace.Replication/FetchCheckpoint", req)
+    check(c, WORKER, method, req)
+    with pytest.raises(NotAReplica, match="for itself"):  # another replica, fetching in n1's name
+        check(c, Identity("worker", "n2"), method, req)
+    with pytest.raises(NotAReplica, match="only a replica"):
+        check(c, ADMIN, method, req)
+    with pytest.raises(NotAReplica, match=r"not a replica of Billing/0 \(its replicas: \['n1', 'n2', 'n3'\]\)"):
+        check(c, Identity("worker", "n4"), method, pb.FetchCheckpointRequest(module="Billing", group=0,
+                                                                            follower="n4"))
+    with pytest.raises(NotAReplica, match="hosts no replica"):  # a group this worker does not host: nobody
+        check(c, WORKER, method, pb.FetchCheckpointRequest(module="Billing", group=1, follower="n1"))
+    with pytest.raises(NotAReplica):  # without the worker's view of its groups (fail closed)
+        check(checker(Acls()), WORKER, method, req)
 
 
 def test_answers_are_forgotten_when_the_watch_replaces_the_acls() -> None:

@@ -29,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no", default="", help="fault classes to leave out (same syntax)")
     p.add_argument("--workdir", type=Path, default=None, help="where run folders are made (default: /tmp)")
     p.add_argument("--keep", action="store_true", help="keep every run's folder, not only failing ones")
+    p.add_argument("--secure", action="store_true",
+                   help="run the cluster with mutual TLS, authorization and ZooKeeper digest auth (--zk-auth); the "
+                        "clients append with an app certificate granted on the module")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("kazoo", "millrace"):  # connection losses are what the nemesis causes: expected, not news
@@ -38,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("no fault class left to inject")
     campaign = Campaign()
     for i in range(args.runs):
-        cfg = RunConfig(args.seed + i, args.duration, faults, args.clients)
+        cfg = RunConfig(args.seed + i, args.duration, faults, args.clients, args.secure)
         try:
             result = run_once(cfg, args.workdir, args.keep)
         except Exception as e:

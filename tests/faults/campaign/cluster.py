@@ -4,6 +4,12 @@ Every process runs inside its own network namespace (`tests.netns`), so the neme
 two of them; the campaign itself (clients, ZooKeeper recorder, checker) runs in the host namespace, which
 reaches every host unless a host's link is down. Everything started here is stopped here, by pid, and the
 network removes what is left by name.
+
+``ClusterSettings(secure=True)`` (``--secure``) runs it as a real deployment does (issue 26): a CA in the run's
+folder issues each worker and conductor a certificate naming its host's address, an operator (``admin/campaign``:
+the deploy and the status probes) and the app the clients run as (``app/campaign``, granted append and query on
+the module only); every gRPC and replication link is mutual TLS, every worker call is authorised, and conductors and
+workers authenticate to ZooKeeper with a digest (``--zk-auth``), so nobody else can change a group znode.
 """
 
 from __future__ import annotations
@@ -23,9 +29,15 @@ from conductor.controller import Conductor
 from conductor.devcluster import ChildProcess
 from conductor.metastore import GroupState, Metastore
 from conductor.metastore.module_spec import ModuleSpec
+from conductor.metastore.zk_auth import ZkPrincipal, write_principal
+from conductor.security import certs
+from conductor.security.acl import APPEND, QUERY
+from conductor.security.identity import Identity
+from conductor.security.tls import TlsFiles, TlsSource
 from conductor.shipping import deploy_code
 from conductor.wire import millrace_pb2 as pb
 from conductor.wire import millrace_pb2_grpc as pbg
+from conductor.wire.channels import open_channel, use_process_credentials
 from conductor.zkserver import ZooKeeperEnsemble, ZooKeeperServer
 from tests.netns import Host, HostNetwork
 from topology.artifact import package_code
@@ -37,6 +49,8 @@ ZOOKEEPERS = ("zk1", "zk2", "zk3")
 CONDUCTORS = ("c1", "c2")
 #: The worker whose data folder is a small tmpfs when the full-disk fault is on.
 FULL_DISK_WORKER = "w3"
+#: a secure run's operator (deploys, status probes) and the app its clients append as
+OPERATOR, APP = Identity("admin", "campaign"), Identity("app", "campaign")
 
 
 @dataclass(frozen=True)
@@ -53,6 +67,8 @@ class ClusterSettings:
     max_lag_ms: int = 3_000
     #: size of the full-disk worker's tmpfs (0: an ordinary folder)
     tmpfs_mb: int = 0
+    #: mutual TLS on every link, authorization on every worker, ZooKeeper digest auth (`--secure`)
+    secure: bool = False
 
 
 def wait_until(cond: object, timeout_s: float, what: str, interval_s: float = 0.1) -> object:
@@ -79,16 +95,24 @@ class FaultCluster:
         self.workers: dict[str, ChildProcess] = {}
         self.conductors: dict[str, ChildProcess] = {}
         self._mounted: list[Path] = []
+        self.pki = self.root / "pki"
+        self.zk_auth_file = self.root / "zk-auth"
+        self._principal: ZkPrincipal | None = None
 
     # ---------------------------------------------------------------- start and stop
 
     def start(self) -> FaultCluster:
         self.root.mkdir(parents=True, exist_ok=True)
         self.net.start()
+        if self.settings.secure:
+            self._make_credentials()
         zk_hosts = [self.net[z] for z in ZOOKEEPERS]
         self.zk = ZooKeeperEnsemble(self.root / "zookeeper", 3, hosts=[h.address for h in zk_hosts],
                                     launch_prefixes=[h.exec_prefix for h in zk_hosts], tick_ms=self.settings.tick_ms)
         self.zk.start(timeout_s=120)
+        if self._principal is not None:  # (the first znodes, made writable by the digest alone)
+            with Metastore(self.zk_hosts, session_timeout=10.0, zk_auth=self._principal) as ms:
+                ms.acls.grant(APP, MODULE, [APPEND, QUERY])
         for c in CONDUCTORS:
             self.start_conductor(c)
         if self.settings.tmpfs_mb:
@@ -102,6 +126,30 @@ class FaultCluster:
         for w in WORKERS:
             self.wait_worker(w, 120)
         return self
+
+    def _make_credentials(self) -> None:
+        """A CA and every process's certificate (a server's names its host's address: clients check it), the
+        ZooKeeper digest file (0600); this process becomes the operator (every channel it opens without its own
+        credentials presents ``admin/campaign``)."""
+        certs.init_ca_dir(self.pki, name="Millrace campaign CA")
+        for label in (*WORKERS, *CONDUCTORS):
+            role = "worker" if label in WORKERS else "conductor"
+            certs.issue_to_dir(self.pki, Identity(role, label), hosts=[self.net[label].address])
+        for identity in (OPERATOR, APP):
+            certs.issue_to_dir(self.pki, identity)
+        self._principal = ZkPrincipal.generate("millrace")
+        write_principal(self.zk_auth_file, self._principal)
+        use_process_credentials(TlsSource(TlsFiles.in_dir(self.pki, OPERATOR)).grpc_channel_credentials)
+
+    def security_args(self) -> list[str]:
+        """A worker's or conductor's TLS and ZooKeeper-auth flags (none for a plaintext run)."""
+        if not self.settings.secure:
+            return []
+        return ["--tls-dir", str(self.pki), "--zk-auth", str(self.zk_auth_file)]
+
+    def app_tls(self) -> TlsFiles | None:
+        """The campaign clients' certificate (None: a plaintext run)."""
+        return TlsFiles.in_dir(self.pki, APP) if self.settings.secure else None
 
     @property
     def zk_hosts(self) -> str:
@@ -129,7 +177,8 @@ class FaultCluster:
         p = host.spawn(w, [sys.executable, "-m", "conductor.worker", "--zk", self.zk_hosts, "--node-id", w,
                            "--data-dir", str(d), "--host", host.address,
                            "--session-timeout", str(self.settings.session_timeout_s), "--log-level", "WARNING",
-                           "--insecure"],
+                           *(self.security_args() or ["--insecure"])],  # (a plaintext run binds the host's
+                                                                        # address in plaintext on purpose)
                        self.root / "logs" / f"{w}.log")
         self.workers[w] = p
         return p
@@ -147,7 +196,8 @@ class FaultCluster:
     def start_conductor(self, c: str) -> ChildProcess:
         p = self.net[c].spawn(c, [sys.executable, "-m", "conductor.controller", "--zk", self.zk_hosts, "--name", c,
                                   "--session-timeout", str(self.settings.session_timeout_s),
-                                  "--reconcile-interval", "1", "--balance-interval", "0", "--log-level", "INFO"],
+                                  "--reconcile-interval", "1", "--balance-interval", "0", "--log-level", "INFO",
+                                  *self.security_args()],
                               self.root / "logs" / f"{c}.log")
         self.conductors[c] = p
         return p
@@ -169,6 +219,8 @@ class FaultCluster:
                         shutil.copytree(d, d.with_name(d.name + ".tmpfs"), ignore=shutil.ignore_patterns("filler"))
                 subprocess.run(["umount", "-l", str(d)], capture_output=True, timeout=30, check=False)
             self._mounted.clear()
+            if self.settings.secure:
+                use_process_credentials(None)
 
     def freeze_and_stop(self) -> None:
         """Stop the cluster without changing it: conductors first (no failover while workers stop), then every
@@ -184,7 +236,7 @@ class FaultCluster:
     # ---------------------------------------------------------------- the module
 
     def deploy(self, timeout_s: float = 120) -> dict[int, GroupState]:
-        c = Conductor(self.zk_hosts, "campaign-deployer")
+        c = Conductor(self.zk_hosts, "campaign-deployer", zk_auth=self._principal)
         c.ms.start()
         try:
             spec = ModuleSpec(name=MODULE, module_ref=MODULE_REF, tasks=self.settings.tasks,
@@ -209,7 +261,7 @@ class FaultCluster:
             address = (self.worker_dir(w) / "node.address").read_text()
         except OSError:
             return None
-        with grpc.insecure_channel(address) as ch:
+        with open_channel(address) as ch:  # (a secure run: the operator's certificate)
             try:
                 return pbg.ClientStub(ch).GroupStatus(pb.GroupStatusRequest(module=MODULE, group=group),
                                                       timeout=timeout_s)

@@ -39,10 +39,12 @@ class RunConfig:
     duration_s: float
     faults: tuple[str, ...]
     clients: int = 8
+    #: TLS, authorization and ZooKeeper auth on (ClusterSettings.secure)
+    secure: bool = False
 
     def command(self) -> str:
         return (f"python -m tests.faults.campaign --runs 1 --seed {self.seed} --duration {self.duration_s:g} "
-                f"--faults {','.join(self.faults)} --clients {self.clients}")
+                f"--faults {','.join(self.faults)} --clients {self.clients}{' --secure' if self.secure else ''}")
 
 
 @dataclass
@@ -106,7 +108,7 @@ def run_once(cfg: RunConfig, workdir: Path | None = None, keep: bool = False) ->
         raise ValueError(f"unknown fault class(es) {unknown}; known: {', '.join(CLASSES)}")
     started = time.monotonic()
     root = Path(tempfile.mkdtemp(prefix=f"campaign-{cfg.seed}-", dir=workdir))
-    settings = ClusterSettings(tmpfs_mb=TMPFS_MB if "disk_full" in cfg.faults else 0)
+    settings = ClusterSettings(tmpfs_mb=TMPFS_MB if "disk_full" in cfg.faults else 0, secure=cfg.secure)
     fc = FaultCluster(root, settings)
     errors: list[str] = []
     try:
@@ -116,7 +118,7 @@ def run_once(cfg: RunConfig, workdir: Path | None = None, keep: bool = False) ->
         recorder = GroupRecorder(fc.zk_hosts, settings.groups, history).start()
         nemesis = Nemesis(fc, recorder, random.Random(cfg.seed), cfg.faults, history.now)
         try:
-            with Cluster.connect(fc.zk_hosts, timeout_s=CLIENT_TIMEOUT_S) as client:
+            with Cluster.connect(fc.zk_hosts, timeout_s=CLIENT_TIMEOUT_S, tls=fc.app_tls()) as client:
                 clients = Clients(client, history, cfg.clients, cfg.seed).start()
                 try:
                     nemesis.run(cfg.duration_s)
