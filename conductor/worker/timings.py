@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from time import perf_counter
 from typing import TYPE_CHECKING
 
+from prometheus_client.utils import floatToGoString
+
 from replog.errors import Backpressure, StalledGroup
 from replog.messages import ReplicateAck
 from topology.entries.requests import (
@@ -104,7 +106,7 @@ class Buckets:
     def cumulative(self) -> tuple[list[tuple[str, float]], float]:
         """Prometheus buckets (``le`` -> observations at or below it) and the sum."""
         counts, total, out = list(self.counts), 0, []
-        for le, c in zip((*map(str, self.bounds), "+Inf"), counts, strict=True):
+        for le, c in zip((*map(floatToGoString, self.bounds), "+Inf"), counts, strict=True):
             total += c
             out.append((le, float(total)))
         return out, self.sum

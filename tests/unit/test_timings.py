@@ -58,6 +58,9 @@ def test_replies_time_acks_per_level_and_count_replicate_failures() -> None:
     t.peer_acked(ReplicateAck("n2", "n1", 1, 18, 19), 1.7)
     t.peer_acked(ReplicateAck("n2", "n1", 1, 19, 20), 2.0)
     assert t.histograms[("peer_round_trip", ())].sum == 1.0
+    t.transferred(50_000_000, 2.0)  # a far-horizon transfer: 25 MB/s
+    rate = t.histograms[("far_horizon_rate", ())]
+    assert rate.sum == 25e6 and rate.cumulative()[0][3] == ("2.5e+07", 1.0)
 
 
 def test_the_collector_exports_histograms_and_the_conductor_charts_their_interval_means() -> None:
