@@ -1,6 +1,6 @@
 """Depot appends on a real RF=3 cluster against NATS JetStream R3, in one run.
 
-    python -m bench.cluster_append [--quick] [--secure] [--dir PATH] [--threads N] [--window N]
+    python -m bench.cluster_append [--quick] [--secure] [--metrics off] [--dir PATH] [--threads N] [--window N]
 
 A :class:`~conductor.devcluster.DevCluster` (real ZooKeeper, one conductor and
 three worker node processes on 127.0.0.1) runs module ``examples.clicks:Clicks``
@@ -57,7 +57,9 @@ with mutual TLS on every link (``DevCluster(secure=True)``: the client, the
 wire drivers and the replication links all TLS) and reports both: the plain
 figures keep their keys, the TLS ones are under ``tls``, and
 ``ratio_p50_tls_vs_plain`` / ``ratio_batched_tls_vs_plain`` compare them (issue 26
-asks for <= 1.2 and >= 0.8).
+asks for <= 1.2 and >= 0.8). ``--metrics off`` likewise runs them again with the workers'
+latency histograms off (``--metrics-detail off``): ``ratio_p50_metrics_vs_off`` (issue 29 asks for <= 1.05)
+and ``ratio_batched_metrics_vs_off`` (>= 0.95), the off run's figures under ``metrics_off``.
 
 Then the cluster is stopped and ``bench.peers.jetstream.measure_jetstream`` runs
 the same sequential and pipelined workloads on a 3-server JetStream R3 file
@@ -97,6 +99,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.floor import percentile, transport_floor
+from bench.run_comparison import compare_runs
 from conductor.client import Cluster
 from conductor.controller import Conductor
 from conductor.devcluster import DevCluster
@@ -456,15 +459,18 @@ def depot_total(cluster: Cluster, tasks: int) -> int:
 # ------------------------------------------------------------------------------------ main
 
 
-def run_millrace(args: argparse.Namespace, root: Path, console: Console, secure: bool = False) -> dict[str, Any]:
+def run_millrace(args: argparse.Namespace, root: Path, console: Console, secure: bool = False,
+                 metrics: bool = True) -> dict[str, Any]:
     """The Millrace workloads on a fresh RF=3 dev cluster (`secure`: mutual TLS on every link; every gRPC
-    channel of this process then presents the dev cluster's certificates, see DevCluster.operate_as)."""
+    channel of this process then presents the dev cluster's certificates, see DevCluster.operate_as;
+    `metrics` False: the workers run with --metrics-detail off, no latency histograms)."""
     pool = Pool.build()
     groups = tasks_by_group(args.tasks, args.threads)
     out: dict[str, Any] = {}
     t_start = time.monotonic()
-    with DevCluster(root / ("cluster-tls" if secure else "cluster"), nodes=3, conductors=1, session_timeout=4.0,
-                    secure=secure) as dc:
+    worker = ("-m", "conductor.worker", "--metrics-detail", "on" if metrics else "off")
+    name = "cluster" + ("-tls" if secure else "") + ("" if metrics else "-nometrics")
+    with DevCluster(root / name, nodes=3, conductors=1, session_timeout=4.0, secure=secure, worker=worker) as dc:
         sampler = RssSampler({nid: p.pid for nid, p in dc.nodes.items()}).start()
         try:
             leaders = deploy(dc.hosts, args.tasks, args.threads)
@@ -557,6 +563,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--count", type=int, default=None, help="sequential appends (2,000 quick, 20,000 full)")
     ap.add_argument("--warmup", type=int, default=None)
     ap.add_argument("--no-jetstream", action="store_true", help="skip the JetStream peer (no ratios)")
+    ap.add_argument("--metrics", choices=("on", "off"), default="on",
+                    help="off: then the same workloads with the workers' --metrics-detail off, to measure what the "
+                         "latency histograms cost (ratio_*_metrics_vs_off)")
     ap.add_argument("--secure", action="store_true", help="then the same workloads with mutual TLS on every link "
                                                           "(ratio_*_tls_vs_plain)")
     args = ap.parse_args(argv)
@@ -577,6 +586,11 @@ def main(argv: list[str] | None = None) -> None:
             tls: dict[str, Any] | None = run_millrace(args, root, console, secure=True)
         else:
             tls = None
+        if args.metrics == "off":
+            console.log("the same workloads with the workers' latency histograms off (--metrics-detail off)")
+            off: dict[str, Any] | None = run_millrace(args, root, console, metrics=False)
+        else:
+            off = None
     finally:
         shutil.rmtree(root, ignore_errors=True)
     console.log("Millrace done; measuring NATS JetStream R3")
@@ -649,7 +663,13 @@ def main(argv: list[str] | None = None) -> None:
     table.add_row("max node RSS MiB", fmt(mr["max_node_rss_mb"], ",.1f"), "-", "-",
                   f"< {GOAL_NODE_RSS_MB:.0f} {mark(goals['node_rss<512MiB'])}")
     console.print(table)
-    tls_summary = tls_comparison(mr, tls, console) if tls is not None else {}
+    tls_summary = {} if tls is None else compare_runs(
+        mr, tls, console, title="the same run, plaintext vs mutual TLS on every link", names=("plaintext", "mutual TLS"),
+        key="tls", ratio="tls_vs_plain", goals=(1.2, 0.8), keep="other")
+    metrics_summary = {} if off is None else compare_runs(
+        off, mr, console, title="the same run, worker latency histograms off vs on (--metrics-detail)",
+        names=("metrics off", "metrics on"), key="metrics_off", ratio="metrics_vs_off", goals=(1.05, 0.95),
+        keep="base")
     console.print(f"[dim]{sync_note}[/]")
     console.print(f"verification: {mr['stored_records']:,} records in *raw partitions, "
                   f"{mr['acked_records']:,} acknowledged: {'OK' if mr['verified'] else '[red]MISMATCH[/]'}")
@@ -675,33 +695,9 @@ def main(argv: list[str] | None = None) -> None:
         "goals_met": all(goals.values()) and mr["verified"],
         "seconds": round(time.monotonic() - t0, 1),
         **tls_summary,
+        **metrics_summary,
     }
     print(json.dumps(summary, default=str), flush=True)
-
-
-#: the figures compared between the plain and the TLS run (--secure)
-TLS_FIGURES = ("p50_ms", "p99_ms", "wire_p50_ms", "pipelined_records_per_s", "pipelined_wire_records_per_s",
-               "batched_records_per_s", "batched_wire_records_per_s", "max_node_rss_mb", "verified")
-
-
-def tls_comparison(plain: dict[str, Any], tls: dict[str, Any], console: Console) -> dict[str, Any]:
-    """The TLS run's figures beside the plain run's (a table), and the summary keys: ``tls`` and the ratios."""
-    table = Table(title="the same run, plaintext vs mutual TLS on every link")
-    for col in ("figure", "plaintext", "mutual TLS", "TLS / plain"):
-        table.add_column(col, justify="left" if col == "figure" else "right")
-    for k in TLS_FIGURES[:-1]:
-        table.add_row(k, f"{plain[k]:,}", f"{tls[k]:,}", f"{tls[k] / plain[k]:.2f}" if plain[k] else "-")
-    console.print(table)
-    ratio_p50 = tls["p50_ms"] / plain["p50_ms"]
-    ratio_batched = tls["batched_records_per_s"] / plain["batched_records_per_s"]
-    if not tls["verified"]:
-        console.print(f"[red]TLS run: verification failed[/]: {tls['append_errors']}")
-    return {
-        "tls": {k: tls[k] for k in TLS_FIGURES},
-        "ratio_p50_tls_vs_plain": round(ratio_p50, 3),
-        "ratio_batched_tls_vs_plain": round(ratio_batched, 3),
-        "goals_tls": {"p50_tls<=1.2x_plain": ratio_p50 <= 1.2, "batched_tls>=0.8x_plain": ratio_batched >= 0.8},
-    }
 
 
 if __name__ == "__main__":

@@ -198,6 +198,14 @@ class TaskGroupStore:
             self.families.drop([pstate_cf(n) for n in pstates] + [depot_cf(d) for d in depots], self.aliases())
 
     # -- lifecycle -----------------------------------------------------------
+    def live_sst_bytes(self) -> int:
+        """Bytes of the live SST files of every column family (RocksDB's ``rocksdb.live-sst-files-size``); what
+        the memtables hold is not in it until a flush. Any thread (metrics read it at scrape time)."""
+        with self._lock:
+            self._check_open()
+            return sum(int(cf.property_int_value("rocksdb.live-sst-files-size") or 0)
+                       for name, cf in self._cfs.items() if name in self.families.real)  # (aliases once)
+
     def _check_open(self) -> None:
         if self._closed:
             raise StoreClosed(self.path)

@@ -10,6 +10,7 @@ executor) pays only for ZooKeeper, gRPC and the module API.
 from conductor.client.cluster import Cluster, ModuleInfo
 from conductor.client.errors import ClientError, QueueFull
 from conductor.client.handles import Depot, DepotBatch, PartitionStatus, PState
+from conductor.client.metrics import ClientMetrics
 from conductor.client.retry import Retry
 from conductor.client.router import LeaderRouter
 from conductor.wire.errors import MillraceError, Unavailable
@@ -18,6 +19,7 @@ from replog.errors import Backpressure, NotLeader, StalledGroup
 __all__ = [
     "Backpressure",
     "ClientError",
+    "ClientMetrics",
     "Cluster",
     "Depot",
     "DepotBatch",

@@ -62,6 +62,7 @@ from conductor.client.batching import GroupBatcher
 from conductor.client.code import CodeCache, default_cache, load_deployed
 from conductor.client.errors import ClientError, QueueFull
 from conductor.client.handles import Depot, PState
+from conductor.client.metrics import ClientMetrics
 from conductor.client.producer import Producer
 from conductor.client.retry import Retry
 from conductor.client.router import LeaderRouter, ModuleRoutes
@@ -122,8 +123,10 @@ class Cluster:
                  max_queued_records: int = 100_000, max_queued_bytes: int = 64 << 20,
                  max_blocking_appends_per_group: int = 1024,
                  code_cache: CodeCache | None = None, idempotent: bool = True,
-                 tls: TlsFiles | TlsSource | None = None) -> None:
+                 tls: TlsFiles | TlsSource | None = None, metrics: ClientMetrics | None = None) -> None:
         self.zk_hosts = zk_hosts
+        #: the app's histogram of call latencies (conductor.client.metrics); None: nothing is timed
+        self.metrics = metrics
         #: the app's certificate: every channel is mutual TLS with the files' current content (a rotation is
         #: used by the channels opened after it); None: plaintext (or the process's, conductor.wire.channels)
         self.tls = tls if isinstance(tls, TlsSource) or tls is None else TlsSource(tls)
@@ -410,12 +413,18 @@ class Cluster:
             raise ClientError("the cluster client is closed")
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
-    def _retrying(self, module: str, group: int, attempt: Callable[[_Try], T]) -> T:
+    def _retrying(self, module: str, group: int, attempt: Callable[[_Try], T], method: str) -> T:
         """The blocking call loop: ``attempt`` on the group leader until it answers, following leader moves.
 
         Each try gets the leader-move generation to watch and the leader's
         address; what is retried and for how long is :class:`Retry`'s decision.
         """
+        if self.metrics is None:
+            return self._retry_loop(module, group, attempt)
+        with self.metrics.timed(module, method):
+            return self._retry_loop(module, group, attempt)
+
+    def _retry_loop(self, module: str, group: int, attempt: Callable[[_Try], T]) -> T:
         if self._closed:
             raise ClientError("the cluster client is closed")
         key = (module, group)
@@ -428,8 +437,14 @@ class Cluster:
                 err: Exception = e
             time.sleep(r.backoff(err))
 
-    async def _retrying_aio(self, module: str, group: int, attempt: Callable[[_Try], Awaitable[T]]) -> T:
+    async def _retrying_aio(self, module: str, group: int, attempt: Callable[[_Try], Awaitable[T]], method: str) -> T:
         """:meth:`_retrying` on the event loop (the waits are awaited, a ZooKeeper read goes to a thread)."""
+        if self.metrics is None:
+            return await self._retry_loop_aio(module, group, attempt)
+        with self.metrics.timed(module, method):
+            return await self._retry_loop_aio(module, group, attempt)
+
+    async def _retry_loop_aio(self, module: str, group: int, attempt: Callable[[_Try], Awaitable[T]]) -> T:
         key = (module, group)
         r = Retry(self.timeout_s, f"{module}/{group}")
         while True:
@@ -447,7 +462,7 @@ class Cluster:
             with self._watching(t.key, call, t.generation, (asyncio.CancelledError, grpc.RpcError)):
                 return await call
 
-        return await self._retrying_aio(module, group, attempt)
+        return await self._retrying_aio(module, group, attempt, method)
 
     def _call_sync(self, module: str, group: int, method: str, request: Any) -> Any:
         """The same as :meth:`_call` as a synchronous gRPC call in the calling thread (blocking APIs)."""
@@ -456,7 +471,7 @@ class Cluster:
             with self._watching(t.key, fut, t.generation, (grpc.FutureCancelledError, grpc.RpcError)):
                 return fut.result()
 
-        return self._retrying(module, group, attempt)
+        return self._retrying(module, group, attempt, method)
 
     def _append_stream(self, address: str, module: str, group: int) -> SyncAppendStream:
         key = (address, module, group)
@@ -499,7 +514,7 @@ class Cluster:
                 reply = stream.request(request, t.retry.deadline)
             return checked(reply)
 
-        return self._retrying(module, group, attempt)
+        return self._retrying(module, group, attempt, "Append")
 
     async def _append_aio(self, module: str, group: int, request: pb.AppendRequest) -> pb.AppendReply:
         """Event loop: `_call(..., "Append", request)` on the leader's AppendStream; same retries and abandonment."""
@@ -517,7 +532,7 @@ class Cluster:
                     raise Unavailable("DEADLINE_EXCEEDED", "no reply before the client's timeout") from None
             return checked(reply)
 
-        return await self._retrying_aio(module, group, attempt)
+        return await self._retrying_aio(module, group, attempt, "AppendBatch")
 
     # ------------------------------------------------------------------------ append_async hand-off
 

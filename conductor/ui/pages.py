@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterable, Sequence
 from html import escape
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 from conductor.ui.svg import legend, line_chart, span, window
 
@@ -116,10 +116,16 @@ def _group_row(g: dict[str, Any]) -> str:
             f'{_cell("dead_letters", r.get("dead_letters"))}{_problem("; ".join(problems) or None)}</tr>')
 
 
-def module_page(st: dict[str, Any], charts: list[dict[str, Any]], history_s: float, node: str | None,
-                changes: list[dict[str, Any]]) -> str:
-    """A module's task groups, options, replication charts (all replicas or one worker's) and recent changes."""
+def _link(base: str, label: str, current: bool, **query: str | None) -> str:
+    q = urlencode({k: v for k, v in query.items() if v})
+    return f'<a href="{base}{"?" + q if q else ""}"{" class=current" if current else ""}>{_e(label)}</a>'
+
+
+def module_page(st: dict[str, Any], tel: dict[str, Any], history_s: float, changes: list[dict[str, Any]]) -> str:
+    """A module's task groups, options, replication charts (all replicas or one worker's; the duration charts
+    of leaders or followers, of one entry type or all) and recent changes; ``tel`` is its telemetry document."""
     name = st["module"]
+    charts, node, role, typ = tel["charts"], tel["node"], tel["role"], tel["type"]
     window_s = window(charts, history_s)
     head = (f'<p><b>{_e(st["module_ref"])}</b> · {st["tasks"]} tasks in {st["group_count"]} task groups · '
             f'RF {st["replication_factor"]} on {st["workers"]} workers · min ISR '
@@ -133,15 +139,20 @@ def module_page(st: dict[str, Any], charts: list[dict[str, Any]], history_s: flo
     options = _table(("option", "value"), (f'<tr><td>{_e(k)}</td><td data-field="{_e(k)}">{_e(v)}</td></tr>'
                                            for k, v in sorted(st["effective_options"].items())), "options")
     base = f"/modules/{quote(name)}"
-    scopes = [f'<a href="{base}"{" class=current" if node is None else ""}>all workers</a>']
-    scopes += [f'<a href="{base}?node={quote(n)}"{" class=current" if n == node else ""}>{_e(n)}</a>'
-               for n in st["live_nodes"]]
+    sel = {"role": None if role == "leader" else role, "type": None if typ == "all" else typ}
+    scopes = [_link(base, "all workers", node is None, **sel)]
+    scopes += [_link(base, n, n == node, node=n, **sel) for n in st["live_nodes"]]
+    roles = [_link(base, f"{r}s", r == role, node=node, role=None if r == "leader" else r, type=sel["type"])
+             for r in ("leader", "follower")]
+    types = [_link(base, t, t == typ, node=node, role=sel["role"], type=None if t == "all" else t)
+             for t in tel["types"]]
     chart_html = "".join(f'<figure><figcaption>{escape(c["title"])} ({escape(c["unit"])})</figcaption>'
                          f'{line_chart(c["id"], c["series"], window_s)}{legend(c["series"])}</figure>'
                          for c in charts)
     body = (head + "<h2>Task groups</h2>" + groups + _code_notes(st["code"]) + _catchups(st["groups"]) +
             f'<h2>Replication, last {span(window_s)} ({"worker " + _e(node) if node else "all workers"})'
-            f'</h2><p class="scopes">{" · ".join(scopes)}</p><div class="charts">{chart_html}</div>'
+            f'</h2><p class="scopes">{" · ".join(scopes)}</p><p class="roles">durations of {" · ".join(roles)}'
+            f'</p><p class="types">entry type: {" · ".join(types)}</p><div class="charts">{chart_html}</div>'
             "<h2>Recent leadership changes</h2>" + changes_table([c for c in changes if c["module"] == name][:20]) +
             "<h2>Options</h2>" + options)
     return page(f"Module {name}", body)

@@ -20,7 +20,7 @@ from conductor.metastore import Metastore, ModuleNotFound
 from conductor.ui import pages
 from conductor.ui.metrics import ConductorMetrics
 from conductor.ui.schemas import SCHEMAS
-from conductor.ui.telemetry import Scraper, Telemetry
+from conductor.ui.telemetry import ALL_TYPES, ROLES, Scraper, Telemetry
 
 JSON = "application/json"
 HTML = "text/html; charset=utf-8"
@@ -93,9 +93,13 @@ def module_doc(src: Sources, p: Mapping[str, str], _q: Mapping[str, str]) -> dic
 def telemetry_doc(src: Sources, p: Mapping[str, str], q: Mapping[str, str]) -> dict[str, Any]:
     t = src.telemetry
     since = float(q.get("since") or time.time() - t.history_s)
-    return {"module": p["module"], "node": q.get("node") or None, "interval_s": t.interval_s,
+    role, entry_type = q.get("role") or "leader", q.get("type") or ALL_TYPES
+    if role not in ROLES:
+        raise NotFound(f"no charts of role {role!r}: the roles are {', '.join(ROLES)}")
+    return {"module": p["module"], "node": q.get("node") or None, "role": role, "type": entry_type,
+            "types": t.entry_types(p["module"]), "interval_s": t.interval_s,
             "history_s": t.history_s, "series_kept": len(t.store), "series_refused": t.store.refused,
-            "charts": t.chart_data(p["module"], q.get("node") or None, since)}
+            "charts": t.chart_data(p["module"], q.get("node") or None, since, role, entry_type)}
 
 
 def workers_doc(src: Sources, _p: Mapping[str, str], _q: Mapping[str, str]) -> dict[str, Any]:
@@ -121,7 +125,7 @@ def cluster_html(src: Sources, p: Mapping[str, str], q: Mapping[str, str]) -> st
 def module_html(src: Sources, p: Mapping[str, str], q: Mapping[str, str]) -> str:
     doc = module_doc(src, p, q)
     tel = telemetry_doc(src, p, q)
-    return pages.module_page(doc, tel["charts"], src.telemetry.history_s, tel["node"], src.metrics.recent_changes())
+    return pages.module_page(doc, tel, src.telemetry.history_s, src.metrics.recent_changes())
 
 
 def leadership_html(src: Sources, p: Mapping[str, str], q: Mapping[str, str]) -> str:
@@ -142,12 +146,15 @@ def openapi_doc(_src: Sources, _p: Mapping[str, str], _q: Mapping[str, str]) -> 
 
 _NODE = (("node", "only the replicas on this worker (a node id)"),)
 _SINCE = (("since", "only points at or after this time (Unix seconds)"),)
+_SELECT = (("role", "the duration charts of leaders (default) or followers: leader, follower"),
+           ("type", "the duration charts of one entry type (client_append, inbound_hops, microbatch_commit, "
+                    "code_switch, migration, trim, replicated) or all (default)"))
 
 ROUTES: tuple[Route, ...] = (
     Route("/", "html", cluster_html, "The cluster page: workers and modules (numbers from /api/status, "
           "/api/workers)"),
     Route("/modules/{module}", "html", module_html, "A module page: task groups, charts, recent changes "
-          "(numbers from /api/modules/{module} and its telemetry)", _NODE),
+          "(numbers from /api/modules/{module} and its telemetry)", _NODE + _SELECT),
     Route("/leadership", "html", leadership_html, "Leadership changes and groups without a leader "
           "(numbers from /api/leadership)"),
     Route("/api/status", "json", status_doc, "Live workers and deployed modules: `conductor status --json`",
@@ -155,7 +162,7 @@ ROUTES: tuple[Route, ...] = (
     Route("/api/modules/{module}", "json", module_doc, "Every task group of a module: "
           "`conductor status MODULE --json`", schema="Module"),
     Route("/api/modules/{module}/telemetry", "json", telemetry_doc, "The module's replication charts over "
-          "the kept history, all workers or one", _NODE + _SINCE, schema="Telemetry"),
+          "the kept history, all workers or one", _NODE + _SINCE + _SELECT, schema="Telemetry"),
     Route("/api/workers", "json", workers_doc, "This conductor and the last scrape of each worker's metrics",
           schema="Workers"),
     Route("/api/leadership", "json", leadership_doc, "Recent leadership changes (newest first) and groups "

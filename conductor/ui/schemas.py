@@ -53,7 +53,7 @@ MODULE = _obj({"module": STR, "module_ref": STR, "tasks": INT, "group_count": IN
                "disallowed_leaders": NAMES})
 
 SERIES = _obj({"name": STR, "legend": STR, "points": _arr({"type": "array", "prefixItems": [NUM, NUM]})})
-TELEMETRY = _obj({"module": STR, "node": NULLABLE_STR, "interval_s": NUM, "history_s": NUM, "series_kept": INT,
+TELEMETRY = _obj({"module": STR, "node": NULLABLE_STR, "role": STR, "type": STR, "types": NAMES, "interval_s": NUM, "history_s": NUM, "series_kept": INT,
                   "series_refused": INT,
                   "charts": _arr(_obj({"id": STR, "title": STR, "unit": STR, "series": _arr(SERIES)}))})
 WORKERS = _obj({"conductor": _obj({"name": STR, "active": BOOL}),

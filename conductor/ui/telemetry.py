@@ -6,8 +6,11 @@ all every ``interval_s`` on one thread. What it keeps is not the raw samples (do
 few series the charts draw, per module and per module and worker (:data:`CHARTS`), in a
 :class:`~conductor.ui.series.SeriesStore` sized for ``history_s``.
 
-A chart is data (:class:`Chart`: series names and how to draw them), so a new one (the workers' latency
-histograms, when they come) is a new entry and a line in :meth:`Telemetry.ingest`, not a new page.
+A chart is data (:class:`Chart`: series names and how to draw them), so a new one is a new entry and a line
+in :meth:`Telemetry.ingest`, not a new page. The workers' duration histograms (replicate and apply duration,
+``conductor/worker/timings.py``) become the mean over each scrape interval (the growth of ``_sum`` over the
+growth of ``_count``), per role and entry type: the module page's leaders/followers and entry-type selectors
+pick one of those series (:data:`ROLES`, the ``type`` label, ``all`` for every type together).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import urllib.request
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -38,12 +41,24 @@ _MAX_PARALLEL_SCRAPES = 8
 
 @dataclass(frozen=True)
 class Chart:
-    """One chart of the module page: its series (name -> legend) drawn over time on one y axis."""
+    """One chart of the module page: its series (name -> legend) drawn over time on one y axis.
+
+    A ``selectable`` chart has a series per role and entry type (labels ``role`` and ``type``); the page's
+    selectors say which one it draws."""
 
     id: str
     title: str
     unit: str
     series: dict[str, str]
+    selectable: bool = False
+
+
+#: the roles a selectable chart is split by (Rama's leaders / ISR followers)
+ROLES = ("leader", "follower")
+#: the ``type`` of a selectable chart's series that sums every entry type
+ALL_TYPES = "all"
+#: the worker histograms drawn as means: Prometheus name -> chart series name
+DURATIONS = {"millrace_replicate_duration_seconds": "replicate_ms", "millrace_apply_duration_seconds": "apply_ms"}
 
 
 CHARTS = (
@@ -55,6 +70,11 @@ CHARTS = (
     Chart("replog", "Replog entries per replica (average and largest)", "entries",
           {"replog_entries_avg": "average", "replog_entries_max": "largest"}),
     Chart("dead_letters", "Dead letters (leaders, total)", "records", {"dead_letters": "dead letters"}),
+    Chart("replicate", "Replicate duration: entry built -> applied by the leader (mean per entry)", "ms",
+          {"replicate_ms": "mean"}, selectable=True),
+    Chart("apply", "Apply duration per entry (mean)", "ms", {"apply_ms": "mean"}, selectable=True),
+    Chart("replicate_failures", "Replicate failures per second: entries that could not reach min-ISR or were "
+          "refused (leaders)", "entries/s", {"replicate_failures_per_s": "failures/s"}),
 )
 
 
@@ -87,6 +107,17 @@ class _Replica:
     isr: float | None = None
     appends: float = 0.0
     dead_letters: float = 0.0
+    failures: float = 0.0
+    #: (histogram, role, type) -> [sum, count] of the duration histograms
+    durations: dict[tuple[str, str, str], list[float]] = field(default_factory=dict)
+
+
+def _duration(r: _Replica, s: Sample) -> None:
+    """A duration histogram's ``_sum`` or ``_count`` sample, into ``r.durations``; others are ignored."""
+    base, _, part = s.name.rpartition("_")
+    if base in DURATIONS and part in ("sum", "count"):
+        key = (base, s.labels.get("role", ""), s.labels.get("type", ""))
+        r.durations.setdefault(key, [0.0, 0.0])[part == "count"] = s.value
 
 
 def _replicas(samples_by_node: Mapping[str, Iterable[Sample]]) -> dict[tuple[str, str, int], _Replica]:
@@ -110,6 +141,24 @@ def _replicas(samples_by_node: Mapping[str, Iterable[Sample]]) -> dict[tuple[str
                 r.appends = s.value
             elif s.name == "millrace_dead_letters_total":
                 r.dead_letters = s.value
+            elif s.name == "millrace_replicate_failures_total":
+                r.failures += s.value
+            else:
+                _duration(r, s)
+    return out
+
+
+def _grown(now: float, before: float) -> float:
+    """A counter's growth between two scrapes (a worker restart resets it: then all of it is new)."""
+    return now - before if now >= before else now
+
+
+def _grown_histograms(now: dict[tuple[str, str, str], list[float]],
+                      before: dict[tuple[str, str, str], list[float]]) -> dict[tuple[str, str, str], list[float]]:
+    out = {}
+    for key, (s, c) in now.items():
+        ps, pc = before.get(key, (0.0, 0.0))
+        out[key] = [s - ps, c - pc] if c >= pc else [s, c]
     return out
 
 
@@ -131,19 +180,23 @@ class Telemetry:
         self.history_s = history_s
         self.interval_s = interval_s
         self.store = SeriesStore(points=math.ceil(history_s / interval_s) + 1, max_series=max_series)
-        #: the previous appends counter of each replica, for rates: key -> (time, value)
-        self._previous: dict[tuple[str, str, int], tuple[float, float]] = {}
+        #: the previous scrape of each replica, for rates and interval means: key -> (time, replica)
+        self._previous: dict[tuple[str, str, int], tuple[float, _Replica]] = {}
 
     def ingest(self, t: float, samples_by_node: Mapping[str, Iterable[Sample]], min_isr: Mapping[str, int]) -> None:
         """Turn one round of scrapes into a point of every chart series, per module and per module and node."""
         replicas = _replicas(samples_by_node)
         rates: dict[tuple[str, str, int], float] = {}
+        failure_rates: dict[tuple[str, str, int], float] = {}
+        #: per replica: (histogram, role, type) -> [sum, count] grown since the previous scrape
+        grown_durations: dict[tuple[str, str, int], dict[tuple[str, str, str], list[float]]] = {}
         for key, r in replicas.items():
             prev = self._previous.get(key)
             if prev is not None and t > prev[0]:
-                grown = r.appends - prev[1] if r.appends >= prev[1] else r.appends  # a restart resets it
-                rates[key] = grown / (t - prev[0])
-            self._previous[key] = (t, r.appends)
+                rates[key] = _grown(r.appends, prev[1].appends) / (t - prev[0])
+                failure_rates[key] = _grown(r.failures, prev[1].failures) / (t - prev[0])
+                grown_durations[key] = _grown_histograms(r.durations, prev[1].durations)
+            self._previous[key] = (t, r)
         for key in set(self._previous) - set(replicas):
             del self._previous[key]
         scopes: dict[tuple[tuple[str, str], ...], list[tuple[str, str, int]]] = defaultdict(list)
@@ -168,20 +221,46 @@ class Telemetry:
             self.store.record("replog_entries_avg", labels, t, sum(sizes) / len(sizes))
             self.store.record("replog_entries_max", labels, t, max(sizes))
             self.store.record("dead_letters", labels, t, sum(r.dead_letters for r in leaders))
+            if any(k in failure_rates for k in keys):
+                self.store.record("replicate_failures_per_s", labels, t, sum(failure_rates.get(k, 0.0) for k in keys))
+            self._record_durations(labels, t, [grown_durations[k] for k in keys if k in grown_durations])
         for module in self.modules() - set(min_isr):  # destroyed: its series go with it
             self.store.forget(module=module)
+
+    def _record_durations(self, labels: dict[str, str], t: float,
+                          grown: list[dict[tuple[str, str, str], list[float]]]) -> None:
+        """The mean duration of the entries of this interval, per histogram, role and type (and all types)."""
+        totals: dict[tuple[str, str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
+        for g in grown:
+            for (metric, role, typ), (dsum, dcount) in g.items():
+                for key in ((metric, role, typ), (metric, role, ALL_TYPES)):
+                    totals[key][0] += dsum
+                    totals[key][1] += dcount
+        for (metric, role, typ), (dsum, dcount) in totals.items():
+            if dcount > 0 and role in ROLES:
+                self.store.record(DURATIONS[metric], {**labels, "role": role, "type": typ}, t, 1000.0 * dsum / dcount)
 
     def modules(self) -> set[str]:
         return self.store.label_values("module")
 
-    def chart_data(self, module: str, node: str | None = None, since: float = 0.0) -> list[dict[str, Any]]:
-        """Every chart of ``module`` (or of its replicas on ``node``) as plain data: the API's telemetry."""
+    def chart_data(self, module: str, node: str | None = None, since: float = 0.0, role: str = "leader",
+                   entry_type: str = ALL_TYPES) -> list[dict[str, Any]]:
+        """Every chart of ``module`` (or of its replicas on ``node``) as plain data: the API's telemetry.
+
+        Selectable charts draw the series of ``role`` and ``entry_type``."""
         labels = {"module": module, **({"node": node} if node else {})}
+        chosen = {**labels, "role": role, "type": entry_type}
         return [{"id": c.id, "title": c.title, "unit": c.unit,
                  "series": [{"name": name, "legend": legend,
-                             "points": [[p.t, p.v] for p in self.store.get(name, labels, since)]}
+                             "points": [[p.t, p.v] for p in self.store.get(name, chosen if c.selectable else labels,
+                                                                          since)]}
                             for name, legend in c.series.items()]}
                 for c in CHARTS]
+
+    def entry_types(self, module: str) -> list[str]:
+        """The entry types some selectable series of ``module`` has points for (the page's selector)."""
+        return sorted({dict(k).get("type", ALL_TYPES) for name in DURATIONS.values()
+                       for k in self.store.select(name, module=module)} | {ALL_TYPES})
 
     def points(self, name: str, labels: Mapping[str, str]) -> list[Point]:
         return self.store.get(name, labels)

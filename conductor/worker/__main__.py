@@ -29,9 +29,15 @@ from conductor.settings import (
 )
 from conductor.wire.channels import use_process_credentials
 from conductor.worker.hooks import WorkerHooks
+from conductor.worker.timings import configure as configure_timings
 from conductor.worker.worker import Worker
 
 log = logging.getLogger("millrace.node")
+
+def parse_on_off(raw: str) -> bool:
+    """A setting written on/off (or true/false): a value flag, unlike a switch that can only turn on."""
+    return parse_bool(raw)
+
 
 SETTINGS = [
     Setting("zk", REQUIRED, help="ZooKeeper connect string, HOST:PORT[,HOST:PORT...]"),
@@ -43,6 +49,8 @@ SETTINGS = [
             "(0: any free port; registered in ZooKeeper)"),
     Setting("metrics_host", None, help="address to bind the Prometheus endpoint on (default: --host)"),
     Setting("metrics_port", 0, parse_port, help="Prometheus /metrics port (0: any free port)"),
+    Setting("metrics_detail", True, parse_on_off, help="on|off: latency histograms on the replicas' task threads "
+            "(off: only the gauges and counters; the bench's --metrics off measures what they cost)"),
     Setting("session_timeout", 6.0, parse_seconds, help="ZooKeeper session timeout, seconds"),
     Setting("task_threads", 1, int, help="threads the replicas' loops share (0: one per replica; more than one "
             "overlaps fsyncs on a slow disk but costs CPU per message: see conductor.worker.task_thread)"),
@@ -70,6 +78,7 @@ def main(argv: list[str] | None = None, hooks: WorkerHooks | None = None) -> Non
     except (SettingsError, ZkAuthError) as e:
         p.exit(2, f"{p.prog}: error: {e}\n")
     node_id, data_dir = s["node_id"], s["data_dir"]
+    configure_timings(s["metrics_detail"])
     logging.basicConfig(level=s["log_level"].upper(),
                         format=f"%(asctime)s {node_id} %(levelname)s %(name)s: %(message)s")
 

@@ -6,8 +6,9 @@ from dataclasses import dataclass, field
 
 from conductor.worker.dataflow import DataflowDriver
 from conductor.worker.replica_faults import Backoff, Fault
-from conductor.worker.replica_host import ReplicaHost, replica_counters
+from conductor.worker.replica_host import ReplicaHost
 from conductor.worker.replica_store import ReplicaStore
+from conductor.worker.timings import ReplicaTimings, new_timings, replica_counters
 from topology.group_code import GroupCode
 from topology.stream import StreamRunner
 
@@ -36,6 +37,8 @@ class HostedReplica:
     backoff: Backoff = field(default_factory=Backoff)
     #: counters for metrics and ``conductor status``; every host of this replica counts into them
     stats: dict[str, int] = field(default_factory=replica_counters)
+    #: latency histograms, kept across restarts too (None with the worker's --metrics-detail off)
+    timings: ReplicaTimings | None = field(default_factory=new_timings)
 
     @property
     def name(self) -> str:

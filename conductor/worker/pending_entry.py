@@ -26,3 +26,5 @@ class PendingEntry:
     ack: Ack
     done: Callable[[int, Any, Exception | None], None]
     result: Any = None
+    #: when the request reached the worker (perf_counter seconds; 0: not timed), for the append-to-ack histogram
+    received: float = 0.0

@@ -35,6 +35,7 @@ from conductor.worker.pending_entry import PendingEntry
 from conductor.worker.replica_disk import open_disk
 from conductor.worker.replica_faults import REPLICA_FAULTS, Fault, describe, fault_kind
 from conductor.worker.task_clock import RETAIN_INTERVAL_MS, TICK_MS, next_wake_ms, now_ms
+from conductor.worker.timings import ReplicaTimings, measure_reply, replica_counters
 from pstate.checkpoint import Manifest
 from pstate.errors import PStateError
 from replog.batch import scan_frames
@@ -94,12 +95,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("millrace.node")
 
 
-def replica_counters() -> dict[str, int]:
-    """A replica's counters, all zero (metrics and ``conductor status`` read them)."""
-    return {"appends": 0, "entries_applied": 0, "flushes": 0, "far_horizon_installs": 0,
-            "far_horizon_bytes": 0, "far_horizon_refetched_files": 0, "replog_deleted_bytes": 0}
-
-
 class ReplicaHost:
     """Owns one replica's disk state and task thread; every other thread talks to it through `post`."""
 
@@ -124,6 +119,7 @@ class ReplicaHost:
         task_thread: TaskThread,
         entries: EntryPort,
         stats: dict[str, int] | None = None,
+        timings: ReplicaTimings | None = None,  # latency histograms; None: --metrics-detail off
     ) -> None:
         self.node_id = node_id
         self.module = module
@@ -182,6 +178,7 @@ class ReplicaHost:
         self._next_flow = 0  # the earliest the dataflow's next round is due with nothing arriving
         #: counters for metrics and `conductor status` (the worker's record of this replica keeps them)
         self.stats = replica_counters() if stats is None else stats
+        self.timings = timings
         self.last_error: str | None = None
         #: a reassignment removed this replica: its data goes once its disk is closed
         self.removed = False
@@ -324,6 +321,8 @@ class ReplicaHost:
             case ConfigChanged():
                 self.config = item.config
                 self._feed(item)
+            case ReplicateAck() if self.timings is not None:  # (a peer round trip ends)
+                self._feed(self.timings.peer_acked(item, time.perf_counter()))
             case (ReplicateAck() | EpochRequest() | EpochResponse() | IsrChanged() | IsrChangeFailed()
                   | SessionExpired() | SessionStarted() | ResignRequested()):
                 self._feed(item)
@@ -398,6 +397,8 @@ class ReplicaHost:
                         p.done(-1, None, Backpressure(self.name, "an earlier append of the same batch was refused"))
                 self._restage()
                 return
+            if self.timings is not None and leader:
+                self.timings.built(before, [p.request for p, _b in group], time.perf_counter())
 
     def _stage(self, offset: int, builder: Any) -> bytes:
         """Stage one built entry, or refuse it (:class:`EntryTooLarge`, nothing staged) over max.entry.bytes."""
@@ -434,7 +435,10 @@ class ReplicaHost:
             # Entries for followers leave before our own fsync, so theirs overlaps ours.
             self._ship(hold_acks=True)
             self._dirty = False
+            t0 = time.perf_counter()
             self.log.flush()
+            if self.timings is not None:
+                self.timings.get("fsync", self.replica.role.value).observe(time.perf_counter() - t0)
             self.marks.update(acked=self.log.end_offset - 1)  # before anything flushed is acknowledged
             self.stats["flushes"] += 1
             self._feed(LocalFlushed(self.log.end_offset))
@@ -447,6 +451,8 @@ class ReplicaHost:
                 append_local(self.log, a, self.name)
                 self._dirty = True
             case SendEntries():
+                if self.timings is not None:
+                    self.timings.peer_sent(a.dst, a.end, time.perf_counter())
                 for m in replicate_messages(self.log, self.node_id, a):
                     self.outbox.add(a.dst, m)
             case Send():
@@ -544,7 +550,10 @@ class ReplicaHost:
             return
         entries = [(off, typ, payload) for off, _epoch, typ, payload in self.log.read_entries(applied + 1, up_to + 1)]
         flow = self.dataflow.applying() if self.dataflow is not None and self.replica.is_leader else None
+        t0 = time.perf_counter()
         self.store.apply_entries(entries, flow)
+        if self.timings is not None and entries:
+            self.timings.applied(self.replica.role.value, entries[0][0], entries[-1][0], t0, time.perf_counter())
         self.stats["entries_applied"] += len(entries)
         # The applied floor, in the page cache at once (a SIGKILL keeps it), durable with the next flush.
         assert self.marks.current is not None
@@ -556,6 +565,7 @@ class ReplicaHost:
             return
         assert a.error is not None or a.count == len(group), (a, len(group))
         self.stats["appends"] += len(group)
+        measure_reply(self.stats, self.timings, a.error, group)
         for i, p in enumerate(group):
             if a.error is None and self.dataflow is not None and self.dataflow.hold_reply(a.first + i, p):
                 continue  # answered when the hops its entry sent are applied too

@@ -15,6 +15,7 @@ import functools
 import inspect
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -148,6 +149,7 @@ class ClientService(pbg.ClientServicer):
 
     def _start_append(self, request: pb.AppendRequest) -> asyncio.Future[pb.AppendReply]:
         """Post `request` to its leader's task thread; the future gets the reply (or the error)."""
+        received = time.perf_counter()
         ack = _ACKS.get(request.ack)
         if ack is None:  # a newer client's level, or garbage: never a weaker guarantee than asked for
             raise InvalidRequest("ack", f"unknown ack level {request.ack}; use ACK_NONE, ACK_APPEND or ACK_APPLIED")
@@ -171,7 +173,8 @@ class ClientService(pbg.ClientServicer):
         def done(first: int, result: Any, error: Exception | None) -> None:
             settle(_resolve, fut, first, result, error, host.replica.epoch)
 
-        host.post(PendingEntry(DepotAppend(appends, request.producer, request.sequence), nbytes, ack, done))
+        host.post(PendingEntry(DepotAppend(appends, request.producer, request.sequence), nbytes, ack, done,
+                               received=received))
         return fut
 
     @maps_errors
@@ -282,7 +285,7 @@ class ClientService(pbg.ClientServicer):
 
         changes = [BatchChange(c.target, c.task, c.key, c.op, c.value) for c in request.changes]
         host.post(PendingEntry(BatchCommit(request.topology, request.batch_id, changes), request.ByteSize(),
-                               Ack.APPLIED, done))
+                               Ack.APPLIED, done, received=time.perf_counter()))
         first, skipped = await fut
         return pb.CommitBatchReply(skipped=bool(skipped), replog_offset=max(first, 0))
 

@@ -445,7 +445,8 @@ class Worker:
                                store, self._send, self._change_isr, hand_off=self._hand_off,
                                on_far_horizon=self._start_catchup, segment_bytes=rt.spec.option(SEGMENT_BYTES),
                                dataflow=dataflow, on_fault=run.recovery.on_replica_fault, task_thread=task_thread,
-                               entries=EntryPort(store.current, store.code), stats=rec.stats)
+                               entries=EntryPort(store.current, store.code), stats=rec.stats,
+                               timings=rec.timings)
         except BaseException:
             task_thread.release()
             store.abandon()  # (the replog could not open: a full disk, damage) the next try needs the lock
@@ -663,3 +664,5 @@ def _count_catchup(host: ReplicaHost, p: CatchupProgress) -> None:
     """A finished transfer's totals, for the node's metrics (its thread is the only writer of these keys)."""
     host.stats["far_horizon_bytes"] += p.copied_total
     host.stats["far_horizon_refetched_files"] += p.refetched
+    if host.timings is not None and p.copied_total:
+        host.timings.transferred(p.copied_total, time.monotonic() - p.started)

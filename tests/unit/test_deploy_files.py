@@ -41,11 +41,15 @@ def test_each_alert_fires_in_promtools_rule_tests() -> None:
 
 
 def exported_series() -> set[str]:
-    """Every series name a worker and a conductor export (a counter ``x`` as ``x_total``)."""
+    """Every series name a worker and a conductor export (a counter ``x`` as ``x_total``, a histogram's
+    ``_bucket``, ``_sum`` and ``_count``)."""
     names = set()
     for registry in (node_registry("n1", lambda: []), ConductorMetrics().registry):
         for family in registry.collect():
-            names.add(family.name + ("_total" if family.type == "counter" else ""))
+            if family.type == "histogram":
+                names |= {family.name + suffix for suffix in ("_bucket", "_sum", "_count")}
+            else:
+                names.add(family.name + ("_total" if family.type == "counter" else ""))
     return names
 
 
@@ -96,7 +100,9 @@ def test_the_dashboard_has_grafanas_shape_and_queries_only_exported_metrics() ->
     assert queried - exported == set(), "the dashboard queries metrics nothing exports"
     for needed in ("millrace_isr_size", "millrace_appends_total", "millrace_conductor_elections_total",
                    "millrace_conductor_cas_conflicts_total", "millrace_conductor_balancing_moves_total",
-                   "millrace_conductor_group_leaderless_for_seconds"):
+                   "millrace_conductor_group_leaderless_for_seconds", "millrace_append_to_ack_seconds_bucket",
+                   "millrace_replicate_duration_seconds_bucket", "millrace_apply_duration_seconds_bucket",
+                   "millrace_replicate_failures_total", "millrace_replog_bytes", "millrace_pstate_bytes"):
         assert needed in queried, needed
 
 
