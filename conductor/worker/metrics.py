@@ -19,6 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from conductor.worker.replica_faults import KINDS as FAULT_KINDS
+from conductor.worker.replica_status import replica_status
 
 log = logging.getLogger("millrace.node")
 
@@ -93,7 +94,7 @@ class ReplicaCollector(Collector):
         dropped = CounterMetricFamily("millrace_inbox_dropped_peer_messages", "peer messages dropped because the "
                                       "replica's inbox was full (the protocols resend them)", labels=labels)
         for host in self.replicas():
-            s = host.status()
+            s = replica_status(host)
             lv = [self.node_id, host.module, str(host.group)]
             for r in ROLES:
                 role.add_metric([*lv, r], 1.0 if s["role"] == r else 0.0)
@@ -126,7 +127,7 @@ class ReplicaCollector(Collector):
                     histograms[key].add_metric([*lv, *own], counts, total)
             fault = s.get("fault")
             for kind in FAULT_KINDS:
-                failed.add_metric([*lv, kind], 1.0 if s.get("failed") and fault.kind == kind else 0.0)
+                failed.add_metric([*lv, kind], 1.0 if s.get("failed") and fault is not None and fault.kind == kind else 0.0)
             restarts.add_metric(lv, fault.restarts if fault is not None else 0)
             quarantined.add_metric(lv, fault.quarantined if fault is not None else 0)
             flow = s.get("dataflow")

@@ -693,17 +693,3 @@ class ReplicaHost:
         """The group's replicas as this replica last learnt them (None before it learnt any); any thread."""
         st = self._znode
         return None if st is None else tuple(st.replicas)
-
-    def status(self) -> dict[str, Any]:
-        """A snapshot for `conductor status` (read racily from another thread: good enough for display)."""
-        r = self.replica
-        return {
-            "role": r.role.value, "epoch": r.epoch, "leader": r.leader, "log_start": self.log.start_offset,
-            "log_end": r.log_end, "apply_offset": r.apply_offset, "applied": r.applied,
-            "followers": r.follower_offsets(), "isr": list(r.isr), "stalled": r.stalled,
-            "storage": {"incarnation": self.incarnation, "recorded": r.registered, "lost": self.storage_lost},
-            "catchup": self.catchup.progress if self.catchup is not None and self.catchup.running else None,
-            "dataflow": self.dataflow.status() if self.dataflow is not None else None,
-            "fault": self.fault or self.last_fault, "failed": self.fault is not None,
-        }
-

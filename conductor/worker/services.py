@@ -35,6 +35,7 @@ from conductor.worker.hooks import ChunkFilter
 from conductor.worker.lifecycle import code_status
 from conductor.worker.pending_entry import PendingEntry
 from conductor.worker.replica_host import ReplicaHost
+from conductor.worker.replica_status import replica_status
 from conductor.worker.replica_store import ReplicaStore
 from conductor.worker.runtime import LocalModules
 from pstate.errors import CorruptStore, PStateError
@@ -300,7 +301,7 @@ class ClientService(pbg.ClientServicer):
         host = rec.host if rec is not None else None
         if host is None:
             return pb.GroupStatusReply(role="none", apply_offset=-1, applied_offset=-1)
-        s = host.status()
+        s = replica_status(host)
         c = s["catchup"]
         catchup = None if c is None else pb.CatchupStatus(
             leader=c.leader, round=c.round, bytes_done=c.bytes_done, bytes_total=c.bytes_total,

@@ -21,6 +21,7 @@ import pytest
 from conductor.worker.inbox import Fail
 from conductor.worker.pending_entry import PendingEntry
 from conductor.worker.replica_host import ReplicaHost
+from conductor.worker.replica_status import replica_status
 from conductor.worker.replica_store import ReplicaStore
 from conductor.worker.task_thread import TaskThread
 from pstate import TaskGroupStore
@@ -134,7 +135,7 @@ def test_an_internal_error_stops_the_replica_as_a_fault_and_releases_its_store(h
     h.thread.join(timeout=10)
     assert not h.thread.is_alive() and faults == [h]
     assert h.fault is not None and h.fault.kind == "internal" and "RuntimeError" in h.fault.reason
-    assert h.status()["failed"] and h.status()["fault"] is h.fault
+    assert replica_status(h)["failed"] and replica_status(h)["fault"] is h.fault
     # the store was released: the restart can open it, and it holds what was applied (or the replog replays it)
     reopened = TaskGroupStore(tmp_path / "g" / "state", {}, DEFINITION.depot_names())
     try:
