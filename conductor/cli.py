@@ -48,6 +48,7 @@ from rich.table import Table
 from rich.text import Text
 
 from conductor import __version__
+from conductor import cli_credentials as credentials
 from conductor import status as cluster_status
 from conductor.cli_security import SecurityCommands
 from conductor.cli_views import (
@@ -66,9 +67,8 @@ from conductor.controller import Conductor, Switch
 from conductor.devcluster import DevCluster, stop_from_state
 from conductor.metastore import MetastoreError, MetastoreUnavailable, ModuleExists
 from conductor.metastore.module_spec import KNOWN_OPTIONS, SEGMENT_BYTES, ModuleSpec, SpecError, UnknownOption
-from conductor.metastore.zk_auth import ZkAuthError, ZkPrincipal, read_principal
+from conductor.metastore.zk_auth import ZkAuthError
 from conductor.runtime_env import EnvironmentBroken
-from conductor.security.config import TLS_SETTINGS, tls_source
 from conductor.settings import (
     CONFIG_ENV,
     LOOPBACK,
@@ -80,7 +80,6 @@ from conductor.settings import (
 )
 from conductor.shipping import CodeRefused, check_locally, deploy_code
 from conductor.updating import update_code
-from conductor.wire.channels import use_process_credentials
 from topology.artifact import import_from_first, package_code
 from topology.module import ModuleDefinitionError
 
@@ -112,13 +111,9 @@ class CliError(Exception):
 # Errors whose messages are written for operators (they say what to do); anything else is a bug and keeps
 # its traceback.
 EXPECTED_ERRORS = (CliError, SpecError, MetastoreError, ModuleDefinitionError, EnvironmentBroken, SettingsError,
-                   CodeRefused)
+                   CodeRefused, credentials.CredentialsError)
 
 
-#: ZooKeeper digest credentials of this invocation (``conductor --zk-auth FILE ...``), for every connection it opens
-_zk_auth: list[ZkPrincipal] = []
-#: the TLS flags given before the command (`conductor --tls-dir pki status`); read by `_connect`
-_TLS_FLAGS: dict[str, Any] = {}
 
 
 def _print_version(value: bool) -> None:
@@ -143,14 +138,10 @@ def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="log debug 
          tls_cert: Path | None = typer.Option(None, "--tls-cert", help="the operator's certificate "
                                               "($MILLRACE_TLS_CERT)"),
          tls_key: Path | None = typer.Option(None, "--tls-key", help="its key ($MILLRACE_TLS_KEY)")) -> None:
-    _zk_auth.clear()
-    if zk_auth is not None:
-        try:
-            _zk_auth.append(read_principal(zk_auth))
-        except ZkAuthError as e:
-            _fail(str(e))
-    _TLS_FLAGS.clear()
-    _TLS_FLAGS.update(tls_dir=tls_dir, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key)
+    try:
+        credentials.remember(zk_auth, dict(tls_dir=tls_dir, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key))
+    except ZkAuthError as e:
+        _fail(str(e))
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -195,8 +186,8 @@ def _resolve_zk(zk: str | None) -> tuple[str, str]:
 def _connect(zk: str | None) -> Iterator[Conductor]:
     """A connected, non-campaigning Conductor: deploy/destroy/balance are plain CAS-guarded metastore writes."""
     hosts, source = _resolve_zk(zk)
-    _use_tls(hosts)
-    conductor = Conductor(hosts, name=f"cli-{socket.gethostname()}-{os.getpid()}", zk_auth=_zk_principal(hosts))
+    credentials.use_tls(hosts)
+    conductor = Conductor(hosts, name=f"cli-{socket.gethostname()}-{os.getpid()}", zk_auth=credentials.zk_principal(hosts))
     conductor.ms.connect_timeout = CONNECT_TIMEOUT_S
     try:
         conductor.ms.start()
@@ -208,40 +199,6 @@ def _connect(zk: str | None) -> Iterator[Conductor]:
         yield conductor
     finally:
         conductor.ms.close()
-
-
-def _dev_state(hosts: str) -> dict[str, Any]:
-    """The state file of the `conductor dev` cluster at `hosts` (empty if there is none, or it is another's)."""
-    with contextlib.suppress(ValueError, OSError):
-        state = json.loads((DEV_DIR / "cluster.json").read_text())
-        if isinstance(state, dict) and state.get("zk") == hosts:
-            return state
-    return {}
-
-
-def _zk_principal(hosts: str) -> ZkPrincipal | None:
-    """The ZooKeeper digest of this invocation: `--zk-auth`, else a secure `conductor dev` cluster's at `hosts`."""
-    if _zk_auth:
-        return _zk_auth[0]
-    path = _dev_state(hosts).get("zk_auth")
-    if not path:
-        return None
-    try:
-        return read_principal(Path(path))
-    except ZkAuthError as e:
-        raise CliError(str(e)) from None
-
-
-def _use_tls(hosts: str) -> None:
-    """Every channel the command opens to a worker presents the operator's certificate (if it has one): the
-    flags, the MILLRACE_TLS_* variables, else the pki of the secure `conductor dev` cluster at `hosts`."""
-    tls = resolve(_TLS_FLAGS, TLS_SETTINGS[:4], "cli")
-    if all(v is None for v in tls.values()):
-        tls_dir = _dev_state(hosts).get("tls_dir")
-        if tls_dir:
-            tls["tls_dir"] = Path(tls_dir)
-    source = tls_source(tls, "admin")
-    use_process_credentials(source.grpc_channel_credentials if source is not None else None)
 
 
 APP_DIR_HELP = ("the folder to import the module's package from (default: the current directory, searched "
