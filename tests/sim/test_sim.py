@@ -243,11 +243,14 @@ def test_regression_seed_far_horizon_install_after_an_unseen_removal() -> None:
 
 
 @pytest.mark.xfail(strict=True, reason="open: after a plan shrank the group to one replica under storage faults, "
-                                       "no leader after healing")
+                                       "no leader after healing (the class of 11042720)")
 def test_regression_seed_no_leader_after_a_plan_to_one_replica_with_storage_faults() -> None:
     """Seed 12002919 (membership sweep 12,000,000-12,002,999, session 9's final review): 2 nodes and 2 spares,
-    storage faults; after healing the znode holds ISR ('a',), no leader, epoch 2, and nothing is elected. Not
-    diagnosed yet; likely the same class as seed 11042720 (a plan completing while a target's storage changes)."""
+    storage faults; after healing the znode holds ISR ('a',), no leader, epoch 2, and nothing is elected.
+    Diagnosed (session 10): the class of seed 11042720. Leader a finds entry 289 damaged at t=1176 and reopens in
+    place; its RecordStorage loses the compare-and-set race twice to the plan shrinking the group to ('a',), which
+    completes at t=1247 on a's old, still-recorded storage and deletes b's intact copy; a then records the loss and
+    nothing is electable. See docs/replication.md, "A window not closed yet"."""
     result = run_seed(12002919)
     assert result.error is None, result.error
 
