@@ -48,12 +48,14 @@ $(STAMP)/venv: pyproject.toml requirements.lock
 
 # Delta Lake's JVM jars from Maven Central, once; Spark then starts offline from build/jars.
 jars: $(STAMP)/jars
-$(STAMP)/jars: tools/delta-jars.pom.xml tools/select_jars.sh $(STAMP)/venv $(STAMP)/apt
+$(STAMP)/jars: tools/delta-jars.pom.xml tools/zookeeper-jars.pom.xml tools/select_jars.sh $(STAMP)/venv $(STAMP)/apt
 	@mkdir -p $(STAMP) $(BUILD)/maven-all
 	mvn -q -B -f tools/delta-jars.pom.xml dependency:copy-dependencies -DincludeScope=runtime \
 	    -DoutputDirectory=$(abspath $(BUILD))/maven-all -Dmaven.repo.local=$(abspath $(BUILD))/m2
 	@rm -rf $(JARS)
 	tools/select_jars.sh $(BUILD)/maven-all $$($(PY) -c 'import pyspark, os; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))') $(JARS)
+	mvn -q -B -f tools/zookeeper-jars.pom.xml dependency:copy-dependencies -DincludeScope=runtime \
+	    -DoutputDirectory=$(abspath $(JARS))/zookeeper -Dmaven.repo.local=$(abspath $(BUILD))/m2
 	@touch $@
 
 proto: $(PROTO_OUT)

@@ -637,15 +637,18 @@ def allow_leaders(
 
 
 @app.command()
-def doctor(fetch: bool = typer.Option(False, "--fetch", help="first download what is missing (Delta's jars, "
-                                                              "from Maven Central or $MILLRACE_MAVEN)")) -> None:
+def doctor(fetch: bool = typer.Option(False, "--fetch", help="first download what is missing (Delta's jars, and "
+                                                              "ZooKeeper's without Debian's package, from Maven "
+                                                              "Central or $MILLRACE_MAVEN)")) -> None:
     """Check Java, ZooKeeper, RocksDB, gRPC, Delta's jars and Spark+Delta by doing real work with each."""
     from conductor.doctor import CheckResult, run_checks
 
     if fetch:
+        from conductor.runtime_env import zookeeper_classpath
         from topology.spark.session import fetch_delta_jars
 
         with _operator_errors():
+            zookeeper_classpath()
             fetch_delta_jars()
 
     console.print("[bold]Millrace doctor[/bold]: checking every component with a real round trip")

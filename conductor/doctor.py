@@ -16,7 +16,14 @@ from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
 
-from conductor.runtime_env import EnvironmentBroken, delta_jars, jars_dir, missing_jars, require_java17
+from conductor.runtime_env import (
+    EnvironmentBroken,
+    delta_jars,
+    jars_dir,
+    missing_jars,
+    require_java17,
+    zookeeper_classpath,
+)
 from conductor.settings import LOOPBACK
 
 
@@ -37,6 +44,7 @@ def check_zookeeper(work: Path) -> str:
 
     from conductor.zkserver import ZooKeeperServer
 
+    zookeeper_classpath(fetch=False)  # says how to get the server when missing; never downloads behind the check
     with ZooKeeperServer(work / "zk") as server:
         zk = KazooClient(hosts=server.hosts, timeout=10)
         zk.start(timeout=15)

@@ -7,6 +7,8 @@ is the whole setup. An installed wheel has no ``build/``: Delta Lake's jars
 (pinned below with their SHA-1) are downloaded from Maven Central into a user
 cache the first time a Spark session needs them, or taken from the folder
 ``$MILLRACE_JARS`` names (a machine without the network gets them there).
+ZooKeeper's server comes from Debian's package where it is installed, else
+from pinned jars fetched the same way into that folder's ``zookeeper/``.
 """
 
 from __future__ import annotations
@@ -70,13 +72,22 @@ def require_java17() -> int:
     return v
 
 
-def zookeeper_classpath() -> str:
-    """Classpath for the ZooKeeper server: Debian's jar names its dependencies in its manifest."""
-    if not ZOOKEEPER_JAR.exists():
-        raise EnvironmentBroken(
-            f"{ZOOKEEPER_JAR} is missing: run `make setup` (installs Debian's `zookeeper` package)"
-        )
-    return str(ZOOKEEPER_JAR)
+def zookeeper_classpath(fetch: bool = True) -> str:
+    """Classpath for the ZooKeeper server: Debian's jar where its package is installed (the jar names its
+    dependencies in its manifest); else the pinned ZOOKEEPER_JARS from the jars folder, downloaded there on
+    first use (with a progress bar) unless `fetch` is false (then EnvironmentBroken says how to get them)."""
+    if ZOOKEEPER_JAR.exists():
+        return str(ZOOKEEPER_JAR)
+    folder = jars_dir() / "zookeeper"
+    missing = missing_jars(folder, ZOOKEEPER_JARS)
+    if missing and not fetch:
+        raise EnvironmentBroken(f"no ZooKeeper server here: neither Debian's {ZOOKEEPER_JAR} (`apt-get install "
+                                f"zookeeper`; `make setup` does it) nor the jars in {folder} ({len(missing)} "
+                                "missing): `conductor doctor --fetch` or the first `conductor dev` downloads them "
+                                f"from Maven Central (or ${MAVEN_ENV})")
+    if missing:
+        fetch_with_progress("ZooKeeper's jars", missing, folder)
+    return os.pathsep.join(str(folder / j.file_name) for j in ZOOKEEPER_JARS)
 
 
 @dataclass(frozen=True)
@@ -112,6 +123,19 @@ DELTA_JARS = (
     MavenJar("javax.annotation", "javax.annotation-api", "1.3.2", "934c04d3cfef185a8008e7bf34331b79730a9d43", 26586),
 )
 
+#: A standalone or quorum ZooKeeper server's runtime (checked by starting both from these jars): the server, its
+#: wire format, logging (slf4j-simple writes to the server's log file) and the two libraries its startup loads
+#: (dropwizard metrics for its summaries, snappy for snapshot streams). Used where Debian's package is absent;
+#: tools/zookeeper-jars.pom.xml resolves the same set (`make jars`).
+ZOOKEEPER_JARS = (
+    MavenJar("org.apache.zookeeper", "zookeeper", "3.9.5", "4f091e2a604d7c6a818ac2a7169e3bad5a5441dc", 1367207),
+    MavenJar("org.apache.zookeeper", "zookeeper-jute", "3.9.5", "20135d3521579fd7382fed744f6b74241ecb5b73", 260263),
+    MavenJar("org.slf4j", "slf4j-api", "2.0.13", "80229737f704b121a318bba5d5deacbcf395bc77", 68605),
+    MavenJar("org.slf4j", "slf4j-simple", "2.0.13", "be11a3f05f7cf546524b07ad252719d840f4daed", 15703),
+    MavenJar("io.dropwizard.metrics", "metrics-core", "4.2.40", "1f8ad3364aea18b314f784d6551e20b8710d9c63", 131927),
+    MavenJar("org.xerial.snappy", "snappy-java", "1.1.10.7", "3049f95640f4625a945cfab85715f603fa4c8f80", 2338496),
+)
+
 #: called with (jar, bytes of it received so far) while a jar downloads
 FetchProgress = Callable[[MavenJar, int], None]
 
@@ -127,10 +151,10 @@ def jars_dir() -> Path:
     return cache / "millrace" / "jars"
 
 
-def missing_jars(folder: Path | None = None) -> list[MavenJar]:
-    """The jars of DELTA_JARS not yet in `folder` (default: jars_dir())."""
+def missing_jars(folder: Path | None = None, jars: tuple[MavenJar, ...] = DELTA_JARS) -> list[MavenJar]:
+    """The `jars` (default: Delta's) not yet in `folder` (default: jars_dir())."""
     where = folder or jars_dir()
-    return [j for j in DELTA_JARS if not (where / j.file_name).is_file()]
+    return [j for j in jars if not (where / j.file_name).is_file()]
 
 
 def fetch_jar(jar: MavenJar, folder: Path, repository: str, on_progress: FetchProgress | None = None) -> Path:
@@ -176,6 +200,34 @@ def delta_jars(fetch: bool = True, on_progress: FetchProgress | None = None) -> 
     for jar in missing:
         fetch_jar(jar, folder, repository, on_progress)
     return [folder / j.file_name for j in DELTA_JARS]
+
+
+def fetch_with_progress(label: str, missing: list[MavenJar], folder: Path) -> None:
+    """Download `missing` into `folder` with a progress bar on stderr (rich's, when the server extra installed
+    it; else one line per jar): the first use of a JVM piece says what it fetches, once."""
+    total = sum(j.size for j in missing)
+    print(f"{label} are not in {folder} yet: downloading {len(missing)} ({total / 2**20:.1f} MiB), once",
+          file=sys.stderr)
+    repository = os.environ.get(MAVEN_ENV) or MAVEN_CENTRAL
+    try:
+        from rich.console import Console
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+    except ImportError:
+        for jar in missing:
+            fetch_jar(jar, folder, repository)
+            print(f"  {jar.file_name}", file=sys.stderr)
+        return
+    received: dict[str, int] = {}
+    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                  console=Console(stderr=True)) as progress:
+        task = progress.add_task(label, total=total)
+
+        def show(jar: MavenJar, got: int) -> None:
+            received[jar.file_name] = got
+            progress.update(task, completed=sum(received.values()))
+
+        for jar in missing:
+            fetch_jar(jar, folder, repository, show)
 
 
 def venv_python() -> str:

@@ -21,7 +21,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from conductor.runtime_env import MavenJar, delta_jars, jars_dir, missing_jars, require_java17, venv_python
+from conductor.runtime_env import (
+    delta_jars,
+    fetch_with_progress,
+    jars_dir,
+    missing_jars,
+    require_java17,
+    venv_python,
+)
 from conductor.settings import LOOPBACK
 
 if TYPE_CHECKING:
@@ -112,34 +119,11 @@ def _jvm_output_to(log_file: Path) -> Iterator[None]:
 
 
 def fetch_delta_jars() -> list[Path]:
-    """Delta's jars, downloading the missing ones first with a progress bar on stderr (rich's, when the
-    server extra installed it; else one line per jar)."""
+    """Delta's jars, downloading the missing ones first with a progress bar on stderr."""
     missing = missing_jars()
-    if not missing:
-        return delta_jars(fetch=False)
-    total = sum(j.size for j in missing)
-    print(f"Delta Lake's jars are not in {jars_dir()} yet: downloading {len(missing)} ({total / 2**20:.1f} MiB), "
-          "once", file=sys.stderr)
-    try:
-        from rich.console import Console
-        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
-    except ImportError:
-        return delta_jars(on_progress=_print_when_done)
-    received: dict[str, int] = {}
-    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                  console=Console(stderr=True)) as progress:
-        task = progress.add_task("Delta Lake jars", total=total)
-
-        def show(jar: MavenJar, got: int) -> None:
-            received[jar.file_name] = got
-            progress.update(task, completed=sum(received.values()))
-
-        return delta_jars(on_progress=show)
-
-
-def _print_when_done(jar: MavenJar, received: int) -> None:
-    if received == jar.size:
-        print(f"  {jar.file_name}", file=sys.stderr)
+    if missing:
+        fetch_with_progress("Delta Lake's jars", missing, jars_dir())
+    return delta_jars(fetch=False)
 
 
 def _launch(builder: Any, attempts: int = GATEWAY_ATTEMPTS) -> SparkSession:
