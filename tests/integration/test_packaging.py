@@ -1,7 +1,7 @@
 """The wheel: built from the tracked files alone, installed into a fresh virtualenv, it runs its CLI and client;
 installed as the light client with its dependencies resolved, it brings no RocksDB, Spark or pandas; installed
 with ``[server,spark]`` (slow: a few hundred MB), a user's folder outside the repository runs `conductor doctor`,
-`conductor dev`, deploys its own package, appends and selects.
+`conductor dev`, deploys its own package, appends and selects, and runs a Spark microbatch.
 
 A wheel once installed fine and then failed on `conductor --help` (its gRPC code
 was not in it). This builds one from what a clean clone holds (no generated
@@ -40,6 +40,19 @@ def _run(args: list[str | Path], cwd: Path, timeout: float = 300) -> str:
                           env=_ENV)
     assert done.returncode == 0, f"{args} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
     return done.stdout
+
+
+#: a microbatch topology added to the Tally app (inside ``define``): word lengths, counted on Spark
+MICROBATCH = """        lengths = m.pstate("$$lengths", Map(int, int))
+
+        @m.microbatch(words)
+        def per_length(batch, ctx):
+            from pyspark.sql import functions as F
+
+            per = batch.groupBy(F.length("value").alias("len")).count()
+            return per.select(F.lit(lengths.name).alias("target"), F.col("len").alias("key"),
+                              F.lit("add").alias("op"), F.col("count").alias("value"))
+"""
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +138,7 @@ def test_the_server_wheel_runs_doctor_dev_deploy_append_and_select_outside_the_r
     _run([sys.executable, "-m", "pip", "--python", py, "install", "-q", "-c", REPO / "requirements.lock",
           f"{wheel}[server,spark]"], cwd=tmp_path, timeout=900)
     project = tmp_path / "myproject"
-    write_tally_app(project)
+    write_tally_app(project, extra=MICROBATCH)
     _ENV["MILLRACE_JARS"] = str(REPO / "build" / "jars")  # offline: the checkout's jars stand in for the cache
     try:
         doctor = _run([conductor, "doctor"], cwd=project, timeout=300)
@@ -142,6 +155,22 @@ def test_the_server_wheel_runs_doctor_dev_deploy_append_and_select_outside_the_r
                                   "    c.depot('Tally', '*words').append('mill')\n"
                                   "    print(c.pstate('Tally', '$$counts').select_one('mill'))"], cwd=project)
             assert got.strip() == "2"
+            # millrace[spark]: a microbatch topology on Spark from the user's folder, committed exactly once
+            batch = _run([py, "-c", "import json, tempfile\n"
+                                    "from conductor import Cluster\n"
+                                    "from topology.spark.microbatch import run_microbatch\n"
+                                    "from topology.spark.session import spark_session\n"
+                                    "hosts = json.load(open('.millrace-dev/cluster.json'))['zk']\n"
+                                    "work = tempfile.mkdtemp()\n"
+                                    "spark = spark_session('wheel-test', warehouse=work + '/warehouse')\n"
+                                    "q = run_microbatch(spark, hosts, 'Tally', 'per_length', work + '/checkpoint',\n"
+                                    "                   trigger={'availableNow': True})\n"
+                                    "q.await_termination()\n"
+                                    "spark.stop()\n"
+                                    f"with Cluster.connect({zk!r}) as c:\n"
+                                    "    print(sum(n for t in range(2) for _, n in c.pstate('Tally', '$$lengths').scan(t)))"],
+                         cwd=project, timeout=600)
+            assert batch.strip().splitlines()[-1] == "2", batch  # both records counted, once
         finally:
             _run([conductor, "dev", "--stop"], cwd=project, timeout=120)
     finally:
