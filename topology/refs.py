@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from types import FunctionType
 from typing import Any
 
 #: functions already checked (module-level functions live as long as the process)
@@ -84,3 +85,31 @@ def _lookup(module: str, qualname: str) -> Any:
             return None
         obj = getattr(obj, part, None)
     return obj
+
+
+def path_function_ref(fn: Callable[..., Any], what: str) -> str:
+    """The wire name of a ``P.filter``/``P.view`` function (pstate.query's ``NameFn``): server-side filters.
+
+    UnsendableFunction (a ValueError) for a lambda or a nested function, saying how to name it.
+    """
+    try:
+        return fn_ref(fn, what)
+    except UnsendableFunction:
+        name = getattr(fn, "__name__", type(fn).__name__)
+        raise UnsendableFunction(
+            f"{what} got {name}, which has no module-level name; define it with `def` at the top level of the "
+            f"module's code (e.g. `def is_long(pair): return len(pair[0]) > 8` next to the Module class, then "
+            f"P.all().filter(is_long)): the worker runs it by that name, never code sent over the network") from None
+
+
+def module_code_function(ref: str, package: str) -> Callable[..., Any]:
+    """The function ``ref`` names, if it is a plain function defined in the module's own code (``package``: the
+    top-level package of its module reference); ValueError otherwise, so a client cannot make a worker run a
+    function of the standard library or of the worker itself by naming it."""
+    module, _, qualname = ref.partition(":")
+    if not qualname or not (module == package or module.startswith(package + ".")):
+        raise ValueError(f"{ref!r} is not a function of the module's code (package {package!r})")
+    fn = resolve(ref)
+    if not isinstance(fn, FunctionType) or fn.__module__ != module:
+        raise ValueError(f"{ref!r} is not a function defined in {module}")
+    return fn
