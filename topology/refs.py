@@ -102,14 +102,25 @@ def path_function_ref(fn: Callable[..., Any], what: str) -> str:
             f"P.all().filter(is_long)): the worker runs it by that name, never code sent over the network") from None
 
 
-def module_code_function(ref: str, package: str) -> Callable[..., Any]:
-    """The function ``ref`` names, if it is a plain function defined in the module's own code (``package``: the
-    top-level package of its module reference); ValueError otherwise, so a client cannot make a worker run a
-    function of the standard library or of the worker itself by naming it."""
+def module_code_function(ref: str, package: str, alias: str | None = None) -> Callable[..., Any]:
+    """The function ``ref`` names, if it is a plain function defined in the module's own code; ValueError otherwise,
+    so a client cannot make a worker run a function of the standard library or of the worker by naming it.
+
+    ``package``: the top-level package of the module reference; ``alias``: the package the worker imported the
+    module's shipped code under (``topology.code_loader``; None: code from the worker's path). A name the app
+    took from its own import of the code (``examples.word_count:is_long``) means the same function there.
+    """
     module, _, qualname = ref.partition(":")
+    if alias is not None:
+        if module.startswith(alias + "."):
+            module = module[len(alias) + 1:]
+        elif module.split(".")[0] != alias and module.startswith("_millrace_code_"):
+            raise ValueError(f"{ref!r} names another code version of the module than the one its data is in; "
+                             "the module is being updated: try again")
     if not qualname or not (module == package or module.startswith(package + ".")):
         raise ValueError(f"{ref!r} is not a function of the module's code (package {package!r})")
-    fn = resolve(ref)
-    if not isinstance(fn, FunctionType) or fn.__module__ != module:
+    loaded = module if alias is None else f"{alias}.{module}"
+    fn = resolve(f"{loaded}:{qualname}")
+    if not isinstance(fn, FunctionType) or fn.__module__ != loaded:
         raise ValueError(f"{ref!r} is not a function defined in {module}")
     return fn

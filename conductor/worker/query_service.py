@@ -19,12 +19,14 @@ from typing import Any
 
 import msgpack
 
+from conductor.metastore.module_spec import PATH_VERSION
 from conductor.wire import millrace_pb2 as pb
 from conductor.wire.errors import InvalidRequest
 from conductor.worker.replica_host import ReplicaHost
 from conductor.worker.runtime import Leader, LocalModules
 from pstate.path import Path
 from pstate.query import ResolveFn, decode_query
+from topology.code_loader import ALIAS_PREFIX
 from topology.errors import QueryTimeout
 from topology.partitioners import task_for_key
 from topology.query import Call, QueryRun, run_calls
@@ -47,10 +49,12 @@ def _unpack(raw: bytes, what: str) -> Any:
         raise InvalidRequest(what, f"undecodable msgpack: {e}") from None
 
 
-def resolver(module_ref: str) -> ResolveFn:
-    """Named ``filter``/``view`` functions are looked up in the module's own code only (its top package)."""
+def resolver(module_ref: str, version: str) -> ResolveFn:
+    """Named ``filter``/``view`` functions are looked up in the module's own code only: its top package, in code
+    ``version`` (shipped code is imported under an alias package; ``path:`` versions are the worker's path)."""
     package = module_ref.partition(":")[0].split(".")[0]
-    return lambda ref: module_code_function(ref, package)
+    alias = None if version.startswith(PATH_VERSION) else ALIAS_PREFIX + version
+    return lambda ref: module_code_function(ref, package, alias)
 
 
 class QueryService:
@@ -67,7 +71,7 @@ class QueryService:
     def resolve_fn(self, module: str) -> ResolveFn | None:
         """How the worker finds the named functions of ``module``'s paths (None: the module is not open here)."""
         rt = self.modules.get(module)
-        return resolver(rt.spec.module_ref) if rt is not None else None
+        return resolver(rt.spec.module_ref, rt.spec.version) if rt is not None else None
 
     def _leader(self, module: str, task: int) -> Leader:
         rt = self.modules.get(module)
@@ -84,7 +88,9 @@ class QueryService:
     async def scan(self, request: pb.ScanRequest) -> pb.ScanReply:
         leader = self._leader(request.module, request.task)
         spec = leader.spec
-        path = decode_query(request.path, resolver(spec.module_ref)) if request.path else Path()
+        code = leader.store.code
+        version = code.applied if code is not None else spec.version
+        path = decode_query(request.path, resolver(spec.module_ref, version)) if request.path else Path()
         start = _unpack(request.start, "start") if request.start else None
         end = _unpack(request.end, "end") if request.end else None
         task, tasks = request.task, spec.tasks
