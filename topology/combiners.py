@@ -26,6 +26,9 @@ class Combiner:
     merge: Callable[[Any, Any], Any]
     #: ``lift`` consumes an iterable lazily (a call may return ``q.scan(...)`` without holding it all)
     streams: bool = False
+    #: ``lift`` of a concatenation is the ``merge`` of the lifts of its parts (true of ``top_n``, ``count`` and
+    #: ``merge``): the ``q.scan(...)`` several calls return un-read may be read as one pass, a page at a time
+    chunks: bool = False
 
     def add(self, acc: Any, result: Any) -> Any:
         """``acc`` with one call's ``result`` combined in."""
@@ -61,9 +64,9 @@ def _merge(a: Any, b: Any) -> Any:
 #: the sum of the results (numbers)
 sum_ = Combiner("sum", _same, operator.add)
 #: how many values came back: a list, tuple, set or dict counts its elements, anything else one
-count = Combiner("count", _count_of, operator.add)
+count = Combiner("count", _count_of, operator.add, chunks=True)
 #: dicts merged (disjoint keys: each task owns its own), sets united, lists concatenated
-merge = Combiner("merge", _same, _merge)
+merge = Combiner("merge", _same, _merge, chunks=True)
 
 
 def _as_tuple(v: Any) -> Any:
@@ -93,7 +96,7 @@ def top_n(n: int, key: int | Callable[[Any], Any] | None = None) -> Combiner:
     def best(items: Iterable[Any]) -> list[Any]:
         return heapq.nlargest(n, (_as_tuple(i) for i in items), key=order)
 
-    return Combiner(f"top_n({n})", best, lambda a, b: best([*a, *b]), streams=True)
+    return Combiner(f"top_n({n})", best, lambda a, b: best([*a, *b]), streams=True, chunks=True)
 
 
 def combiner(fn: Callable[[Any, Any], Any], name: str | None = None) -> Combiner:

@@ -136,23 +136,11 @@ class QueryContext:
         self._own(pstate, key)
         return self._run.store.pstate(pstate).select_one(Path(path_navs(key, path)))
 
-    def scan(self, pstate: str, start: Any = None, end: Any = None, *path: Path) -> Iterator[Any]:
-        """This task's ``(key, value)`` pairs of a map PState in ``[start, end)``, in key order, a page at a time
-        (``path``: navigators applied to each pair, as after ``all()``)."""
-        run, task, tasks = self._run, self._task, self._run.tasks
-        navs = path_navs(Path(), path) if path else ()
-
-        def keep(k: Any) -> bool:
-            return task_for_key(k, tasks) == task
-
-        after: bytes | None = None
-        while True:
-            run.check_deadline()
-            page = run.store.pstate(pstate).scan_page(start, end, after, SCAN_PAGE, SCAN_PAGE_BYTES, keep, navs)
-            yield from page.items
-            if page.after is None:
-                return
-            after = page.after
+    def scan(self, pstate: str, start: Any = None, end: Any = None, *path: Path) -> TaskScan:
+        """This task's ``(key, value)`` pairs of a map PState in ``[start, end)``, in key order, read a page at a time
+        when iterated (``path``: navigators applied to each pair, as after ``all()``). Returned un-read as the
+        call's result, the scans of a request's calls are read together in one pass (see :class:`TaskScan`)."""
+        return TaskScan(self._run, self._task, (pstate, start, end, path_navs(Path(), path) if path else ()))
 
     def send(self, query: Callable[..., Any] | str, key: Any, *values: Any) -> None:
         """Run query function ``query(q, key, *values)`` on the task owning ``key``; its result is combined in."""
@@ -172,6 +160,48 @@ class QueryContext:
         run.hop((task_for_key(key, run.tasks), name, args))
 
 
+class TaskScan:
+    """``q.scan(...)``: iterate it for the task's entries, a page at a time; or return it un-read.
+
+    A group's store holds the keys of all its tasks, so a scan of one task reads the whole group's range and
+    keeps that task's keys: a query on every task would read each group ``tasks / groups`` times. When calls
+    return their scans un-read and the combiner allows it (``Combiner.chunks``), :func:`run_calls` reads the
+    scans of one range for all those tasks together, once, a page at a time.
+    """
+
+    __slots__ = ("range", "run", "task")
+
+    def __init__(self, run: QueryRun, task: int, scan_range: tuple[str, Any, Any, tuple[Any, ...]]) -> None:
+        self.run = run
+        self.task = task
+        #: (pstate, start, end, navigators)
+        self.range = scan_range
+
+    def __iter__(self) -> Iterator[Any]:
+        for page in _pages(self.run, self.range, {self.task}):
+            yield from page
+
+
+def _pages(run: QueryRun, scan_range: tuple[str, Any, Any, tuple[Any, ...]], tasks: set[int]) -> Iterator[list[Any]]:
+    """The entries of ``tasks`` (all of the group's: no key filter) in ``scan_range``, a page at a time."""
+    pstate, start, end, navs = scan_range
+    ntasks = run.tasks
+    everyone = tasks >= set(range(run.group, ntasks, run.groups))
+
+    def keep(k: Any) -> bool:
+        return task_for_key(k, ntasks) in tasks
+
+    after: bytes | None = None
+    while True:
+        run.check_deadline()
+        page = run.store.pstate(pstate).scan_page(start, end, after, SCAN_PAGE, SCAN_PAGE_BYTES,
+                                                  None if everyone else keep, navs)
+        yield page.items
+        if page.after is None:
+            return
+        after = page.after
+
+
 def run_calls(run: QueryRun, calls: list[Call]) -> tuple[Any, list[Call]]:
     """Run ``calls`` (each on a task of ``run.group``) and the hops they make within the group; return the
     combined result and the hops to other groups."""
@@ -180,6 +210,7 @@ def run_calls(run: QueryRun, calls: list[Call]) -> tuple[Any, list[Call]]:
     for c in calls:
         run.hop(c)
     done = 0
+    fused: dict[tuple[str, Any, Any, tuple[Any, ...]], set[int]] = {}
     while run.local:
         run.check_deadline()
         task, name, args = run.local.popleft()
@@ -190,7 +221,10 @@ def run_calls(run: QueryRun, calls: list[Call]) -> tuple[Any, list[Call]]:
         decl = run.decl(name)
         try:
             result = decl.fn(QueryContext(run, task, name), *args)
-            if isinstance(result, Iterator) and not combine.streams:  # (read here, inside the deadline)
+            if isinstance(result, TaskScan) and combine.chunks and result.run is run:
+                fused.setdefault(result.range, set()).add(result.task)  # read below, with the others
+                continue
+            if isinstance(result, Iterator | TaskScan) and not combine.streams:  # (read here, in the deadline)
                 result = list(result)
             acc = combine.add(acc, result)
         except _INFRA:
@@ -199,4 +233,14 @@ def run_calls(run: QueryRun, calls: list[Call]) -> tuple[Any, list[Call]]:
             raise
         except Exception as e:
             raise QueryFailed(name, task, f"{type(e).__name__}: {e}") from None
+    for scan_range, tasks in fused.items():
+        try:
+            for items in _pages(run, scan_range, tasks):
+                acc = combine.combine(acc, combine.lift(items) if items else None)
+        except _INFRA:
+            raise
+        except TopologyError:
+            raise
+        except Exception as e:  # (a named filter's or the combiner's own error)
+            raise QueryFailed(run.root, min(tasks), f"{type(e).__name__}: {e}") from None
     return acc, run.remote

@@ -27,7 +27,7 @@ from conductor.worker.runtime import Leader, LocalModules
 from pstate.path import Path
 from pstate.query import ResolveFn, decode_query
 from topology.code_loader import ALIAS_PREFIX
-from topology.errors import QueryTimeout
+from topology.errors import QueryFailed, QueryTimeout
 from topology.partitioners import task_for_key
 from topology.query import Call, QueryRun, run_calls
 from topology.refs import module_code_function
@@ -54,7 +54,19 @@ def resolver(module_ref: str, version: str) -> ResolveFn:
     ``version`` (shipped code is imported under an alias package; ``path:`` versions are the worker's path)."""
     package = module_ref.partition(":")[0].split(".")[0]
     alias = None if version.startswith(PATH_VERSION) else ALIAS_PREFIX + version
-    return lambda ref: module_code_function(ref, package, alias)
+
+    def resolve(ref: str) -> Callable[[Any], Any]:
+        fn = module_code_function(ref, package, alias)
+
+        def guarded(value: Any) -> Any:  # the app's code failing is the request's typed error, never the worker's
+            try:
+                return fn(value)
+            except Exception as e:
+                raise QueryFailed(ref, -1, f"{type(e).__name__}: {e}") from None
+
+        return guarded
+
+    return resolve
 
 
 class QueryService:

@@ -21,7 +21,7 @@ from topology.combiners import count, merge, sum_, top_n
 from topology.errors import ForeignRead, QueryFailed, QueryTimeout
 from topology.module import ModuleDefinitionError
 from topology.partitioners import task_for_key
-from topology.query import QueryRun, run_calls
+from topology.query import QueryContext, QueryRun, run_calls
 from topology.refs import module_code_function, path_function_ref
 
 TASKS, GROUPS = 4, 2
@@ -146,21 +146,25 @@ class Queries(Module):
 
 
 def _run(store: TaskGroupStore, root: str, calls: list[Any], timeout_s: float = 5.0) -> tuple[Any, list[Any]]:
-    acc: Any = None
-    hops: list[Any] = []
-    for g in range(GROUPS):  # (a single store stands in for every group's)
-        mine = [c for c in calls if c[0] % GROUPS == g]
-        run = QueryRun(Queries.build(), store, TASKS, GROUPS, g, root, time.monotonic() + timeout_s, timeout_s)
-        res, out = run_calls(run, mine)
-        acc = Queries.build().queries[root].combine.combine(acc, res)
-        hops += out
-    return acc, hops
+    """``calls`` on one task group holding every task (the store)."""
+    run = QueryRun(Queries.build(), store, TASKS, 1, 0, root, time.monotonic() + timeout_s, timeout_s)
+    return run_calls(run, calls)
 
 
 def test_every_task_top_n_equals_the_top_n_of_a_full_scan(store: TaskGroupStore) -> None:
-    result, hops = _run(store, "top", [(t, "top", []) for t in range(TASKS)])
     every = store.pstate("$$counts").scan_page(None, None, None, MAX_PAGE, 1 << 30).items
+    result, hops = _run(store, "top", [(t, "top", []) for t in range(TASKS)])  # one pass for every task
     assert hops == [] and result == top_n(5, key=1).lift(every)
+    some = [t for t in range(TASKS) if t != 2]  # one pass, keeping those tasks' keys
+    result, hops = _run(store, "top", [(t, "top", []) for t in some])
+    assert result == top_n(5, key=1).lift(kv for kv in every if task_for_key(kv[0], TASKS) in some)
+    listed = Queries.build()
+    assert len(list(_scan_of(store, listed, 3))) == sum(1 for kv in every if task_for_key(kv[0], TASKS) == 3)
+
+
+def _scan_of(store: TaskGroupStore, definition: Any, task: int) -> Any:
+    run = QueryRun(definition, store, TASKS, 1, 0, "top", time.monotonic() + 5, 5)
+    return QueryContext(run, task, "top").scan("$$counts")
 
 
 def test_hops_run_in_the_group_or_come_back_for_the_others(store: TaskGroupStore) -> None:
