@@ -1,8 +1,8 @@
 """The worker's side of queries: paged scans (``Scan``) and query topologies' calls (``QueryRun``).
 
-Both read a group leader's applied state, off the event loop (a page or a request runs in a thread:
-module code may run there, named ``filter``/``view`` functions and query functions), with at most
-:data:`MAX_RUNNING` at a time per worker, and both are bounded per call: a page holds at most
+Both read a group leader's applied state off the event loop, on :data:`MAX_RUNNING` threads of their
+own (module code runs there: named ``filter``/``view`` functions and query functions; a request past its
+deadline holds its thread until its next read). Both are bounded per call: a page holds at most
 ``pstate.scan.MAX_PAGE`` results and about :data:`MAX_PAGE_BYTES` of values, whatever the client asks;
 a query request holds its calls, hops and partial result (``topology.query`` bounds them) and stops at
 its deadline. The services in ``services.py`` delegate here (``ClientService.Scan``/``QueryRun``).
@@ -11,6 +11,7 @@ its deadline. The services in ``services.py`` delegate here (``ClientService.Sca
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import threading
 import time
@@ -32,8 +33,8 @@ from topology.partitioners import task_for_key
 from topology.query import Call, QueryRun, run_calls
 from topology.refs import module_code_function
 
-#: query requests and scan pages running at once on one worker (more wait for a slot)
-MAX_RUNNING = 8
+#: query requests and scan pages running at once on one worker, and the threads they run on (more wait)
+MAX_RUNNING = 4
 #: bytes of values one scan page holds at most
 MAX_PAGE_BYTES = 4 << 20
 #: the longest deadline a query request may ask for
@@ -76,6 +77,7 @@ class QueryService:
         self.modules = modules
         self.damage = damage
         self._slots: asyncio.Semaphore | None = None
+        self._pool = concurrent.futures.ThreadPoolExecutor(MAX_RUNNING, thread_name_prefix="millrace-query")
         self._lock = threading.Lock()
         #: query requests whose thread is still running (a request past its deadline stops at its next read)
         self.running = 0
@@ -92,10 +94,12 @@ class QueryService:
         return self.modules.leader(module, rt.spec.group_of(task) if rt is not None else 0)
 
     async def _in_thread(self, fn: Callable[[], Any]) -> Any:
+        """``fn`` on the queries' own threads (never the loop's default executor, which the worker's ZooKeeper
+        reads and far-horizon copies need): at most MAX_RUNNING run at once, even past their deadlines."""
         if self._slots is None:
             self._slots = asyncio.Semaphore(MAX_RUNNING)
         async with self._slots:
-            return await asyncio.to_thread(fn)
+            return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
 
     async def scan(self, request: pb.ScanRequest) -> pb.ScanReply:
         leader = self._leader(request.module, request.task)
