@@ -1,8 +1,9 @@
 """The app's side of queries: paged scans (:func:`scan_pages`) and query topologies (:func:`run_query`).
 
 A scan is a series of bounded pages, each one call to a group leader that answers with a resume point;
-a scan of every task walks the groups one after the other, so the client holds one page at a time and a
-:class:`ScanPage`'s ``token`` resumes right after it (in another process too). The worker keeps the
+a scan of every task walks the groups one after the other, and the client holds two pages at most (the
+next is asked for while the current one is decoded and handled); a :class:`ScanPage`'s ``token`` resumes
+right after it (in another process too). The worker keeps the
 requested task's keys (a group's store holds all its tasks'), so no other key crosses the network.
 
 A query topology (``@m.query``, :mod:`topology.query`) is driven from here: the first calls go to the
@@ -17,6 +18,7 @@ at most :data:`MAX_CALLS` calls per query in all; past its deadline the query is
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -77,16 +79,24 @@ def scan_pages(c: Cluster, module: str, pstate: str, task: int | None, start: An
     raw_path = encode_navs(path_navs(Path(), path), path_function_ref) if path else b""
     pack = msgpack.Packer(use_bin_type=True).pack
     bounds = (b"" if start is None else pack(start), b"" if end is None else pack(end))
-    while index < len(parts):
+
+    def ask(index: int, after: bytes) -> concurrent.futures.Future[pb.ScanReply]:
         t = parts[index]
         req = pb.ScanRequest(module=module, pstate=pstate, task=t, all_tasks=task is None, start=bounds[0],
                              end=bounds[1], after=after, limit=page_size, path=raw_path)
-        reply = c._call_sync(module, spec.group_of(t), "Scan", req)
+        return c.call_group(module, spec.group_of(t), "Scan", req)
+
+    # The next page is asked for as soon as a reply says where it starts, so the worker reads it while this
+    # side decodes (and the app handles) the current one: two pages at most are held.
+    fut = ask(index, after) if index < len(parts) else None
+    while fut is not None:
+        reply = fut.result()
         if reply.done:
             index, after = index + 1, b""
         else:
             after = reply.after
         token = None if index == len(parts) else pack([index, after])
+        fut = ask(index, after) if token is not None else None
         items = _unpack(reply.items)
         yield ScanPage(items if path else list(map(tuple, items)), token)  # (pairs as tuples, like select)
 
