@@ -1,6 +1,6 @@
 """Query topologies: distributed, read-only, on-demand computations that hop between tasks.
 
-What a user writes (examples/top_words.py)::
+What a user writes (examples/word_count.py, examples/timeline.py)::
 
     @m.query("top_words", every_task=True, combine=top_n(10, key=1))
     def top_words(q):
@@ -9,11 +9,11 @@ What a user writes (examples/top_words.py)::
     @m.query("timeline_page", combine=merge)
     def timeline_page(q, user, n):
         for post_id, author in q.select("$$timelines", user, P.last(n).all()):
-            q.send(post_body, author, post_id)            # a hop: runs where `author`'s posts live
+            q.send(post_author, author, post_id)          # a hop: runs on `author`'s task
 
-    @m.query("post_body")
-    def post_body(q, author, post_id):
-        return {post_id: q.select_one("$$posts", author, P.key(post_id))}
+    @m.query("post_author", combine=merge)
+    def post_author(q, author, post_id):
+        return {post_id: {"author": author, "followers": q.select_one("$$followers", author, P.count())}}
 
 Execution model:
 
@@ -27,7 +27,8 @@ Execution model:
 * One request to a group leader runs a list of calls (:func:`run_calls`); hops to a task of the same group
   run in the same request, hops to other groups come back to the caller, which sends them on to those
   groups' leaders. Nothing is written and nothing stays behind: a request holds its calls, its partial
-  result and its hops, each bounded.
+  result and its hops, each bounded. The ``q.scan`` results its calls return un-read are read together,
+  one pass over the group's range (:class:`TaskScan`).
 * A deadline bounds it all: every read, page and send checks it, and a call past it raises
   :class:`QueryTimeout`, which ends the request (a function computing without reading is not interrupted).
 """
