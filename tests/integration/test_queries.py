@@ -15,7 +15,7 @@ from conductor.client import Cluster
 from conductor.devcluster import DevCluster
 from conductor.testing import deploy, wait_for
 from conductor.wire import millrace_pb2 as pb
-from examples.word_count import TOP, is_long
+from examples.word_count import TOP, is_long, plus_one
 from pstate import P
 from pstate.errors import InvalidPath
 from topology.combiners import top_n
@@ -74,6 +74,7 @@ def test_paged_scans_resume_filter_by_task_and_on_the_worker(cluster: Cluster, w
     # a server-side filter, named (module-level); an anonymous one is refused with how to name it
     long_words = [tuple(kv) for p in counts.scan_pages(None, None, None, P.filter(is_long)) for kv in p.items]
     assert sorted(long_words) == sorted((w, n) for w, n in words.items() if len(w) >= 8)
+    assert counts.select_one("extraordinarily", P.view(plus_one)) == 601  # a named view in a select, too
     with pytest.raises(InvalidPath, match="top level"):
         counts.select("word1", P.filter(lambda n: n > 1))
 
