@@ -84,8 +84,9 @@ from pstate.errors import (
 from pstate.families import ALIAS, ALIAS_END, Families, read_aliases, spare_names
 from pstate.keys import encode_key
 from pstate.migration import ActiveMigration, MigratingReader
-from pstate.path import KEY, P, Path, Transform, as_transform
+from pstate.path import KEY, Nav, P, Path, Transform, as_transform
 from pstate.reader import DbReader, verify_column_families
+from pstate.scan import ScanPage, scan_page
 from pstate.schema import Map, Scalar, Set, check_top_level
 
 #: envelopes a task group sends to others (see pstate.outbox); its own family, so trims never touch _meta
@@ -475,6 +476,11 @@ class PStateView:
         if len(out) > 1:
             raise InvalidPath(self._engine.name, f"select_one() reached {len(out)} values; use select()")
         return out[0] if out else None
+
+    def scan_page(self, start: Any, end: Any, after: bytes | None, limit: int, max_bytes: int,
+                  keep: Callable[[Any], bool] | None = None, navs: tuple[Nav, ...] = ()) -> ScanPage:
+        """One bounded page of a map PState's entries in ``[start, end)`` after ``after`` (see pstate/scan.py)."""
+        return scan_page(self._engine, start, end, after, limit, max_bytes, keep, navs)
 
 
 class ChangeSetBuilder:

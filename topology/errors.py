@@ -31,3 +31,25 @@ class HopFailed(TopologyError):
         self.error = error
         self.what = what  # (kept: the client rebuilds the typed error from its constructor arguments)
         super().__init__(hop, f"{error} (task {task}, {what}); fix the code or the input")
+
+
+class QueryFailed(TopologyError):
+    """A query topology's function raised, or the query outgrew its bounds; nothing of it is left running."""
+
+    def __init__(self, query: str, task: int, error: str) -> None:
+        self.query = query
+        self.task = task
+        self.error = error
+        super().__init__(query, f"{error} (query call on task {task})")
+
+
+class QueryTimeout(TopologyError):
+    """A query topology ran past its deadline: it was stopped (on the workers too) and returned nothing."""
+
+    grpc_code = "DEADLINE_EXCEEDED"
+
+    def __init__(self, query: str, timeout_s: float) -> None:
+        self.query = query
+        self.timeout_s = timeout_s
+        super().__init__(query, f"did not finish within its deadline of {timeout_s:.3g} s; pass a longer "
+                                "timeout_s to cluster.query, or make the query read less")

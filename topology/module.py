@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from topology.combiners import Combiner, as_combiner, merge
 from topology.partitioners import Partitioner
 from topology.partitioners import random as random_partitioner
 
@@ -69,6 +70,16 @@ class HandlerDecl:
     fn: Callable[..., Any]
 
 
+@dataclass(frozen=True)
+class QueryDecl:
+    """A query topology (``@m.query``): read-only, on demand; see :mod:`topology.query`."""
+
+    name: str
+    fn: Callable[..., Any]
+    every_task: bool
+    combine: Combiner
+
+
 @dataclass
 class ModuleDefinition:
     """What `define` declared, in declaration order (column families follow this order)."""
@@ -78,9 +89,11 @@ class ModuleDefinition:
     pstates: dict[str, PStateDecl] = field(default_factory=dict)
     topologies: dict[str, TopologyDecl] = field(default_factory=dict)
     handlers: dict[str, HandlerDecl] = field(default_factory=dict)
+    queries: dict[str, QueryDecl] = field(default_factory=dict)
 
     def _check_free(self, name: str) -> None:
-        if name in self.depots or name in self.pstates or name in self.topologies or name in self.handlers:
+        if name in self.depots or name in self.pstates or name in self.topologies or name in self.handlers \
+                or name in self.queries:
             raise ModuleDefinitionError(f"module {self.name}: {name!r} is declared twice; names must be unique")
 
     def depot(self, name: str, partitioner: Partitioner = random_partitioner) -> DepotDecl:
@@ -161,6 +174,32 @@ class ModuleDefinition:
         self._check_free(fn.__name__)
         self.handlers[fn.__name__] = HandlerDecl(fn.__name__, fn)
         return fn
+
+    def query(self, name: str, *, every_task: bool = False,
+              combine: Combiner | Callable[[Any, Any], Any] = merge) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Decorate ``fn(q, *args)``: a query topology, run by ``cluster.query(module, name, *args)``.
+
+        It starts on the task that owns ``args[0]`` (or, ``every_task=True``, on every task), reads PStates
+        there through ``q``, may ``q.send(other_query, key, *values)`` to run another query function of the
+        module on the task owning ``key``, and every call's result is combined with ``combine`` (``sum_``,
+        ``count``, ``merge``, ``top_n(n)`` from :mod:`topology.combiners`, or a function ``f(a, b)``).
+        Read-only: nothing it does is replicated (see :mod:`topology.query`).
+        """
+        if not isinstance(name, str) or not re.match(rf"^{_NAME}$", name):
+            raise ModuleDefinitionError(f"module {self.name}: query name {name!r} must be an identifier")
+        try:
+            combiner = as_combiner(combine)
+        except TypeError as e:
+            raise ModuleDefinitionError(f"module {self.name}: query {name}: {e}") from None
+
+        def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+            if not callable(fn):
+                raise ModuleDefinitionError(f"module {self.name}: @m.query decorates a function, got {fn!r}")
+            self._check_free(name)
+            self.queries[name] = QueryDecl(name, fn, every_task, combiner)
+            return fn
+
+        return register
 
     def depot_names(self) -> list[str]:
         return list(self.depots)

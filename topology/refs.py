@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from types import FunctionType
 from typing import Any
 
 #: functions already checked (module-level functions live as long as the process)
@@ -84,3 +85,42 @@ def _lookup(module: str, qualname: str) -> Any:
             return None
         obj = getattr(obj, part, None)
     return obj
+
+
+def path_function_ref(fn: Callable[..., Any], what: str) -> str:
+    """The wire name of a ``P.filter``/``P.view`` function (pstate.query's ``NameFn``): server-side filters.
+
+    UnsendableFunction (a ValueError) for a lambda or a nested function, saying how to name it.
+    """
+    try:
+        return fn_ref(fn, what)
+    except UnsendableFunction:
+        name = getattr(fn, "__name__", type(fn).__name__)
+        raise UnsendableFunction(
+            f"{what} got {name}, which has no module-level name; define it with `def` at the top level of the "
+            f"module's code (e.g. `def is_long(pair): return len(pair[0]) > 8` next to the Module class, then "
+            f"P.all().filter(is_long)): the worker runs it by that name, never code sent over the network") from None
+
+
+def module_code_function(ref: str, package: str, alias: str | None = None) -> Callable[..., Any]:
+    """The function ``ref`` names, if it is a plain function defined in the module's own code; ValueError otherwise,
+    so a client cannot make a worker run a function of the standard library or of the worker by naming it.
+
+    ``package``: the top-level package of the module reference; ``alias``: the package the worker imported the
+    module's shipped code under (``topology.code_loader``; None: code from the worker's path). A name the app
+    took from its own import of the code (``examples.word_count:is_long``) means the same function there.
+    """
+    module, _, qualname = ref.partition(":")
+    if alias is not None:
+        if module.startswith(alias + "."):
+            module = module[len(alias) + 1:]
+        elif module.split(".")[0] != alias and module.startswith("_millrace_code_"):
+            raise ValueError(f"{ref!r} names another code version of the module than the one its data is in; "
+                             "the module is being updated: try again")
+    if not qualname or not (module == package or module.startswith(package + ".")):
+        raise ValueError(f"{ref!r} is not a function of the module's code (package {package!r})")
+    loaded = module if alias is None else f"{alias}.{module}"
+    fn = resolve(f"{loaded}:{qualname}")
+    if not isinstance(fn, FunctionType) or fn.__module__ != loaded:
+        raise ValueError(f"{ref!r} is not a function defined in {module}")
+    return fn

@@ -64,6 +64,7 @@ from conductor.client.errors import ClientError, QueueFull
 from conductor.client.handles import Depot, PState
 from conductor.client.metrics import ClientMetrics
 from conductor.client.producer import Producer
+from conductor.client.queries import run_query
 from conductor.client.retry import Retry
 from conductor.client.router import LeaderRouter, ModuleRoutes
 from conductor.client.streams import (
@@ -236,6 +237,14 @@ class Cluster:
         if name not in meta.definition.pstates:
             raise ClientError(f"module {module} has no PState {name!r}; its PStates: {meta.definition.pstate_names()}")
         return PState(self, module, name)
+
+    def query(self, module: str, name: str, *args: Any, timeout_s: float | None = None) -> Any:
+        """Run query topology ``name`` of ``module`` (``@m.query``) with ``args``; its combined result.
+
+        Read-only, on the group leaders' applied state; QueryTimeout past ``timeout_s`` (default: the client's
+        call timeout), with nothing left running (see conductor/client/queries.py).
+        """
+        return run_query(self, module, name, args, self.timeout_s if timeout_s is None else timeout_s)
 
     def modules(self) -> list[str]:
         return self._ms.modules.names()

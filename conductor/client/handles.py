@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -17,11 +17,13 @@ import msgpack
 
 from conductor.client.batching import MANY_INFLIGHT_PER_GROUP, encode_record, frame_group
 from conductor.client.errors import ClientError
+from conductor.client.queries import ScanPage, scan_pages
 from conductor.wire import millrace_pb2 as pb
 from pstate.errors import SchemaMismatch
-from pstate.path import P
+from pstate.path import Path
 from pstate.query import encode_query
 from topology.partitioners import task_for_key
+from topology.refs import path_function_ref
 
 if TYPE_CHECKING:
     from conductor.client.cluster import Cluster
@@ -229,8 +231,8 @@ class PState:
         meta = self.c._module(self.module)
         if task is None:
             task = task_for_key(key, meta.spec.tasks)
-        req = pb.SelectRequest(module=self.module, pstate=self.name, task=task, path=encode_query(key, path),
-                               one=one)
+        req = pb.SelectRequest(module=self.module, pstate=self.name, task=task, one=one,
+                               path=encode_query(key, path, path_function_ref))
         reply = self.c._call_sync(self.module, meta.spec.group_of(task), "Select", req)
         return msgpack.unpackb(reply.values, raw=False, strict_map_key=False)
 
@@ -242,9 +244,24 @@ class PState:
         """Every value `path` navigates to under `key`."""
         return list(self._query(key, path, False, task))
 
-    def scan(self, task: int, start: Any = None, end: Any = None) -> list[tuple[Any, Any]]:
-        """(key, value) pairs of a Map PState on `task` with start <= key < end (None = open), in key order."""
-        pairs = self._query(P.sorted_range(start, end).all(), (), False, task)
-        # A task group's store holds the keys of all its tasks: keep those `task` owns.
-        tasks = self.c._module(self.module).spec.tasks
-        return [(k, v) for k, v in pairs if task_for_key(k, tasks) == task]
+    def scan(self, task: int | None = None, start: Any = None, end: Any = None) -> list[tuple[Any, Any]]:
+        """(key, value) pairs of a Map PState on `task` (None: every task) with start <= key < end (None = open),
+        in key order per task group; read a page at a time, but all held: for large ranges use
+        :meth:`scan_pages`."""
+        return [kv for page in self.scan_pages(task, start, end) for kv in page.items]
+
+    def scan_pages(self, task: int | None = None, start: Any = None, end: Any = None, *path: Path,
+                   page_size: int = 1000, resume: bytes | None = None) -> Iterator[ScanPage]:
+        """A Map PState's entries of `task` (None: every task) in [start, end), streamed a page at a time.
+
+        Each page is one bounded call to a group leader; ``page.token`` passed as ``resume`` continues after
+        that page. ``path`` navigates each (key, value) pair on the worker (as after ``P.all()``), e.g.
+        ``P.filter(is_long)`` with a module-level ``is_long`` (a server-side filter).
+        """
+        return scan_pages(self.c, self.module, self.name, task, start, end, path, page_size, resume)
+
+    def scan_iter(self, task: int | None = None, start: Any = None, end: Any = None, *path: Path,
+                  page_size: int = 1000) -> Iterator[Any]:
+        """:meth:`scan_pages`' results one by one (one page held at a time)."""
+        for page in self.scan_pages(task, start, end, *path, page_size=page_size):
+            yield from page.items

@@ -16,7 +16,7 @@ import msgpack
 from pstate import TaskGroupStore
 from pstate.changes import ChangeSet
 from pstate.checkpoint import Manifest, install
-from pstate.query import decode_query
+from pstate.query import ResolveFn, decode_query
 from pstate.store import ChangeSetBuilder
 from topology.dataflow.group import GroupDataflow
 from topology.group_code import GroupCode
@@ -117,8 +117,10 @@ class ReplicaStore:
 
     # ---------------------------------------------------------------- queries (any thread)
 
-    def select(self, pstate: str, task: int, raw_path: bytes, one: bool) -> tuple[bytes, int]:
-        path = decode_query(raw_path)
+    def select(self, pstate: str, task: int, raw_path: bytes, one: bool,
+               resolve_fn: ResolveFn | None = None) -> tuple[bytes, int]:
+        """``resolve_fn``: how named ``filter``/``view`` functions are found (None: refused)."""
+        path = decode_query(raw_path, resolve_fn)
         view = self.store.pstate(pstate)
         value: Any = view.select_one(path) if one else view.select(path)
         return msgpack.packb(value, use_bin_type=True), self.store.applied_offset

@@ -34,6 +34,7 @@ from conductor.worker.far_horizon import CheckpointShelf, Shelved, read_chunk_in
 from conductor.worker.hooks import ChunkFilter
 from conductor.worker.lifecycle import code_status
 from conductor.worker.pending_entry import PendingEntry
+from conductor.worker.query_service import QueryService
 from conductor.worker.replica_host import ReplicaHost
 from conductor.worker.replica_status import replica_status
 from conductor.worker.replica_store import ReplicaStore
@@ -147,6 +148,8 @@ class ClientService(pbg.ClientServicer):
     def __init__(self, modules: LocalModules, settle: Callable[..., None]) -> None:
         self.modules = modules
         self.settle = settle
+        #: paged scans and query topologies (conductor/worker/query_service.py)
+        self.queries = QueryService(modules, reports_damage)
 
     def _start_append(self, request: pb.AppendRequest) -> asyncio.Future[pb.AppendReply]:
         """Post `request` to its leader's task thread; the future gets the reply (or the error)."""
@@ -247,7 +250,8 @@ class ClientService(pbg.ClientServicer):
     async def Select(self, request: pb.SelectRequest, context: Any) -> pb.SelectReply:
         host, store = self._leader_store(request.module, request.task)
         with reports_damage(host):
-            values, applied = store.select(request.pstate, request.task, request.path, request.one)
+            values, applied = store.select(request.pstate, request.task, request.path, request.one,
+                                           self.queries.resolve_fn(request.module))
         return pb.SelectReply(values=values, applied_offset=max(applied, 0))
 
     @maps_errors
@@ -295,6 +299,15 @@ class ClientService(pbg.ClientServicer):
         leader = self.modules.leader(request.module, request.group)  # only the leader answers (NotLeader otherwise)
         last = leader.store.store.last_batch(request.topology)
         return pb.ProgressReply(last_batch=-1 if last is None else last)
+
+    # ---- queries: paged scans and query topologies (conductor/worker/query_service.py)
+    @maps_errors
+    async def Scan(self, request: pb.ScanRequest, context: Any) -> pb.ScanReply:
+        return await self.queries.scan(request)
+
+    @maps_errors
+    async def QueryRun(self, request: pb.QueryRunRequest, context: Any) -> pb.QueryRunReply:
+        return await self.queries.run(request)
 
     async def GroupStatus(self, request: pb.GroupStatusRequest, context: Any) -> pb.GroupStatusReply:
         rec = self.modules.hosted(request.module, request.group)

@@ -435,6 +435,10 @@ def test_well_formed_requests_with_wild_fields_get_a_status(env: Env, task: int,
         ("/millrace.Client/PartitionInfo", pb.PartitionInfoRequest(module=MODULE, depot=depot, task=task)),
         ("/millrace.Client/Select", pb.SelectRequest(module=MODULE, pstate=pstate, task=task % 8, path=path)),
         ("/millrace.Client/GroupStatus", pb.GroupStatusRequest(module=MODULE, group=group)),
+        ("/millrace.Client/Scan", pb.ScanRequest(module=MODULE, pstate=pstate, task=task % 8, start=path, end=path,
+                                                 after=path, path=path, limit=task, all_tasks=bool(start % 2))),
+        ("/millrace.Client/QueryRun", pb.QueryRunRequest(module=MODULE, group=group % 2, query=depot, calls=path,
+                                                         deadline_ms=task)),
         ("/millrace.Client/Progress", pb.ProgressRequest(module=MODULE, group=group, topology=depot)),
         # ack levels beyond the known ones, or records that do not decode: refused before anything is appended
         ("/millrace.Client/Append", pb.AppendRequest(module=MODULE, group=0, ack=3 + ack,  # type: ignore[arg-type]

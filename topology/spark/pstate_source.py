@@ -17,9 +17,11 @@ arrays) when the module's code is importable on the driver.
 Why it is shaped this way: a PState lives in one RocksDB per *task group*, not
 per task, so one Spark partition per group scans the group's whole key range
 exactly once (a scan per task would read every key ``tasks / groups`` times).
-Each partition pages through ``P.sorted_range(cursor, end).first(page)``
-against the group leader, so no reply grows with the PState and the leader
-answers from its applied state (a consistent prefix of the replog per page).
+Each partition pages through the group's keys with the ``Scan`` call (a page
+of at most ``pageSize`` entries and a resume point per reply, see
+``pstate/scan.py``) against the group leader, so no reply grows with the PState
+and the leader answers from its applied state (a consistent prefix of the
+replog per page).
 Pages are separate reads: a scan running under concurrent writes sees each
 key's value as of its page, like any non-transactional range scan.
 """
@@ -159,24 +161,22 @@ class PStateReader(DataSourceReader):
 
 def _scan(p: PStatePartition, arrow_schema: pa.Schema, names: list[str]) -> Iterator[pa.RecordBatch]:
     with ModuleMeta(p.zk_hosts, p.module, tls=p.tls) as meta:
-        # The group's first task routes the request; the group's store holds the keys of all its tasks.
+        # The group's first task routes the request; the group's store holds the keys of all its tasks (all_tasks).
         task = next(t for t in range(meta.tasks) if meta.group_of(t) == p.group)
-        cursor = p.start
-        skip_first = False
+        pack = msgpack.Packer(use_bin_type=True).pack
+        start = b"" if p.start is None else pack(p.start)
+        end = b"" if p.end is None else pack(p.end)
+        after = b""
         while True:
-            path = P.sorted_range(cursor, p.end).first(p.page + (1 if skip_first else 0)).all()
-            req = pb.SelectRequest(module=p.module, pstate=p.pstate, task=task, path=encode_query(path), one=False)
-            reply = meta.call(p.group, "Select", req)
-            pairs: list[Any] = msgpack.unpackb(reply.values, raw=False, strict_map_key=False)
-            full = len(pairs) == p.page + (1 if skip_first else 0)
-            if skip_first and pairs:
-                pairs = pairs[1:]  # the cursor key, already emitted by the previous page
+            req = pb.ScanRequest(module=p.module, pstate=p.pstate, task=task, all_tasks=True, start=start, end=end,
+                                 after=after, limit=p.page)
+            reply = meta.call(p.group, "Scan", req)
+            pairs: list[Any] = msgpack.unpackb(reply.items, raw=False, strict_map_key=False)
             if pairs:
                 yield _batch(pairs, p.tasks, arrow_schema, names)
-            if not full:
+            if reply.done:
                 return
-            cursor = pairs[-1][0] if pairs else cursor
-            skip_first = True
+            after = reply.after
 
 
 def _batch(pairs: list[Any], tasks: int, arrow_schema: pa.Schema, names: list[str]) -> pa.RecordBatch:

@@ -1,0 +1,170 @@
+"""The app's side of queries: paged scans (:func:`scan_pages`) and query topologies (:func:`run_query`).
+
+A scan is a series of bounded pages, each one call to a group leader that answers with a resume point;
+a scan of every task walks the groups one after the other, and the client holds two pages at most (the
+next is asked for while the current one is decoded and handled); a :class:`ScanPage`'s ``token`` resumes
+right after it (in another process too). The worker keeps the
+requested task's keys (a group's store holds all its tasks'), so no other key crosses the network.
+
+A query topology (``@m.query``, :mod:`topology.query`) is driven from here: the first calls go to the
+leader of each group concerned (the task owning the first argument, or every task, grouped by group),
+each request answers with its calls' combined result and the hops its calls made to other groups, which
+go to those groups' leaders next; results are combined with the query's combiner as they arrive. At most
+:data:`MAX_INFLIGHT` requests are out at once, each with at most :data:`MAX_CALLS_PER_REQUEST` calls, and
+at most :data:`MAX_CALLS` calls per query in all; past its deadline the query is cancelled everywhere
+(each worker stops at the deadline it was given) and raises :class:`~topology.errors.QueryTimeout`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+
+from conductor.client.errors import ClientError
+from conductor.wire import millrace_pb2 as pb
+from pstate.path import Path
+from pstate.query import encode_navs, path_navs
+from topology.errors import QueryFailed, QueryTimeout
+from topology.partitioners import task_for_key
+from topology.refs import path_function_ref
+
+if TYPE_CHECKING:
+    from conductor.client.cluster import Cluster
+
+#: query requests out at once, per query
+MAX_INFLIGHT = 16
+#: calls in one request to a group leader
+MAX_CALLS_PER_REQUEST = 4096
+#: calls one query makes in all (its first ones and every hop)
+MAX_CALLS = 1_000_000
+
+
+def _unpack(raw: bytes) -> Any:
+    return msgpack.unpackb(raw, raw=False, strict_map_key=False)
+
+
+@dataclass(frozen=True)
+class ScanPage:
+    """One page of a scan: its results, and the token that resumes the scan right after it (None: done)."""
+
+    items: list[Any]
+    token: bytes | None
+
+
+def scan_pages(c: Cluster, module: str, pstate: str, task: int | None, start: Any, end: Any,
+               path: tuple[Path, ...], page_size: int, resume: bytes | None) -> Iterator[ScanPage]:
+    """The pages of a scan (see the module docstring); ``task`` None: every task."""
+    if page_size <= 0:
+        raise ClientError(f"page_size must be positive, got {page_size}")
+    spec = c._module(module).spec
+    if task is not None and not 0 <= task < spec.tasks:
+        raise ClientError(f"task {task} is outside [0, {spec.tasks}) for module {module}")
+    # where each part of the scan is routed: one task, or a task of each group (the worker keeps them all)
+    parts = [task] if task is not None else [next(t for t in range(spec.tasks) if spec.group_of(t) == g)
+                                             for g in range(spec.threads)]
+    index, after = 0, b""
+    if resume is not None:
+        try:
+            index, after = _unpack(resume)
+        except (ValueError, TypeError, msgpack.ExtraData):
+            raise ClientError("not a scan token (pass a ScanPage.token of the same scan)") from None
+        if not (type(index) is int and 0 <= index < len(parts) and isinstance(after, bytes)):
+            raise ClientError("the scan token belongs to another scan (another task, or another module layout)")
+    raw_path = encode_navs(path_navs(Path(), path), path_function_ref) if path else b""
+    pack = msgpack.Packer(use_bin_type=True).pack
+    bounds = (b"" if start is None else pack(start), b"" if end is None else pack(end))
+
+    def ask(index: int, after: bytes) -> concurrent.futures.Future[pb.ScanReply]:
+        t = parts[index]
+        req = pb.ScanRequest(module=module, pstate=pstate, task=t, all_tasks=task is None, start=bounds[0],
+                             end=bounds[1], after=after, limit=page_size, path=raw_path)
+        return c.call_group(module, spec.group_of(t), "Scan", req)
+
+    # The next page is asked for as soon as a reply says where it starts, so the worker reads it while this
+    # side decodes (and the app handles) the current one: two pages at most are held.
+    fut = ask(index, after) if index < len(parts) else None
+    while fut is not None:
+        reply = fut.result()
+        if reply.done:
+            index, after = index + 1, b""
+        else:
+            after = reply.after
+        token = None if index == len(parts) else pack([index, after])
+        fut = ask(index, after) if token is not None else None
+        items = _unpack(reply.items)
+        yield ScanPage(items if path else list(map(tuple, items)), token)  # (pairs as tuples, like select)
+
+
+def run_query(c: Cluster, module: str, name: str, args: tuple[Any, ...], timeout_s: float) -> Any:
+    """``cluster.query``: run query topology ``name`` and return its combined result (see the module docstring)."""
+    meta = c._module(module)
+    decl = meta.definition.queries.get(name)
+    if decl is None:
+        raise ClientError(f"module {module} has no query {name!r}; its queries: {sorted(meta.definition.queries)}")
+    spec = meta.spec
+    if decl.every_task:
+        first = [(t, name, list(args)) for t in range(spec.tasks)]
+    else:
+        if not args:
+            raise ClientError(f"query {name} starts on the task owning its first argument: pass one")
+        first = [(task_for_key(args[0], spec.tasks), name, list(args))]
+    deadline = time.monotonic() + timeout_s
+
+    async def drive() -> Any:
+        acc: Any = None
+        calls = 0
+        queue: list[tuple[int, list[Any]]] = []  # (group, calls)
+        inflight: set[asyncio.Task[Any]] = set()
+
+        def enqueue(more: list[Any]) -> None:
+            nonlocal calls
+            calls += len(more)
+            if calls > MAX_CALLS:
+                raise QueryFailed(name, -1, f"more than {MAX_CALLS} calls (hops included) in one query")
+            by_group: dict[int, list[Any]] = {}
+            for call in more:
+                by_group.setdefault(spec.group_of(call[0]), []).append(call)
+            for g, cs in by_group.items():
+                for i in range(0, len(cs), MAX_CALLS_PER_REQUEST):
+                    queue.append((g, cs[i:i + MAX_CALLS_PER_REQUEST]))
+
+        async def one(group: int, cs: list[Any]) -> pb.QueryRunReply:
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms <= 0:
+                raise QueryTimeout(name, timeout_s)
+            req = pb.QueryRunRequest(module=module, group=group, query=name, deadline_ms=left_ms,
+                                     calls=msgpack.packb(cs, use_bin_type=True))
+            reply: pb.QueryRunReply = await c._call(module, group, "QueryRun", req)
+            return reply
+
+        enqueue(first)
+        try:
+            while queue or inflight:
+                while queue and len(inflight) < MAX_INFLIGHT:
+                    inflight.add(asyncio.ensure_future(one(*queue.pop())))
+                done, _ = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
+                for f in done:
+                    inflight.discard(f)
+                    reply = f.result()
+                    acc = decl.combine.combine(acc, _unpack(reply.result))
+                    hops = _unpack(reply.hops)
+                    if hops:
+                        enqueue(hops)
+            return acc
+        finally:
+            for f in inflight:  # an error or the deadline: nothing of the query stays out
+                f.cancel()
+
+    async def bounded() -> Any:
+        try:
+            return await asyncio.wait_for(drive(), max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            raise QueryTimeout(name, timeout_s) from None
+
+    return c._run(bounded()).result()
