@@ -257,9 +257,14 @@ class ModuleSpec:
         return definition.default(self)
 
     def replication_config(self) -> ReplicationConfig:
-        """What the replicas of this module run with: the replication factor and the replication options."""
+        """What the replicas of this module run with: the replication factor and the replication options.
+
+        min-ISR is passed only when set: unset, each configuration's is its replica count minus one
+        (``replog.reassignment.min_isr_for``), so a reassignment that changes the replication factor runs
+        the original's and the target's own min-ISR (Rama's default), not the spec's old one."""
+        values = {OPTION_NAMES[k]: self.option(k) for k in REPLICATION_OPTIONS if k != MIN_ISR}
         return ReplicationConfig(replication_factor=self.replication_factor,
-                                 **{OPTION_NAMES[k]: self.option(k) for k in REPLICATION_OPTIONS})
+                                 min_isr=self.option(MIN_ISR) if MIN_ISR in self.options else None, **values)
 
     def effective_options(self) -> dict[str, int]:
         """Every known option with its effective value (what `conductor status` shows)."""

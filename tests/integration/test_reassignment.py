@@ -1,0 +1,172 @@
+"""Changing the cluster's shape while it runs (issue 27), on real processes: ZooKeeper, conductors, workers.
+
+A writer appends with ``ack="applied"`` throughout every reassignment; no
+append may fail, and every acknowledged record must be on every replica
+afterwards (``assert_replicas_identical`` stops the cluster and reads each
+replica's replog and depots from disk).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import shutil
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from conductor import testing
+from conductor.cli import app
+from conductor.client import Cluster
+from conductor.devcluster import DevCluster
+from conductor.metastore import Metastore
+from tests.integration.cluster_helpers import (
+    MODULE_REF,
+    Appender,
+    assert_replicas_identical,
+    groups_of,
+    wait_for,
+)
+
+SESSION_TIMEOUT = 4.0
+PLAN_TIMEOUT_S = 120.0
+
+
+@pytest.fixture
+def dc(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[DevCluster]:
+    marker = request.node.get_closest_marker("cluster")
+    nodes, conductors = marker.args if marker is not None else (3, 1)
+    cluster = DevCluster(tmp_path / "cluster", nodes=nodes, conductors=conductors, session_timeout=SESSION_TIMEOUT,
+                         balance_interval=0)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def cli(dc: DevCluster, *args: str) -> str:
+    result = CliRunner().invoke(app, [*args, "--zk", dc.hosts])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    return result.output
+
+
+def plan_done(dc: DevCluster, module: str) -> bool:
+    with Metastore(dc.hosts) as ms:
+        return ms.plans.get(module) is None
+
+
+def live_nodes(dc: DevCluster) -> set[str]:
+    with Metastore(dc.hosts) as ms:
+        return set(ms.nodes.sessions())
+
+
+def spec_of(dc: DevCluster, module: str) -> tuple[int, int]:
+    with Metastore(dc.hosts) as ms:
+        spec, _ = ms.modules.get(module)
+    return spec.replication_factor, spec.workers
+
+
+def settled(dc: DevCluster, module: str, rf: int) -> bool:
+    groups = groups_of(dc, module)
+    return all(len(st.replicas) == rf and not st.reassigning and set(st.isr) == set(st.replicas)
+               and st.leader is not None for st in groups.values())
+
+
+@contextlib.contextmanager
+def writing(dc: DevCluster) -> Iterator[Appender]:
+    """An ``ack="applied"`` writer running throughout; afterwards no append failed and none was lost."""
+    with Cluster.connect(dc.hosts, timeout_s=30) as cluster:
+        appender = Appender(cluster.depot("Clicks", "*raw"), window=16).start()
+        try:
+            wait_for(lambda: appender.count() > 200, 30, "appends to flow")
+            yield appender
+            n = appender.count()
+            wait_for(lambda: appender.count() > n + 200, 30, "appends to go on")
+        finally:
+            appender.stop()
+    assert appender.failed == 0, appender.errors[:3]
+    assert_replicas_identical(dc, "Clicks", appender.acked)
+
+
+def test_rf_1_to_3_then_3_to_2_while_writing_loses_nothing(dc: DevCluster) -> None:
+    testing.deploy(dc, MODULE_REF, name="Clicks", tasks=4, threads=2, replication_factor=1)
+    with writing(dc) as appender:
+        out = cli(dc, "scale", "Clicks", "--replicationFactor", "3", "--wait", str(PLAN_TIMEOUT_S))
+        assert "task groups after the reassignment" in out, out
+        assert spec_of(dc, "Clicks") == (3, 3)
+        wait_for(lambda: settled(dc, "Clicks", 3), 30, "every group on 3 in-sync replicas")
+        n = appender.count()
+        wait_for(lambda: appender.count() > n + 200, 30, "appends to go on at RF 3")
+
+        before = groups_of(dc, "Clicks")
+        cli(dc, "scale", "Clicks", "--replicationFactor", "2", "--wait", str(PLAN_TIMEOUT_S))
+        assert spec_of(dc, "Clicks") == (2, 3)
+        wait_for(lambda: settled(dc, "Clicks", 2), 30, "every group on 2 in-sync replicas")
+        after = groups_of(dc, "Clicks")
+        for g, st in after.items():
+            for gone in set(before[g].replicas) - set(st.replicas):
+                gdir = dc.node_dir(gone) / "Clicks" / str(g)
+                wait_for(lambda gdir=gdir: not gdir.exists(), 30, f"{gdir} (a removed replica) to be deleted")
+
+
+@pytest.mark.slow
+@pytest.mark.cluster(5, 1)
+def test_workers_3_to_5_to_3_spreads_leaders(dc: DevCluster) -> None:
+    testing.deploy(dc, MODULE_REF, name="Clicks", tasks=10, threads=10, replication_factor=3)
+    with writing(dc):
+        for workers in (5, 3):
+            cli(dc, "scale", "Clicks", "--workers", str(workers), "--concurrency", "4",
+                "--wait", str(PLAN_TIMEOUT_S))
+            assert spec_of(dc, "Clicks") == (3, workers)
+            wait_for(lambda: settled(dc, "Clicks", 3), 30, "every group on 3 in-sync replicas")
+            groups = groups_of(dc, "Clicks")
+            hosting = Counter(r for st in groups.values() for r in st.replicas)
+            assert len(hosting) == workers and max(hosting.values()) - min(hosting.values()) <= 1, hosting
+            share = math.ceil(len(groups) / workers)
+            wait_for(lambda share=share: max(Counter(st.leader for st in groups_of(dc, "Clicks").values())
+                                             .values()) <= share + 1, 30, f"leaders spread over {workers} workers")
+
+
+@pytest.mark.slow
+@pytest.mark.cluster(4, 2)
+def test_standby_conductor_finishes_a_reassignment(dc: DevCluster) -> None:
+    testing.deploy(dc, MODULE_REF, name="Clicks", tasks=6, threads=6, replication_factor=1)
+    with writing(dc):
+        cli(dc, "scale", "Clicks", "--replicationFactor", "3", "--concurrency", "1", "--no-wait")
+        wait_for(lambda: any(st.reassigning for st in groups_of(dc, "Clicks").values()), 30,
+                 "the first group to start")
+        with Metastore(dc.hosts) as ms:
+            active = ms.conductors.contenders()[0]
+        dc.conductors[active].kill()
+        wait_for(lambda: plan_done(dc, "Clicks"), PLAN_TIMEOUT_S + SESSION_TIMEOUT, "the standby to finish")
+        assert spec_of(dc, "Clicks") == (3, 3)
+        wait_for(lambda: settled(dc, "Clicks", 3), 30, "every group on 3 in-sync replicas")
+
+
+@pytest.mark.slow
+@pytest.mark.cluster(4, 1)
+def test_replace_dead_node_then_decommission_live_one(dc: DevCluster) -> None:
+    groups = testing.deploy(dc, MODULE_REF, name="Clicks", tasks=4, threads=4, replication_factor=3)
+    placed = sorted({r for st in groups.values() for r in st.replicas})
+    spare = next(n for n in sorted(dc.nodes) if n not in placed)
+    victim = placed[0]
+    with writing(dc):
+        testing.kill_worker(dc, victim)
+        shutil.rmtree(dc.node_dir(victim))
+        refused = CliRunner().invoke(app, ["replace-node", placed[1], "--zk", dc.hosts])
+        assert refused.exit_code == 1 and "is live" in refused.output, refused.output
+        wait_for(lambda: victim not in live_nodes(dc), SESSION_TIMEOUT + 10, f"{victim}'s session to expire")
+        cli(dc, "replace-node", victim, "--with", spare, "--wait", str(PLAN_TIMEOUT_S))
+        wait_for(lambda: settled(dc, "Clicks", 3), 30, "every group back on 3 in-sync replicas")
+        assert all(victim not in st.replicas for st in groups_of(dc, "Clicks").values())
+
+        leaving = placed[1]
+        dc.start_node(victim)  # (an empty worker under the old id: it takes the decommissioned replicas)
+        dc.wait_nodes([victim])
+        cli(dc, "decommission", leaving, "--wait", str(PLAN_TIMEOUT_S))
+        wait_for(lambda: settled(dc, "Clicks", 3), 30, "every group on 3 in-sync replicas")
+        assert all(leaving not in st.replicas for st in groups_of(dc, "Clicks").values())
