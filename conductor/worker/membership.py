@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from conductor.metastore import GroupNotFound, Metastore, MetastoreError
+from conductor.metastore.module_spec import REASSIGN_COPY_BYTES_PER_S
 from conductor.worker.hosted import HostedReplica
 from conductor.worker.replica_faults import describe
 from conductor.worker.replica_host import ReplicaHost
@@ -46,10 +47,16 @@ class ReplicaMembership:
         self.metastore = metastore
         self.modules = modules
         self._open_replica = open_replica
+        #: (module, group) of the local replicas a reassignment is adding (their copies are throttled)
+        self._adding: set[tuple[str, int]] = set()
 
     def on_group(self, rt: ModuleRuntime, g: int, st: GroupState) -> None:
         """The group znode changed: keep the local record's placement current, open a replica added here."""
         rec = rt.hosted.get(g)
+        if self.node_id in st.adding:
+            self._adding.add((rt.spec.name, g))
+        else:
+            self._adding.discard((rt.spec.name, g))
         if self.node_id not in st.replicas:
             return  # (a local replica learns it was removed from the same znode, posted to it by the worker)
         if rec is not None and (rec.host is None or not rec.host.removed):
@@ -88,6 +95,14 @@ class ReplicaMembership:
         host.post(MetastoreChanged(st))
         log.warning("%s/%d: a reassignment added a replica here (replicas %s, adding %s): it opened empty and "
                     "catches up from leader %s", module, g, list(st.replicas), list(st.adding), st.leader)
+
+    def copy_limit(self, module: str, group: int) -> int:
+        """Bytes per second the local replica of ``group`` may copy from its leader: the module's
+        ``reassignment.copy.bytes.per.second`` while a reassignment adds it, else 0 (unpaced)."""
+        rt = self.modules.get(module)
+        if rt is None or (module, group) not in self._adding:
+            return 0
+        return rt.spec.option(REASSIGN_COPY_BYTES_PER_S)
 
     def sweep_unlisted(self, module: str, groups: Mapping[int, GroupState]) -> None:
         """Delete local directories of ``module``'s groups whose znode does not list this worker."""

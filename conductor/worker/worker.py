@@ -578,7 +578,9 @@ class Worker:
 
         host.catchup = Catchup(host.name, host.module, host.group, self.node_id, leader, address, epoch,
                                host.dir / "far-horizon", host.config.max_near_sync_message_lag, install,
-                               channel_options=GRPC_OPTIONS, on_done=functools.partial(_count_catchup, host))
+                               channel_options=GRPC_OPTIONS, on_done=functools.partial(_count_catchup, host),
+                               copy_limit=functools.partial(self.running.membership.copy_limit, host.module,
+                                                            host.group))
         host.catchup.start()
 
     def group_replicas(self, module: str, group: int) -> tuple[str, ...] | None:

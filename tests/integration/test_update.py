@@ -224,7 +224,6 @@ def test_a_schema_migration_rewrites_in_the_background_across_a_leader_kill(clus
             schema.validate({f"k{i}": v for i, v in enumerate(raw)}, "$$counts")
 
 
-@pytest.mark.slow
 def test_update_with_a_worker_down_switches_and_the_worker_returns_on_the_new_code(cluster: DevCluster) -> None:
     """Issue 27: a stopped worker (out of every ISR) is skipped, with a message; restarted, it runs the new code."""
     deploy_v1(cluster, {MAX_TIME_LAG_MS: "2000"})

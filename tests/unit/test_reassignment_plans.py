@@ -11,6 +11,7 @@ from conductor.metastore.module_spec import ModuleSpec
 from conductor.metastore.plans import ReassignmentPlan
 from conductor.placement import place, replace_targets, scale_targets
 from conductor.reassigning import group_step, plan_progress
+from conductor.worker.throttle import CopyThrottle
 from replog.messages import GroupState
 
 
@@ -109,3 +110,25 @@ def test_scale_targets_cover_small_cases_exhaustively() -> None:
         after = scale_targets(place(groups, nodes[:n0], rf), nodes[:n1], rf)
         load = Counter(r for t in after.values() for r in t)
         assert max(load.values()) - min(load.values()) <= 1 or len(load) < n1, (groups, n0, n1, rf, after)
+
+
+def test_copy_throttle_paces_to_the_live_limit() -> None:
+    now = [0.0]
+    waits: list[float] = []
+
+    def wait(s: float) -> None:
+        waits.append(s)
+        now[0] += s
+
+    limit = [1000]
+    t = CopyThrottle(lambda: limit[0], wait=wait, clock=lambda: now[0])
+    for _ in range(5):
+        t.pace(500)  # 2,500 bytes at 1,000 B/s: 2.5 s, the first chunk free
+    assert now[0] == pytest.approx(2.5) and t.waited_s == pytest.approx(2.5)
+    limit[0] = 0  # unpaced
+    t.pace(10_000)
+    assert now[0] == pytest.approx(2.5)
+    limit[0] = 10_000  # a new limit measures from its first chunk
+    t.pace(5_000)
+    t.pace(5_000)
+    assert now[0] == pytest.approx(3.5)
