@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
+import re
 import shutil
 from collections import Counter
 from collections.abc import Iterator
@@ -23,12 +25,14 @@ from conductor.cli import app
 from conductor.client import Cluster
 from conductor.devcluster import DevCluster
 from conductor.metastore import Metastore
+from conductor.metastore.module_spec import MAX_NEAR_SYNC_MESSAGE_LAG, REASSIGN_COPY_BYTES_PER_S
 from tests.integration.cluster_helpers import (
     MODULE_REF,
     Appender,
     assert_replicas_identical,
     converged,
     groups_of,
+    replica_state,
     wait_for,
 )
 
@@ -78,10 +82,13 @@ def settled(dc: DevCluster, module: str, rf: int) -> bool:
 
 
 @contextlib.contextmanager
-def writing(dc: DevCluster) -> Iterator[Appender]:
-    """An ``ack="applied"`` writer running throughout; afterwards no append failed and none was lost."""
+def writing(dc: DevCluster, pad: int = 0) -> Iterator[Appender]:
+    """An ``ack="applied"`` writer running throughout; afterwards no append failed and none was lost.
+    ``pad``: random bytes (in hex) per record, so the replicas' stores have bytes to copy."""
+    def make(n: int) -> dict[str, str]:
+        return {"user": f"u{n % 13}", "id": f"r{n}", "pad": os.urandom(pad).hex()}
     with Cluster.connect(dc.hosts, timeout_s=30) as cluster:
-        appender = Appender(cluster.depot("Clicks", "*raw"), window=16).start()
+        appender = Appender(cluster.depot("Clicks", "*raw"), window=16, make=make).start()
         try:
             wait_for(lambda: appender.count() > 200, 30, "appends to flow")
             yield appender
@@ -91,7 +98,27 @@ def writing(dc: DevCluster) -> Iterator[Appender]:
             appender.stop()
     assert appender.failed == 0, appender.errors[:3]
     wait_for(lambda: converged(dc, "Clicks"), 60, "every replica to apply its leader's whole log")
-    assert_replicas_identical(dc, "Clicks", appender.acked)
+    if pad:  # far-horizon copies: an added replica's replog starts at its checkpoint, its data is the same
+        assert_same_data(dc, "Clicks", appender.acked)
+    else:
+        assert_replicas_identical(dc, "Clicks", appender.acked)
+
+
+def assert_same_data(dc: DevCluster, module: str, acked: list[dict[str, str]]) -> None:
+    """Stop the cluster; every replica of a group holds the same depot records and applied offset, and every
+    acknowledged record is there."""
+    groups = groups_of(dc, module)
+    dc.stop()
+    seen: set[str] = set()
+    for g, st in groups.items():
+        states = {r: replica_state(dc.root, r, module, g) for r in st.replicas}
+        lead = states[st.replicas[0]]
+        for r, s in states.items():
+            assert (s["depots"], s["applied"], s["log_end"]) == (lead["depots"], lead["applied"], lead["log_end"]), \
+                f"group {g}: replica {r} differs from {st.replicas[0]}"
+        seen.update(rec["id"] for rows in lead["depots"].values() for _off, rec in rows)
+    missing = [r["id"] for r in acked if r["id"] not in seen]
+    assert not missing, f"{len(missing)} acknowledged record(s) lost, e.g. {missing[:5]}"
 
 
 def test_rf_1_to_3_then_3_to_2_while_writing_loses_nothing(dc: DevCluster) -> None:
@@ -172,3 +199,27 @@ def test_replace_dead_node_then_decommission_live_one(dc: DevCluster) -> None:
         cli(dc, "decommission", leaving, "--wait", str(PLAN_TIMEOUT_S))
         wait_for(lambda: settled(dc, "Clicks", 3), 30, "every group on 3 in-sync replicas")
         assert all(leaving not in st.replicas for st in groups_of(dc, "Clicks").values())
+
+
+@pytest.mark.slow
+def test_throttled_copies_and_a_cancel_that_rolls_back_what_did_not_complete(dc: DevCluster) -> None:
+    # (a copy slower than the group's writes never catches up: the rate and the near-horizon window leave room)
+    rate = 500_000
+    testing.deploy(dc, MODULE_REF, name="Clicks", tasks=4, threads=4, replication_factor=1,
+                   options={MAX_NEAR_SYNC_MESSAGE_LAG: "1000", REASSIGN_COPY_BYTES_PER_S: str(rate)})
+    with writing(dc, pad=300) as appender:
+        wait_for(lambda: appender.count() > 8000, 90, "a store with bytes to copy")
+        cli(dc, "scale", "Clicks", "--replicationFactor", "3", "--concurrency", "1", "--no-wait")
+        wait_for(lambda: sum(len(st.replicas) == 3 and not st.reassigning
+                             for st in groups_of(dc, "Clicks").values()) >= 1, 60, "a first group to complete")
+        cli(dc, "scale", "Clicks", "--cancel", "--wait", str(PLAN_TIMEOUT_S))
+        groups = groups_of(dc, "Clicks")
+        assert not any(st.reassigning for st in groups.values())
+        sizes = Counter(len(st.replicas) for st in groups.values())
+        assert sizes[3] >= 1 and sizes[1] >= 1, groups  # completed groups stay; the others went back
+        assert spec_of(dc, "Clicks") == (1, 1)  # a cancelled plan leaves the spec
+    copies = [(float(mb), float(s)) for path in (dc.root / "logs").glob("node-*.log")
+              for mb, s in re.findall(r"far-horizon catchup from \w+: installed after \d+ round\(s\), "
+                                      r"([\d.]+) MB in ([\d.]+) s", path.read_text())]
+    assert copies and max(mb for mb, _ in copies) >= 0.5, copies
+    assert all(mb / s <= rate / 1e6 * 1.3 for mb, s in copies if mb >= 0.5), copies
