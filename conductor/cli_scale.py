@@ -33,10 +33,11 @@ from rich.progress import (
 from rich.table import Table
 
 from conductor.cli_views import ZK_ENV
-from conductor.metastore import Metastore
+from conductor.metastore import GroupState, Metastore
 from conductor.metastore.plans import ReassignmentPlan
 from conductor.plan_builder import DEFAULT_CONCURRENCY, PlanRefused, replace_plans, scale_plan
 from conductor.reassigning import plan_progress
+from conductor.status import Channels, query_group_status
 
 console = Console()
 ZK_HELP = f"ZooKeeper HOST:PORT[,...] (default: ${ZK_ENV})"
@@ -147,6 +148,10 @@ class ScaleCommands:
 
     def _follow(self, ms: Metastore, modules: list[str], wait: float) -> None:
         """Show each plan's progress (groups done, what the others are doing) until it ends or ``wait`` passes."""
+        with Channels() as channels:
+            self._show(ms, modules, wait, channels)
+
+    def _show(self, ms: Metastore, modules: list[str], wait: float, channels: Channels) -> None:
         deadline = time.monotonic() + wait
         with Progress(SpinnerColumn(), TextColumn("[bold]{task.fields[module]}[/bold]"), BarColumn(),
                       MofNCompleteColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
@@ -162,9 +167,12 @@ class ScaleCommands:
                         progress.update(tasks[m], total=1, completed=1, description="[green]done[/green]")
                         continue
                     plan: ReassignmentPlan = found[0]
-                    rows = plan_progress(plan, ms.groups.all(m), live)
+                    groups = ms.groups.all(m)
+                    rows = plan_progress(plan, groups, live)
                     phases = Counter(r.phase for r in rows)
-                    waits = sorted({r.detail for r in rows if r.phase in ("copying", "waiting", "handing-off")})
+                    copying = [r.group for r in rows if r.phase == "copying"]
+                    waits = [copy_progress(ms, channels, m, copying[0], groups[copying[0]][0])] if copying else []
+                    waits += sorted({r.detail for r in rows if r.phase in ("waiting", "handing-off")})
                     progress.update(tasks[m], total=len(rows), completed=phases["done"], description=(
                         ("[yellow]cancelling[/yellow] " if plan.cancel else "")
                         + " · ".join(f"{p} {c}" for p, c in sorted(phases.items()) if p != "done")
@@ -181,3 +189,24 @@ class ScaleCommands:
             for g, (st, _) in ms.groups.all(m).items():
                 table.add_row(m, str(g), st.leader or "-", ",".join(st.replicas), ",".join(st.isr))
         console.print(table)
+
+
+def copy_progress(ms: Metastore, channels: Channels, module: str, g: int, st: GroupState) -> str:
+    """What group ``g``'s added replicas are doing, as they report it: a far-horizon copy (bytes, rate, ETA) or
+    the entries they still replay."""
+    parts = []
+    for node in (r for r in st.target if r not in st.isr):
+        info = ms.nodes.get(node)
+        report: dict[str, Any] = (query_group_status(info.address, module, g, channels=channels)
+                                  if info is not None else {"reachable": False})
+        c: dict[str, Any] | None = report.get("catchup") if report.get("reachable") else None
+        if c and c["state"] == "copying" and c["bytes_total"]:
+            rate = c["bytes_per_s"] or 0.0
+            eta = f", ETA {(c['bytes_total'] - c['bytes_done']) / rate:.0f} s" if rate else ""
+            parts.append(f"{node} copying {c['bytes_done'] / 1e6:.1f}/{c['bytes_total'] / 1e6:.1f} MB at "
+                         f"{rate / 1e6:.1f} MB/s{eta}")
+        elif report.get("reachable"):
+            parts.append(f"{node} replaying (log end {report['log_end']})")
+        else:
+            parts.append(f"{node} not answering")
+    return "; ".join(parts)
