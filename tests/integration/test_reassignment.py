@@ -123,6 +123,8 @@ def assert_same_data(dc: DevCluster, module: str, acked: list[dict[str, str]]) -
 
 def test_rf_1_to_3_then_3_to_2_while_writing_loses_nothing(dc: DevCluster) -> None:
     testing.deploy(dc, MODULE_REF, name="Clicks", tasks=4, threads=2, replication_factor=1)
+    refused = CliRunner().invoke(app, ["scale", "Clicks", "--threads", "4", "--zk", dc.hosts])
+    assert refused.exit_code == 1 and "a data" in refused.output and "migration" in refused.output, refused.output
     with writing(dc) as appender:
         out = cli(dc, "scale", "Clicks", "--replicationFactor", "3", "--wait", str(PLAN_TIMEOUT_S))
         assert "task groups after the reassignment" in out, out
