@@ -146,7 +146,7 @@ def test_rf_1_to_3_then_3_to_2_while_writing_loses_nothing(dc: DevCluster) -> No
 
 @pytest.mark.slow
 @pytest.mark.cluster(5, 1)
-def test_workers_3_to_5_to_3_spreads_leaders(dc: DevCluster) -> None:
+def test_workers_3_to_5_to_3_and_rf_3_to_5_to_3_spread_leaders(dc: DevCluster) -> None:
     testing.deploy(dc, MODULE_REF, name="Clicks", tasks=8, threads=8, replication_factor=3)  # (the helper reads tasks 0-7)
     with writing(dc):
         for workers in (5, 3):
@@ -160,6 +160,12 @@ def test_workers_3_to_5_to_3_spreads_leaders(dc: DevCluster) -> None:
             share = math.ceil(len(groups) / workers)
             wait_for(lambda share=share: max(Counter(st.leader for st in groups_of(dc, "Clicks").values())
                                              .values()) <= share + 1, 30, f"leaders spread over {workers} workers")
+            if workers == 5:  # RF 3 -> 5 -> 3 on five workers
+                for rf in (5, 3):
+                    cli(dc, "scale", "Clicks", "--replicationFactor", str(rf), "--concurrency", "4",
+                        "--wait", str(PLAN_TIMEOUT_S))
+                    assert spec_of(dc, "Clicks") == (rf, 5)
+                    wait_for(lambda rf=rf: settled(dc, "Clicks", rf), 30, f"every group on {rf} in-sync replicas")
 
 
 @pytest.mark.slow
