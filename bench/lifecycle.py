@@ -34,6 +34,12 @@ The same run's floors:
   is what the operator's process alone costs the writer on this shared
   machine (``gap_vs_noop_update``: what the workers' side of the update adds).
 
+Then :mod:`bench.reassign` (a scale from replication factor 1 to 3 under a
+writer) runs on its own cluster; its ``rf1_to_rf3_s``,
+``reassign_copy_mb_per_s``, ``ratio_copy_vs_plain_grpc`` and
+``writer_p99_during_reassign_vs_steady`` join the last line (all its figures
+under ``reassign``).
+
 Goal: ``update_max_ack_gap_ms <= 2 x steady_p99_ms`` (Rama pauses processing
 2-30 s per update). Every acknowledged record is checked to be counted by
 exactly one version. Prints a table and, as the last line, one JSON object.
@@ -56,6 +62,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from bench import reassign
 from bench.floor import percentile
 from bench.lifecycle_app import MODULE, REF, Writer, artifact
 from conductor.client import Cluster
@@ -66,6 +73,9 @@ from conductor.shipping import deploy_code
 from conductor.status import wait_serving
 
 GOAL_RATIO = 2.0
+#: bench.reassign's figures this benchmark's last line carries at its top level (the rest under "reassign")
+REASSIGN_FIGURES = ("rf1_to_rf3_s", "reassign_copy_mb_per_s", "ratio_copy_vs_plain_grpc",
+                    "writer_p99_during_reassign_vs_steady")
 #: after the CLI returns, the writer runs this much longer inside the measured window
 TAIL_S = 0.5
 
@@ -193,6 +203,7 @@ def main() -> None:
     root = args.dir or Path(tempfile.mkdtemp(prefix="bench-lifecycle-"))
     try:
         r = measure(root, steady_s=5.0 if args.quick else 20.0)
+        moved = reassign.measure(root / "reassign", args.quick)  # issue 27: a scale under the same kind of writer
     finally:
         if args.dir is None:
             shutil.rmtree(root, ignore_errors=True)
@@ -224,6 +235,11 @@ def main() -> None:
                 "gap_vs_steady_window_max_p50": round(gap / r["steady_window_max_p50_ms"], 3),
                 "gap_vs_noop_update": round(gap / r["noop_update_max_gap_ms"], 3),
                 "goal_ratio": GOAL_RATIO, "goal_met": ratio <= GOAL_RATIO})
+    console.print(f"reassignment RF 1 -> 3: {moved['rf1_to_rf3_s']} s, copies {moved['reassign_copy_mb_per_s']} MB/s "
+                  f"(plain gRPC {moved['plain_grpc_mb_per_s']} MB/s), writer p99 x"
+                  f"{moved['writer_p99_during_reassign_vs_steady']} of steady (bench.reassign)")
+    out.update({k: moved[k] for k in REASSIGN_FIGURES})
+    out["reassign"] = moved
     print(json.dumps(out))
 
 

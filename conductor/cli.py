@@ -50,6 +50,7 @@ from rich.text import Text
 from conductor import __version__
 from conductor import cli_credentials as credentials
 from conductor import status as cluster_status
+from conductor.cli_scale import ScaleCommands
 from conductor.cli_security import SecurityCommands
 from conductor.cli_views import (
     DEV_DIR,
@@ -667,6 +668,7 @@ def doctor(fetch: bool = typer.Option(False, "--fetch", help="first download wha
 
 
 SecurityCommands(_connect, _operator_errors, CliError).register(app)
+ScaleCommands(_connect, _operator_errors, CliError).register(app)
 
 
 if __name__ == "__main__":

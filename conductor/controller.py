@@ -55,6 +55,7 @@ from conductor.metastore.versions import CodeVersion
 from conductor.metastore.watch import WatchHandle
 from conductor.metastore.zk_auth import ZkAuthError, ZkPrincipal, read_principal
 from conductor.placement import balance_leaders, fully_in_sync, place
+from conductor.reassigning import PlanExecutor
 from conductor.security.config import TLS_SETTINGS, check_bind, tls_source
 from conductor.settings import REQUIRED, Setting, SettingsError, add_arguments, parse_seconds, resolve
 from conductor.status import status_document
@@ -146,6 +147,9 @@ class Conductor:
         self._started = False
         #: what this conductor did (elections, CAS conflicts, balancing moves), for /metrics and the UI
         self.metrics = ConductorMetrics()
+        #: runs the reassignment plans stored in ZooKeeper while active (conductor.reassigning)
+        self.plans = PlanExecutor(self.ms, lambda module: self.request_switches([module]))
+        self._planning = False
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
@@ -165,6 +169,7 @@ class Conductor:
         self.ms.start()
         # Any membership change wakes the active term; the callback runs on the metastore's thread.
         self.ms.nodes.watch(lambda _nodes: self._kick.set())
+        self.ms.plans.watch(lambda _modules: self._kick.set())  # a plan created or finished
         self._thread = threading.Thread(target=self._campaign, name=f"conductor-{self.name}", daemon=True)
         self._thread.start()
         log.info("conductor %s started (ZooKeeper %s); campaigning for leadership", self.name, self.hosts)
@@ -238,11 +243,12 @@ class Conductor:
                 self._kick.clear()
                 try:
                     self.reconcile()
+                    self._planning = self.plans.run()
                     self._maybe_balance()
                 except (MetastoreError, KazooException) as e:
                     log.warning("conductor %s: reconcile failed (%s); retrying", self.name, e)
                 wait = self.reconcile_interval
-                if self._awaiting_storage:  # a leaderless group's replica is confirming its storage
+                if self._awaiting_storage or self._planning:  # confirming storage; a plan in progress
                     wait = min(wait, _CONFIRM_RECHECK_S)
                 if self.balance_interval > 0:
                     wait = max(0.0, min(wait, self._next_balance - time.monotonic()))
@@ -389,9 +395,12 @@ class Conductor:
         if self.balance_interval <= 0 or time.monotonic() < self._next_balance:
             return
         self._next_balance = time.monotonic() + self.balance_interval
+        planned = set(self.ms.plans.modules())  # (balanced when their plan ends, not onto a replica going away)
         for module in self.ms.modules.names():
             if self._stopping.is_set() or self._term_over.is_set():
                 return
+            if module in planned:
+                continue
             try:
                 self.request_switches([module], settled_only=True)
             except ModuleNotFound:

@@ -193,3 +193,59 @@ def _balanced_assignment(choices: Mapping[K, Mapping[str, int]], base: Counter[s
         if cap[e] == 0:
             result[k] = n
     return result
+
+
+# ---- reassignment targets --------------------------------------------------------------------------
+
+
+def scale_targets(current: Mapping[int, Sequence[str]], nodes: Sequence[str], rf: int) -> dict[int, list[str]]:
+    """Each group's replicas after a scale to exactly ``nodes`` with ``rf`` replicas, moving as few as possible.
+
+    Replica counts per node end within one of each other (at most
+    ``ceil(groups * rf / len(nodes))`` each). A group keeps the current
+    replicas it may (in their order: its preferred leader stays first unless
+    it goes); a node over its share drops replicas from groups in turn (one
+    per group per pass, followers before leaders); then every group is filled
+    up to ``rf`` with the least-loaded nodes it lacks. Deterministic.
+    """
+    node_list = list(dict.fromkeys(nodes))
+    if rf < 1:
+        raise ValueError(f"replication factor must be at least 1, got {rf}")
+    if rf > len(node_list):
+        raise ValueError(f"replication factor {rf} needs {rf} distinct workers but only {len(node_list)} given")
+    cap = -(-len(current) * rf // len(node_list))
+    keep = {g: [r for r in reps if r in node_list][:rf] for g, reps in sorted(current.items())}
+    load: Counter[str] = Counter(r for reps in keep.values() for r in reps)
+    while any(load[n] > cap for n in node_list):
+        for reps in keep.values():
+            over = [r for r in reps[1:] if load[r] > cap] or [r for r in reps[:1] if load[r] > cap]
+            if over:
+                drop = max(over, key=lambda r: load[r])
+                reps.remove(drop)
+                load[drop] -= 1
+    for i, reps in enumerate(keep.values()):
+        while len(reps) < rf:
+            order = sorted((n for n in node_list if n not in reps),
+                           key=lambda n, i=i: (load[n], (node_list.index(n) - i) % len(node_list)))  # type: ignore[misc]
+            reps.append(order[0])
+            load[order[0]] += 1
+    assert all(len(set(r)) == len(r) == rf for r in keep.values()), keep
+    return keep
+
+
+def replace_targets(current: Mapping[int, Sequence[str]], node: str, candidates: Sequence[str],
+                    load: Mapping[str, int]) -> dict[int, list[str]]:
+    """The groups holding ``node`` with it replaced by the least-loaded candidate each lacks (by ``load``, the
+    replicas per node, counted as they are placed); ValueError when a group has no candidate left."""
+    counts: Counter[str] = Counter({n: load.get(n, 0) for n in candidates})
+    out: dict[int, list[str]] = {}
+    for g, reps in sorted(current.items()):
+        if node not in reps:
+            continue
+        options = sorted((n for n in candidates if n not in reps and n != node), key=lambda n: (counts[n], n))
+        if not options:
+            raise ValueError(f"task group {g} (replicas {list(reps)}) has no live worker left to take {node}'s "
+                             "replica: start a worker first")
+        out[g] = [r for r in reps if r != node] + [options[0]]
+        counts[options[0]] += 1
+    return out

@@ -33,6 +33,7 @@ from typing import Any
 
 from conductor.client.code import default_cache, load_deployed
 from conductor.controller import Conductor
+from conductor.metastore import Metastore
 from conductor.metastore.versions import CodeVersion
 from conductor.shipping import (
     CodeRefused,
@@ -80,6 +81,17 @@ def running_migrations(reports: dict[int, dict[str, Any]]) -> dict[str, list[int
     return out
 
 
+def _preparing_nodes(ms: Metastore, module: str) -> tuple[list[str], list[str]]:
+    """(the workers that must prepare the new version, the ones skipped): a worker that is down and in no ISR
+    of the module serves nothing until it returns, and a returning worker opens its replicas with the version
+    the spec names then (``Worker._open_module``), so one dead machine does not block every update. A down
+    worker still in an ISR may be elected before it returns: it is asked (and refuses) until it leaves the ISR."""
+    groups = [st for st, _v in ms.groups.all(module).values()]
+    live, in_isr = set(ms.nodes.sessions()), {n for st in groups for n in st.isr}
+    hosting = sorted({n for st in groups for n in st.replicas})
+    return ([n for n in hosting if n in live or n in in_isr], [n for n in hosting if n not in live and n not in in_isr])
+
+
 def update_code(conductor: Conductor, module: str, artifact: Artifact, module_ref: str, *, allow_drop: bool = False,
                 tasks: int | None = None, on_step: Callable[[str], None] | None = None,
                 switch_timeout_s: float = SWITCH_TIMEOUT_S) -> UpdateResult:
@@ -116,7 +128,10 @@ def _update(conductor: Conductor, module: str, artifact: Artifact, module_ref: s
                                      "(`conductor status`) before migrating again"])
     for line in plan.lines():
         step(line)
-    nodes = sorted({n for st, _v in ms.groups.all(module).values() for n in st.replicas})
+    nodes, skipped = _preparing_nodes(ms, module)
+    if skipped:
+        step(f"skipping {', '.join(skipped)}: not live and in no ISR (it loads the new version when it returns, "
+             "before it serves)")
     addresses = {n: info.address for n in nodes if (info := ms.nodes.get(n)) is not None}
     channels = {n: pool.get(a) for n, a in addresses.items()}
     target = dataclasses.replace(spec, code=artifact.sha256, module_ref=module_ref,
@@ -127,7 +142,8 @@ def _update(conductor: Conductor, module: str, artifact: Artifact, module_ref: s
         if holder is not None:
             step("each worker loads it beside the running version")
             refusals.update(prepare_code(channels, target, [addresses[holder]]))
-        refusals.update({n: "not registered in ZooKeeper any more (stopped?)" for n in nodes if n not in addresses})
+        refusals.update({n: "not registered in ZooKeeper any more (stopped?), and still in an ISR: wait until it "
+                            "leaves it (replication.max.time.lag.ms) or start it" for n in nodes if n not in addresses})
         if refusals:
             raise CodeRefused(module, refusals, update=True)
         version = CodeVersion(artifact.sha256, artifact.size, artifact.kind, module_ref, artifact.origin,

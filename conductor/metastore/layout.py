@@ -27,3 +27,9 @@ def version_path(module: str, sha256: str) -> str:
 SECURITY_PATH = f"{ROOT}/security"
 ACLS_PATH = f"{SECURITY_PATH}/acls"  #: one znode: every module's ACL (conductor.security.acl.Acls JSON)
 TOKENS_PATH = f"{SECURITY_PATH}/tokens"  #: <token-id> -> TokenRecord JSON (a hash, never a token)
+
+PLANS_PATH = f"{ROOT}/plans"  #: <module> -> its reassignment plan (conductor.metastore.plans.ReassignmentPlan JSON)
+
+
+def plan_path(module: str) -> str:
+    return f"{PLANS_PATH}/{module}"

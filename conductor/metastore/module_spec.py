@@ -51,6 +51,9 @@ MIGRATION_BATCH_KEYS = "migration.batch.keys"
 MIGRATION_BATCH_INTERVAL_MS = "migration.batch.interval.millis"
 MAX_RECORD_BYTES = "replication.max.record.bytes"
 MAX_ENTRY_BYTES = "replication.max.entry.bytes"
+#: how fast a replica a reassignment adds copies the leader's checkpoint (far horizon), read at every chunk
+REASSIGN_COPY_BYTES_PER_S = "reassignment.copy.bytes.per.second"
+DEFAULT_REASSIGN_COPY_BYTES_PER_S = 64 * 1024 * 1024
 
 
 class SpecError(ValueError):
@@ -160,6 +163,9 @@ KNOWN_OPTIONS: dict[str, OptionDef] = {
                   "PState values a migration rewrites per replog entry (a bounded pause of the task thread)"),
         OptionDef(MIGRATION_BATCH_INTERVAL_MS, _positive_int, lambda s: 50,
                   "at most one migration batch per task group this often"),
+        OptionDef(REASSIGN_COPY_BYTES_PER_S, _positive_int, lambda s: DEFAULT_REASSIGN_COPY_BYTES_PER_S,
+                  "bytes per second a replica added by a reassignment copies from its leader (far horizon), "
+                  "so writers keep their latency; a change applies to copies in progress"),
         OptionDef(MAX_RECORD_BYTES, _entry_size, _replication_default(MAX_RECORD_BYTES),
                   "largest record an append may carry; larger ones fail with EntryTooLarge"),
         OptionDef(MAX_ENTRY_BYTES, _entry_size, _replication_default(MAX_ENTRY_BYTES),
@@ -257,9 +263,14 @@ class ModuleSpec:
         return definition.default(self)
 
     def replication_config(self) -> ReplicationConfig:
-        """What the replicas of this module run with: the replication factor and the replication options."""
+        """What the replicas of this module run with: the replication factor and the replication options.
+
+        min-ISR is passed only when set: unset, each configuration's is its replica count minus one
+        (``replog.reassignment.min_isr_for``), so a reassignment that changes the replication factor runs
+        the original's and the target's own min-ISR (Rama's default), not the spec's old one."""
+        values = {OPTION_NAMES[k]: self.option(k) for k in REPLICATION_OPTIONS if k != MIN_ISR}
         return ReplicationConfig(replication_factor=self.replication_factor,
-                                 **{OPTION_NAMES[k]: self.option(k) for k in REPLICATION_OPTIONS})
+                                 min_isr=self.option(MIN_ISR) if MIN_ISR in self.options else None, **values)
 
     def effective_options(self) -> dict[str, int]:
         """Every known option with its effective value (what `conductor status` shows)."""

@@ -55,6 +55,7 @@ from conductor.metastore.groups import Groups
 from conductor.metastore.layout import DISALLOWED_PATH, MODULES_PATH, NODES_PATH, ROOT
 from conductor.metastore.modules import Modules
 from conductor.metastore.nodes import Nodes
+from conductor.metastore.plans import Plans
 from conductor.metastore.resigns import Resigns
 from conductor.metastore.tokens import TokenStore
 from conductor.metastore.versions import Versions
@@ -118,6 +119,7 @@ class Metastore:
         self.resigns = Resigns(self)
         self.drains = LeaderDrains(self)
         self.conductors = ConductorElection(self)
+        self.plans = Plans(self)
         self.acls = AclStore(self)
         self.tokens = TokenStore(self)
 

@@ -46,6 +46,7 @@ from conductor.wire.channels import open_channel
 from conductor.wire.checked import checked_handler
 from conductor.wire.packing import varint
 from conductor.worker.hooks import ChunkFilter
+from conductor.worker.throttle import CopyThrottle
 from pstate.checkpoint import Manifest, ManifestFile
 from replog.catchup import MAX_ROUNDS, round_is_last
 
@@ -286,7 +287,8 @@ class Catchup:
     def __init__(self, name: str, module: str, group: int, follower: str, leader: str, address: str, epoch: int,
                  staging: Path, near_lag: int, install: InstallFn, *,
                  channel_options: list[tuple[str, Any]] | None = None,
-                 on_done: Callable[[CatchupProgress], None] | None = None) -> None:
+                 on_done: Callable[[CatchupProgress], None] | None = None,
+                 copy_limit: Callable[[], int] | None = None) -> None:
         self.name = name
         self.module = module
         self.group = group
@@ -307,6 +309,8 @@ class Catchup:
         self._flushing: dict[str, concurrent.futures.Future[None]] = {}
         self._stop = threading.Event()
         self._last_log = 0.0
+        #: paces the copy to ``copy_limit()`` bytes per second, read live (a reassignment's copies; 0: unpaced)
+        self._throttle = CopyThrottle(copy_limit or (lambda: 0), wait=self._stop.wait)
 
     def start(self) -> None:
         self.thread.start()
@@ -422,6 +426,7 @@ class Catchup:
             p.bytes_done += len(data)
             p.copied_total += len(data)
             self._maybe_log()
+            self._throttle.pace(len(data))
         if current is not None:
             self._finish(current, verified)
         if manifest is None:

@@ -101,6 +101,15 @@ class LocalModules:
             rec.host = host
             return True
 
+    def adopt(self, rt: ModuleRuntime, rec: HostedReplica, replacing: HostedReplica | None) -> bool:
+        """Host ``rec``, a replica a reassignment added here, in place of ``replacing`` (None: of none, or a
+        removed one); False if the module closed or the group's record changed meanwhile."""
+        with self._lock:
+            if not self.is_open(rt) or rt.hosted.get(rec.group) is not replacing:
+                return False
+            rt.hosted[rec.group] = rec
+            return True
+
     def hosts(self) -> list[ReplicaHost]:
         """Every open local replica (metrics, session events)."""
         with self._lock:

@@ -56,6 +56,7 @@ from conductor.worker.hooks import WorkerHooks
 from conductor.worker.hosted import HostedReplica
 from conductor.worker.inbox import InstallCheckpoint
 from conductor.worker.lifecycle import CodeLifecycle
+from conductor.worker.membership import ReplicaMembership
 from conductor.worker.metrics import node_registry
 from conductor.worker.peer_server import PeerServer
 from conductor.worker.recovery import ReplicaRecovery
@@ -111,6 +112,8 @@ class Running:
     recovery: ReplicaRecovery
     #: prepares code versions, has leaders switch to the spec's, paces PState migrations
     lifecycle: CodeLifecycle
+    #: opens the replicas a reassignment adds here
+    membership: ReplicaMembership
 
 
 class Worker:
@@ -187,7 +190,7 @@ class Worker:
             loop, metastore, router, PeerTransport(self.node_id, loop, self._resolve_peer, router.forget,
                                                    self.peer_server.tls), server,
             settler, ReplicaRecovery(self.node_id, self.data_dir, metastore, self.modules, self.open_replica),
-            lifecycle)
+            lifecycle, ReplicaMembership(self.node_id, self.data_dir, metastore, self.modules, self.open_replica))
         self.data_dir.mkdir(parents=True, exist_ok=True)
         try:
             bound = (server.add_secure_port(self.listen.bind(self.port), self.tls.grpc_server_credentials())
@@ -381,6 +384,7 @@ class Worker:
         code = run.lifecycle.module_code(spec)
         code.get(spec.version)  # the version leaders switch to, loaded now (off the task threads)
         rt = ModuleRuntime(spec, code)
+        run.membership.sweep_unlisted(module, groups)
         unopened: dict[int, tuple[str, str]] = {}  # group -> (fault kind, reason)
         for g, st in sorted(groups.items()):
             if self.node_id in st.replicas:
@@ -396,7 +400,7 @@ class Worker:
         for g in groups:
             run.metastore.groups.watch(module, g, functools.partial(self._on_group, rt, g))
         run.metastore.modules.watch(module, functools.partial(self._on_spec, rt))
-        for g in [*hosts, *unopened]:
+        for g in groups:  # (every group: a reassignment may add a replica here later)
             run.metastore.resigns.watch(module, g, functools.partial(self._on_resign, rt, g))
         for g, (kind, reason) in unopened.items():
             run.recovery.open_later(rt, rt.hosted[g], kind, reason)
@@ -477,6 +481,7 @@ class Worker:
         if st is None:
             return
         self.running.router.observe(rt.spec.name, g, st)
+        self.running.membership.on_group(rt, g, st)
         host = rt.host(g)
         if host is not None:
             host.post(MetastoreChanged(st))
@@ -523,9 +528,12 @@ class Worker:
 
         def run() -> None:
             rec = self.modules.hosted(host.module, host.group)
-            replicas = rec.replicas if rec is not None else new.replicas
+            # The state machine proposes the ISR change without the placement order: keep the stored one (of
+            # the same replicas: a reassignment may have changed them since the proposal's znode).
+            members = new.isr + new.osr
+            known = [r for r in (rec.replicas if rec is not None else ()) if r in members]
+            replicas = (*known, *(r for r in members if r not in known))
             try:
-                # The state machine proposes the ISR change without the placement order: keep the stored one.
                 version = write(dataclasses.replace(new, placement=replicas))
                 assert version == new.version, (version, new.version)  # a CAS bumps the version by one
                 host.post(IsrChanged(new))
@@ -570,7 +578,9 @@ class Worker:
 
         host.catchup = Catchup(host.name, host.module, host.group, self.node_id, leader, address, epoch,
                                host.dir / "far-horizon", host.config.max_near_sync_message_lag, install,
-                               channel_options=GRPC_OPTIONS, on_done=functools.partial(_count_catchup, host))
+                               channel_options=GRPC_OPTIONS, on_done=functools.partial(_count_catchup, host),
+                               copy_limit=functools.partial(self.running.membership.copy_limit, host.module,
+                                                            host.group))
         host.catchup.start()
 
     def group_replicas(self, module: str, group: int) -> tuple[str, ...] | None:

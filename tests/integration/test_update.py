@@ -29,7 +29,12 @@ from conductor.client import Cluster
 from conductor.client.code import CACHE_ENV, default_cache
 from conductor.controller import Conductor
 from conductor.devcluster import DevCluster
-from conductor.metastore.module_spec import MIGRATION_BATCH_INTERVAL_MS, MIGRATION_BATCH_KEYS, ModuleSpec
+from conductor.metastore.module_spec import (
+    MAX_TIME_LAG_MS,
+    MIGRATION_BATCH_INTERVAL_MS,
+    MIGRATION_BATCH_KEYS,
+    ModuleSpec,
+)
 from conductor.shipping import CodeRefused, deploy_code
 from conductor.status import module_status
 from conductor.updating import update_code
@@ -217,3 +222,31 @@ def test_a_schema_migration_rewrites_in_the_background_across_a_leader_kill(clus
                 store.close()
             assert raw and all(isinstance(v, dict) for v in raw), (g, node, [v for v in raw if not isinstance(v, dict)][:3])
             schema.validate({f"k{i}": v for i, v in enumerate(raw)}, "$$counts")
+
+
+def test_update_with_a_worker_down_switches_and_the_worker_returns_on_the_new_code(cluster: DevCluster) -> None:
+    """Issue 27: a stopped worker (out of every ISR) is skipped, with a message; restarted, it runs the new code."""
+    deploy_v1(cluster, {MAX_TIME_LAG_MS: "2000"})
+    down = "n3"
+    with Cluster.connect(cluster.hosts, timeout_s=30) as client:
+        writer = Writer(client.depot(MODULE, "*events"), keys=KEYS).start()
+        wait_for(lambda: len(writer.acks) > 50, 60, "the writer to get going")
+        cluster.nodes[down].stop()
+        wait_for(lambda: all(down not in st.isr for st in groups_of(cluster, MODULE).values()), 30,
+                 f"{down} to leave every ISR")
+        steps: list[str] = []
+        result = update(cluster, "v2", on_step=steps.append)
+        assert result.switched, result
+        assert any(s.startswith(f"skipping {down}: not live and in no ISR") for s in steps), steps
+        cluster.start_node(down)
+        cluster.wait_nodes([down])
+        wait_for(lambda: all(down in st.isr for st in groups_of(cluster, MODULE).values()), 60,
+                 f"{down} to rejoin every ISR")
+        v2 = artifact("v2").sha256
+        assert (cluster.node_dir(down) / "_code" / v2 / "artifact.zip").is_file()
+        wait_for(lambda: all(group_status(cluster, down, MODULE, g).code_version == v2 for g in range(GROUPS)),
+                 30, f"{down}'s replicas to apply the switch")
+        n = len(writer.acks)
+        wait_for(lambda: len(writer.acks) > n + 50, 60, "appends after the worker's return")
+        writer.stop()
+        assert not writer.errors, writer.errors[:3]

@@ -15,6 +15,7 @@ from conductor.metastore.module_spec import (
     MIGRATION_BATCH_INTERVAL_MS,
     MIGRATION_BATCH_KEYS,
     MIN_ISR,
+    REASSIGN_COPY_BYTES_PER_S,
     SEGMENT_BYTES,
     InvalidOption,
     InvalidSpec,
@@ -35,7 +36,8 @@ def test_defaults_follow_replication_factor() -> None:
     assert spec().effective_options() == {MIN_ISR: 2, MAX_TIME_LAG_MS: 10_000, DEPOT_APPEND_TIMEOUT_MS: 30_000,
                                           MAX_NEAR_SYNC_MESSAGE_LAG: 20_000, SEGMENT_BYTES: 64 * 1024 * 1024,
                                           MIGRATION_BATCH_KEYS: 200, MIGRATION_BATCH_INTERVAL_MS: 50,
-                                          MAX_RECORD_BYTES: 4 * 1024 * 1024, MAX_ENTRY_BYTES: 16 * 1024 * 1024}
+                                          MAX_RECORD_BYTES: 4 * 1024 * 1024, MAX_ENTRY_BYTES: 16 * 1024 * 1024,
+                                          REASSIGN_COPY_BYTES_PER_S: 64 * 1024 * 1024}
     assert spec(replication_factor=1, workers=1).option(MIN_ISR) == 1
 
 

@@ -252,6 +252,10 @@ class FaultCluster:
             wait_until(lambda g=g: self.serving_leader(g), timeout_s, f"group {g} to have a serving leader")
         return groups
 
+    def metastore(self) -> Metastore:
+        """A session (not started) that may write what the conductors write (the digest, on a secure run)."""
+        return Metastore(self.zk_hosts, session_timeout=10.0, zk_auth=self._principal)
+
     def groups(self) -> dict[int, GroupState]:
         with Metastore(self.zk_hosts, session_timeout=10.0) as ms:
             return {g: st for g, (st, _v) in ms.groups.all(MODULE).items()}

@@ -8,12 +8,14 @@ as long as with the process, network and ZooKeeper classes alone (38-40 s). `mak
 
 from __future__ import annotations
 
-from tests.faults.campaign.nemesis import CLASSES, DISK, NETWORK, PROCESS, ZOOKEEPER
+from tests.faults.campaign.nemesis import CLASSES, DISK, MEMBERSHIP, NETWORK, PROCESS, ZOOKEEPER
 
-GROUPS = {"process": PROCESS, "network": NETWORK, "zookeeper": ZOOKEEPER, "disk": DISK, "all": CLASSES,
-          "none": ()}
-#: What passes on main today: every class.
-DEFAULT_FAULTS = CLASSES
+#: "all" is every class but the membership ones (issue 27), so seeds recorded with "all" replay unchanged
+ALL_BUT_MEMBERSHIP = tuple(c for c in CLASSES if c not in MEMBERSHIP)
+GROUPS = {"process": PROCESS, "network": NETWORK, "zookeeper": ZOOKEEPER, "disk": DISK,
+          "membership": MEMBERSHIP, "all": ALL_BUT_MEMBERSHIP, "none": ()}
+#: What passes on main today: every class but the reassignment nemesis, which has not had a campaign yet.
+DEFAULT_FAULTS = ALL_BUT_MEMBERSHIP
 #: The classes before the disk ones joined (what seeds found then replay).
 NO_DISK = (*PROCESS, *NETWORK, *ZOOKEEPER)
 

@@ -1,0 +1,116 @@
+"""A worker's side of a reassignment (``replog/reassignment.py``): host the replicas the group znode adds here.
+
+The conductor starts a plan by writing the group znode with the target plus
+the original replicas. A worker the znode now lists, and which hosts no live
+replica of the group, opens an empty one (:meth:`ReplicaMembership.on_group`):
+it follows the leader and catches up by the existing paths (a far-horizon
+copy of the leader's checkpoint when what it lacks is gone from the leader's
+log, then near-horizon replay), and the leader admits it to the ISR by its
+usual rejoin rule. A replica the znode stops listing says ``Removed`` itself
+(the state machine's action): its host stops and deletes its directory, and
+a later plan that adds the worker back gets a new, empty replica here.
+
+A worker that was down while a plan removed it finds, at its next start,
+directories of groups whose znode no longer lists it: they are deleted
+(:meth:`ReplicaMembership.sweep_unlisted`); their data is of an incarnation
+the group forgot, and a re-added replica must start empty.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from conductor.metastore import GroupNotFound, Metastore, MetastoreError
+from conductor.metastore.module_spec import REASSIGN_COPY_BYTES_PER_S
+from conductor.worker.hosted import HostedReplica
+from conductor.worker.replica_faults import describe
+from conductor.worker.replica_host import ReplicaHost
+from conductor.worker.runtime import LocalModules, ModuleRuntime
+from replog.messages import GroupState, MetastoreChanged
+
+log = logging.getLogger("millrace.node")
+
+#: how long an added replica waits for a removed predecessor on this worker to close (and delete its data)
+REMOVED_CLOSE_WAIT_S = 60.0
+
+
+class ReplicaMembership:
+    """Opens replicas the group znode adds to this worker; a collaborator of the worker (any thread)."""
+
+    def __init__(self, node_id: str, data_dir: Path, metastore: Metastore, modules: LocalModules,
+                 open_replica: Callable[[ModuleRuntime, HostedReplica], ReplicaHost]) -> None:
+        self.node_id = node_id
+        self.data_dir = data_dir
+        self.metastore = metastore
+        self.modules = modules
+        self._open_replica = open_replica
+        #: (module, group) of the local replicas a reassignment is adding (their copies are throttled)
+        self._adding: set[tuple[str, int]] = set()
+
+    def on_group(self, rt: ModuleRuntime, g: int, st: GroupState) -> None:
+        """The group znode changed: keep the local record's placement current, open a replica added here."""
+        rec = rt.hosted.get(g)
+        if self.node_id in st.adding:
+            self._adding.add((rt.spec.name, g))
+        else:
+            self._adding.discard((rt.spec.name, g))
+        if self.node_id not in st.replicas:
+            return  # (a local replica learns it was removed from the same znode, posted to it by the worker)
+        if rec is not None and (rec.host is None or not rec.host.removed):
+            rec.replicas = tuple(st.replicas)  # (the ISR CASes write this placement)
+            return
+        # keyed: one open per group at a time; a later znode of the same group replaces a waiting one
+        self.metastore.submit(lambda: self._open_added(rt, g), key=("add-replica", rt.spec.name, g))
+
+    def _open_added(self, rt: ModuleRuntime, g: int) -> None:
+        """Metastore thread: open an empty replica of ``g`` if the group still lists this worker."""
+        module = rt.spec.name
+        try:
+            st, _ = self.metastore.groups.get(module, g)
+        except (GroupNotFound, MetastoreError):
+            return  # destroyed, or ZooKeeper is away: the group watch calls again with the next znode
+        old = rt.hosted.get(g)
+        if self.node_id not in st.replicas or not self.modules.is_open(rt):
+            return
+        if old is not None and (old.host is None or not old.host.removed):
+            return  # hosted already (opened by an earlier call)
+        if old is not None and old.host is not None:
+            old.host.closed.wait(REMOVED_CLOSE_WAIT_S)  # its directory is deleted once its disk closed
+        rec = HostedReplica(module, g, tuple(st.replicas))
+        try:
+            host = self._open_replica(rt, rec)
+        except Exception as e:  # a full disk, say: the next znode of the group tries again
+            log.error("%s/%d: could not open the replica a reassignment added here: %s", module, g, describe(e))
+            return
+        rec.host = host
+        if not self.modules.adopt(rt, rec, old):
+            host.store.close()
+            host.log.close()
+            host.task_thread.release(host)  # (never started)
+            return
+        host.start()
+        host.post(MetastoreChanged(st))
+        log.warning("%s/%d: a reassignment added a replica here (replicas %s, adding %s): it opened empty and "
+                    "catches up from leader %s", module, g, list(st.replicas), list(st.adding), st.leader)
+
+    def copy_limit(self, module: str, group: int) -> int:
+        """Bytes per second the local replica of ``group`` may copy from its leader: the module's
+        ``reassignment.copy.bytes.per.second`` while a reassignment adds it, else 0 (unpaced)."""
+        rt = self.modules.get(module)
+        if rt is None or (module, group) not in self._adding:
+            return 0
+        return rt.spec.option(REASSIGN_COPY_BYTES_PER_S)
+
+    def sweep_unlisted(self, module: str, groups: Mapping[int, GroupState]) -> None:
+        """Delete local directories of ``module``'s groups whose znode does not list this worker."""
+        root = self.data_dir / module
+        if not root.is_dir():
+            return
+        for child in root.iterdir():
+            if child.name.isdigit() and int(child.name) in groups and self.node_id not in groups[int(child.name)].replicas:
+                shutil.rmtree(child, ignore_errors=True)
+                log.warning("node %s deleted its data of %s/%s: the group no longer lists it (a reassignment "
+                            "removed it while it was down)", self.node_id, module, child.name)

@@ -1,0 +1,134 @@
+"""The conductor's side of a reassignment, pure parts: targets (placement), the per-group step, the plan document."""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+
+import pytest
+
+from conductor.metastore.module_spec import ModuleSpec
+from conductor.metastore.plans import ReassignmentPlan
+from conductor.placement import place, replace_targets, scale_targets
+from conductor.reassigning import group_step, plan_progress
+from conductor.worker.throttle import CopyThrottle
+from replog.messages import GroupState
+
+
+def moved(before: dict[int, list[str]], after: dict[int, list[str]]) -> int:
+    return sum(len(set(after[g]) - set(before[g])) for g in before)
+
+
+@pytest.mark.parametrize(("groups", "rf0", "n0", "rf1", "n1"), [
+    (2, 1, 3, 3, 3), (6, 3, 3, 3, 5), (10, 3, 5, 3, 3), (4, 3, 3, 2, 3), (6, 3, 5, 5, 5), (7, 2, 4, 3, 6)])
+def test_scale_targets_even_and_minimal(groups: int, rf0: int, n0: int, rf1: int, n1: int) -> None:
+    nodes = [f"n{i}" for i in range(1, max(n0, n1) + 1)]
+    before = place(groups, nodes[:n0], rf0)
+    after = scale_targets(before, nodes[:n1], rf1)
+    assert all(len(set(t)) == len(t) == rf1 and set(t) <= set(nodes[:n1]) for t in after.values())
+    load = Counter(r for t in after.values() for r in t)
+    assert max(load.values()) - min(load.values()) <= 1, load
+    assert len(load) == min(n1, groups * rf1)
+    # every replica added is needed: growth adds exactly the missing ones, a same-RF move only what evens load
+    if rf1 >= rf0 and n1 >= n0:
+        cap = -(-groups * rf1 // n1)
+        kept_max = sum(min(cap, Counter(r for t in before.values() for r in t)[n]) for n in nodes[:n0])
+        assert moved(before, after) == groups * rf1 - kept_max
+    for g, t in after.items():  # the preferred leader stays first when it stays
+        if before[g][0] in t:
+            assert t[0] == before[g][0]
+
+
+def test_scale_targets_refuse_too_few_nodes() -> None:
+    with pytest.raises(ValueError, match="needs 3 distinct workers"):
+        scale_targets({0: ["a"]}, ["a", "b"], 3)
+
+
+def test_replace_targets_take_least_loaded_and_refuse_when_nowhere() -> None:
+    current = {0: ["a", "b", "c"], 1: ["b", "c", "d"], 2: ["a", "c", "d"]}
+    out = replace_targets(current, "a", ["b", "c", "d", "e", "f"], {"b": 3, "c": 3, "d": 2, "e": 1, "f": 1})
+    assert out == {0: ["b", "c", "e"], 2: ["c", "d", "f"]}  # (e then holds 2: f is the least loaded next)
+    with pytest.raises(ValueError, match="no live worker left"):
+        replace_targets(current, "a", ["b", "c"], {})
+
+
+def _state(**kw: object) -> GroupState:
+    base: dict[str, object] = dict(leader="a", epoch=3, isr=("a",), osr=(), placement=("a",))
+    base.update(kw)
+    return GroupState(**base)  # type: ignore[arg-type]
+
+
+def test_group_step_walks_a_plan_to_its_end() -> None:
+    live = {"a": 1, "b": 2, "c": 3}
+    st = _state()
+    start = group_step(st, ["a", "b", "c"], live, cancel=False)
+    assert start is not None and start.new is not None and start.new.adding == ("b", "c")
+    st = start.new
+    waiting = group_step(st, ["a", "b", "c"], live, cancel=False)
+    assert waiting is not None and waiting.waiting and "not in sync" in waiting.waiting
+    joined = GroupState("a", 3, ("a", "b", "c"), (), st.version + 1, placement=st.placement, adding=st.adding,
+                        storage=(("a", 1, 1), ("b", 2, 2), ("c", 3, 3)))
+    done = group_step(joined, ["a", "b", "c"], live, cancel=False)
+    assert done is not None and done.new is not None and not done.new.reassigning
+    assert group_step(done.new, ["c", "b", "a"], live, cancel=False) is None  # (order does not matter)
+    # cancel: back to the original while an original replica is in sync
+    back = group_step(st, ["a", "b", "c"], live, cancel=True)
+    assert back is not None and back.new is not None and back.new.replicas == ("a",)
+    assert group_step(_state(), ["a", "b"], live, cancel=True) is None
+    other = group_step(st, ["a", "d"], live, cancel=False)
+    assert other is not None and other.waiting and "not this plan's" in other.waiting
+
+
+def test_removed_leader_hands_off_before_completing() -> None:
+    live = {"a": 1, "b": 2}
+    st = GroupState("a", 3, ("a", "b"), (), 7, placement=("b", "a"), removing=("a",),
+                    storage=(("a", 1, 1), ("b", 2, 2)))
+    step = group_step(st, ["b"], live, cancel=False)
+    assert step is not None and step.resign_to == "b"
+    plan = ReassignmentPlan("scale", {0: ("b",), 1: ("a", "b")})
+    rows = plan_progress(plan, {0: (st, 7), 1: (_state(), 1)}, live)
+    assert [(r.phase, r.group) for r in rows] == [("handing-off", 0), ("queued", 1)]
+
+
+def test_plan_document_round_trips_and_updates_the_spec() -> None:
+    plan = ReassignmentPlan("scale", {0: ("a", "b", "c"), 3: ("b", "c", "d")}, replication_factor=3, workers=4,
+                            concurrency=1, requested=12.5)
+    assert ReassignmentPlan.from_json(plan.to_json()) == plan
+    with pytest.raises(ValueError, match="malformed"):
+        ReassignmentPlan.from_json(b'{"kind": "scale"}')
+    spec = ModuleSpec(name="M", module_ref="a.b:C", tasks=4, threads=4, workers=1, replication_factor=1)
+    after = plan.spec_after(spec)
+    assert (after.replication_factor, after.workers) == (3, 4)
+    assert after.replication_config().min_isr is None  # min-ISR follows each configuration's size unless set
+
+
+def test_scale_targets_cover_small_cases_exhaustively() -> None:
+    for groups, n0, n1, rf in itertools.product(range(1, 5), range(1, 5), range(1, 5), range(1, 4)):
+        if rf > min(n0, n1):
+            continue
+        nodes = [f"n{i}" for i in range(max(n0, n1))]
+        after = scale_targets(place(groups, nodes[:n0], rf), nodes[:n1], rf)
+        load = Counter(r for t in after.values() for r in t)
+        assert max(load.values()) - min(load.values()) <= 1 or len(load) < n1, (groups, n0, n1, rf, after)
+
+
+def test_copy_throttle_paces_to_the_live_limit() -> None:
+    now = [0.0]
+    waits: list[float] = []
+
+    def wait(s: float) -> None:
+        waits.append(s)
+        now[0] += s
+
+    limit = [1000]
+    t = CopyThrottle(lambda: limit[0], wait=wait, clock=lambda: now[0])
+    for _ in range(5):
+        t.pace(500)  # 2,500 bytes at 1,000 B/s: 2.5 s, the first chunk free
+    assert now[0] == pytest.approx(2.5) and t.waited_s == pytest.approx(2.5)
+    limit[0] = 0  # unpaced
+    t.pace(10_000)
+    assert now[0] == pytest.approx(2.5)
+    limit[0] = 10_000  # a new limit measures from its first chunk
+    t.pace(5_000)
+    t.pace(5_000)
+    assert now[0] == pytest.approx(3.5)
