@@ -5,7 +5,9 @@
 A dev cluster (ZooKeeper, a conductor, one worker: a backup reads only each
 group's leader) runs ``examples.clicks:Clicks`` (4 tasks, 2 task groups);
 ``--mb`` megabytes (48 ``--quick``, 256 full) of incompressible 4 KiB records
-are appended to ``*raw``. Each round, after an ``os.sync()``:
+are appended to ``*raw``, and one untimed backup flushes the memtables (from
+then on the stores' files are what a checkpoint holds). Each round, after an
+``os.sync()``:
 
 * ``backup`` (the figure under test): :func:`conductor.backups.take.take_backup`
   into an empty folder, the production path end to end: each leader's
@@ -81,6 +83,8 @@ def measure(megabytes: int, rounds: int, root: Path) -> dict[str, Any]:
         backup_rates, cp_rates, ratios = [], [], []
         with Metastore(dc.hosts) as ms:
             stores = _leader_stores(dc, ms)
+            # untimed: its checkpoint flushes the memtables, so the stores' files are the checkpoints' files
+            take_backup(ms, MODULE, root / "warm-up")
             for r in range(rounds):
                 os.sync()
                 result = take_backup(ms, MODULE, root / f"backup-{r}")

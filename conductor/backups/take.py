@@ -156,7 +156,10 @@ def _copy_round(folder: BackupFolder, address: str, module: str, group: int, lea
     by_name: dict[str, ManifestFile] = {}
     current: IncomingFile | None = None
     done = total = 0
-    with open_channel(address, GRPC_OPTIONS) as channel:
+    # each received file is fsynced, checked and renamed here while the next one streams (as a follower's are)
+    flusher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"backup-fsync-{group}")
+    stored_files: list[concurrent.futures.Future[None]] = []
+    with open_channel(address, GRPC_OPTIONS) as channel, flusher:
         fetch = channel.unary_stream(BACKUP_METHOD, request_serializer=pb.FetchCheckpointRequest.SerializeToString,
                                      response_deserializer=None)
         try:
@@ -171,7 +174,7 @@ def _copy_round(folder: BackupFolder, address: str, module: str, group: int, lea
                 name, offset, data = chunk
                 if current is None or current.meta.name != name:
                     if current is not None:
-                        _store(folder, gdir, current)
+                        stored_files.append(flusher.submit(_store, folder, gdir, current))
                     meta = by_name.get(name)
                     if meta is None or "/" in name or name in ("", ".", ".."):
                         raise BackupError(f"leader {leader} sent {name!r}, which its manifest does not list")
@@ -182,8 +185,13 @@ def _copy_round(folder: BackupFolder, address: str, module: str, group: int, lea
                 done += len(data)
                 progress(done, total)
             if current is not None:
-                _store(folder, gdir, current)
+                stored_files.append(flusher.submit(_store, folder, gdir, current))
+            for fut in stored_files:
+                fut.result()  # a file damaged in transit raises here: the round is tried again
         finally:
+            for fut in stored_files:
+                fut.cancel()
+            concurrent.futures.wait(stored_files)
             if current is not None:
                 current.close()
             try:
