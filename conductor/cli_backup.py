@@ -29,8 +29,8 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from conductor.backups.layout import BackupError
-from conductor.backups.restore import open_verified, restore_backup
+from conductor.backups.layout import BackupError, BackupFolder
+from conductor.backups.restore import restore_backup
 from conductor.backups.take import take_backup
 from conductor.cli_views import DEV_DIR, ZK_ENV
 
@@ -109,10 +109,11 @@ class BackupCommands:
         with self.operator_errors():
             started = time.monotonic()
             try:
+                folder = BackupFolder(source)
+                manifest = folder.open(backup_id)
                 with _bars() as progress:
-                    task = progress.add_task("verifying", total=None)
-                    folder, manifest = open_verified(source, backup_id,
-                                                     lambda n: progress.advance(task, n))
+                    task = progress.add_task(f"verifying {manifest.id}", total=manifest.total_bytes())
+                    folder.verify(manifest, lambda n: progress.advance(task, n))
                 console.print(f"[dim]verified backup {manifest.id} of {manifest.module} "
                               f"({manifest.total_bytes() / 1e6:.1f} MB, every file's CRC32C)[/dim]")
                 with self.connect(zk) as conductor:
