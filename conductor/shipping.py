@@ -80,8 +80,9 @@ def check_locally(artifact: Artifact, module_ref: str) -> ModuleDefinition:
 
 
 #: called between steps 4 and 5 with the placement and a channel per chosen worker (``conductor restore`` pushes
-#: each group's checkpoint there); raising stops the deploy as a refusal does
-BeforeCreate = Callable[[dict[int, GroupState], dict[str, grpc.Channel]], None]
+#: each group's checkpoint there); returns the groups to create (with what it learnt); raising stops the deploy
+#: as a refusal does
+BeforeCreate = Callable[[dict[int, GroupState], dict[str, grpc.Channel]], dict[int, GroupState]]
 
 
 def deploy_code(conductor: Conductor, spec: ModuleSpec, artifact: Artifact,
@@ -104,7 +105,7 @@ def deploy_code(conductor: Conductor, spec: ModuleSpec, artifact: Artifact,
         if refusals:
             raise CodeRefused(spec.name, refusals)
         if before_create is not None:
-            before_create(groups, channels)
+            groups = before_create(groups, channels)
         version = CodeVersion(artifact.sha256, artifact.size, artifact.kind, spec.module_ref, artifact.origin,
                               tuple(nodes))
         deployed = conductor.deploy(spec, groups, version)

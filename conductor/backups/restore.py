@@ -81,8 +81,7 @@ def restore_backup(conductor: Conductor, folder: BackupFolder, manifest: BackupM
     try:
         if len(channels) < len(nodes):
             raise BackupError(f"workers {sorted(set(nodes) - set(channels))} left ZooKeeper while placing {name}")
-        push(groups, channels)
-        return conductor.deploy(spec, groups)
+        return conductor.deploy(spec, push(groups, channels))
     finally:
         for ch in channels.values():
             ch.close()
@@ -98,8 +97,11 @@ class Pusher:
         self.on_progress = on_progress
         self._done = 0
 
-    def __call__(self, placed: dict[int, GroupState], channels: dict[str, grpc.Channel]) -> None:
+    def __call__(self, placed: dict[int, GroupState], channels: dict[str, grpc.Channel]) -> dict[int, GroupState]:
+        """Push, then the groups with each replica's restored storage incarnation recorded (as its replica would
+        record it, under no session yet): one whose restored storage is lost before it confirms is refused."""
         assert set(placed) == set(self.groups), "placed groups differ from the backup's"
+        incarnations: dict[tuple[int, str], int] = {}
         jobs = [(g, n) for g, st in sorted(placed.items()) for n in st.replicas]
         total = sum(self.groups[g].checkpoint_manifest().total_bytes() for g, _n in jobs)
         self.on_progress(0, total)
@@ -108,7 +110,8 @@ class Pusher:
             g, n = job
             stub = pbg.ReplicationStub(channels[n])
             try:
-                stub.RestoreCheckpoint(self._chunks(self.groups[g], total), timeout=PUSH_TIMEOUT_S)
+                reply = stub.RestoreCheckpoint(self._chunks(self.groups[g], total), timeout=PUSH_TIMEOUT_S)
+                incarnations[(g, n)] = reply.incarnation
             except grpc.RpcError as e:
                 raise BackupError(f"worker {n} did not take group {g} of {self.name}: {e.code().name} "
                                   f"{e.details()}") from None
@@ -120,6 +123,8 @@ class Pusher:
         except BaseException:
             self._discard(jobs, channels)
             raise
+        return {g: dataclasses.replace(st, storage=tuple((n, incarnations[(g, n)], 0) for n in st.replicas))
+                for g, st in placed.items()}
 
     def _chunks(self, g: GroupBackup, total: int) -> Iterator[pb.RestoreChunk]:
         yield pb.RestoreChunk(module=self.name, group=g.group, manifest_json=g.checkpoint_manifest().to_json())

@@ -5,8 +5,9 @@ group's checkpoint to every replica chosen for it (``RestoreCheckpoint``, a
 client stream: the manifest first, then the files in chunks), and only then
 creates the module in ZooKeeper. So when this worker opens the replica it
 finds an ordinary store, applied up to the backup's offset, a replog that
-starts right after it, and an epoch history that puts those offsets in epoch
-0, before any leader of the new module (docs/backups.md).
+starts right after it, an epoch history that puts those offsets in epoch 0,
+before any leader of the new module, and storage marks whose incarnation the
+group's first znode records (docs/backups.md).
 
 Files land in ``<data>/_restore/`` (module names start with a letter: no clash)
 and are checked against the manifest's size and CRC32C as they arrive;
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import shutil
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -29,8 +31,10 @@ from conductor.wire import millrace_pb2 as pb
 from conductor.wire.errors import InvalidRequest
 from conductor.worker.far_horizon import IncomingFile
 from pstate.checkpoint import Manifest, ManifestFile, install
+from replog.eligibility import StorageMarks
 from replog.epoch_file import EpochFile
 from replog.log import Log
+from replog.marks_file import MarksFile
 
 log = logging.getLogger("millrace.node")
 
@@ -114,11 +118,12 @@ class RestoreReceiver:
         missing = sorted(set(by_name) - done)
         if missing:
             raise InvalidRequest("RestoreCheckpoint", f"the stream ended without {', '.join(missing)}")
-        await asyncio.to_thread(self._install, first.module, first.group, staging, manifest)
-        return pb.RestoreReply(applied_offset=manifest.applied_offset, bytes=received)
+        incarnation = await asyncio.to_thread(self._install, first.module, first.group, staging, manifest)
+        return pb.RestoreReply(applied_offset=manifest.applied_offset, bytes=received, incarnation=incarnation)
 
-    def _install(self, module: str, group: int, staging: Path, manifest: Manifest) -> None:
-        """The store from the checkpoint, and an empty replog that starts after its applied offset."""
+    def _install(self, module: str, group: int, staging: Path, manifest: Manifest) -> int:
+        """The store from the checkpoint, an empty replog that starts after its applied offset, the epoch history
+        and the storage marks; the storage's incarnation (``conductor restore`` records it in the group's znode)."""
         gdir = self._group_dir(module, group)
         shutil.rmtree(gdir, ignore_errors=True)  # a failed restore's leftover: the module exists nowhere
         install(staging, manifest, gdir / "state")
@@ -127,6 +132,13 @@ class RestoreReceiver:
         # The restored offsets belong to epoch 0, below the first leader's (GroupState.initial: epoch 1): a
         # follower's epoch-end request then finds every replica's history equal, nothing to truncate.
         EpochFile(gdir / "epochs").save([(RESTORED_EPOCH, 0)])
+        # Marks with an incarnation the group's first znode records: a replica whose restored storage is lost
+        # before it confirms its own (a new, empty directory: a new incarnation) is refused like any that lost
+        # what it held, never elected empty (tests/sim/test_restore.py found that window without them).
+        upto = manifest.applied_offset
+        incarnation = random.SystemRandom().randrange(1, 1 << 63)
+        MarksFile(gdir / "marks").save(StorageMarks(incarnation, acked=upto, applied=upto, clean=True))
         log.warning("restored %s/%d from a backup: store applied up to offset %d (%d file(s), %.1f MB); its replog "
                     "starts at %d", module, group, manifest.applied_offset, len(manifest.files),
                     manifest.total_bytes() / 1e6, manifest.applied_offset + 1)
+        return incarnation
