@@ -68,6 +68,9 @@ def restore_backup(conductor: Conductor, folder: BackupFolder, manifest: BackupM
     """Create module ``name`` from a verified backup (see the module docstring); the placed groups."""
     step = on_step or (lambda _m: None)
     spec = restored_spec(manifest, name)
+    if name in conductor.ms.modules.names():  # (the workers refuse it too; this says it before any transfer)
+        raise BackupError(f"module {name} exists: a restore only creates a module; pick another name with --as "
+                          f"(or `conductor destroy {name}` first)")
     push = Pusher(folder, manifest, name, on_progress or (lambda _d, _t: None))
     if manifest.code is not None:
         artifact = Artifact(folder.path(manifest.code).read_bytes(), manifest.code_kind, manifest.code_origin)

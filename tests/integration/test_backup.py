@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from conductor.backups.layout import BackupDamaged, BackupFolder
+from conductor.backups.layout import BackupDamaged, BackupError, BackupFolder
 from conductor.backups.restore import open_verified, restore_backup
 from conductor.backups.take import take_backup
 from conductor.client import Cluster
@@ -103,6 +103,8 @@ def test_backup_while_writing_restores_under_a_new_name(dc: DevCluster, tmp_path
         restore_backup(c, folder, manifest, "ClicksCopy")
         st = wait_serving(c.ms, "ClicksCopy", 60)
         assert st["serving"] == THREADS, st
+        with pytest.raises(BackupError, match="module ClicksCopy exists: a restore only creates"):
+            restore_backup(c, folder, manifest, "ClicksCopy")
     finally:
         c.ms.close()
     groups = groups_of(dc, "ClicksCopy")

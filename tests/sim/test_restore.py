@@ -6,6 +6,10 @@ backup's offset ``N``, an empty replog starting at ``N + 1`` and the epoch histo
 deploy's. The random runs of ``test_sim`` start from that state instead of empty
 disks: every invariant holds, the restored entries stay committed, and spare
 replicas a reassignment adds copy them by far horizon (the log holds none).
+
+Session 10: without the storage records a restore puts in the group's first znode, membership seed 15000013
+elected a replica whose restored storage a fault had wiped (empty, a new incarnation). With them, seeds
+20,000,000-20,000,599 and 15,000,000-15,000,199 (``SIM_RESTORE_SEEDS=600``) all pass.
 """
 
 from __future__ import annotations
