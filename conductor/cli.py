@@ -13,6 +13,7 @@ written by ``conductor dev`` in the current directory):
     conductor disallow-leaders NODE [--timeout 60]
     conductor allow-leaders NODE
     conductor destroy MODULE [--yes]
+    conductor backup MODULE --to DIR, conductor restore --from DIR --as NAME (conductor.cli_backup)
     conductor doctor
     conductor certs init|issue, conductor acl grant|revoke|list, conductor token create|revoke|list
                      (conductor.cli_security)
@@ -50,6 +51,7 @@ from rich.text import Text
 from conductor import __version__
 from conductor import cli_credentials as credentials
 from conductor import status as cluster_status
+from conductor.cli_backup import BackupCommands
 from conductor.cli_scale import ScaleCommands
 from conductor.cli_security import SecurityCommands
 from conductor.cli_views import (
@@ -669,6 +671,7 @@ def doctor(fetch: bool = typer.Option(False, "--fetch", help="first download wha
 
 SecurityCommands(_connect, _operator_errors, CliError).register(app)
 ScaleCommands(_connect, _operator_errors, CliError).register(app)
+BackupCommands(_connect, _operator_errors, CliError, _wait_serving_with_spinner).register(app)
 
 
 if __name__ == "__main__":

@@ -79,8 +79,15 @@ def check_locally(artifact: Artifact, module_ref: str) -> ModuleDefinition:
             unload(artifact.sha256)
 
 
+#: called between steps 4 and 5 with the placement and a channel per chosen worker (``conductor restore`` pushes
+#: each group's checkpoint there); returns the groups to create (with what it learnt); raising stops the deploy
+#: as a refusal does
+BeforeCreate = Callable[[dict[int, GroupState], dict[str, grpc.Channel]], dict[int, GroupState]]
+
+
 def deploy_code(conductor: Conductor, spec: ModuleSpec, artifact: Artifact,
-                on_step: Callable[[str], None] | None = None) -> dict[int, GroupState]:
+                on_step: Callable[[str], None] | None = None,
+                before_create: BeforeCreate | None = None) -> dict[int, GroupState]:
     """Ship `artifact` to the workers chosen for `spec` and deploy it (see the module docstring)."""
     step = on_step or (lambda _msg: None)
     spec = dataclasses.replace(spec, code=artifact.sha256)
@@ -97,6 +104,8 @@ def deploy_code(conductor: Conductor, spec: ModuleSpec, artifact: Artifact,
         refusals.update({n: "not registered in ZooKeeper any more (stopped?)" for n in nodes if n not in addresses})
         if refusals:
             raise CodeRefused(spec.name, refusals)
+        if before_create is not None:
+            groups = before_create(groups, channels)
         version = CodeVersion(artifact.sha256, artifact.size, artifact.kind, spec.module_ref, artifact.origin,
                               tuple(nodes))
         deployed = conductor.deploy(spec, groups, version)
@@ -153,7 +162,8 @@ def _chunks(artifact: Artifact) -> Iterator[code_pb2.ArtifactChunk]:
 def prepare_code(channels: dict[str, grpc.Channel], spec: ModuleSpec, sources: list[str]) -> dict[str, str]:
     """Every worker's refusal (an import error, a define() that raised, no answer), by worker."""
     assert spec.code is not None
-    req = code_pb2.PrepareRequest(module=spec.name, module_ref=spec.module_ref, sha256=spec.code, sources=sources)
+    req = code_pb2.PrepareRequest(module=spec.name, module_ref=spec.module_ref, sha256=spec.code, sources=sources,
+                                  declared_module=spec.defined_as or "")
     futures = {n: codeg.CodeStub(ch).Prepare.future(req, timeout=PREPARE_TIMEOUT_S) for n, ch in channels.items()}
     refusals = {}
     for n, fut in futures.items():

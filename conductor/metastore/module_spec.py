@@ -198,6 +198,9 @@ class ModuleSpec:
     #: the version the module was deployed with, once an update changed ``code`` (None: ``code`` is it): a
     #: replica that replays its replog from the start runs it until the first switch entry
     initial_code: str | None = None
+    #: the module name the code declares, when the module runs under another (``conductor restore --as NAME``); None:
+    #: ``name`` is it. Workers check the code against it.
+    defined_as: str | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -227,6 +230,8 @@ class ModuleSpec:
                     self.initial_code.startswith(PATH_VERSION)
                     and MODULE_REF_RE.match(self.initial_code[len(PATH_VERSION):])))):
             raise InvalidSpec("initial_code", self.initial_code, f"a code version, or {PATH_VERSION}pkg.mod:Class")
+        if self.defined_as is not None and not (isinstance(self.defined_as, str) and NAME_RE.match(self.defined_as)):
+            raise InvalidSpec("defined_as", self.defined_as, "a module name, as the code declares it")
         if not isinstance(self.options, dict):
             raise InvalidSpec("options", self.options, "must be a mapping of option name to string value")
         for key, value in self.options.items():
@@ -331,6 +336,8 @@ class ModuleSpec:
             doc["code"] = self.code
         if self.initial_code is not None:
             doc["initialCode"] = self.initial_code
+        if self.defined_as is not None:
+            doc["definedAs"] = self.defined_as
         return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
@@ -356,4 +363,5 @@ class ModuleSpec:
             options=dict(doc.get("options") or {}),
             code=doc.get("code"),
             initial_code=doc.get("initialCode"),
+            defined_as=doc.get("definedAs"),
         )

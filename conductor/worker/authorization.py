@@ -18,7 +18,9 @@ stores no byte, a refused ``Prepare`` imports nothing, a refused append changes
 no depot. A stream (``AppendStream``) is checked once per module it names, not
 per record. A far-horizon copy (``FetchCheckpoint``) is a replica's whole state:
 only a worker that the group's znode names as a replica, fetching for itself,
-gets one (the worker tells the checker the replicas it last learnt).
+gets one (the worker tells the checker the replicas it last learnt). ``conductor backup`` takes the same copy
+(``BackupCheckpoint``) with admin on the module; ``conductor restore`` pushes one (``RestoreCheckpoint``) with
+deploy on the module it creates (docs/backups.md).
 
 Checks read the :class:`~conductor.metastore.acls.AclCache` (kept current by a
 ZooKeeper watch) and remember their answers until the watch replaces the ACLs,
@@ -94,6 +96,12 @@ RULES: dict[str, Rule] = {
     "/millrace.admin.Admin/Ping": Rule(ADMIN, EVERY),
     # a far-horizon copy is a replica's whole state: only a replica of the group, and only for itself
     "/millrace.Replication/FetchCheckpoint": Rule(QUERY, replicas_only=True),
+    # conductor backup: the same copy, for an operator; the module's whole state leaves the cluster to wherever the
+    # operator points, so it takes admin on the module (the operator's role), not query (an app's reads)
+    "/millrace.Replication/BackupCheckpoint": Rule(ADMIN),
+    # conductor restore: writes a new module's whole state, as a deploy writes its code, so deploy on the module it
+    # names (the receiver refuses a module that exists: a restore only creates)
+    "/millrace.Replication/RestoreCheckpoint": Rule(DEPLOY),
 }
 
 

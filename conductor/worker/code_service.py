@@ -85,9 +85,10 @@ class CodeService(codeg.CodeServicer):
         if not code.has(request.sha256):
             code.fetch(request.sha256, list(request.sources))
         definition = code.load(request.sha256, request.module_ref).build()
-        if definition.name != request.module:
+        expected = request.declared_module or request.module  # (a restored module runs under another name)
+        if definition.name != expected:
             raise ModuleDefinitionError(f"{request.module_ref} declares module {definition.name!r}, not "
-                                        f"{request.module!r}")
+                                        f"{expected!r}")
         self.prepare(request.module, request.sha256, definition)  # an update: ready each replica
 
     async def Discard(self, request: code_pb2.DiscardRequest, context: Any) -> code_pb2.DiscardReply:

@@ -155,6 +155,8 @@ def encode_data_chunk(name: str, offset: int, data: bytes | memoryview) -> bytes
 
 
 FETCH_METHOD = "/millrace.Replication/FetchCheckpoint"
+#: conductor backup's rounds: served exactly as FETCH_METHOD, authorized as an operator's (admin) call
+BACKUP_METHOD = "/millrace.Replication/BackupCheckpoint"
 
 
 def _read_varint(raw: memoryview, i: int) -> tuple[int, int]:
@@ -209,9 +211,10 @@ def serialize_chunk(message: pb.CheckpointChunk | bytes) -> bytes:
 
 
 def replication_handler(servicer: pbg.ReplicationServicer) -> grpc.GenericRpcHandler:
-    """The Replication service with checked request bodies; FetchCheckpoint may yield pre-encoded chunks."""
+    """The Replication service with checked request bodies; FetchCheckpoint (and BackupCheckpoint, the same
+    rounds for ``conductor backup``) may yield pre-encoded chunks."""
     return checked_handler(pb.DESCRIPTOR.services_by_name["Replication"], servicer,
-                           {"FetchCheckpoint": serialize_chunk})
+                           {"FetchCheckpoint": serialize_chunk, "BackupCheckpoint": serialize_chunk})
 
 
 ReadInto = Callable[[Path, int, bytearray], Awaitable[int]]
@@ -395,7 +398,7 @@ class Catchup:
         pairs: Pairs = []
         leader_end = 0
         by_name: dict[str, ManifestFile] = {}
-        current: _Incoming | None = None
+        current: IncomingFile | None = None
         for raw in fetch(self._request(list(verified.values())), wait_for_ready=False):
             if self._stop.is_set():
                 raise _Stopped
@@ -419,7 +422,7 @@ class Catchup:
                 pending = self._flushing.pop(meta.name, None)
                 if pending is not None:
                     pending.result()  # an earlier copy of the same name is being fsynced: let it finish first
-                current = _Incoming(meta, self.staging / meta.name)
+                current = IncomingFile(meta, self.staging / meta.name)
             if offset != current.size:
                 raise ValueError(f"{name}: chunk at {offset}, expected {current.size}")
             current.write(data)
@@ -433,7 +436,7 @@ class Catchup:
             raise ValueError("the leader's round carried no checkpoint description")
         return manifest, pairs, leader_end
 
-    def _finish(self, f: _Incoming, verified: dict[str, ManifestFile]) -> None:
+    def _finish(self, f: IncomingFile, verified: dict[str, ManifestFile]) -> None:
         f.flush()
         if f.size == f.meta.size and f.crc == f.meta.crc32c:
             verified[f.meta.name] = f.meta
@@ -457,7 +460,7 @@ class _Stopped(Exception):
     """The node is closing the replica: abandon the transfer (the leader re-offers later)."""
 
 
-class _Incoming:
+class IncomingFile:
     """A file being received: written as it comes, checksummed on the way."""
 
     def __init__(self, meta: ManifestFile, path: Path) -> None:

@@ -87,10 +87,12 @@ class CodeLifecycle:
 
     def module_code(self, spec: ModuleSpec) -> ModuleCode:
         return ModuleCode(spec.name, spec.initial_version, spec.version,
-                          functools.partial(self._load, spec.name, spec.module_ref), on_missing=self.load_referenced)
+                          functools.partial(self._load, spec.name, spec.module_ref, spec.defined_as or spec.name),
+                          on_missing=self.load_referenced)
 
-    def _load(self, module: str, module_ref: str, version: str) -> ModuleDefinition:
-        """Import and define ``version`` (fetched from a holder if this worker lacks it)."""
+    def _load(self, module: str, module_ref: str, declared: str, version: str) -> ModuleDefinition:
+        """Import and define ``version`` (fetched from a holder if this worker lacks it); the code must declare
+        ``declared`` (the module's name, or the one it was restored from: ``ModuleSpec.defined_as``)."""
         if version.startswith(PATH_VERSION):
             definition = load_module(version[len(PATH_VERSION):]).build()
         else:
@@ -99,9 +101,9 @@ class CodeLifecycle:
             if not self.code.has(version):
                 self.code.fetch(version, code_sources(self.metastore, module, version, exclude=self.node_id))
             definition = self.code.load(version, ref).build()
-        if definition.name != module:
+        if definition.name != declared:
             raise ModuleDefinitionError(f"code version {version[:12]} declares module {definition.name!r}, not "
-                                        f"{module!r}")
+                                        f"{declared!r}")
         return definition
 
     def load_referenced(self, module_name: str) -> None:

@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -60,6 +60,8 @@ MAX_PIPELINED_APPENDS = 1024
 _ACKS = {pb.ACK_NONE: Ack.NONE, pb.ACK_APPEND: Ack.APPEND, pb.ACK_APPLIED: Ack.APPLIED}
 
 F = TypeVar("F", bound=Callable[..., Any])
+#: receives one group's restored checkpoint (conductor.worker.restore_receiver.RestoreReceiver.receive)
+RestoreFn = Callable[[AsyncIterator[pb.RestoreChunk]], Awaitable[pb.RestoreReply]]
 
 
 def maps_errors(method: F) -> F:
@@ -119,10 +121,12 @@ class ReplicationService(pbg.ReplicationServicer):
     ``chunk_sent`` is a test launcher's hook on each data chunk (:class:`~conductor.worker.hooks.WorkerHooks`)."""
 
     def __init__(self, shelf: CheckpointShelf, checkpoint_round: Callable[[pb.FetchCheckpointRequest], Shelved],
-                 chunk_sent: ChunkFilter | None = None) -> None:
+                 chunk_sent: ChunkFilter | None = None, restore: RestoreFn | None = None) -> None:
         self.shelf = shelf
         self.checkpoint_round = checkpoint_round
         self.chunk_sent = chunk_sent
+        #: conductor restore's receiver (conductor.worker.restore_receiver); None: refused
+        self.restore = restore
 
     @maps_errors
     async def FetchCheckpoint(self, request: pb.FetchCheckpointRequest,
@@ -137,6 +141,15 @@ class ReplicationService(pbg.ReplicationServicer):
             return await asyncio.to_thread(read_chunk_into, path, offset, buf)
         async for chunk in stream_checkpoint(shelved, list(request.have), read_into, self.chunk_sent):
             yield chunk
+
+    # conductor backup: the same rounds, shelved under the backup's id (the interceptor's rule differs: admin)
+    BackupCheckpoint = FetchCheckpoint
+
+    @maps_errors
+    async def RestoreCheckpoint(self, requests: AsyncIterator[pb.RestoreChunk], context: Any) -> pb.RestoreReply:
+        if self.restore is None:
+            raise InvalidRequest("RestoreCheckpoint", "this worker takes no restores")
+        return await self.restore(requests)
 
 
 class ClientService(pbg.ClientServicer):

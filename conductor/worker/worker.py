@@ -63,6 +63,7 @@ from conductor.worker.recovery import ReplicaRecovery
 from conductor.worker.replica_faults import describe, fault_kind
 from conductor.worker.replica_host import ReplicaHost
 from conductor.worker.replica_store import ReplicaStore
+from conductor.worker.restore_receiver import RestoreReceiver
 from conductor.worker.runtime import LocalModules, ModuleRuntime
 from conductor.worker.services import AdminService, ClientService, LoopSettler, ReplicationService
 from conductor.worker.task_thread import TaskThreadPool
@@ -184,7 +185,8 @@ class Worker:
                 self.node_id, self.code, lifecycle.prepare, metastore.versions.referenced)),
             checked_handler(pb.DESCRIPTOR.services_by_name["Client"], ClientService(self.modules, settler.post)),
             # (who may copy a replica: the Authorizer's rule, against group_replicas)
-            replication_handler(ReplicationService(self.shelf, self.checkpoint_round, self.hooks.chunk_sent)),
+            replication_handler(ReplicationService(self.shelf, self.checkpoint_round, self.hooks.chunk_sent,
+                                                   RestoreReceiver(self.data_dir, self._module_exists).receive)),
         ))
         self._running = run = Running(
             loop, metastore, router, PeerTransport(self.node_id, loop, self._resolve_peer, router.forget,
@@ -582,6 +584,10 @@ class Worker:
                                copy_limit=functools.partial(self.running.membership.copy_limit, host.module,
                                                             host.group))
         host.catchup.start()
+
+    def _module_exists(self, module: str) -> bool:
+        """Hosted here or deployed (blocking): a restore never writes into such a module (restore_receiver)."""
+        return module in self.modules or module in self.running.metastore.modules.names()
 
     def group_replicas(self, module: str, group: int) -> tuple[str, ...] | None:
         """The replicas the group's znode names, as this worker's replica of it last learnt them (None: not

@@ -1122,11 +1122,12 @@ MEMBERSHIP_SEEDS_FROM = 10_000_000
 
 def run_seed(seed: int, replica_cls: type[Replica] = Replica, fault_ms: int = 1200,
              quiet_ms: int = 1500, trace: bool = False, membership: bool | None = None,
-             plan_rules: type[PlanRules] = PlanRules) -> RunResult:
+             plan_rules: type[PlanRules] = PlanRules, prepare: Callable[[Sim], None] | None = None) -> RunResult:
     """One randomized run: faults and client load for ``fault_ms``, then heal and check liveness.
 
     ``membership`` (default: the seeds from MEMBERSHIP_SEEDS_FROM) adds spare workers and the
-    reassignment nemesis, which plays the conductor with ``plan_rules``.
+    reassignment nemesis, which plays the conductor with ``plan_rules``. ``prepare(sim)`` runs before it starts
+    (a test's initial disks: tests/sim/test_restore.py).
     """
     rng = random.Random(seed ^ 0x5EED)
     nodes = rng.choice([2, 3, 3, 3, 4])
@@ -1157,6 +1158,8 @@ def run_seed(seed: int, replica_cls: type[Replica] = Replica, fault_ms: int = 12
     for nid in slow:
         sim.nodes[nid].flush_ms = faults.slow_flush_ms
     try:
+        if prepare is not None:
+            prepare(sim)
         sim.start()
         _schedule_faults(sim, rng, fault_ms)
         _schedule_clients(sim, rng, fault_ms)

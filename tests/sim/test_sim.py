@@ -30,7 +30,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 
@@ -61,15 +61,16 @@ def test_random_seeds_10000() -> None:
     _run_seeds(range(10_000))
 
 
-def _run_seeds(seeds: Sequence[int]) -> None:
+def _run_seeds(seeds: Sequence[int], run: Callable[[int], RunResult] = run_seed) -> None:
+    """Run ``run`` (a picklable function of a seed) on every seed, two workers for many; fail with the first error."""
     t0 = time.monotonic()
     if _workers(len(seeds)) > 1:
         # spawn, not fork: earlier tests in the same process leave gRPC and Spark threads running,
         # and forking a threaded process can deadlock the children.
         with multiprocessing.get_context("spawn").Pool(_workers(len(seeds))) as pool:
-            results: list[RunResult] = pool.map(run_seed, seeds, chunksize=20)
+            results: list[RunResult] = pool.map(run, seeds, chunksize=20)
     else:
-        results = [run_seed(s) for s in seeds]
+        results = [run(s) for s in seeds]
     elapsed = time.monotonic() - t0
     failures = [r for r in results if r.error]
     assert not failures, (

@@ -84,3 +84,22 @@ def test_answers_are_forgotten_when_the_watch_replaces_the_acls() -> None:
     assert not c.allowed(APP, "Billing", "append")
     cache.acls = cache.acls.grant(APP, "Billing", ["append"])
     assert c.allowed(APP, "Billing", "append")
+
+
+def test_a_backup_takes_admin_on_the_module_and_a_restore_deploy_on_the_one_it_creates() -> None:
+    acls = Acls().grant(APP, "Billing", ["query", "append"]).grant(Identity("app", "ops"), "Billing", ["admin"]) \
+        .grant(Identity("app", "ci"), "Copy", ["deploy"])
+    c = checker(acls)
+    backup, restore = "/millrace.Replication/BackupCheckpoint", "/millrace.Replication/RestoreCheckpoint"
+    req = pb.FetchCheckpointRequest(module="Billing", group=0, follower="backup-x")
+    check(c, ADMIN, backup, req)
+    check(c, Identity("app", "ops"), backup, req)
+    with pytest.raises(Denied, match="'admin'"):  # an app that reads its module does not copy it out whole
+        check(c, APP, backup, req)
+    with pytest.raises(Denied, match="'admin'"):  # nor does a worker (a far-horizon copy is FetchCheckpoint's)
+        check(c, WORKER, backup, req)
+    check(c, Identity("app", "ci"), restore, pb.RestoreChunk(module="Copy"))
+    with pytest.raises(Denied, match="'deploy'"):
+        check(c, Identity("app", "ci"), restore, pb.RestoreChunk(module="Billing"))
+    with pytest.raises(Denied, match="'deploy'"):
+        check(c, APP, restore, pb.RestoreChunk(module="Copy"))
