@@ -39,18 +39,20 @@ class NodeInfo:
     metrics: str = ""
     #: it serves mutual TLS (False: plaintext, loopback or --insecure; `conductor status` shows it)
     secure: bool = False
+    #: where apps holding a bearer token and no certificate call it (server-only TLS); "" when it serves none
+    token: str = ""
 
     def to_json(self) -> bytes:
         return json.dumps({"address": self.address, "replication": self.replication, "pid": self.pid,
-                           "started": self.started, "metrics": self.metrics, "secure": self.secure},
-                          sort_keys=True).encode()
+                           "started": self.started, "metrics": self.metrics, "secure": self.secure,
+                           "token": self.token}, sort_keys=True).encode()
 
     @classmethod
     def from_json(cls, node_id: str, raw: bytes) -> NodeInfo:
         doc = json.loads(raw)
         return cls(node_id=node_id, address=doc["address"], pid=int(doc["pid"]), started=float(doc["started"]),
                    replication=str(doc.get("replication", "")), metrics=str(doc.get("metrics", "")),
-                   secure=bool(doc.get("secure", False)))
+                   secure=bool(doc.get("secure", False)), token=str(doc.get("token", "")))
 
 
 class Nodes:
@@ -58,13 +60,13 @@ class Nodes:
 
     def __init__(self, ms: Metastore) -> None:
         self.ms = ms
-        #: node id -> (gRPC address, replication address) of the nodes this session registered
-        self._registered: dict[str, tuple[str, str, bool]] = {}
+        #: node id -> (gRPC address, replication address, secure, token address) of the nodes this session registered
+        self._registered: dict[str, tuple[str, str, bool, str]] = {}
         #: node id -> metrics address advertised by this session (kept across a re-registration)
         self._metrics: dict[str, str] = {}
 
     def register(self, node_id: str, address: str, *, replication: str = "", stale_wait_s: float = 0.0,
-                 secure: bool = False) -> NodeInfo:
+                 secure: bool = False, token: str = "") -> NodeInfo:
         """Announce a live worker node (ephemeral: it disappears when this session ends).
 
         A worker restarted right after a crash finds its id still held by the crashed process's session
@@ -74,7 +76,8 @@ class Nodes:
         if not NAME_RE.match(node_id):
             raise ValueError(f"bad node id {node_id!r}: use letters, digits, '_', '-' or '.', starting with a letter")
         info = NodeInfo(node_id=node_id, address=address, pid=os.getpid(), started=time.time(),
-                        replication=replication, metrics=self._metrics.get(node_id, ""), secure=secure)
+                        replication=replication, metrics=self._metrics.get(node_id, ""), secure=secure,
+                        token=token)
         path = f"{NODES_PATH}/{node_id}"
 
         def attempt() -> None:
@@ -104,7 +107,7 @@ class Nodes:
                     raise
                 log.warning("%s; waiting up to %.0f s for that session to expire", e, deadline - time.monotonic())
                 time.sleep(0.25)
-        self._registered[node_id] = (address, replication, secure)
+        self._registered[node_id] = (address, replication, secure, token)
         return info
 
     def advertise_metrics(self, node_id: str, metrics: str) -> None:
@@ -176,9 +179,9 @@ class Nodes:
 
     def reregister(self) -> None:
         """A new session after LOST: our node znodes expired with the old one, so create them again."""
-        for node_id, (address, replication, secure) in list(self._registered.items()):
+        for node_id, (address, replication, secure, token) in list(self._registered.items()):
             try:
-                self.register(node_id, address, replication=replication, secure=secure)
+                self.register(node_id, address, replication=replication, secure=secure, token=token)
                 log.info("re-registered node %s after session loss", node_id)
             except MetastoreError as e:
                 log.error("could not re-register node %s: %s", node_id, e)

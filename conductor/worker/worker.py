@@ -52,6 +52,7 @@ from conductor.worker.far_horizon import (
     Shelved,
     replication_handler,
 )
+from conductor.worker.grpc_ports import bind_grpc_ports
 from conductor.worker.hooks import WorkerHooks
 from conductor.worker.hosted import HostedReplica
 from conductor.worker.inbox import InstallCheckpoint
@@ -120,8 +121,10 @@ class Worker:
                  session_timeout: float = 6.0, metrics_port: int = 0, *, listen: Listen = Listen(),
                  metrics_listen: Listen | None = None, replication_port: int = 0, task_threads: int = 1,
                  hooks: WorkerHooks | None = None, tls: TlsSource | None = None, authorize: bool = False,
-                 zk_auth: ZkPrincipal | None = None) -> None:
+                 zk_auth: ZkPrincipal | None = None, token_port: int | None = None) -> None:
         self.node_id = node_id
+        #: the second gRPC port, server-only TLS for apps with a bearer token (conductor.worker.grpc_ports); None: none
+        self.token_port = token_port
         #: ZooKeeper digest credentials (--zk-auth): the znodes this worker creates are writable by them alone
         self.zk_auth = zk_auth
         #: this worker's certificate (mutual TLS on gRPC and the replication links); None: plaintext
@@ -189,15 +192,9 @@ class Worker:
             settler, ReplicaRecovery(self.node_id, self.data_dir, metastore, self.modules, self.open_replica),
             lifecycle)
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        try:
-            bound = (server.add_secure_port(self.listen.bind(self.port), self.tls.grpc_server_credentials())
-                     if self.tls is not None else server.add_insecure_port(self.listen.bind(self.port)))
-        except RuntimeError:
-            bound = 0
-        if bound == 0:
-            raise OSError(f"node {self.node_id} cannot bind gRPC on {self.listen.bind(self.port)}: the address "
-                          "is not on this machine or the port is taken (--host, --port)")
-        self.port = bound
+        ports = bind_grpc_ports(server, self.node_id, self.listen, self.port, self.tls, self.token_port,
+                                authorized=self.authorizer is not None)
+        self.port, self.token_port = ports.main, ports.token
         await server.start()
         try:
             self.replication_port = await self.peer_server.start(self.listen.host, self.replication_port)
@@ -213,7 +210,7 @@ class Worker:
         # a crashed predecessor's session may hold our id for up to its timeout (assumed to be ours)
         await asyncio.to_thread(functools.partial(metastore.nodes.register, self.node_id, self.address,
                                                   replication=self.replication_address, stale_wait_s=self.session_timeout * 1.5 + 2,
-                                                  secure=self.tls is not None))
+                                                  secure=self.tls is not None, token=self.token_address))
         metastore.zk.ChildrenWatch(MODULES_PATH, self._on_modules)
         run.lifecycle.start()
         self.metrics_address = self._start_metrics()
@@ -246,13 +243,19 @@ class Worker:
     def security(self) -> str:
         """How the links are protected, for the start line (``python -m conductor.worker`` says INSECURE)."""
         if self.tls is not None:
-            return f"mutual TLS as {self.tls.identity}"
+            tokens = f", bearer tokens on {self.token_address}" if self.token_port is not None else ""
+            return f"mutual TLS as {self.tls.identity}{tokens}"
         return "INSECURE: plaintext" if not is_loopback(self.listen.host) else "plaintext on loopback"
 
     @property
     def address(self) -> str:
         """The gRPC address others reach this worker at (registered in ZooKeeper)."""
         return self.listen.advertised(self.port)
+
+    @property
+    def token_address(self) -> str:
+        """Where apps with a bearer token reach this worker (server-only TLS; "" when it serves no token port)."""
+        return self.listen.advertised(self.token_port) if self.token_port is not None else ""
 
     @property
     def replication_address(self) -> str:

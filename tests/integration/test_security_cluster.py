@@ -6,7 +6,9 @@ and selects; a client without a certificate, with one from another CA, or an exp
 one is refused and changes nothing; a replication link from a certificate that is not
 one of the group's replicas is refused; a ZooKeeper client without the cluster's
 digest cannot change a group znode; a worker's certificate rotated while a writer
-appends fails no append; a reachable plaintext bind refuses to start.
+appends fails no append; a reachable plaintext bind refuses to start. Apps with a
+bearer token (the workers' token port, server-only TLS) append and query; a wrong or
+revoked token is refused (``Unauthenticated``), and a token app cannot deploy.
 """
 
 from __future__ import annotations
@@ -28,15 +30,19 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 
+from conductor.client import Cluster
 from conductor.devcluster import DevCluster
 from conductor.metastore import Metastore
 from conductor.metastore.layout import group_path
-from conductor.security import certs
+from conductor.security import certs, tokens
 from conductor.security.identity import Identity
-from conductor.security.tls import TlsError, TlsFiles, TlsSource
+from conductor.security.tls import TlsError, TlsFiles, TlsSource, token_channel_credentials
 from conductor.settings import split_hostport
+from conductor.wire import admin_pb2, admin_pb2_grpc, code_pb2
+from conductor.wire import code_pb2_grpc as codeg
 from conductor.wire import millrace_pb2 as pb
 from conductor.wire import millrace_pb2_grpc as pbg
+from conductor.wire.errors import PermissionDenied, Unauthenticated, error_from_rpc
 from conductor.wire.peer_framing import LENGTH, frame_bytes
 from tests.integration.cluster_helpers import Appender, deploy, group_status, wait_for
 
@@ -279,3 +285,103 @@ def test_spark_reads_a_depot_and_a_pstate_over_tls(dc: DevCluster, spark: Any) -
     scanned = dict((r.key, r.value) for r in spark.read.format("millrace.pstate").option("cluster", dc.hosts)
                    .option("module", "WordCount").option("pstate", "$$counts").options(**tls).load().collect())
     assert scanned.get("tls") == "1", scanned
+
+
+# ---- apps with a bearer token: the workers' token port ------------------------------------------------------------
+
+
+def token_for(dc: DevCluster, name: str, *permissions: str) -> tuple[str, str]:
+    """A token of app/<name> (and its id), granted query and `permissions` on MODULE, as `conductor token create`
+    and `conductor acl grant` make them."""
+    app = Identity("app", name)
+    token, record = tokens.generate(app)
+    with Metastore(dc.hosts, zk_auth=dc.zk_principal()) as ms:
+        ms.tokens.put(record)
+        ms.acls.grant(app, MODULE, {"query", *permissions})
+        nodes = ms.nodes.live()
+    for node in nodes:  # each worker's token and ACL caches follow ZooKeeper watches: wait until they have fired
+        wait_for(lambda n=node: known_everywhere(dc, n, token), 20, f"worker {node} to know the token")
+    return token, record.token_id
+
+
+def known_everywhere(dc: DevCluster, node: str, token: str) -> bool:
+    with token_channel(dc, node, token) as ch:
+        try:
+            pbg.ClientStub(ch).GroupStatus(pb.GroupStatusRequest(module=MODULE, group=0), timeout=5)
+        except grpc.RpcError as e:
+            return e.code() not in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+    return True
+
+
+def token_channel(dc: DevCluster, node: str, token: str) -> grpc.Channel:
+    with Metastore(dc.hosts) as ms:
+        info = ms.nodes.get(node)
+    assert info is not None and info.token and info.token != info.address, "a TLS worker advertises a token port"
+    creds = token_channel_credentials((dc.pki / certs.CA_CERT).read_bytes(), token)
+    return grpc.secure_channel(info.token, creds, options=[("grpc.use_local_subchannel_pool", 1)])
+
+
+def test_token_app_appends_and_queries_on_a_tls_cluster(dc: DevCluster) -> None:
+    token, _ = token_for(dc, "tok-writer", "append", "query")
+    ca = dc.pki / certs.CA_CERT
+    with Cluster.connect(dc.hosts, token=token, ca=ca) as client:
+        for i in range(5):
+            assert client.depot(MODULE, "*clicks").append({"user": "tok", "id": f"t{i}"}, ack="applied") >= 0
+        assert client.depot(MODULE, "*clicks").partition_info(0) is not None
+
+
+def test_token_port_never_accepts_a_call_without_a_token(dc: DevCluster) -> None:
+    leader, _ = leader_address(dc)
+    with Metastore(dc.hosts) as ms:
+        info = ms.nodes.get(leader)
+    assert info is not None
+    ca = (dc.pki / certs.CA_CERT).read_bytes()
+    with grpc.secure_channel(info.token, grpc.ssl_channel_credentials(root_certificates=ca)) as ch, \
+            pytest.raises(grpc.RpcError) as e:
+        pbg.ClientStub(ch).GroupStatus(pb.GroupStatusRequest(module=MODULE, group=0), timeout=5)
+    assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED and "bearer token" in (e.value.details() or "")
+
+
+def test_wrong_or_revoked_token_is_refused_with_a_typed_error(dc: DevCluster) -> None:
+    token, token_id = token_for(dc, "tok-revoked", "append", "query")
+    ca = dc.pki / certs.CA_CERT
+    wrong = token[:-4] + ("AAAA" if not token.endswith("AAAA") else "BBBB")
+    with Cluster.connect(dc.hosts, token=wrong, ca=ca, timeout_s=10) as client, \
+            pytest.raises(Unauthenticated) as refused:
+        client.depot(MODULE, "*clicks").append({"user": "tok", "id": "wrong"}, ack="applied")
+    assert wrong not in str(refused.value) and token not in str(refused.value)
+    with Cluster.connect(dc.hosts, token=token, ca=ca, timeout_s=10) as client:
+        client.depot(MODULE, "*clicks").append({"user": "tok", "id": "before-revoke"}, ack="applied")
+        leader, _ = leader_address(dc)
+        before = log_end(dc, leader)
+        with Metastore(dc.hosts, zk_auth=dc.zk_principal()) as ms:
+            ms.tokens.revoke(token_id)
+
+        def refused_now() -> bool:
+            try:
+                client.depot(MODULE, "*clicks").append({"user": "tok", "id": "after-revoke"}, ack="applied")
+            except Unauthenticated:
+                return True
+            return False
+        wait_for(refused_now, 20, "the revoked token to be refused")
+    # (appends made before the watch fired may have landed; none after the refusal)
+    assert log_end(dc, leader) >= before
+
+
+def test_token_app_is_refused_deploy(dc: DevCluster, tmp_path: Path) -> None:
+    """A token app granted append and query: PutArtifact and Prepare are PERMISSION_DENIED (deploy), as is Ping."""
+    token, _ = token_for(dc, "tok-deployer", "append", "query")
+    leader, _ = leader_address(dc)
+    with token_channel(dc, leader, token) as ch:
+        stub = codeg.CodeStub(ch)
+        chunk = code_pb2.ArtifactChunk(sha256="0" * 64, size=3, data=b"abc")
+        with pytest.raises(grpc.RpcError) as put:
+            stub.PutArtifact(iter([chunk]), timeout=10)
+        with pytest.raises(grpc.RpcError) as prepare:
+            stub.Prepare(code_pb2.PrepareRequest(module=MODULE, module_ref="x:Y", sha256="0" * 64), timeout=10)
+        with pytest.raises(grpc.RpcError) as ping:
+            admin_pb2_grpc.AdminStub(ch).Ping(admin_pb2.PingRequest(), timeout=10)
+    for err, permission in ((put, "deploy"), (prepare, "deploy"), (ping, "admin")):
+        typed = error_from_rpc(err.value)
+        assert isinstance(typed, PermissionDenied), typed
+        assert "app/tok-deployer" in str(typed) and f"missing permission {permission!r}" in str(typed), typed
