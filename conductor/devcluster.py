@@ -261,7 +261,7 @@ class DevCluster:
             state["tls_dir"] = str(self.pki)
             state["zk_auth"] = str(self.zk_auth_file)
         if self.ui_port:
-            state["ui"] = f"http://{self.listen.advertised(self.ui_port)}/"
+            state["ui"] = f"{'https' if self.secure else 'http'}://{self.listen.advertised(self.ui_port)}/"
         (self.root / "cluster.json").write_text(json.dumps(state, indent=2))
 
     def stop(self) -> None:

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from prometheus_client import start_http_server
 
 from conductor.client.code import CodeCache, CodeUnavailable
 from conductor.client.router import LeaderRouter
@@ -34,6 +33,7 @@ from conductor.metastore.acls import AclCache
 from conductor.metastore.module_spec import SEGMENT_BYTES, ModuleSpec
 from conductor.metastore.tokens import TokenCache
 from conductor.metastore.zk_auth import ZkPrincipal
+from conductor.security.https import HttpsContexts, ViewGuard
 from conductor.security.tls import TlsSource
 from conductor.settings import Listen, is_loopback
 from conductor.wire import admin_pb2, code_pb2
@@ -58,6 +58,7 @@ from conductor.worker.hosted import HostedReplica
 from conductor.worker.inbox import InstallCheckpoint
 from conductor.worker.lifecycle import CodeLifecycle
 from conductor.worker.metrics import node_registry
+from conductor.worker.metrics_endpoint import MetricsEndpoint
 from conductor.worker.peer_server import PeerServer
 from conductor.worker.recovery import ReplicaRecovery
 from conductor.worker.replica_faults import describe, fault_kind
@@ -149,7 +150,7 @@ class Worker:
         self.task_threads = TaskThreadPool(node_id, task_threads)
         #: the modules open here and their local replicas
         self.modules = LocalModules(self._resolve)
-        self._metrics_server: Any = None
+        self._metrics_server: MetricsEndpoint | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self.metrics_address = ""
         self._running: Running | None = None
@@ -216,19 +217,23 @@ class Worker:
         self.metrics_address = self._start_metrics()
         await asyncio.to_thread(metastore.nodes.advertise_metrics, self.node_id, self.metrics_address)
         self._sweeper = asyncio.create_task(self._sweep_checkpoints())
-        log.warning("node %s serving on %s, %s (data %s, ZooKeeper %s, session 0x%x, metrics http://%s/metrics, %s)",
+        log.warning("node %s serving on %s, %s (data %s, ZooKeeper %s, session 0x%x, metrics %s://%s/metrics, %s)",
                     self.node_id, self.address, f"{self.security}, {self.authorization}", self.data_dir,
-                    self.zk_hosts, self.session or 0,
-                    self.metrics_address, f"replicas share {self.task_threads.size} task thread(s)"
+                    self.zk_hosts, self.session or 0, "https" if self.tls else "http", self.metrics_address,
+                    f"replicas share {self.task_threads.size} task thread(s)"
                     if self.task_threads.size else "a task thread per replica")
 
     def _start_metrics(self) -> str:
-        """Prometheus endpoint on `--metrics-host` (`--metrics-port`, 0 = a free port); its advertised address
-        goes in node.metrics."""
-        server, _thread = start_http_server(self.metrics_port, addr=self.metrics_listen.host,
-                                            registry=node_registry(self.node_id, self.modules.hosts))
+        """Prometheus endpoint on `--metrics-host` (`--metrics-port`, 0 = a free port): HTTPS with the worker's
+        certificate when it has TLS, scrapes authenticated like gRPC calls when it authorizes them
+        (conductor.worker.metrics_endpoint); its advertised address goes in node.metrics."""
+        checker = self.authorizer.checker if self.authorizer is not None else None
+        guard = ViewGuard(lambda: checker.acls.acls, checker.tokens.verify) if checker is not None else None
+        server = MetricsEndpoint(node_registry(self.node_id, self.modules.hosts), self.metrics_listen.host,
+                                 self.metrics_port, HttpsContexts(self.tls).server() if self.tls else None,
+                                 guard if self.tls else None)
         self._metrics_server = server
-        address = self.metrics_listen.advertised(server.server_port)
+        address = self.metrics_listen.advertised(server.port)
         (self.data_dir / "node.metrics").write_text(address)
         return address
 
@@ -286,7 +291,7 @@ class Worker:
         if run is not None:
             run.lifecycle.stop()
         if self._metrics_server is not None:
-            self._metrics_server.shutdown()
+            self._metrics_server.stop()
         if self._sweeper is not None:
             self._sweeper.cancel()
         if self.authorizer is not None:

@@ -181,7 +181,7 @@ def test_roles_imply_their_permissions() -> None:
     none = Acls()
     admin, conductor = Identity("admin", "ops"), Identity("conductor", "c1")
     assert all(acl.allowed(none, admin, "m", p) for p in acl.PERMISSIONS)
-    assert {p for p in acl.PERMISSIONS if acl.allowed(none, conductor, "m", p)} == {"query", "deploy", "admin"}
+    assert {p for p in acl.PERMISSIONS if acl.allowed(none, conductor, "m", p)} == {"query", "deploy", "admin", "view"}
     assert {p for p in acl.PERMISSIONS if acl.allowed(none, W1, "m", p)} == {"append", "query"}
     assert not any(acl.allowed(none, APP, "m", p) for p in acl.PERMISSIONS)
 
