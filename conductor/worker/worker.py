@@ -26,6 +26,7 @@ from typing import Any
 
 import grpc
 
+from conductor import __version__
 from conductor.client.code import CodeCache, CodeUnavailable
 from conductor.client.router import LeaderRouter
 from conductor.metastore import MODULES_PATH, Metastore, MetastoreError, VersionConflict
@@ -211,7 +212,8 @@ class Worker:
         # a crashed predecessor's session may hold our id for up to its timeout (assumed to be ours)
         await asyncio.to_thread(functools.partial(metastore.nodes.register, self.node_id, self.address,
                                                   replication=self.replication_address, stale_wait_s=self.session_timeout * 1.5 + 2,
-                                                  secure=self.tls is not None, token=self.token_address))
+                                                  secure=self.tls is not None, token=self.token_address,
+                                                  version=__version__))
         metastore.zk.ChildrenWatch(MODULES_PATH, self._on_modules)
         run.lifecycle.start()
         self.metrics_address = self._start_metrics()
