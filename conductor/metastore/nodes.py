@@ -86,7 +86,7 @@ class Nodes:
         def attempt() -> None:
             while True:
                 try:
-                    self.ms.zk.create(path, info.to_json(), ephemeral=True)
+                    self.ms.zk.create(path, info.to_json(), ephemeral=True, acl=self.ms.acl_for(path))
                     return
                 except NodeExistsError:
                     pass

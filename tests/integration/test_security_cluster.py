@@ -29,11 +29,13 @@ import grpc
 import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
+from kazoo.security import Permissions
 
 from conductor.client import Cluster
 from conductor.devcluster import DevCluster
 from conductor.metastore import Metastore
-from conductor.metastore.layout import group_path
+from conductor.metastore.layout import ACLS_PATH, NODES_PATH, TOKENS_PATH, group_path, module_path
+from conductor.metastore.zk_auth import ROLES_PATH, ZkRoles, digest_id, read_principal, read_roles
 from conductor.security import certs, tokens
 from conductor.security.identity import Identity
 from conductor.security.tls import TlsError, TlsFiles, TlsSource, token_channel_credentials
@@ -44,7 +46,7 @@ from conductor.wire import millrace_pb2 as pb
 from conductor.wire import millrace_pb2_grpc as pbg
 from conductor.wire.errors import PermissionDenied, Unauthenticated, error_from_rpc
 from conductor.wire.peer_framing import LENGTH, frame_bytes
-from tests.integration.cluster_helpers import Appender, deploy, group_status, wait_for
+from tests.integration.cluster_helpers import Appender, converged, deploy, group_status, groups_of, wait_for
 
 MODULE = "Clicks"
 
@@ -149,6 +151,35 @@ def test_zookeeper_client_without_the_digest_cannot_change_a_group_znode(dc: Dev
         zk.close()
 
 
+def test_workers_zookeeper_user_writes_only_what_workers_must(dc: DevCluster) -> None:
+    """The workers authenticate as their own digest user (`zk-auth-worker`, zk_auth.ZkRoles): it may write the group
+    znodes and its node registration, not a module spec, a code version, the ACLs or a token."""
+    assert stat.S_IMODE(dc.zk_worker_auth_file.stat().st_mode) == 0o600
+    worker = read_principal(dc.zk_worker_auth_file)
+    worker_id = digest_id(worker)
+    zk = KazooClient(hosts=dc.hosts, auth_data=[worker.auth_data()])
+    zk.start(timeout=15)
+    try:
+        assert read_roles(zk) == ZkRoles(digest_id(dc.zk_principal()), worker_id)
+        acl, _ = zk.get_acls(group_path(MODULE, 0))  # (ZooKeeper shows a digest ACL as `user:x`)
+        assert any(a.id.id.startswith(f"{worker.user}:") and a.perms & Permissions.WRITE for a in acl), acl
+        with Metastore(dc.hosts) as ms:
+            live = ms.nodes.live()
+        node_acl, _ = zk.get_acls(f"{NODES_PATH}/{live[0]}")
+        assert any(a.id.id.startswith(f"{worker.user}:") for a in node_acl), "workers register as their own user"
+        for path in (module_path(MODULE), ACLS_PATH, ROLES_PATH):
+            data, znode = zk.get(path)
+            with pytest.raises(NoAuthError):
+                zk.set(path, data, version=znode.version)
+        with pytest.raises(NoAuthError):
+            zk.create(f"{TOKENS_PATH}/forged", b"{}")
+        with pytest.raises(NoAuthError):
+            zk.create(f"{module_path(MODULE)}/versions/forged", b"{}")
+    finally:
+        zk.stop()
+        zk.close()
+
+
 @pytest.mark.parametrize("who", ["worker/n9", "app/dev", "worker/n2 for n1"])
 def test_far_horizon_copy_only_for_a_replica_of_the_group_fetching_for_itself(dc: DevCluster, who: str) -> None:
     """`FetchCheckpoint` hands out a replica's whole state: refused (before any checkpoint is made) to a worker
@@ -235,6 +266,42 @@ def served_certificate(dc: DevCluster, node: str) -> bytes:
         der = tls.getpeercert(binary_form=True)
         assert der is not None
         return der
+
+
+def test_isr_shrinks_and_expands_under_the_workers_own_zookeeper_user(dc: DevCluster) -> None:
+    """A follower stops (its leader shrinks the ISR: a group znode written with the workers' user) and comes back
+    (the ISR expands again), while a writer appends: nothing fails for want of a ZooKeeper permission."""
+    groups = groups_of(dc, MODULE)
+    # a worker that leads no group of the module: a clean stop of a leader fails the appends in flight on it
+    follower = next(n for n in groups[0].replicas if all(g.leader != n for g in groups.values()))
+    with dc.connect() as client:
+        writer = Appender(client.depot(MODULE, "*clicks"), prefix="isr").start()
+        try:
+            dc.nodes[follower].stop()
+            wait_for(lambda: follower not in groups_of(dc, MODULE)[0].isr, 30, f"{follower} to leave the ISR")
+            assert all(g.leader != follower for g in groups_of(dc, MODULE).values())
+            n = writer.count()
+            wait_for(lambda: writer.count() > n + 50, 30, "appends with the shrunk ISR")
+            dc.start_node(follower)
+            dc.wait_nodes([follower])
+            wait_for(lambda: all(len(g.isr) == len(g.replicas) for g in groups_of(dc, MODULE).values()), 60,
+                     f"{follower} back in every ISR")
+        finally:
+            writer.stop()
+    assert writer.failed == 0, writer.errors[:3]
+    wait_for(lambda: converged(dc, MODULE), 60, "every replica to apply its leader's whole log")
+
+
+def test_a_leader_hands_off_under_the_workers_own_zookeeper_user(dc: DevCluster) -> None:
+    """A hand-off request (the conductor's balancing writes it): the leader completes it with its own ZooKeeper user,
+    removing the request and writing the group znode in one transaction."""
+    wait_for(lambda: all(len(g.isr) == len(g.replicas) for g in groups_of(dc, MODULE).values()), 60, "full ISRs")
+    st = groups_of(dc, MODULE)[1]
+    to = next(n for n in st.isr if n != st.leader)
+    with Metastore(dc.hosts) as ms:
+        ms.resigns.request(MODULE, 1, to, st.epoch, ms.nodes.sessions()[to])
+        wait_for(lambda: groups_of(dc, MODULE)[1].leader == to, 30, f"{to} to lead {MODULE}/1")
+        wait_for(lambda: ms.resigns.get(MODULE, 1) is None, 10, "the request to be removed by the leader")
 
 
 def test_worker_certificate_rotated_while_a_writer_appends(dc: DevCluster) -> None:
