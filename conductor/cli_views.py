@@ -94,11 +94,14 @@ def dev_panel(state: dict[str, Any], title: str, root: Path, style: str = "green
             ("\nmutual TLS on every link", "bold green"), f"; certificates in {short_path(pki)}\n",
             "  an app connects with its certificate (app/dev here; more: conductor certs issue --role app):\n",
             f"  Cluster.connect(\"{zk}\", tls=TlsFiles.in_dir(Path(\"{pki}\"), Identity(\"app\", \"dev\")))\n",
+            "  or with a token (conductor token create --name APP, then conductor acl grant app/APP MODULE append query):\n",
+            f"  Cluster.connect(\"{zk}\", token=TOKEN, ca=Path(\"{pki}/ca.pem\"))\n",
             (f"  the CLI uses admin/dev by itself; from another directory: export MILLRACE_TLS_DIR={pki}", "dim")))
     if state.get("zk_auth"):
         nxt.append_text(Text.assemble(
             ("\nZooKeeper digest auth", "bold green"), f": only the control plane ({short_path(state['zk_auth'])}, "
-            "mode 0600) changes the cluster's znodes; apps read routing without it\n",
+            "mode 0600) changes the cluster's znodes, workers only their own and the groups' (zk-auth-worker); apps "
+            "read routing without it\n",
             (f"  from another directory: export MILLRACE_ZK_AUTH={state['zk_auth']}", "dim")))
     head = Text.assemble(("ZooKeeper ", "bold"), zk, ("   state ", "bold"), short_path(str(root / "cluster.json")),
                          *((("   web UI ", "bold"), state["ui"]) if state.get("ui") else ()))

@@ -589,7 +589,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ui = None
     try:
         conductor.start()
-        ui = start_ui(conductor, s, functools.partial(status_document, conductor.ms))
+        ui = start_ui(conductor, s, functools.partial(status_document, conductor.ms), tls)
         conductor.run_forever()
     except MetastoreError as e:
         log.error("conductor %s cannot run: %s", s["name"], e)

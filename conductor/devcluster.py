@@ -29,7 +29,15 @@ from typing import Any
 
 from conductor.client import Cluster
 from conductor.metastore import Metastore
-from conductor.metastore.zk_auth import ZkPrincipal, read_principal, use_process_principal, write_principal
+from conductor.metastore.zk_auth import (
+    ZkPrincipal,
+    ZkRoles,
+    digest_id,
+    publish_roles,
+    read_principal,
+    use_process_principal,
+    write_principal,
+)
 from conductor.security import certs
 from conductor.security.acl import APPEND, QUERY
 from conductor.security.identity import Identity
@@ -117,6 +125,8 @@ class DevCluster:
         self.pki = self.root / "pki"
         #: the control plane's ZooKeeper digest credentials (`--zk-auth`), written at start when secure
         self.zk_auth_file = self.root / "zk-auth"
+        #: the workers' own digest credentials: they write their node znodes and the group znodes, nothing else
+        self.zk_worker_auth_file = self.root / "zk-auth-worker"
         #: how a node starts, after the interpreter and before its settings (a test passes its own launcher)
         self.worker = tuple(worker)
         #: the first conductor's web UI port (0: a free one); None: no UI (tests run side by side on 8888)
@@ -157,7 +167,17 @@ class DevCluster:
             return [] if is_loopback(self.listen.host) else ["--insecure"]
         if not TlsFiles.in_dir(self.pki, identity).cert.exists():
             self.issue(identity)
-        return ["--tls-dir", str(self.pki), "--zk-auth", str(self.zk_auth_file)]
+        # workers authenticate as their own ZooKeeper user (zk_auth.ZkRoles): they may write only what they must
+        zk_file = self.zk_worker_auth_file if identity.role == "worker" else self.zk_auth_file
+        if identity.role == "worker":
+            self.zk_worker_principal()
+        return ["--tls-dir", str(self.pki), "--zk-auth", str(zk_file)]
+
+    def zk_worker_principal(self) -> ZkPrincipal:
+        """The workers' ZooKeeper digest principal (``zk_worker_auth_file``, made 0600 on first use)."""
+        if not self.zk_worker_auth_file.exists():
+            write_principal(self.zk_worker_auth_file, ZkPrincipal.generate("millrace-worker"))
+        return read_principal(self.zk_worker_auth_file)
 
     def zk_principal(self) -> ZkPrincipal:
         """The control plane's ZooKeeper digest principal: the one in ``zk_auth_file``, made (0600) on first use."""
@@ -208,6 +228,8 @@ class DevCluster:
         ms = Metastore(self.hosts, zk_auth=self.zk_principal())
         ms.start()
         try:
+            # the workers' own ZooKeeper user, before any worker starts (docs/security.md)
+            publish_roles(ms.zk, ZkRoles(digest_id(self.zk_principal()), digest_id(self.zk_worker_principal())))
             ms.acls.grant(self.APP, "*", [APPEND, QUERY])
         finally:
             ms.close()
@@ -261,7 +283,7 @@ class DevCluster:
             state["tls_dir"] = str(self.pki)
             state["zk_auth"] = str(self.zk_auth_file)
         if self.ui_port:
-            state["ui"] = f"http://{self.listen.advertised(self.ui_port)}/"
+            state["ui"] = f"{'https' if self.secure else 'http'}://{self.listen.advertised(self.ui_port)}/"
         (self.root / "cluster.json").write_text(json.dumps(state, indent=2))
 
     def stop(self) -> None:

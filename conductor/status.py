@@ -85,6 +85,8 @@ def query_group_status(address: str, module: str, group: int, timeout_s: float =
         "migrations": [{"pstate": m.pstate, "id": m.id, "done": m.done, "rewritten": m.rewritten}
                        for m in reply.migrations],
         "fault": reply.fault or None,
+        "depots": [{"depot": d.depot, "task": d.task, "start": d.start, "end": d.end} for d in reply.depots],
+        "depot_bytes": dict(reply.depot_bytes),
     }
 
 
@@ -143,7 +145,8 @@ def nodes_overview(ms: Metastore) -> list[dict[str, Any]]:
         if info is not None:  # it may have left between the two reads
             out.append({"node": node_id, "address": info.address, "replication": info.replication,
                         "metrics": info.metrics, "pid": info.pid, "started": info.started,
-                        "secure": info.secure, "leaders_allowed": node_id not in drained})
+                        "secure": info.secure, "leaders_allowed": node_id not in drained,
+                        "version": info.version or None, "token": info.token or None})
     return out
 
 
@@ -281,7 +284,8 @@ def module_status(ms: Metastore, module: str, rpc_timeout_s: float = RPC_TIMEOUT
     resigning = resigning_groups(ms, module, groups)
     for row in rows:
         row["handing_off_to"] = resigning.get(row["group"])
-    return {**_spec_summary(spec), "code": code_overview(spec, rows), "live_nodes": sorted(live), "groups": rows,
+    return {**_spec_summary(spec), "code": code_overview(spec, rows), "depots": depot_overview(rows),
+            "live_nodes": sorted(live), "groups": rows,
             "serving": sum(1 for r in rows if r["serving"]), "checked_at": time.time(),
             "state": LEADERSHIP_BALANCING if resigning else RUNNING,
             "disallowed_leaders": sorted(ms.drains.nodes())}
@@ -305,6 +309,33 @@ def code_overview(spec: ModuleSpec, rows: list[dict[str, Any]]) -> dict[str, Any
     running = {p: m for p, m in migrations.items() if m["groups_done"] < spec.threads}
     return {"version": spec.version, "initial_version": spec.initial_version, "switching": switching,
             "migrations": running}
+
+
+def depot_overview(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each depot's size as the groups' leaders report it: its partitions' offsets (``start``: the first held,
+    ``end``: the next to append), the records held (``end - start`` summed), and the bytes of its flushed
+    data on the leaders (memtables count once flushed). ``groups_reporting`` < the module's groups: some
+    leader did not answer, so the sums are short."""
+    depots: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        r = row.get("replica") or {}
+        if not r.get("reachable"):
+            continue
+        seen = set()
+        for p in r.get("depots") or []:
+            d = depots.setdefault(p["depot"], {"depot": p["depot"], "partitions": [], "records": 0, "start": 0,
+                                               "end": 0, "bytes": 0, "groups_reporting": 0})
+            d["partitions"].append({"task": p["task"], "start": p["start"], "end": p["end"]})
+            d["records"] += p["end"] - p["start"]
+            d["start"] += p["start"]
+            d["end"] += p["end"]
+            seen.add(p["depot"])
+        for name in seen:
+            depots[name]["bytes"] += int((r.get("depot_bytes") or {}).get(name, 0))
+            depots[name]["groups_reporting"] += 1
+    for d in depots.values():
+        d["partitions"].sort(key=lambda p: p["task"])
+    return [depots[n] for n in sorted(depots)]
 
 
 def _address(ms: Metastore, known: dict[str, str | None], node: str) -> str | None:

@@ -207,6 +207,13 @@ class TaskGroupStore:
             return sum(int(cf.property_int_value("rocksdb.live-sst-files-size") or 0)
                        for name, cf in self._cfs.items() if name in self.families.real)  # (aliases once)
 
+    def depot_bytes(self) -> dict[str, int]:
+        """Bytes of each depot's live SST files (as :meth:`live_sst_bytes`, per depot); the UI's depot sizes."""
+        with self._lock:
+            self._check_open()
+            return {d: int(self._cfs[depot_cf(d)].property_int_value("rocksdb.live-sst-files-size") or 0)
+                    for d in self.depots if depot_cf(d) in self._cfs}
+
     def _check_open(self) -> None:
         if self._closed:
             raise StoreClosed(self.path)

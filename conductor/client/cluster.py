@@ -7,6 +7,8 @@
     # a secured cluster: mutual TLS with the app's certificate (``conductor certs issue --role app``)
     cluster = Cluster.connect("zk1:2181", tls=TlsFiles(Path("ca.pem"), Path("app-billing.pem"),
                                                        Path("app-billing.key")))
+    # or a bearer token (``conductor token create --name billing``) and the cluster's CA
+    cluster = Cluster.connect("zk1:2181", token="mrt....", ca=Path("ca.pem"))
 
 The client reads module metadata from ZooKeeper (never data), routes each record
 with the depot's own partitioner to the leader of the task group that owns its
@@ -54,12 +56,14 @@ import time
 from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
 
 from conductor.client.batching import GroupBatcher
-from conductor.client.code import CodeCache, default_cache, load_deployed
+from conductor.client.code import CodeCache, CodeUnavailable, default_cache, load_deployed
+from conductor.client.credentials import app_credentials
 from conductor.client.errors import ClientError, QueueFull
 from conductor.client.handles import Depot, PState
 from conductor.client.metrics import ClientMetrics
@@ -81,7 +85,7 @@ from conductor.security.tls import TlsFiles, TlsSource
 from conductor.wire import millrace_pb2 as pb
 from conductor.wire import millrace_pb2_grpc as pbg
 from conductor.wire.channels import Channels, open_aio_channel
-from conductor.wire.errors import Unavailable
+from conductor.wire.errors import PermissionDenied, Unauthenticated, Unavailable
 from conductor.wire.options import GRPC_OPTIONS
 from replog.errors import NotLeader
 from topology.module import ModuleDefinition
@@ -124,14 +128,18 @@ class Cluster:
                  max_queued_records: int = 100_000, max_queued_bytes: int = 64 << 20,
                  max_blocking_appends_per_group: int = 1024,
                  code_cache: CodeCache | None = None, idempotent: bool = True,
-                 tls: TlsFiles | TlsSource | None = None, metrics: ClientMetrics | None = None) -> None:
+                 tls: TlsFiles | TlsSource | None = None, metrics: ClientMetrics | None = None,
+                 token: str | None = None, ca: Path | bytes | None = None) -> None:
         self.zk_hosts = zk_hosts
         #: the app's histogram of call latencies (conductor.client.metrics); None: nothing is timed
         self.metrics = metrics
         #: the app's certificate: every channel is mutual TLS with the files' current content (a rotation is
-        #: used by the channels opened after it); None: plaintext (or the process's, conductor.wire.channels)
-        self.tls = tls if isinstance(tls, TlsSource) or tls is None else TlsSource(tls)
-        self._credentials = self.tls.grpc_channel_credentials if self.tls is not None else None
+        #: used by the channels opened after it); None: plaintext (or the process's, conductor.wire.channels).
+        #: Or `token` (and `ca`): server-only TLS to the workers' token ports (conductor.client.credentials)
+        auth = app_credentials(tls, token, ca)
+        self.tls = auth.tls
+        self._credentials = auth.credentials
+        self._token_port = auth.token_port
         #: where deployed modules' code is fetched to (default: ~/.cache/millrace/code)
         self.code_cache = code_cache or default_cache()
         self.timeout_s = timeout_s
@@ -148,7 +156,7 @@ class Cluster:
         self.producer = Producer() if idempotent else None
         self._ms = Metastore(zk_hosts, session_timeout=10.0)
         #: where every group is led (kept current by the group watches installed in `_module`)
-        self.router = LeaderRouter(self._ms)
+        self.router = LeaderRouter(self._ms, self._token_port)
         #: per module: its spec and code, loaded once (tasks and task groups never change under a client)
         self._modules: dict[str, _Module] = {}
         self._modules_lock = threading.Lock()
@@ -276,8 +284,13 @@ class Cluster:
             m = self._modules.get(module)
             if m is not None:
                 return m
-            definition = load_deployed(self._ms, routes.spec, self.code_cache,
-                                       credentials=self._credentials).build()
+            try:
+                definition = load_deployed(self._ms, routes.spec, self.code_cache, credentials=self._credentials,
+                                           token_port=self._token_port).build()
+            except CodeUnavailable as e:
+                if isinstance(e.__cause__, Unauthenticated | PermissionDenied):
+                    raise e.__cause__ from None  # every worker refused us: say so, typed (a wrong or revoked token)
+                raise
             m = self._modules[module] = _Module(routes.spec, definition)
         for g in routes.groups:
             self._ms.groups.watch(module, g, functools.partial(self._on_group, module, g))
@@ -293,8 +306,9 @@ class Cluster:
         with self._modules_lock:
             m = self._modules[module]
             if spec.version != m.spec.version:
-                m = self._modules[module] = _Module(spec, load_deployed(self._ms, spec, self.code_cache,
-                                                                           credentials=self._credentials).build())
+                m = self._modules[module] = _Module(spec, load_deployed(
+                    self._ms, spec, self.code_cache, credentials=self._credentials,
+                    token_port=self._token_port).build())
         return m
 
     def _routes(self, module: str) -> ModuleRoutes:

@@ -27,10 +27,12 @@ from pathlib import Path
 
 import grpc
 
+from conductor.client.router import dial_address
 from conductor.metastore import Metastore, ModuleSpec
 from conductor.wire import code_pb2
 from conductor.wire import code_pb2_grpc as codeg
 from conductor.wire.channels import Credentials, open_channel
+from conductor.wire.errors import error_from_rpc
 from conductor.wire.options import GRPC_OPTIONS
 from topology.artifact import CHUNK_BYTES, ArtifactError, extract
 from topology.code_loader import load_class, unload
@@ -105,6 +107,7 @@ class CodeCache:
         """Fetch a version from the first of `sources` (gRPC addresses) that delivers it intact (over TLS with
         `credentials`, or the process's: conductor.wire.channels)."""
         tried = []
+        refused: list[Exception] = []  # every worker applies the same tokens and ACLs
         for address in sources:
             try:
                 with open_channel(address, GRPC_OPTIONS, credentials) as channel:
@@ -115,10 +118,15 @@ class CodeCache:
                 return
             except grpc.RpcError as e:
                 tried.append(f"{address}: {e.code().name} {e.details()}")
+                if e.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                    refused.append(error_from_rpc(e))
             except ArtifactError as e:
                 tried.append(f"{address}: {e}")
+        # refused by every worker for who we are: that refusal is the cause (the client raises it, typed)
+        cause = refused[-1] if refused and len(refused) == len(tried) else None
         raise CodeUnavailable(f"cannot fetch code version {sha256} from any holder "
-                              f"({'; '.join(tried) or 'no worker holds it'}); is a worker that has it running?")
+                              f"({'; '.join(tried) or 'no worker holds it'}); is a worker that has it running?"
+                              ) from cause
 
     def load(self, sha256: str, module_ref: str) -> type[Module]:
         return load_class(self.import_root(sha256), sha256, module_ref)
@@ -158,22 +166,23 @@ def default_cache() -> CodeCache:
     return CodeCache(base / "millrace" / "code")
 
 
-def code_sources(ms: Metastore, module: str, sha256: str, exclude: str | None = None) -> list[str]:
+def code_sources(ms: Metastore, module: str, sha256: str, exclude: str | None = None,
+                 token_port: bool = False) -> list[str]:
     """gRPC addresses to fetch a version from: the workers that held it at deploy first, then every other live
-    worker (one that fetched it since has it too)."""
+    worker (one that fetched it since has it too); ``token_port``: their token ports (an app with a token)."""
     version = ms.versions.get(module, sha256)
     holders = list(version.holders) if version else []
     nodes = [n for n in [*holders, *(n for n in ms.nodes.live() if n not in holders)] if n != exclude]
     infos = (ms.nodes.get(n) for n in nodes)
-    return [i.address for i in infos if i is not None]
+    return [a for a in (dial_address(i, token_port) for i in infos if i is not None) if a]
 
 
 def load_deployed(ms: Metastore, spec: ModuleSpec, cache: CodeCache, exclude: str | None = None,
-                  credentials: Credentials | None = None) -> type[Module]:
+                  credentials: Credentials | None = None, token_port: bool = False) -> type[Module]:
     """The Module class a deployed module runs: its code version (fetched if this machine lacks it), or, for a
     module deployed without shipped code, the class on this interpreter's path."""
     if spec.code is None:
         return load_module(spec.module_ref)
     if not cache.has(spec.code):
-        cache.fetch(spec.code, code_sources(ms, spec.name, spec.code, exclude), credentials)
+        cache.fetch(spec.code, code_sources(ms, spec.name, spec.code, exclude, token_port), credentials)
     return cache.load(spec.code, spec.module_ref)

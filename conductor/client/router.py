@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 
 from conductor.metastore import GroupState, Metastore, ModuleSpec
+from conductor.metastore.nodes import NodeInfo
 from conductor.wire.errors import Unavailable
 
 
@@ -28,6 +29,12 @@ class ModuleRoutes:
     fetched: float = field(default_factory=time.monotonic)
 
 
+def dial_address(info: NodeInfo, token_port: bool) -> str:
+    """The gRPC address a client dials on a worker (its ``NodeInfo``): the main one, or the token port's for an app
+    with a bearer token and no certificate ("" if it serves none: no TLS, or --token-port off)."""
+    return info.token if token_port else info.address
+
+
 class LeaderRouter:
     """Cached leaders and node addresses over one metastore session; thread-safe.
 
@@ -36,8 +43,10 @@ class LeaderRouter:
     ``MetastoreUnavailable``) reach the caller, which knows how to word them.
     """
 
-    def __init__(self, metastore: Metastore) -> None:
+    def __init__(self, metastore: Metastore, token_port: bool = False) -> None:
         self.metastore = metastore
+        #: dial workers' token ports (an app with a bearer token and no certificate), not their main ports
+        self.token_port = token_port
         self._lock = threading.Lock()
         self._modules: dict[str, ModuleRoutes] = {}
         self._addresses: dict[str, str] = {}
@@ -103,7 +112,12 @@ class LeaderRouter:
             info = self.metastore.nodes.get(node_id)
             if info is None:
                 return None
-            address = self._addresses[node_id] = info.address
+            address = dial_address(info, self.token_port)
+            if not address:
+                raise Unavailable("UNAVAILABLE", f"worker {node_id} serves no token port (it has no TLS, or runs "
+                                  "with --token-port off): an app with a bearer token cannot reach it; connect with "
+                                  "a certificate (Cluster.connect(..., tls=TlsFiles(...)))")
+            self._addresses[node_id] = address
         return address
 
     def forget(self, node_id: str) -> None:

@@ -54,12 +54,12 @@ class Modules:
         tx = self.ms.zk.transaction()
         tx.create(mpath, spec.to_json())
         tx.create(f"{mpath}/groups", b"")
-        tx.create(f"{mpath}/resign", b"")
+        tx.create(f"{mpath}/resign", b"", acl=self.ms.acl_for(f"{mpath}/resign"))  # workers remove requests
         if version is not None:
             tx.create(f"{mpath}/versions", b"")
             tx.create(version_path(spec.name, version.sha256), version.to_json())
         for g in sorted(groups):
-            tx.create(group_path(spec.name, g), groups[g].to_json())
+            tx.create(group_path(spec.name, g), groups[g].to_json(), acl=self.ms.acl_for(group_path(spec.name, g)))
         try:
             results = tx.commit()
         except (ConnectionLoss, OperationTimeoutError, SessionExpiredError):

@@ -39,18 +39,23 @@ class NodeInfo:
     metrics: str = ""
     #: it serves mutual TLS (False: plaintext, loopback or --insecure; `conductor status` shows it)
     secure: bool = False
+    #: where apps holding a bearer token and no certificate call it (server-only TLS); "" when it serves none
+    token: str = ""
+    #: the Millrace version the worker runs (`conductor.__version__`; the UI and `conductor status` show it)
+    version: str = ""
 
     def to_json(self) -> bytes:
         return json.dumps({"address": self.address, "replication": self.replication, "pid": self.pid,
-                           "started": self.started, "metrics": self.metrics, "secure": self.secure},
-                          sort_keys=True).encode()
+                           "started": self.started, "metrics": self.metrics, "secure": self.secure,
+                           "token": self.token, "version": self.version}, sort_keys=True).encode()
 
     @classmethod
     def from_json(cls, node_id: str, raw: bytes) -> NodeInfo:
         doc = json.loads(raw)
         return cls(node_id=node_id, address=doc["address"], pid=int(doc["pid"]), started=float(doc["started"]),
                    replication=str(doc.get("replication", "")), metrics=str(doc.get("metrics", "")),
-                   secure=bool(doc.get("secure", False)))
+                   secure=bool(doc.get("secure", False)), token=str(doc.get("token", "")),
+                   version=str(doc.get("version", "")))
 
 
 class Nodes:
@@ -58,13 +63,13 @@ class Nodes:
 
     def __init__(self, ms: Metastore) -> None:
         self.ms = ms
-        #: node id -> (gRPC address, replication address) of the nodes this session registered
-        self._registered: dict[str, tuple[str, str, bool]] = {}
+        #: node id -> the NodeInfo this session registered (re-registered as it was after a lost session)
+        self._registered: dict[str, NodeInfo] = {}
         #: node id -> metrics address advertised by this session (kept across a re-registration)
         self._metrics: dict[str, str] = {}
 
     def register(self, node_id: str, address: str, *, replication: str = "", stale_wait_s: float = 0.0,
-                 secure: bool = False) -> NodeInfo:
+                 secure: bool = False, token: str = "", version: str = "") -> NodeInfo:
         """Announce a live worker node (ephemeral: it disappears when this session ends).
 
         A worker restarted right after a crash finds its id still held by the crashed process's session
@@ -74,13 +79,14 @@ class Nodes:
         if not NAME_RE.match(node_id):
             raise ValueError(f"bad node id {node_id!r}: use letters, digits, '_', '-' or '.', starting with a letter")
         info = NodeInfo(node_id=node_id, address=address, pid=os.getpid(), started=time.time(),
-                        replication=replication, metrics=self._metrics.get(node_id, ""), secure=secure)
+                        replication=replication, metrics=self._metrics.get(node_id, ""), secure=secure,
+                        token=token, version=version)
         path = f"{NODES_PATH}/{node_id}"
 
         def attempt() -> None:
             while True:
                 try:
-                    self.ms.zk.create(path, info.to_json(), ephemeral=True)
+                    self.ms.zk.create(path, info.to_json(), ephemeral=True, acl=self.ms.acl_for(path))
                     return
                 except NodeExistsError:
                     pass
@@ -104,7 +110,7 @@ class Nodes:
                     raise
                 log.warning("%s; waiting up to %.0f s for that session to expire", e, deadline - time.monotonic())
                 time.sleep(0.25)
-        self._registered[node_id] = (address, replication, secure)
+        self._registered[node_id] = info
         return info
 
     def advertise_metrics(self, node_id: str, metrics: str) -> None:
@@ -176,9 +182,10 @@ class Nodes:
 
     def reregister(self) -> None:
         """A new session after LOST: our node znodes expired with the old one, so create them again."""
-        for node_id, (address, replication, secure) in list(self._registered.items()):
+        for node_id, was in list(self._registered.items()):
             try:
-                self.register(node_id, address, replication=replication, secure=secure)
+                self.register(node_id, was.address, replication=was.replication, secure=was.secure, token=was.token,
+                              version=was.version)
                 log.info("re-registered node %s after session loss", node_id)
             except MetastoreError as e:
                 log.error("could not re-register node %s: %s", node_id, e)

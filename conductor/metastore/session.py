@@ -45,6 +45,7 @@ from kazoo.exceptions import (
 )
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry, RetryFailedError
+from kazoo.security import ACL
 
 from conductor.metastore.acls import AclStore
 from conductor.metastore.conductors import ConductorElection
@@ -60,7 +61,15 @@ from conductor.metastore.resigns import Resigns
 from conductor.metastore.tokens import TokenStore
 from conductor.metastore.versions import Versions
 from conductor.metastore.watch import WatchHandle
-from conductor.metastore.zk_auth import ZkPrincipal, cluster_acl, process_principal, session_options
+from conductor.metastore.zk_auth import (
+    ZkPrincipal,
+    ZkRoles,
+    cluster_acl,
+    digest_id,
+    process_principal,
+    read_roles,
+    session_options,
+)
 
 log = logging.getLogger("millrace.metastore")
 
@@ -97,6 +106,10 @@ class Metastore:
         # given: the process's operator principal, if it has one (a secure DevCluster's test process)
         zk_auth = zk_auth if zk_auth is not None else process_principal()
         auth = session_options(zk_auth, cluster_acl(zk_auth)) if zk_auth is not None else {}
+        self.zk_auth = zk_auth
+        #: whose znode is whose (zk_auth.ZkRoles, read at start): one user for the whole control plane, or the
+        #: workers' own user beside it; None without digest auth (znodes world-writable, as ZooKeeper makes them)
+        self.zk_roles: ZkRoles | None = None
         self.zk = KazooClient(hosts=hosts, timeout=session_timeout, connection_retry=conn_retry,
                               command_retry=cmd_retry, **auth)
         # ignore_expire: right after a session expires, calls fail with SessionExpiredError until kazoo
@@ -132,9 +145,17 @@ class Metastore:
             self.zk.close()
             self._dispatcher.stop()
             raise MetastoreUnavailable(self.hosts, f"no connection within {self.connect_timeout}s") from None
+        if self.zk_auth is not None:
+            self.zk_roles = self.call(read_roles, self.zk) or ZkRoles(digest_id(self.zk_auth))
+            self.zk.default_acl = self.zk_roles.acl_for(ROOT)  # the paths not named in ZkRoles: control only
+        self.call(self.zk.ensure_path, ROOT, self.acl_for(ROOT))
         for path in (f"{ROOT}/conductor", NODES_PATH, MODULES_PATH, DISALLOWED_PATH):
-            self.call(self.zk.ensure_path, path)
+            self.call(self.zk.ensure_path, path, self.acl_for(path))
         return self
+
+    def acl_for(self, path: str) -> list[ACL] | None:
+        """The ACL a znode created at ``path`` gets (None: ZooKeeper's default, without digest auth)."""
+        return self.zk_roles.acl_for(path) if self.zk_roles is not None else None
 
     def close(self) -> None:
         """End the session: our ephemeral nodes (node registration, election entry) vanish at once."""

@@ -21,19 +21,27 @@ in a repr or a log line; the ACL holds only an unsalted SHA-1 digest of
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import stat
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
-from kazoo.security import ACL, Id, Permissions, make_digest_acl
+from kazoo.security import ACL, Id, Permissions, make_digest_acl, make_digest_acl_credential
 
-from conductor.metastore.layout import ROOT
+from conductor.metastore.layout import (
+    DISALLOWED_PATH,
+    MODULES_PATH,
+    NODES_PATH,
+    ROOT,
+    SECURITY_PATH,
+    TOKENS_PATH,
+)
 
 DIGEST = "digest"
 
@@ -92,6 +100,84 @@ def protected_acl(writers: Sequence[ZkPrincipal], readers: Sequence[ZkPrincipal]
     return acl
 
 
+#: a control-only znode naming the digest ids of the control plane and of the workers (``ZkRoles``): when it exists,
+#: workers have a digest user of their own and may write only what they must (docs/security.md)
+ROLES_PATH = f"{SECURITY_PATH}/zk-roles"
+
+
+def digest_id(principal: ZkPrincipal) -> str:
+    """``user:base64(sha1(user:password))``: how an ACL names a digest user (no secret: the password is random)."""
+    return str(make_digest_acl_credential(principal.user, principal.password))
+
+
+@dataclass(frozen=True)
+class ZkRoles:
+    """The digest ids of the control plane (conductors, admins: everything) and of the workers (their node znodes,
+    the group znodes' data, resign requests' removal; read everything else), and the ACL each znode gets.
+
+    ZooKeeper ACLs are per znode and not inherited, so every create asks :meth:`acl_for` its path's ACL: the
+    ACL follows the path, not the session that creates it. ``worker`` None: one user for both (the ACL is
+    :func:`cluster_acl`'s).
+    """
+
+    control: str
+    worker: str | None = None
+
+    def acl_for(self, path: str) -> list[ACL]:
+        acl = [ACL(Permissions.ALL, Id(DIGEST, self.control)), ACL(Permissions.READ, Id("world", "anyone"))]
+        if self.worker is None:
+            return acl
+        worker = _worker_permissions(path)
+        if worker:
+            acl.append(ACL(worker | Permissions.READ, Id(DIGEST, self.worker)))
+        return acl
+
+    def to_json(self) -> bytes:
+        return json.dumps({"control": self.control, "worker": self.worker}, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> ZkRoles:
+        d = json.loads(raw)
+        return cls(str(d["control"]), d.get("worker"))
+
+
+def _worker_permissions(path: str) -> int:
+    """What the workers' user may do to ``path`` beyond reading it (0: nothing)."""
+    parts = path[len(MODULES_PATH) + 1:].split("/") if path.startswith(MODULES_PATH + "/") else []
+    perms = 0
+    if path == NODES_PATH:
+        perms = Permissions.CREATE | Permissions.DELETE  # register and unregister themselves
+    elif path.startswith(NODES_PATH + "/"):
+        perms = Permissions.ALL  # a worker's own (ephemeral) registration
+    elif len(parts) == 3 and parts[1] == "groups":
+        perms = Permissions.WRITE  # ISR changes, leader epochs, storage records: groups.cas
+    elif len(parts) == 2 and parts[1] == "resign":
+        perms = Permissions.DELETE  # a completed hand-off removes its request (resigns.complete)
+    return int(perms)
+
+
+def publish_roles(zk: KazooClient, roles: ZkRoles) -> None:
+    """Write ``roles`` (``zk`` authenticated as the control user) and make the paths every process needs, each
+    with its ACL, so that no worker has to create one. Run it once before starting workers with their own user."""
+    for path in (ROOT, f"{ROOT}/conductor", NODES_PATH, MODULES_PATH, DISALLOWED_PATH, SECURITY_PATH, TOKENS_PATH):
+        if zk.exists(path) is None:
+            zk.create(path, b"", acl=roles.acl_for(path), makepath=False)
+        else:
+            zk.set_acls(path, roles.acl_for(path))
+    if zk.exists(ROLES_PATH) is None:
+        zk.create(ROLES_PATH, roles.to_json(), acl=roles.acl_for(ROLES_PATH))
+    else:
+        zk.set(ROLES_PATH, roles.to_json())
+
+
+def read_roles(zk: KazooClient) -> ZkRoles | None:
+    try:
+        raw, _ = zk.get(ROLES_PATH)
+    except NoNodeError:
+        return None
+    return ZkRoles.from_json(raw)
+
+
 def session_options(principal: ZkPrincipal, acl: Sequence[ACL] | None = None) -> dict[str, Any]:
     """``KazooClient(**session_options(...))``: authenticate as ``principal``; znodes it creates get ``acl``."""
     options: dict[str, Any] = {"auth_data": [principal.auth_data()]}
@@ -100,8 +186,9 @@ def session_options(principal: ZkPrincipal, acl: Sequence[ACL] | None = None) ->
     return options
 
 
-def protect_tree(zk: KazooClient, acl: Sequence[ACL], root: str = ROOT) -> int:
-    """Set ``acl`` on ``root`` and every znode under it (an existing ensemble's one-time set-up).
+def protect_tree(zk: KazooClient, acl: Sequence[ACL] | Callable[[str], list[ACL]], root: str = ROOT) -> int:
+    """Set ``acl`` (or ``acl(path)``: ``ZkRoles.acl_for``) on ``root`` and every znode under it (an existing
+    ensemble's one-time set-up).
 
     ``zk`` must already be authenticated as one of the writers (else it locks
     itself out half-way). Ephemeral znodes (live nodes, election entries) are
@@ -114,7 +201,7 @@ def protect_tree(zk: KazooClient, acl: Sequence[ACL], root: str = ROOT) -> int:
         path = stack.pop()
         try:
             children = zk.get_children(path)
-            zk.set_acls(path, list(acl))
+            zk.set_acls(path, acl(path) if callable(acl) else list(acl))
         except NoNodeError:
             continue  # deleted meanwhile (an ephemeral, a resign request): nothing to protect
         changed += 1

@@ -8,15 +8,18 @@ Permissions, per module (or ``*``: every module, including ones not deployed yet
 ``deploy``  deploy, update and destroy it, and ship its code (``PutArtifact``, ``Prepare``):
             code runs on a worker only if an identity with ``deploy`` shipped it
 ``admin``   change its options, balance its leaders, change its ACLs
+``view``    see it in the conductor's web UI and JSON API (read-only status, charts);
+            ``view`` on ``*`` also opens the whole-cluster pages and every ``/metrics``
 ==========  =====================================================================
 
 What each role gets without any grant (a grant can only add to it):
 
 * ``admin``: every permission on every module; an operator holding an admin
   certificate is the root of trust, as whoever holds the CA key is.
-* ``conductor``: ``query``, ``deploy`` and ``admin`` on every module: it places
-  groups, moves leaders and carries out deploys and updates. Never ``append``: the
-  control plane has no business writing users' data.
+* ``conductor``: ``query``, ``deploy``, ``admin`` and ``view`` on every module: it
+  places groups, moves leaders, carries out deploys and updates, and scrapes the
+  workers' metrics. Never ``append``: the control plane has no business writing
+  users' data.
 * ``worker``: ``append`` and ``query`` on every module: workers relay appends, read
   each other's state (far-horizon copies, artifact fetches) and write the hops of
   topologies. Never ``deploy`` or ``admin``: a compromised worker must not be able to
@@ -33,13 +36,13 @@ from dataclasses import dataclass, field
 
 from conductor.security.identity import Identity, parse
 
-APPEND, QUERY, DEPLOY, ADMIN = "append", "query", "deploy", "admin"
-PERMISSIONS = (APPEND, QUERY, DEPLOY, ADMIN)
+APPEND, QUERY, DEPLOY, ADMIN, VIEW = "append", "query", "deploy", "admin", "view"
+PERMISSIONS = (APPEND, QUERY, DEPLOY, ADMIN, VIEW)
 ALL_MODULES = "*"
 
 ROLE_PERMISSIONS: Mapping[str, frozenset[str]] = {
     "admin": frozenset(PERMISSIONS),
-    "conductor": frozenset({QUERY, DEPLOY, ADMIN}),
+    "conductor": frozenset({QUERY, DEPLOY, ADMIN, VIEW}),
     "worker": frozenset({APPEND, QUERY}),
     "app": frozenset(),
 }

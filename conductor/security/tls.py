@@ -239,11 +239,13 @@ def _server_config(material: TlsMaterial) -> grpc.ServerCertificateConfiguration
                                                      root_certificates=material.ca)
 
 
-def _base_context(purpose: int, files: TlsFiles, ca: bytes) -> ssl.SSLContext:
+def _base_context(purpose: int, files: TlsFiles, ca: bytes,
+                  client_certificate: ssl.VerifyMode = ssl.CERT_REQUIRED) -> ssl.SSLContext:
     ctx = ssl.SSLContext(purpose)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.check_hostname = False
-    ctx.verify_mode = ssl.CERT_REQUIRED
+    # a client always verifies the server; a server asks for (and verifies) the client's certificate
+    ctx.verify_mode = client_certificate if purpose == ssl.PROTOCOL_TLS_SERVER else ssl.CERT_REQUIRED
     ctx.load_verify_locations(cadata=ca.decode())
     ctx.load_cert_chain(files.cert, files.key)  # ssl reads only files; a mismatch with the key raises
     return ctx
@@ -270,10 +272,15 @@ class LinkContexts:
     without a server name) swaps in the context built from the current files, so a
     rotated certificate or CA is served from the next connection, with no restart.
     :meth:`client` builds a new context when the files changed; call it per dial.
+
+    ``client_certificate``: what the server side asks of clients, ``CERT_REQUIRED`` on a
+    replication link; the HTTPS endpoints ask without requiring (``CERT_OPTIONAL``,
+    :mod:`conductor.security.https`: a bearer token may stand in).
     """
 
-    def __init__(self, source: TlsSource) -> None:
+    def __init__(self, source: TlsSource, client_certificate: ssl.VerifyMode = ssl.CERT_REQUIRED) -> None:
         self.source = source
+        self.client_certificate = client_certificate
         self._lock = threading.Lock()
         self._built: dict[int, tuple[int, ssl.SSLContext]] = {}
         self._failed: dict[int, int] = {}  # purpose -> the generation that did not load (not retried, not re-logged)
@@ -286,7 +293,7 @@ class LinkContexts:
             if built is not None and (built[0] == generation or self._failed.get(purpose) == generation):
                 return built[1]
             try:
-                ctx = _base_context(purpose, self.source.files, material.ca)
+                ctx = _base_context(purpose, self.source.files, material.ca, self.client_certificate)
             except (ssl.SSLError, OSError) as e:
                 if built is None:
                     raise TlsError(f"cannot load {self.source.files.cert} and {self.source.files.key} into an "

@@ -4,7 +4,8 @@ Served by every conductor process on ``--host``:``--ui-port`` (default 8888, as 
 free port, as for the workers' ports; ``off`` = none). Pages: the cluster (``/``), a module
 (``/modules/NAME``: task groups, replication charts, recent leadership changes) and leadership changes
 (``/leadership``); every number on them comes from a JSON route (``/api/...``) described at
-``/openapi.json``; ``/metrics`` is the conductor's Prometheus registry. See docs/ui.md.
+``/openapi.json``; ``/metrics`` is the conductor's Prometheus registry. A conductor with TLS serves them over
+HTTPS to callers with a certificate or a bearer token, each seeing the modules it may ``view``. See docs/ui.md.
 
 Why this stack, for what it costs a user:
 
@@ -28,6 +29,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from conductor.metastore import Metastore
+from conductor.metastore.acls import AclCache
+from conductor.metastore.tokens import TokenCache
+from conductor.security.https import HttpsContexts, ViewGuard
+from conductor.security.tls import TlsSource
 from conductor.settings import LOOPBACK, Setting, parse_seconds
 from conductor.ui.metrics import ConductorMetrics
 from conductor.ui.routes import Sources
@@ -62,33 +67,56 @@ UI_SETTINGS = [
 
 
 class RunningUI:
-    """The server and the scraper thread of one conductor's UI."""
+    """The server and the scraper thread of one conductor's UI (and, over HTTPS, the caches its guard reads)."""
 
-    def __init__(self, server: UIServer, scraper: Scraper) -> None:
+    def __init__(self, server: UIServer, scraper: Scraper, caches: tuple[AclCache, TokenCache] | None = None) -> None:
         self.server = server
         self.scraper = scraper
+        self.caches = caches
 
     @property
     def address(self) -> str:
         return self.server.address
 
+    @property
+    def url(self) -> str:
+        return self.server.url
+
     def stop(self) -> None:
         self.scraper.stop()
         self.server.stop()
+        for cache in self.caches or ():
+            cache.close()
 
 
 def serve(ms: Metastore, metrics: ConductorMetrics, name: str, is_active: Callable[[], bool],
           status: Callable[[str | None], dict[str, Any]], host: str, port: int, interval_s: float = 5.0,
-          history_s: float = 3600.0) -> RunningUI:
-    """Start the scraper and the server (raises OSError if ``host:port`` cannot be bound)."""
+          history_s: float = 3600.0, tls: TlsSource | None = None) -> RunningUI:
+    """Start the scraper and the server (raises OSError if ``host:port`` cannot be bound).
+
+    With ``tls`` (the conductor's certificate): HTTPS, every request authenticated (a client certificate or a
+    bearer token) and shown only the modules it may ``view`` (the ACLs and tokens followed by ZooKeeper
+    watches); the scraper reads the workers' ``/metrics`` over HTTPS with the conductor's certificate.
+    """
     telemetry = Telemetry(history_s=history_s, interval_s=interval_s)
-    scraper = Scraper(ms, telemetry)
-    server = UIServer(Sources(ms, telemetry, scraper, metrics, name, is_active, status), host, port).start()
-    return RunningUI(server, scraper.start())
+    contexts = HttpsContexts(tls) if tls is not None else None
+    scraper = Scraper(ms, telemetry, contexts)
+    sources = Sources(ms, telemetry, scraper, metrics, name, is_active, status)
+    if contexts is None:
+        return RunningUI(UIServer(sources, host, port).start(), scraper.start())
+    acls, tokens = AclCache(ms.acls), TokenCache(ms.tokens)
+    guard = ViewGuard(lambda: acls.acls, tokens.verify)
+    try:
+        server = UIServer(sources, host, port, contexts.server(), guard).start()
+    except OSError:
+        acls.close()
+        tokens.close()
+        raise
+    return RunningUI(server, scraper.start(), (acls, tokens))
 
 
 def start_ui(conductor: Any, settings: Mapping[str, Any],
-             status: Callable[[str | None], dict[str, Any]]) -> RunningUI | None:
+             status: Callable[[str | None], dict[str, Any]], tls: TlsSource | None = None) -> RunningUI | None:
     """The conductor's UI from its resolved settings, or None when it is off or its port is taken.
 
     ``status`` is ``conductor.status.status_document`` bound to the conductor's metastore: the controller
@@ -102,11 +130,12 @@ def start_ui(conductor: Any, settings: Mapping[str, Any],
         return None
     try:
         ui = serve(conductor.ms, conductor.metrics, conductor.name, lambda: bool(conductor.is_active),
-                   status, settings["host"], int(port), settings["ui_scrape_interval"], settings["ui_history"])
+                   status, settings["host"], int(port), settings["ui_scrape_interval"], settings["ui_history"], tls)
     except OSError as e:
         log.error("conductor %s: no web UI, cannot bind %s:%s (%s); use --ui-port", conductor.name,
                   settings["host"], port, e.strerror or e)
         return None
-    log.warning("conductor %s: web UI at http://%s/ (API /openapi.json, metrics /metrics)", conductor.name,
-                ui.address)
+    log.warning("conductor %s: web UI at %s (API /openapi.json, metrics /metrics)%s", conductor.name, ui.url,
+                ", every request authenticated (certificate or bearer token) and shown what it may view"
+                if tls is not None else "")
     return ui

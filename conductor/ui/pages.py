@@ -69,6 +69,7 @@ def cluster_page(ov: dict[str, Any], scrapes: dict[str, dict[str, Any]], conduct
         leaders = "allowed" if n["leaders_allowed"] else "disallowed (drained)"
         workers.append(f'<tr data-node="{_e(n["node"])}">{_cell("node", n["node"])}{_cell("address", n["address"])}'
                        f'{_cell("replication", n["replication"])}{_cell("metrics", n["metrics"])}'
+                       f'{_cell("version", n.get("version") or "?")}'
                        f'{_cell("pid", n["pid"])}{_cell("started", _when(n["started"]))}'
                        f'{_cell("leaders", leaders, "" if n["leaders_allowed"] else "warn")}{_problem(problem)}</tr>')
     modules = []
@@ -83,7 +84,8 @@ def cluster_page(ov: dict[str, Any], scrapes: dict[str, dict[str, Any]], conduct
                        f'{_cell("min_isr", m["min_isr"])}{_cell("groups_led", led)}{_cell("state", m["state"])}'
                        f'{_problem(problem)}</tr>')
     body = (head + "<h2>Workers</h2>" +
-            _table(("node", "gRPC address", "replication", "metrics", "pid", "started", "leaders", "problem"),
+            _table(("node", "gRPC address", "replication", "metrics", "version", "pid", "started", "leaders",
+                    "problem"),
                    workers, "workers") +
             "<h2>Modules</h2>" +
             (_table(("module", "code", "tasks", "task groups", "RF", "min ISR", "led", "state", "problem"),
@@ -150,12 +152,38 @@ def module_page(st: dict[str, Any], tel: dict[str, Any], history_s: float, chang
                          f'{line_chart(c["id"], c["series"], window_s)}{legend(c["series"])}</figure>'
                          for c in charts)
     body = (head + "<h2>Task groups</h2>" + groups + _code_notes(st["code"]) + _catchups(st["groups"]) +
+            "<h2>Depots</h2>" + depots_table(st.get("depots") or [], len(st["groups"])) +
             f'<h2>Replication, last {span(window_s)} ({"worker " + _e(node) if node else "all workers"})'
             f'</h2><p class="scopes">{" · ".join(scopes)}</p><p class="roles">durations of {" · ".join(roles)}'
             f'</p><p class="types">entry type: {" · ".join(types)}</p><div class="charts">{chart_html}</div>'
             "<h2>Recent leadership changes</h2>" + changes_table([c for c in changes if c["module"] == name][:20]) +
             "<h2>Options</h2>" + options)
     return page(f"Module {name}", body)
+
+
+def depots_table(depots: list[dict[str, Any]], groups: int) -> str:
+    """Each depot's size: records held, offsets (summed over its partitions) and bytes on the leaders."""
+    if not depots:
+        return "<p>No depot has reported a size yet.</p>"
+    rows = []
+    for d in depots:
+        missing = groups - d["groups_reporting"]
+        rows.append(f'<tr data-depot="{_e(d["depot"])}">{_cell("depot", d["depot"])}'
+                    f'{_cell("partitions", len(d["partitions"]))}{_cell("records", d["records"])}'
+                    f'{_cell("start", d["start"])}{_cell("end", d["end"])}{_cell("bytes", _bytes(d["bytes"]))}'
+                    f'{_problem(f"{missing} task group(s) did not report" if missing > 0 else None)}</tr>')
+    return _table(("depot", "partitions", "records held", "start offsets", "end offsets", "bytes (flushed)",
+                   "problem"), rows, "depots")
+
+
+def _bytes(n: int) -> str:
+    if n < 1024:
+        return f"{n:,} B"
+    size, units = float(n) / 1024, ["KiB", "MiB", "GiB"]
+    while size >= 1024 and len(units) > 1:
+        size /= 1024
+        units.pop(0)
+    return f"{size:,.1f} {units[0]}"
 
 
 def _code_notes(code: dict[str, Any]) -> str:

@@ -25,6 +25,16 @@ from conductor.ui.telemetry import ALL_TYPES, ROLES, Scraper, Telemetry
 JSON = "application/json"
 HTML = "text/html; charset=utf-8"
 
+# What a route shows, hence the ``view`` permission it needs (checked when the server has a guard, over HTTPS)
+VIEW_MODULE = "module"  # the path's module
+VIEW_SOME = "some"      # the cluster: view on some module, and the documents list only those
+VIEW_ALL = "all"        # everything (the conductor's /metrics): view on ``*``
+VIEW_ANY = "any"        # nothing of the cluster (the description, the stylesheet): any authenticated caller
+
+
+def _everything(_module: str) -> bool:
+    return True
+
 
 class NotFound(Exception):
     """A path or a module that does not exist (404)."""
@@ -50,6 +60,8 @@ class Sources:
     #: ``conductor.status.status_document`` bound to the metastore (it lives above this package): the cluster
     #: (None) or one module, the document `conductor status --json` prints
     status: Callable[[str | None], dict[str, Any]]
+    #: whether the caller may view a module (over HTTPS: its ``view`` permission; the server sets it per request)
+    may_view: Callable[[str], bool] = _everything
 
 
 Handler = Callable[[Sources, Mapping[str, str], Mapping[str, str]], Any]
@@ -66,6 +78,8 @@ class Route:
     query: tuple[tuple[str, str], ...] = ()
     #: the name of its document's schema in :data:`conductor.ui.schemas.SCHEMAS` (JSON routes)
     schema: str = ""
+    #: what it shows: VIEW_MODULE, VIEW_SOME, VIEW_ALL or VIEW_ANY (the ``view`` permission it needs)
+    view: str = VIEW_SOME
 
     @property
     def regex(self) -> re.Pattern[str]:
@@ -80,7 +94,8 @@ class Route:
 
 
 def status_doc(src: Sources, _p: Mapping[str, str], _q: Mapping[str, str]) -> dict[str, Any]:
-    return src.status(None)
+    doc = src.status(None)
+    return {**doc, "modules": [m for m in doc["modules"] if src.may_view(m["module"])]}
 
 
 def module_doc(src: Sources, p: Mapping[str, str], _q: Mapping[str, str]) -> dict[str, Any]:
@@ -108,10 +123,14 @@ def workers_doc(src: Sources, _p: Mapping[str, str], _q: Mapping[str, str]) -> d
                         for n, s in sorted(src.scraper.last.items())}}
 
 
+def recent_changes(src: Sources) -> list[dict[str, Any]]:
+    return [c for c in src.metrics.recent_changes() if src.may_view(c["module"])]
+
+
 def leadership_doc(src: Sources, _p: Mapping[str, str], _q: Mapping[str, str]) -> dict[str, Any]:
-    return {"changes": src.metrics.recent_changes(),
+    return {"changes": recent_changes(src),
             "leaderless": [{"module": m, "group": g, "seconds": s}
-                           for (m, g), s in sorted(src.metrics.leaderless().items())]}
+                           for (m, g), s in sorted(src.metrics.leaderless().items()) if src.may_view(m)]}
 
 
 # ---- pages ----------------------------------------------------------------------------------------
@@ -125,7 +144,7 @@ def cluster_html(src: Sources, p: Mapping[str, str], q: Mapping[str, str]) -> st
 def module_html(src: Sources, p: Mapping[str, str], q: Mapping[str, str]) -> str:
     doc = module_doc(src, p, q)
     tel = telemetry_doc(src, p, q)
-    return pages.module_page(doc, tel, src.telemetry.history_s, src.metrics.recent_changes())
+    return pages.module_page(doc, tel, src.telemetry.history_s, recent_changes(src))
 
 
 def leadership_html(src: Sources, p: Mapping[str, str], q: Mapping[str, str]) -> str:
@@ -154,22 +173,22 @@ ROUTES: tuple[Route, ...] = (
     Route("/", "html", cluster_html, "The cluster page: workers and modules (numbers from /api/status, "
           "/api/workers)"),
     Route("/modules/{module}", "html", module_html, "A module page: task groups, charts, recent changes "
-          "(numbers from /api/modules/{module} and its telemetry)", _NODE + _SELECT),
+          "(numbers from /api/modules/{module} and its telemetry)", _NODE + _SELECT, view=VIEW_MODULE),
     Route("/leadership", "html", leadership_html, "Leadership changes and groups without a leader "
           "(numbers from /api/leadership)"),
     Route("/api/status", "json", status_doc, "Live workers and deployed modules: `conductor status --json`",
           schema="Status"),
     Route("/api/modules/{module}", "json", module_doc, "Every task group of a module: "
-          "`conductor status MODULE --json`", schema="Module"),
+          "`conductor status MODULE --json`", schema="Module", view=VIEW_MODULE),
     Route("/api/modules/{module}/telemetry", "json", telemetry_doc, "The module's replication charts over "
-          "the kept history, all workers or one", _NODE + _SINCE + _SELECT, schema="Telemetry"),
+          "the kept history, all workers or one", _NODE + _SINCE + _SELECT, schema="Telemetry", view=VIEW_MODULE),
     Route("/api/workers", "json", workers_doc, "This conductor and the last scrape of each worker's metrics",
           schema="Workers"),
     Route("/api/leadership", "json", leadership_doc, "Recent leadership changes (newest first) and groups "
           "without a leader now", schema="Leadership"),
-    Route("/metrics", "text", metrics_text, "The conductor's own Prometheus metrics"),
-    Route("/openapi.json", "json", openapi_doc, "This description (OpenAPI 3.1)", schema="OpenAPI"),
-    Route("/static/style.css", "text", style_css, "The pages' stylesheet"),
+    Route("/metrics", "text", metrics_text, "The conductor's own Prometheus metrics", view=VIEW_ALL),
+    Route("/openapi.json", "json", openapi_doc, "This description (OpenAPI 3.1)", schema="OpenAPI", view=VIEW_ANY),
+    Route("/static/style.css", "text", style_css, "The pages' stylesheet", view=VIEW_ANY),
 )
 
 

@@ -28,7 +28,7 @@ NULLABLE_INT: dict[str, Any] = {"type": ["integer", "null"]}
 NAMES = _arr(STR)
 
 NODE = _obj({"node": STR, "address": STR, "replication": STR, "metrics": STR, "pid": INT, "started": NUM,
-             "leaders_allowed": BOOL})
+             "leaders_allowed": BOOL}, version=NULLABLE_STR, token=NULLABLE_STR, secure=BOOL)
 MODULE_ROW = _obj({"module": STR, "module_ref": STR, "tasks": INT, "group_count": INT, "replication_factor": INT,
                    "workers": INT, "min_isr": INT, "options": {"type": "object"}, "groups_led": INT,
                    "groups_total": INT, "state": STR})
@@ -46,11 +46,14 @@ GROUP = _obj({"group": INT, "tasks": _arr(INT), "leader": NULLABLE_STR, "leader_
               "leaderless_reason": NULLABLE_STR, "replica": REPLICA, "followers": _arr(FOLLOWER),
               "serving": BOOL, "problem": NULLABLE_STR, "catchups": _arr(CATCHUP),
               "faults": _arr(_obj({"node": STR, "fault": STR})), "handing_off_to": NULLABLE_STR})
+PARTITION = _obj({"task": INT, "start": INT, "end": INT})
+DEPOT = _obj({"depot": STR, "partitions": _arr(PARTITION), "records": INT, "start": INT, "end": INT, "bytes": INT,
+              "groups_reporting": INT})
 MODULE = _obj({"module": STR, "module_ref": STR, "tasks": INT, "group_count": INT, "replication_factor": INT,
                "workers": INT, "min_isr": INT, "options": {"type": "object"}, "effective_options": {"type": "object"},
                "code": _obj({"version": STR, "switching": _arr(INT), "migrations": {"type": "object"}}),
                "live_nodes": NAMES, "groups": _arr(GROUP), "serving": INT, "checked_at": NUM, "state": STR,
-               "disallowed_leaders": NAMES})
+               "disallowed_leaders": NAMES}, depots=_arr(DEPOT))
 
 SERIES = _obj({"name": STR, "legend": STR, "points": _arr({"type": "array", "prefixItems": [NUM, NUM]})})
 TELEMETRY = _obj({"module": STR, "node": NULLABLE_STR, "role": STR, "type": STR, "types": NAMES, "interval_s": NUM, "history_s": NUM, "series_kept": INT,

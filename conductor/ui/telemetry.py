@@ -19,7 +19,6 @@ import logging
 import math
 import threading
 import time
-import urllib.request
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -30,7 +29,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conductor.metastore import Metastore, MetastoreError, ModuleNotFound
 from conductor.metastore.module_spec import MIN_ISR
+from conductor.security.identity import Identity
+from conductor.security.tls import LinkContexts
 from conductor.ui.series import Point, SeriesStore
+from conductor.wire.http import http_get
 
 log = logging.getLogger("millrace.conductor.ui")
 
@@ -91,9 +93,10 @@ def parse_metrics(text: str) -> list[Sample]:
             for family in text_string_to_metric_families(text) for s in family.samples]
 
 
-def scrape(address: str, timeout_s: float = SCRAPE_TIMEOUT_S) -> list[Sample]:
-    with urllib.request.urlopen(f"http://{address}/metrics", timeout=timeout_s) as reply:
-        return parse_metrics(reply.read().decode())
+def scrape(address: str, timeout_s: float = SCRAPE_TIMEOUT_S, tls: LinkContexts | None = None,
+           expect: Identity | None = None) -> list[Sample]:
+    """One worker's samples: over HTTPS with ``tls`` (checking it is ``expect``), else plain HTTP."""
+    return parse_metrics(http_get(address, "/metrics", timeout_s, tls, expect).decode())
 
 
 @dataclass
@@ -269,9 +272,11 @@ class Telemetry:
 class Scraper:
     """A daemon thread that scrapes every live worker each ``telemetry.interval_s`` and feeds ``telemetry``."""
 
-    def __init__(self, ms: Metastore, telemetry: Telemetry) -> None:
+    def __init__(self, ms: Metastore, telemetry: Telemetry, tls: LinkContexts | None = None) -> None:
         self.ms = ms
         self.telemetry = telemetry
+        #: the conductor's certificate: workers that serve TLS (their znode's ``secure``) are read over HTTPS
+        self.tls = tls
         #: node id -> its last scrape (address, time, error)
         self.last: dict[str, ScrapeState] = {}
         self._stop = threading.Event()
@@ -297,10 +302,13 @@ class Scraper:
     def scrape_once(self) -> None:
         """One round: read the workers' metrics addresses and every module's min-ISR, scrape, ingest."""
         addresses: dict[str, str] = {}
+        secure: set[str] = set()
         for node in self.ms.nodes.live():
             info = self.ms.nodes.get(node)
             if info is not None and info.metrics:
                 addresses[node] = info.metrics
+                if info.secure:
+                    secure.add(node)
         min_isr: dict[str, int] = {}
         for module in self.ms.modules.names():
             try:
@@ -311,7 +319,9 @@ class Scraper:
         states: dict[str, ScrapeState] = {}
         if addresses:
             with ThreadPoolExecutor(max_workers=min(_MAX_PARALLEL_SCRAPES, len(addresses))) as pool:
-                futures = {n: pool.submit(scrape, a) for n, a in addresses.items()}
+                futures = {n: pool.submit(scrape, a, SCRAPE_TIMEOUT_S, *((self.tls, Identity("worker", n))
+                                                                          if n in secure else (None, None)))
+                           for n, a in addresses.items()}
                 for node, f in futures.items():
                     state = ScrapeState(addresses[node], at=time.time())
                     try:

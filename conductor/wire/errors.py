@@ -34,6 +34,15 @@ class Unavailable(MillraceError):
     """No node answered (down, partitioned, or not started); retrying later may succeed."""
 
 
+class Unauthenticated(MillraceError):
+    """The worker does not know who is calling: no certificate or token, or an unknown, wrong or revoked token."""
+
+
+class PermissionDenied(MillraceError):
+    """The caller is known but lacks the permission (the message names it, and the `conductor acl grant` that fixes
+    it); nothing was changed."""
+
+
 class InvalidRequest(ValueError):
     """A request a node cannot take as sent (undecodable body, unknown ack level); nothing was changed."""
 
@@ -139,4 +148,8 @@ def error_from_rpc(err: grpc.RpcError) -> Exception:
                 break
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         return Unavailable(code.name, details)
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return Unauthenticated(code.name, details)
+    if code == grpc.StatusCode.PERMISSION_DENIED:
+        return PermissionDenied(code.name, details)
     return MillraceError(code.name if code else "UNKNOWN", details)

@@ -39,6 +39,25 @@ def parse_on_off(raw: str) -> bool:
     return parse_bool(raw)
 
 
+def parse_token_port(raw: str) -> int | None:
+    """``off`` or a port (0: any free port)."""
+    return TOKEN_PORT_OFF if raw.strip().lower() == "off" else parse_port(raw)
+
+
+#: `--token-port off`: no token port even with TLS
+TOKEN_PORT_OFF = -1
+
+
+def token_port(setting: int | None, tls: bool, authorize: bool) -> int | None:
+    """The token port to serve (None: none): on by default wherever it is safe (TLS and authorization)."""
+    if setting == TOKEN_PORT_OFF or (setting is None and not (tls and authorize)):
+        return None
+    if not (tls and authorize):
+        raise SettingsError("--token-port needs TLS (--tls-dir) and authorization: a port that asks for no "
+                            "certificate is safe only when every call's bearer token is checked")
+    return setting or 0
+
+
 SETTINGS = [
     Setting("zk", REQUIRED, help="ZooKeeper connect string, HOST:PORT[,HOST:PORT...]"),
     Setting("node_id", REQUIRED, help="this worker's name, unique in the cluster"),
@@ -47,6 +66,8 @@ SETTINGS = [
     Setting("port", 0, parse_port, help="gRPC port (0: any free port)"),
     Setting("replication_port", 0, parse_port, help="port peers' replication links connect to, on --host "
             "(0: any free port; registered in ZooKeeper)"),
+    Setting("token_port", None, parse_token_port, help="gRPC port for apps with a bearer token and no certificate "
+            "(server-only TLS; default with TLS and authorization: any free port; off: none)"),
     Setting("metrics_host", None, help="address to bind the Prometheus endpoint on (default: --host)"),
     Setting("metrics_port", 0, parse_port, help="Prometheus /metrics port (0: any free port)"),
     Setting("metrics_detail", True, parse_on_off, help="on|off: latency histograms on the replicas' task threads "
@@ -75,6 +96,9 @@ def main(argv: list[str] | None = None, hooks: WorkerHooks | None = None) -> Non
         zk_auth = read_principal(s["zk_auth"]) if s["zk_auth"] is not None else None
         tls = tls_source(s, "worker", s["node_id"])
         check_bind(f"worker {s['node_id']}", listen.host, tls, s["insecure"])
+        # secure by default: with TLS every call is authorised unless --authorize false
+        authorize = tls is not None if s["authorize"] is None else s["authorize"]
+        tokens_on = token_port(s["token_port"], tls is not None, authorize)
     except (SettingsError, ZkAuthError) as e:
         p.exit(2, f"{p.prog}: error: {e}\n")
     node_id, data_dir = s["node_id"], s["data_dir"]
@@ -89,8 +113,7 @@ def main(argv: list[str] | None = None, hooks: WorkerHooks | None = None) -> Non
         node = Worker(s["zk"], node_id, data_dir, s["port"], s["session_timeout"], s["metrics_port"],
                       listen=listen, metrics_listen=metrics, replication_port=s["replication_port"],
                       task_threads=s["task_threads"], hooks=hooks, tls=tls, zk_auth=zk_auth,
-                      # secure by default: with TLS every call is authorised unless --authorize false
-                      authorize=tls is not None if s["authorize"] is None else s["authorize"])
+                      authorize=authorize, token_port=tokens_on)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -160,6 +160,11 @@ class Checker:
         except TokenRefused as e:
             raise Unauthenticated(str(e)) from None
 
+    def generation(self) -> tuple[object, object]:
+        """Changes (by identity) whenever a watch replaced the ACLs or the token records: a long-lived stream
+        authenticates and checks again then, so a revoke reaches streams opened before it."""
+        return self.acls.acls, self.tokens.records
+
     def allowed(self, identity: Identity, module: str, permission: str) -> bool:
         acls = self.acls.acls
         if acls is not self._memo_of or len(self._memo) >= MEMO_ENTRIES:  # the watch replaced them: forget
@@ -262,9 +267,19 @@ class Authorizer(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # (grpc shi
 
     async def _checked_stream(self, requests: AsyncIterator[Any], context: Any, checker: Checker,
                               identity: Identity, rule: Rule) -> AsyncIterator[Any]:
-        """A request stream checked once per module it names (an undecodable body passes to checked.py)."""
+        """A request stream checked once per module it names (an undecodable body passes to checked.py), and
+        again from scratch (the caller re-authenticated, each module re-checked) after a revoke or grant: an
+        open ``AppendStream`` lives as long as the client, and a revoked token must not keep appending on it."""
         modules: set[str] = set()
+        seen = checker.generation()
         async for request in requests:
+            now = checker.generation()
+            if now[0] is not seen[0] or now[1] is not seen[1]:
+                seen, modules = now, set()
+                try:
+                    identity = checker.identify(context)
+                except Unauthenticated as e:
+                    await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(e))
             module = None if isinstance(request, Undecodable) else getattr(request, "module", None)
             if rule.scope == REQUEST and module is not None and module not in modules:
                 await self._require(context, checker, identity, rule, request)

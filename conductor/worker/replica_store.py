@@ -132,3 +132,8 @@ class ReplicaStore:
     def depot_info(self, depot: str, task: int) -> tuple[int, int]:
         info = self.store.depot(depot).partition_info(task)
         return info.start, info.end
+
+    def depot_sizes(self, tasks: list[int]) -> tuple[list[tuple[str, int, int, int]], dict[str, int]]:
+        """Every depot partition of ``tasks`` as (depot, task, start, end), and each depot's bytes (GroupStatus)."""
+        parts = [(d, t, *self.depot_info(d, t)) for d in self.store.depots for t in tasks]
+        return parts, self.store.depot_bytes()

@@ -336,8 +336,20 @@ class ClientService(pbg.ClientServicer):
             role=s["role"], epoch=s["epoch"], log_start=s["log_start"], log_end=s["log_end"],
             apply_offset=s["apply_offset"], applied_offset=s["applied"], follower_offsets=s["followers"],
             catchup=catchup, fault=s["fault"].line() if s["fault"] is not None else "", **(s["dataflow"] or {}),
-            **code_status(rec),
+            **code_status(rec), **self._depot_sizes(request.module, request.group, rec.store if rec else None),
         )
+
+    def _depot_sizes(self, module: str, group: int, store: ReplicaStore | None) -> dict[str, Any]:
+        """GroupStatus's depot fields: each partition's offsets and each depot's bytes on this replica."""
+        rt = self.modules.get(module)
+        if store is None or rt is None:
+            return {}
+        try:
+            parts, sizes = store.depot_sizes(rt.spec.tasks_of(group))
+        except PStateError:  # closed under us (a fault, a far-horizon install): the next status has them
+            return {}
+        return {"depots": [pb.DepotPartitionSize(depot=d, task=t, start=a, end=b) for d, t, a, b in parts],
+                "depot_bytes": sizes}
 
 
 class LoopSettler:

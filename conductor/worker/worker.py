@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from prometheus_client import start_http_server
 
+from conductor import __version__
 from conductor.client.code import CodeCache, CodeUnavailable
 from conductor.client.router import LeaderRouter
 from conductor.metastore import MODULES_PATH, Metastore, MetastoreError, VersionConflict
@@ -34,6 +34,7 @@ from conductor.metastore.acls import AclCache
 from conductor.metastore.module_spec import SEGMENT_BYTES, ModuleSpec
 from conductor.metastore.tokens import TokenCache
 from conductor.metastore.zk_auth import ZkPrincipal
+from conductor.security.https import HttpsContexts, ViewGuard
 from conductor.security.tls import TlsSource
 from conductor.settings import Listen, is_loopback
 from conductor.wire import admin_pb2, code_pb2
@@ -52,12 +53,14 @@ from conductor.worker.far_horizon import (
     Shelved,
     replication_handler,
 )
+from conductor.worker.grpc_ports import bind_grpc_ports
 from conductor.worker.hooks import WorkerHooks
 from conductor.worker.hosted import HostedReplica
 from conductor.worker.inbox import InstallCheckpoint
 from conductor.worker.lifecycle import CodeLifecycle
 from conductor.worker.membership import ReplicaMembership
 from conductor.worker.metrics import node_registry
+from conductor.worker.metrics_endpoint import MetricsEndpoint
 from conductor.worker.peer_server import PeerServer
 from conductor.worker.recovery import ReplicaRecovery
 from conductor.worker.replica_faults import describe, fault_kind
@@ -124,8 +127,10 @@ class Worker:
                  session_timeout: float = 6.0, metrics_port: int = 0, *, listen: Listen = Listen(),
                  metrics_listen: Listen | None = None, replication_port: int = 0, task_threads: int = 1,
                  hooks: WorkerHooks | None = None, tls: TlsSource | None = None, authorize: bool = False,
-                 zk_auth: ZkPrincipal | None = None) -> None:
+                 zk_auth: ZkPrincipal | None = None, token_port: int | None = None) -> None:
         self.node_id = node_id
+        #: the second gRPC port, server-only TLS for apps with a bearer token (conductor.worker.grpc_ports); None: none
+        self.token_port = token_port
         #: ZooKeeper digest credentials (--zk-auth): the znodes this worker creates are writable by them alone
         self.zk_auth = zk_auth
         #: this worker's certificate (mutual TLS on gRPC and the replication links); None: plaintext
@@ -150,7 +155,7 @@ class Worker:
         self.task_threads = TaskThreadPool(node_id, task_threads)
         #: the modules open here and their local replicas
         self.modules = LocalModules(self._resolve)
-        self._metrics_server: Any = None
+        self._metrics_server: MetricsEndpoint | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self.metrics_address = ""
         self._running: Running | None = None
@@ -194,15 +199,9 @@ class Worker:
             settler, ReplicaRecovery(self.node_id, self.data_dir, metastore, self.modules, self.open_replica),
             lifecycle, ReplicaMembership(self.node_id, self.data_dir, metastore, self.modules, self.open_replica))
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        try:
-            bound = (server.add_secure_port(self.listen.bind(self.port), self.tls.grpc_server_credentials())
-                     if self.tls is not None else server.add_insecure_port(self.listen.bind(self.port)))
-        except RuntimeError:
-            bound = 0
-        if bound == 0:
-            raise OSError(f"node {self.node_id} cannot bind gRPC on {self.listen.bind(self.port)}: the address "
-                          "is not on this machine or the port is taken (--host, --port)")
-        self.port = bound
+        ports = bind_grpc_ports(server, self.node_id, self.listen, self.port, self.tls, self.token_port,
+                                authorized=self.authorizer is not None)
+        self.port, self.token_port = ports.main, ports.token
         await server.start()
         try:
             self.replication_port = await self.peer_server.start(self.listen.host, self.replication_port)
@@ -218,25 +217,30 @@ class Worker:
         # a crashed predecessor's session may hold our id for up to its timeout (assumed to be ours)
         await asyncio.to_thread(functools.partial(metastore.nodes.register, self.node_id, self.address,
                                                   replication=self.replication_address, stale_wait_s=self.session_timeout * 1.5 + 2,
-                                                  secure=self.tls is not None))
+                                                  secure=self.tls is not None, token=self.token_address,
+                                                  version=__version__))
         metastore.zk.ChildrenWatch(MODULES_PATH, self._on_modules)
         run.lifecycle.start()
         self.metrics_address = self._start_metrics()
         await asyncio.to_thread(metastore.nodes.advertise_metrics, self.node_id, self.metrics_address)
         self._sweeper = asyncio.create_task(self._sweep_checkpoints())
-        log.warning("node %s serving on %s, %s (data %s, ZooKeeper %s, session 0x%x, metrics http://%s/metrics, %s)",
+        log.warning("node %s serving on %s, %s (data %s, ZooKeeper %s, session 0x%x, metrics %s://%s/metrics, %s)",
                     self.node_id, self.address, f"{self.security}, {self.authorization}", self.data_dir,
-                    self.zk_hosts, self.session or 0,
-                    self.metrics_address, f"replicas share {self.task_threads.size} task thread(s)"
+                    self.zk_hosts, self.session or 0, "https" if self.tls else "http", self.metrics_address,
+                    f"replicas share {self.task_threads.size} task thread(s)"
                     if self.task_threads.size else "a task thread per replica")
 
     def _start_metrics(self) -> str:
-        """Prometheus endpoint on `--metrics-host` (`--metrics-port`, 0 = a free port); its advertised address
-        goes in node.metrics."""
-        server, _thread = start_http_server(self.metrics_port, addr=self.metrics_listen.host,
-                                            registry=node_registry(self.node_id, self.modules.hosts))
+        """Prometheus endpoint on `--metrics-host` (`--metrics-port`, 0 = a free port): HTTPS with the worker's
+        certificate when it has TLS, scrapes authenticated like gRPC calls when it authorizes them
+        (conductor.worker.metrics_endpoint); its advertised address goes in node.metrics."""
+        checker = self.authorizer.checker if self.authorizer is not None else None
+        guard = ViewGuard(lambda: checker.acls.acls, checker.tokens.verify) if checker is not None else None
+        server = MetricsEndpoint(node_registry(self.node_id, self.modules.hosts), self.metrics_listen.host,
+                                 self.metrics_port, HttpsContexts(self.tls).server() if self.tls else None,
+                                 guard if self.tls else None)
         self._metrics_server = server
-        address = self.metrics_listen.advertised(server.server_port)
+        address = self.metrics_listen.advertised(server.port)
         (self.data_dir / "node.metrics").write_text(address)
         return address
 
@@ -251,13 +255,19 @@ class Worker:
     def security(self) -> str:
         """How the links are protected, for the start line (``python -m conductor.worker`` says INSECURE)."""
         if self.tls is not None:
-            return f"mutual TLS as {self.tls.identity}"
+            tokens = f", bearer tokens on {self.token_address}" if self.token_port is not None else ""
+            return f"mutual TLS as {self.tls.identity}{tokens}"
         return "INSECURE: plaintext" if not is_loopback(self.listen.host) else "plaintext on loopback"
 
     @property
     def address(self) -> str:
         """The gRPC address others reach this worker at (registered in ZooKeeper)."""
         return self.listen.advertised(self.port)
+
+    @property
+    def token_address(self) -> str:
+        """Where apps with a bearer token reach this worker (server-only TLS; "" when it serves no token port)."""
+        return self.listen.advertised(self.token_port) if self.token_port is not None else ""
 
     @property
     def replication_address(self) -> str:
@@ -288,7 +298,7 @@ class Worker:
         if run is not None:
             run.lifecycle.stop()
         if self._metrics_server is not None:
-            self._metrics_server.shutdown()
+            self._metrics_server.stop()
         if self._sweeper is not None:
             self._sweeper.cancel()
         if self.authorizer is not None:

@@ -6,7 +6,9 @@ and selects; a client without a certificate, with one from another CA, or an exp
 one is refused and changes nothing; a replication link from a certificate that is not
 one of the group's replicas is refused; a ZooKeeper client without the cluster's
 digest cannot change a group znode; a worker's certificate rotated while a writer
-appends fails no append; a reachable plaintext bind refuses to start.
+appends fails no append; a reachable plaintext bind refuses to start. Apps with a
+bearer token (the workers' token port, server-only TLS) append and query; a wrong or
+revoked token is refused (``Unauthenticated``), and a token app cannot deploy.
 """
 
 from __future__ import annotations
@@ -27,18 +29,24 @@ import grpc
 import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
+from kazoo.security import Permissions
 
+from conductor.client import Cluster
 from conductor.devcluster import DevCluster
 from conductor.metastore import Metastore
-from conductor.metastore.layout import group_path
-from conductor.security import certs
+from conductor.metastore.layout import ACLS_PATH, NODES_PATH, TOKENS_PATH, group_path, module_path
+from conductor.metastore.zk_auth import ROLES_PATH, ZkRoles, digest_id, read_principal, read_roles
+from conductor.security import certs, tokens
 from conductor.security.identity import Identity
-from conductor.security.tls import TlsError, TlsFiles, TlsSource
+from conductor.security.tls import TlsError, TlsFiles, TlsSource, token_channel_credentials
 from conductor.settings import split_hostport
+from conductor.wire import admin_pb2, admin_pb2_grpc, code_pb2
+from conductor.wire import code_pb2_grpc as codeg
 from conductor.wire import millrace_pb2 as pb
 from conductor.wire import millrace_pb2_grpc as pbg
+from conductor.wire.errors import PermissionDenied, Unauthenticated, error_from_rpc
 from conductor.wire.peer_framing import LENGTH, frame_bytes
-from tests.integration.cluster_helpers import Appender, deploy, group_status, wait_for
+from tests.integration.cluster_helpers import Appender, converged, deploy, group_status, groups_of, wait_for
 
 MODULE = "Clicks"
 
@@ -143,6 +151,35 @@ def test_zookeeper_client_without_the_digest_cannot_change_a_group_znode(dc: Dev
         zk.close()
 
 
+def test_workers_zookeeper_user_writes_only_what_workers_must(dc: DevCluster) -> None:
+    """The workers authenticate as their own digest user (`zk-auth-worker`, zk_auth.ZkRoles): it may write the group
+    znodes and its node registration, not a module spec, a code version, the ACLs or a token."""
+    assert stat.S_IMODE(dc.zk_worker_auth_file.stat().st_mode) == 0o600
+    worker = read_principal(dc.zk_worker_auth_file)
+    worker_id = digest_id(worker)
+    zk = KazooClient(hosts=dc.hosts, auth_data=[worker.auth_data()])
+    zk.start(timeout=15)
+    try:
+        assert read_roles(zk) == ZkRoles(digest_id(dc.zk_principal()), worker_id)
+        acl, _ = zk.get_acls(group_path(MODULE, 0))  # (ZooKeeper shows a digest ACL as `user:x`)
+        assert any(a.id.id.startswith(f"{worker.user}:") and a.perms & Permissions.WRITE for a in acl), acl
+        with Metastore(dc.hosts) as ms:
+            live = ms.nodes.live()
+        node_acl, _ = zk.get_acls(f"{NODES_PATH}/{live[0]}")
+        assert any(a.id.id.startswith(f"{worker.user}:") for a in node_acl), "workers register as their own user"
+        for path in (module_path(MODULE), ACLS_PATH, ROLES_PATH):
+            data, znode = zk.get(path)
+            with pytest.raises(NoAuthError):
+                zk.set(path, data, version=znode.version)
+        with pytest.raises(NoAuthError):
+            zk.create(f"{TOKENS_PATH}/forged", b"{}")
+        with pytest.raises(NoAuthError):
+            zk.create(f"{module_path(MODULE)}/versions/forged", b"{}")
+    finally:
+        zk.stop()
+        zk.close()
+
+
 @pytest.mark.parametrize("who", ["worker/n9", "app/dev", "worker/n2 for n1"])
 def test_far_horizon_copy_only_for_a_replica_of_the_group_fetching_for_itself(dc: DevCluster, who: str) -> None:
     """`FetchCheckpoint` hands out a replica's whole state: refused (before any checkpoint is made) to a worker
@@ -231,6 +268,42 @@ def served_certificate(dc: DevCluster, node: str) -> bytes:
         return der
 
 
+def test_isr_shrinks_and_expands_under_the_workers_own_zookeeper_user(dc: DevCluster) -> None:
+    """A follower stops (its leader shrinks the ISR: a group znode written with the workers' user) and comes back
+    (the ISR expands again), while a writer appends: nothing fails for want of a ZooKeeper permission."""
+    groups = groups_of(dc, MODULE)
+    # a worker that leads no group of the module: a clean stop of a leader fails the appends in flight on it
+    follower = next(n for n in groups[0].replicas if all(g.leader != n for g in groups.values()))
+    with dc.connect() as client:
+        writer = Appender(client.depot(MODULE, "*clicks"), prefix="isr").start()
+        try:
+            dc.nodes[follower].stop()
+            wait_for(lambda: follower not in groups_of(dc, MODULE)[0].isr, 30, f"{follower} to leave the ISR")
+            assert all(g.leader != follower for g in groups_of(dc, MODULE).values())
+            n = writer.count()
+            wait_for(lambda: writer.count() > n + 50, 30, "appends with the shrunk ISR")
+            dc.start_node(follower)
+            dc.wait_nodes([follower])
+            wait_for(lambda: all(len(g.isr) == len(g.replicas) for g in groups_of(dc, MODULE).values()), 60,
+                     f"{follower} back in every ISR")
+        finally:
+            writer.stop()
+    assert writer.failed == 0, writer.errors[:3]
+    wait_for(lambda: converged(dc, MODULE), 60, "every replica to apply its leader's whole log")
+
+
+def test_a_leader_hands_off_under_the_workers_own_zookeeper_user(dc: DevCluster) -> None:
+    """A hand-off request (the conductor's balancing writes it): the leader completes it with its own ZooKeeper user,
+    removing the request and writing the group znode in one transaction."""
+    wait_for(lambda: all(len(g.isr) == len(g.replicas) for g in groups_of(dc, MODULE).values()), 60, "full ISRs")
+    st = groups_of(dc, MODULE)[1]
+    to = next(n for n in st.isr if n != st.leader)
+    with Metastore(dc.hosts) as ms:
+        ms.resigns.request(MODULE, 1, to, st.epoch, ms.nodes.sessions()[to])
+        wait_for(lambda: groups_of(dc, MODULE)[1].leader == to, 30, f"{to} to lead {MODULE}/1")
+        wait_for(lambda: ms.resigns.get(MODULE, 1) is None, 10, "the request to be removed by the leader")
+
+
 def test_worker_certificate_rotated_while_a_writer_appends(dc: DevCluster) -> None:
     leader, _ = leader_address(dc)
     old = served_certificate(dc, leader)
@@ -279,3 +352,103 @@ def test_spark_reads_a_depot_and_a_pstate_over_tls(dc: DevCluster, spark: Any) -
     scanned = dict((r.key, r.value) for r in spark.read.format("millrace.pstate").option("cluster", dc.hosts)
                    .option("module", "WordCount").option("pstate", "$$counts").options(**tls).load().collect())
     assert scanned.get("tls") == "1", scanned
+
+
+# ---- apps with a bearer token: the workers' token port ------------------------------------------------------------
+
+
+def token_for(dc: DevCluster, name: str, *permissions: str) -> tuple[str, str]:
+    """A token of app/<name> (and its id), granted query and `permissions` on MODULE, as `conductor token create`
+    and `conductor acl grant` make them."""
+    app = Identity("app", name)
+    token, record = tokens.generate(app)
+    with Metastore(dc.hosts, zk_auth=dc.zk_principal()) as ms:
+        ms.tokens.put(record)
+        ms.acls.grant(app, MODULE, {"query", *permissions})
+        nodes = ms.nodes.live()
+    for node in nodes:  # each worker's token and ACL caches follow ZooKeeper watches: wait until they have fired
+        wait_for(lambda n=node: known_everywhere(dc, n, token), 20, f"worker {node} to know the token")
+    return token, record.token_id
+
+
+def known_everywhere(dc: DevCluster, node: str, token: str) -> bool:
+    with token_channel(dc, node, token) as ch:
+        try:
+            pbg.ClientStub(ch).GroupStatus(pb.GroupStatusRequest(module=MODULE, group=0), timeout=5)
+        except grpc.RpcError as e:
+            return e.code() not in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+    return True
+
+
+def token_channel(dc: DevCluster, node: str, token: str) -> grpc.Channel:
+    with Metastore(dc.hosts) as ms:
+        info = ms.nodes.get(node)
+    assert info is not None and info.token and info.token != info.address, "a TLS worker advertises a token port"
+    creds = token_channel_credentials((dc.pki / certs.CA_CERT).read_bytes(), token)
+    return grpc.secure_channel(info.token, creds, options=[("grpc.use_local_subchannel_pool", 1)])
+
+
+def test_token_app_appends_and_queries_on_a_tls_cluster(dc: DevCluster) -> None:
+    token, _ = token_for(dc, "tok-writer", "append", "query")
+    ca = dc.pki / certs.CA_CERT
+    with Cluster.connect(dc.hosts, token=token, ca=ca) as client:
+        for i in range(5):
+            assert client.depot(MODULE, "*clicks").append({"user": "tok", "id": f"t{i}"}, ack="applied") >= 0
+        assert client.depot(MODULE, "*clicks").partition_info(0) is not None
+
+
+def test_token_port_never_accepts_a_call_without_a_token(dc: DevCluster) -> None:
+    leader, _ = leader_address(dc)
+    with Metastore(dc.hosts) as ms:
+        info = ms.nodes.get(leader)
+    assert info is not None
+    ca = (dc.pki / certs.CA_CERT).read_bytes()
+    with grpc.secure_channel(info.token, grpc.ssl_channel_credentials(root_certificates=ca)) as ch, \
+            pytest.raises(grpc.RpcError) as e:
+        pbg.ClientStub(ch).GroupStatus(pb.GroupStatusRequest(module=MODULE, group=0), timeout=5)
+    assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED and "bearer token" in (e.value.details() or "")
+
+
+def test_wrong_or_revoked_token_is_refused_with_a_typed_error(dc: DevCluster) -> None:
+    token, token_id = token_for(dc, "tok-revoked", "append", "query")
+    ca = dc.pki / certs.CA_CERT
+    wrong = token[:-4] + ("AAAA" if not token.endswith("AAAA") else "BBBB")
+    with Cluster.connect(dc.hosts, token=wrong, ca=ca, timeout_s=10) as client, \
+            pytest.raises(Unauthenticated) as refused:
+        client.depot(MODULE, "*clicks").append({"user": "tok", "id": "wrong"}, ack="applied")
+    assert wrong not in str(refused.value) and token not in str(refused.value)
+    with Cluster.connect(dc.hosts, token=token, ca=ca, timeout_s=10) as client:
+        client.depot(MODULE, "*clicks").append({"user": "tok", "id": "before-revoke"}, ack="applied")
+        leader, _ = leader_address(dc)
+        before = log_end(dc, leader)
+        with Metastore(dc.hosts, zk_auth=dc.zk_principal()) as ms:
+            ms.tokens.revoke(token_id)
+
+        def refused_now() -> bool:
+            try:
+                client.depot(MODULE, "*clicks").append({"user": "tok", "id": "after-revoke"}, ack="applied")
+            except Unauthenticated:
+                return True
+            return False
+        wait_for(refused_now, 20, "the revoked token to be refused")
+    # (appends made before the watch fired may have landed; none after the refusal)
+    assert log_end(dc, leader) >= before
+
+
+def test_token_app_is_refused_deploy(dc: DevCluster, tmp_path: Path) -> None:
+    """A token app granted append and query: PutArtifact and Prepare are PERMISSION_DENIED (deploy), as is Ping."""
+    token, _ = token_for(dc, "tok-deployer", "append", "query")
+    leader, _ = leader_address(dc)
+    with token_channel(dc, leader, token) as ch:
+        stub = codeg.CodeStub(ch)
+        chunk = code_pb2.ArtifactChunk(sha256="0" * 64, size=3, data=b"abc")
+        with pytest.raises(grpc.RpcError) as put:
+            stub.PutArtifact(iter([chunk]), timeout=10)
+        with pytest.raises(grpc.RpcError) as prepare:
+            stub.Prepare(code_pb2.PrepareRequest(module=MODULE, module_ref="x:Y", sha256="0" * 64), timeout=10)
+        with pytest.raises(grpc.RpcError) as ping:
+            admin_pb2_grpc.AdminStub(ch).Ping(admin_pb2.PingRequest(), timeout=10)
+    for err, permission in ((put, "deploy"), (prepare, "deploy"), (ping, "admin")):
+        typed = error_from_rpc(err.value)
+        assert isinstance(typed, PermissionDenied), typed
+        assert "app/tok-deployer" in str(typed) and f"missing permission {permission!r}" in str(typed), typed

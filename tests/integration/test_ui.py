@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+import conductor
 from conductor.cli import app
 from conductor.client import Cluster
 from conductor.devcluster import DevCluster
@@ -198,6 +199,7 @@ def test_pages_render_and_their_numbers_match_conductor_status_json(cluster: Any
         assert workers[n["node"]]["metrics"] == n["metrics"] != ""
         assert workers[n["node"]]["pid"] == str(n["pid"])
         assert workers[n["node"]]["problem"] == "ok"
+        assert workers[n["node"]]["version"] == n["version"] == conductor.__version__, "each worker's version"
     modules = parse(cluster_dom, "module").rows
     (m,) = before["modules"]
     assert modules[MODULE]["groups_led"] == f"{m['groups_led']}/{m['groups_total']}" == "2/2"
@@ -219,6 +221,17 @@ def test_pages_render_and_their_numbers_match_conductor_status_json(cluster: Any
         assert shown == {k: str(v) for k, v in _numbers(g).items()}
         assert row["problem"] == "ok"
         assert int(row["log_end"]) > 0
+
+    # Each depot's size: records held and offsets summed over its partitions, as the leaders report them.
+    depots = parse(module_html, "depot").rows
+    assert sorted(depots) == [d["depot"] for d in before["depots"]] == [d["depot"] for d in after["depots"]]
+    for d in before["depots"]:
+        shown = {k: depots[d["depot"]][k] for k in ("partitions", "records", "start", "end", "problem")}
+        assert shown == {"partitions": str(len(d["partitions"])), "records": str(d["records"]),
+                         "start": str(d["start"]), "end": str(d["end"]), "problem": "ok"}
+        assert d["groups_reporting"] == len(before["groups"])
+    (clicks,) = [d for d in before["depots"] if d["depot"] == "*clicks"]
+    assert clicks["records"] >= writer.count() and clicks["end"] >= writer.count()
 
     # Every chart has points, and the appends chart saw the writer.
     assert {p["data-series"] for p in page.polylines} >= {"isr_min", "min_isr", "appends_per_s", "apply_lag_max",

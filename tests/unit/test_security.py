@@ -181,7 +181,7 @@ def test_roles_imply_their_permissions() -> None:
     none = Acls()
     admin, conductor = Identity("admin", "ops"), Identity("conductor", "c1")
     assert all(acl.allowed(none, admin, "m", p) for p in acl.PERMISSIONS)
-    assert {p for p in acl.PERMISSIONS if acl.allowed(none, conductor, "m", p)} == {"query", "deploy", "admin"}
+    assert {p for p in acl.PERMISSIONS if acl.allowed(none, conductor, "m", p)} == {"query", "deploy", "admin", "view"}
     assert {p for p in acl.PERMISSIONS if acl.allowed(none, W1, "m", p)} == {"append", "query"}
     assert not any(acl.allowed(none, APP, "m", p) for p in acl.PERMISSIONS)
 
@@ -235,3 +235,35 @@ def test_presented_token_from_grpc_metadata() -> None:
     assert tokens.presented_token([("Authorization", b"bearer mrt.a.b ")]) == "mrt.a.b"
     assert tokens.presented_token([("authorization", "Basic abc")]) is None
     assert tokens.presented_token(None) is None
+
+
+def test_zk_roles_give_workers_only_what_they_must_write() -> None:
+    from kazoo.security import Permissions
+
+    from conductor.metastore.layout import (
+        ACLS_PATH,
+        NODES_PATH,
+        TOKENS_PATH,
+        group_path,
+        module_path,
+        version_path,
+    )
+    from conductor.metastore.zk_auth import ROLES_PATH, ZkPrincipal, ZkRoles, cluster_acl, digest_id
+
+    control, worker = ZkPrincipal("millrace", "c" * 32), ZkPrincipal("millrace-worker", "w" * 32)
+    one = ZkRoles(digest_id(control))
+    assert one.acl_for(group_path("M", 0)) == cluster_acl(control), "one user: the ACL of before"
+    roles = ZkRoles(digest_id(control), digest_id(worker))
+
+    def worker_perms(path: str) -> int:
+        return sum(a.perms for a in roles.acl_for(path) if a.id.id == digest_id(worker))
+
+    assert worker_perms(group_path("M", 3)) == Permissions.READ | Permissions.WRITE
+    assert worker_perms(NODES_PATH) == Permissions.READ | Permissions.CREATE | Permissions.DELETE
+    assert worker_perms(f"{NODES_PATH}/n1") == Permissions.ALL
+    assert worker_perms(f"{module_path('M')}/resign") == Permissions.READ | Permissions.DELETE
+    for path in (module_path("M"), version_path("M", "ab" * 32), ACLS_PATH, TOKENS_PATH, ROLES_PATH,
+                 f"{module_path('M')}/groups", f"{module_path('M')}/resign/0"):
+        assert worker_perms(path) == 0, path
+        assert any(a.id.id == digest_id(control) and a.perms == Permissions.ALL for a in roles.acl_for(path))
+    assert ZkRoles.from_json(roles.to_json()) == roles

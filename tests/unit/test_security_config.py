@@ -69,3 +69,30 @@ def test_insecure_is_a_switch_from_flag_environment_or_file() -> None:
     assert resolve({}, TLS_SETTINGS, "worker", environ={})["insecure"] is False
     with pytest.raises(SettingsError):
         resolve({}, TLS_SETTINGS, "worker", environ={"MILLRACE_INSECURE": "maybe"})
+
+
+def test_the_token_port_is_on_by_default_only_where_every_token_is_checked() -> None:
+    from conductor.worker.__main__ import TOKEN_PORT_OFF, parse_token_port, token_port
+
+    assert parse_token_port("off") == TOKEN_PORT_OFF and parse_token_port("7001") == 7001
+    assert token_port(None, tls=True, authorize=True) == 0  # a free port
+    assert token_port(7001, tls=True, authorize=True) == 7001
+    assert token_port(TOKEN_PORT_OFF, tls=True, authorize=True) is None
+    assert token_port(None, tls=False, authorize=True) is None and token_port(None, tls=True, authorize=False) is None
+    for tls, authorize in ((False, True), (True, False)):
+        with pytest.raises(SettingsError, match="needs TLS"):
+            token_port(7001, tls=tls, authorize=authorize)
+
+
+def test_an_app_gives_a_certificate_or_a_token_with_the_ca(pki: Path) -> None:
+    from conductor.client.credentials import app_credentials
+    from conductor.client.errors import ClientError
+
+    plain = app_credentials(None, None, None)
+    assert plain.credentials is None and not plain.token_port
+    token = app_credentials(None, "mrt.abc.def", pki / "ca.pem")
+    assert token.token_port and token.tls is None and token.credentials is not None
+    with pytest.raises(ClientError, match="needs ca="):
+        app_credentials(None, "mrt.abc.def", None)
+    with pytest.raises(ClientError, match="give token="):
+        app_credentials(None, None, pki / "ca.pem")
