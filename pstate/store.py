@@ -607,7 +607,8 @@ class ChangeSetBuilder:
             self.writes.put(cf, p + end.to_bytes(8, "big"), raw)
             offsets.append(end)
             end += 1
-        self.writes.put(META, depot_meta_key(depot, p), info.start.to_bytes(8, "big") + end.to_bytes(8, "big"))
+        added = info.appended_bytes + sum(map(len, encoded))
+        self.writes.put(META, depot_meta_key(depot, p), PartitionInfo(info.start, end, added).encode())
         return offsets
 
     def depot_append_encoded(self, depot: str, partition: int, records: Sequence[bytes]) -> list[int]:
@@ -623,7 +624,8 @@ class ChangeSetBuilder:
         start = info.end
         end = start + len(records)
         self.writes.put_many(depot_cf(depot), [p + off.to_bytes(8, "big") for off in range(start, end)], records)
-        self.writes.put(META, depot_meta_key(depot, p), info.start.to_bytes(8, "big") + end.to_bytes(8, "big"))
+        added = info.appended_bytes + sum(map(len, records))
+        self.writes.put(META, depot_meta_key(depot, p), PartitionInfo(info.start, end, added).encode())
         return list(range(start, end))
 
     def depot_trim(self, depot: str, partition: int, before: int) -> None:
@@ -637,7 +639,7 @@ class ChangeSetBuilder:
         if new_start == info.start:
             return
         self.writes.delete_range(depot_cf(depot), p + info.start.to_bytes(8, "big"), p + new_start.to_bytes(8, "big"))
-        self.writes.put(META, depot_meta_key(depot, p), new_start.to_bytes(8, "big") + info.end.to_bytes(8, "big"))
+        self.writes.put(META, depot_meta_key(depot, p), PartitionInfo(new_start, info.end, info.appended_bytes).encode())
 
     def select(self, pstate: str, path: Path = P) -> list[Any]:
         """Read through this builder's pending writes (what a transform would see)."""
