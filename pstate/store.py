@@ -206,6 +206,17 @@ class TaskGroupStore:
             return sum(int(cf.property_int_value("rocksdb.live-sst-files-size") or 0)
                        for name, cf in self._cfs.items() if name in self.families.real)  # (aliases once)
 
+    def compact_range(self, cf: str, lo: bytes, hi: bytes) -> None:
+        """Compact ``[lo, hi)`` of column family ``cf`` so the files of a deleted range go (disk space back).
+
+        Not under the store's lock: applies go on while RocksDB compacts (it orders its own work).
+        """
+        self._check_open()
+        opts = rocksdict.CompactOptions()
+        opts.set_exclusive_manual_compaction(False)
+        with rocks_errors("compact", self.path):
+            self._cfs[cf].compact_range(lo, hi, opts)
+
     def _check_open(self) -> None:
         if self._closed:
             raise StoreClosed(self.path)

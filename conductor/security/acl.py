@@ -7,7 +7,7 @@ Permissions, per module (or ``*``: every module, including ones not deployed yet
 ``query``   read its PStates and depots (``Select``, ``DepotRead``, status of its groups)
 ``deploy``  deploy, update and destroy it, and ship its code (``PutArtifact``, ``Prepare``):
             code runs on a worker only if an identity with ``deploy`` shipped it
-``admin``   change its options, balance its leaders, change its ACLs
+``admin``   change its options, balance its leaders, change its ACLs, trim its depots (``DepotTrim``)
 ==========  =====================================================================
 
 What each role gets without any grant (a grant can only add to it):

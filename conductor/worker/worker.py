@@ -62,6 +62,7 @@ from conductor.worker.recovery import ReplicaRecovery
 from conductor.worker.replica_faults import describe, fault_kind
 from conductor.worker.replica_host import ReplicaHost
 from conductor.worker.replica_store import ReplicaStore
+from conductor.worker.retention import RetentionDriver
 from conductor.worker.runtime import LocalModules, ModuleRuntime
 from conductor.worker.services import AdminService, ClientService, LoopSettler, ReplicationService
 from conductor.worker.task_thread import TaskThreadPool
@@ -148,6 +149,8 @@ class Worker:
         self.modules = LocalModules(self._resolve)
         self._metrics_server: Any = None
         self._sweeper: asyncio.Task[None] | None = None
+        #: depot retention checks and giving trimmed space back (conductor.worker.retention)
+        self.retention = RetentionDriver(self.modules)
         self.metrics_address = ""
         self._running: Running | None = None
         #: leader side of far-horizon catchup: checkpoints kept for followers' transfers
@@ -216,6 +219,7 @@ class Worker:
                                                   secure=self.tls is not None))
         metastore.zk.ChildrenWatch(MODULES_PATH, self._on_modules)
         run.lifecycle.start()
+        self.retention.start()
         self.metrics_address = self._start_metrics()
         await asyncio.to_thread(metastore.nodes.advertise_metrics, self.node_id, self.metrics_address)
         self._sweeper = asyncio.create_task(self._sweep_checkpoints())
@@ -280,6 +284,7 @@ class Worker:
 
     async def stop(self) -> None:
         run = self._running
+        self.retention.stop()
         if run is not None:
             run.lifecycle.stop()
         if self._metrics_server is not None:

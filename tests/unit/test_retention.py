@@ -115,13 +115,13 @@ def test_compaction_keeps_the_latest_record_per_key_like_a_model(store: TaskGrou
             offset += 1
         now += 100
         run(lambda b, now=now: compact(b, D, 0, KV.key, KV.tomb, now, 500, 1000, store.applied_reader()))
-        for k, (o, v) in model.items():
+        for _k, (o, v) in model.items():
             if v is None:
                 tomb_at.setdefault(o, now)
         expect = {o: (k, v) for k, (o, v) in model.items() if not (v is None and tomb_at[o] <= now - 500)}
         got = dict(store.depot(D).read(0, 0, max_bytes=1 << 30))
         assert {o: tuple(r) for o, r in got.items()} == expect
-        offs, raw, nxt = store.depot(D).read_sparse(0, 0)
+        offs, _raw, nxt = store.depot(D).read_sparse(0, 0)
         assert offs == sorted(expect) and nxt == offset
         size = partition_size(store.applied_reader(), D, 0)
         assert size.records == len(expect)

@@ -1,0 +1,137 @@
+"""A worker's side of depot retention: when its leaders check, and giving trimmed disk space back.
+
+One thread per worker (:class:`RetentionDriver`). Every ``depot.retention.check.interval.ms`` it posts a
+:class:`RetentionCheck` to each local leader whose depots have a bound or compaction (read from the live
+spec at each check, so ``conductor set-option`` applies at the next one), at most one in flight per group;
+the leader's task thread builds it (a bounded entry: a mark per partition, the due trims, at most
+``CHECK_COMPACTION_LIMIT`` records of key compaction), and every replica applies the same range deletes.
+
+A range delete hides records at once but frees no disk until RocksDB compacts the files holding them, which
+with a steady writer may take long (the deleted keys are below every new one). So the thread also watches
+the start offset of every partition of every replica it hosts (leaders and followers) and, when one moved,
+compacts the trimmed key range of that depot's column family: one range per tick (bounded background I/O,
+off the task threads), most trimmed first.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from conductor.metastore.depot_options import CHECK_COMPACTION_LIMIT, CHECK_INTERVAL_MS
+from conductor.wire import millrace_pb2 as pb
+from conductor.worker.hosted import HostedReplica
+from conductor.worker.pending_entry import PendingEntry
+from conductor.worker.runtime import LocalModules, ModuleRuntime
+from pstate.depots import check_partition, depot_cf, read_partition_info
+from pstate.retention import RetentionPolicy
+from replog.messages import Ack
+from topology.entries.requests import RetentionCheck
+
+log = logging.getLogger("millrace.node")
+
+#: how often the thread looks for trimmed ranges to compact (one range per tick)
+TICK_S = 0.2
+
+
+def depot_partitions(modules: LocalModules, module: str, rec: HostedReplica | None) -> list[pb.DepotPartitionSize]:
+    """GroupStatus's depot partitions of a replica hosted here (none while it is not open)."""
+    rt = modules.get(module)
+    if rt is None or rec is None or rec.store is None:
+        return []
+    return [pb.DepotPartitionSize(depot=d, task=t, start=s.start, end=s.end, records=s.records, bytes=s.bytes)
+            for d, t, s in rec.store.depot_sizes(rt.spec.tasks_of(rec.group))]
+
+
+def policy(settings: dict[str, int]) -> RetentionPolicy:
+    """A depot's policy from its settings (``ModuleSpec.depot_settings``)."""
+    return RetentionPolicy(settings["retention_ms"], settings["retention_bytes"], bool(settings["compaction"]),
+                           settings["delete_retention_ms"])
+
+
+class RetentionDriver:
+    """See the module docstring."""
+
+    def __init__(self, modules: LocalModules) -> None:
+        self.modules = modules
+        self._stopped = threading.Event()
+        self._next_check: dict[tuple[str, int], float] = {}
+        self._in_flight: set[tuple[str, int]] = set()
+        #: per (module, group, depot, task): the start offset whose range below is compacted already
+        self._compacted: dict[tuple[str, int, str, int], int] = {}
+        #: trimmed ranges compacted, bytes of live SST files seen to go (metrics)
+        self.ranges_compacted = 0
+        self._thread = threading.Thread(target=self._run, name="depot-retention", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(TICK_S):
+            for rt in self.modules.runtimes():
+                try:
+                    self._checks(rt)
+                    self._compact_one(rt)
+                except Exception:  # a closed store (a replica restarting) and the like: next tick
+                    log.debug("module %s: retention tick failed; trying again", rt.spec.name, exc_info=True)
+
+    # ------------------------------------------------------------------ leaders: retention checks
+
+    def _checks(self, rt: ModuleRuntime) -> None:
+        spec = rt.spec
+        now = time.monotonic()
+        for rec in list(rt.hosted.values()):
+            host, store = rec.host, rec.store
+            key = (spec.name, rec.group)
+            if host is None or store is None or not host.replica.is_leader or key in self._in_flight:
+                continue
+            if now < self._next_check.get(key, 0.0):
+                continue
+            self._next_check[key] = now + spec.option(CHECK_INTERVAL_MS) / 1000
+            policies = {d: p for d in store.current().depots if (p := policy(spec.depot_settings(d))).bounded
+                        or p.compaction}
+            if policies:
+                self._post(rec, key, RetentionCheck(int(time.time() * 1000), spec.tasks_of(rec.group), policies,
+                                                    CHECK_COMPACTION_LIMIT))
+
+    def _post(self, rec: HostedReplica, key: tuple[str, int], request: RetentionCheck) -> None:
+        host = rec.host
+        assert host is not None
+        self._in_flight.add(key)
+
+        def done(_offset: int, _result: Any, error: Exception | None) -> None:
+            self._in_flight.discard(key)
+            if error is not None:
+                log.info("%s: a retention check was not appended (%s); next interval", host.name, error)
+        host.post(PendingEntry(request, 0, Ack.NONE, done))
+
+    # ------------------------------------------------------------------ every replica: disk space back
+
+    def _compact_one(self, rt: ModuleRuntime) -> None:
+        """Compact the largest trimmed range not compacted yet, of any replica of ``rt`` hosted here."""
+        best: tuple[int, Any, str, bytes, bytes, tuple[str, int, str, int], int] | None = None
+        for rec in list(rt.hosted.values()):
+            if rec.store is None:
+                continue
+            store = rec.store.current()
+            reader = store.applied_reader()
+            for depot in store.depots:
+                for task in rt.spec.tasks_of(rec.group):
+                    start = read_partition_info(reader, depot, task).start
+                    k = (rt.spec.name, rec.group, depot, task)
+                    done = self._compacted.setdefault(k, 0)
+                    if start > done and (best is None or start - done > best[0]):
+                        p = check_partition(task)
+                        best = (start - done, store, depot, p + done.to_bytes(8, "big"), p + start.to_bytes(8, "big"),
+                                k, start)
+        if best is None:
+            return
+        _n, store, depot, lo, hi, k, start = best
+        store.compact_range(depot_cf(depot), lo, hi)
+        self._compacted[k] = start
+        self.ranges_compacted += 1
