@@ -85,6 +85,8 @@ def query_group_status(address: str, module: str, group: int, timeout_s: float =
         "migrations": [{"pstate": m.pstate, "id": m.id, "done": m.done, "rewritten": m.rewritten}
                        for m in reply.migrations],
         "fault": reply.fault or None,
+        "depots": [{"depot": d.depot, "task": d.task, "start": d.start, "end": d.end, "records": d.records,
+                    "bytes": d.bytes} for d in reply.depot_partitions],
     }
 
 

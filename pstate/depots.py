@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 
 META = "_meta"
 _DEPOT_META = b"d:"
+#: the ``_meta`` keys of depot partition bounds are ``DEPOT_META + name + NUL + partition (u32)``
+DEPOT_META, DEPOT_META_END = _DEPOT_META, b"d;"
 #: pstate.compaction's cursor key prefix (a compacted partition has one)
 COMPACTION_CURSOR = b"kx:"
 _U32 = 1 << 32

@@ -24,7 +24,14 @@ from dataclasses import dataclass, field
 
 import msgpack
 
-from pstate.depots import META, PartitionInfo, check_partition, read_partition_info
+from pstate.depots import (
+    DEPOT_META,
+    DEPOT_META_END,
+    META,
+    PartitionInfo,
+    check_partition,
+    read_partition_info,
+)
 from pstate.engine import Reader
 from pstate.store import ChangeSetBuilder
 
@@ -106,6 +113,16 @@ def partition_size(reader: Reader, depot: str, partition: int) -> PartitionSize:
     st = read_state(reader, depot, partition)
     records = max(0, info.end - info.start - st.compacted_records)
     return PartitionSize(info.start, info.end, records, live_bytes(info, st))
+
+
+def partition_sizes(reader: Reader) -> list[tuple[str, int, PartitionSize]]:
+    """Every depot partition that holds or held records: (depot, partition, size), in key order."""
+    out = []
+    for k, _v in reader.scan(META, DEPOT_META, DEPOT_META_END):
+        rest = k[len(DEPOT_META):]  # name, NUL, partition u32
+        depot, partition = rest[:-5].decode(), int.from_bytes(rest[-4:], "big")
+        out.append((depot, partition, partition_size(reader, depot, partition)))
+    return out
 
 
 def live_bytes(info: PartitionInfo, state: RetentionState) -> int:

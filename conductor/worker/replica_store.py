@@ -17,7 +17,7 @@ from pstate import TaskGroupStore
 from pstate.changes import ChangeSet
 from pstate.checkpoint import Manifest, install
 from pstate.query import decode_query
-from pstate.retention import PartitionSize, partition_size
+from pstate.retention import PartitionSize, partition_sizes
 from pstate.store import ChangeSetBuilder
 from replog.errors import OffsetOutOfRange
 from topology.dataflow.group import GroupDataflow
@@ -143,10 +143,9 @@ class ReplicaStore:
         first, nxt, records = view.read_raw(task, start, end, max_bytes)
         return records, first, nxt, []
 
-    def depot_sizes(self, tasks: list[int]) -> list[tuple[str, int, PartitionSize]]:
+    def depot_sizes(self) -> list[tuple[str, int, PartitionSize]]:
         """Each depot partition's offsets, records and bytes (applied state), for status and metrics."""
-        reader = self.store.applied_reader()
-        return [(d, t, partition_size(reader, d, t)) for d in self.store.depots for t in tasks]
+        return [row for row in partition_sizes(self.store.applied_reader()) if row[0] in self.store.depots]
 
     def depot_info(self, depot: str, task: int) -> tuple[int, int]:
         info = self.store.depot(depot).partition_info(task)

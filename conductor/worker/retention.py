@@ -2,7 +2,9 @@
 
 One thread per worker (:class:`RetentionDriver`). Every ``depot.retention.check.interval.ms`` it posts a
 :class:`RetentionCheck` to each local leader whose depots have a bound or compaction (read from the live
-spec at each check, so ``conductor set-option`` applies at the next one), at most one in flight per group;
+spec at each check, so ``conductor set-option`` applies at the next one), and sooner when a partition is
+over its size bound (looked at every tick: a fast writer must not overshoot by an interval's writes), at
+most one in flight per group;
 the leader's task thread builds it (a bounded entry: a mark per partition, the due trims, at most
 ``CHECK_COMPACTION_LIMIT`` records of key compaction), and every replica applies the same range deletes.
 
@@ -26,23 +28,30 @@ from conductor.worker.hosted import HostedReplica
 from conductor.worker.pending_entry import PendingEntry
 from conductor.worker.runtime import LocalModules, ModuleRuntime
 from pstate.depots import check_partition, depot_cf, read_partition_info
-from pstate.retention import RetentionPolicy
+from pstate.retention import RetentionPolicy, partition_size
 from replog.messages import Ack
 from topology.entries.requests import RetentionCheck
 
 log = logging.getLogger("millrace.node")
 
-#: how often the thread looks for trimmed ranges to compact (one range per tick)
-TICK_S = 0.2
+#: how often the thread looks at its leaders' partitions (a few ``_meta`` reads each) and for trimmed ranges to
+#: compact (one range per tick)
+TICK_S = 0.05
 
 
-def depot_partitions(modules: LocalModules, module: str, rec: HostedReplica | None) -> list[pb.DepotPartitionSize]:
+def depot_partitions(rec: HostedReplica | None) -> list[pb.DepotPartitionSize]:
     """GroupStatus's depot partitions of a replica hosted here (none while it is not open)."""
-    rt = modules.get(module)
-    if rt is None or rec is None or rec.store is None:
+    if rec is None or rec.store is None:
         return []
     return [pb.DepotPartitionSize(depot=d, task=t, start=s.start, end=s.end, records=s.records, bytes=s.bytes)
-            for d, t, s in rec.store.depot_sizes(rt.spec.tasks_of(rec.group))]
+            for d, t, s in rec.store.depot_sizes()]
+
+
+def over_bound(reader: Any, policies: dict[str, RetentionPolicy], tasks: list[int]) -> bool:
+    """A partition holds more bytes than its bound: check now, not at the next interval (a fast writer
+    would otherwise overshoot by what it writes in one interval)."""
+    return any(partition_size(reader, d, t).bytes > p.retention_bytes
+               for d, p in policies.items() if p.retention_bytes for t in tasks)
 
 
 def policy(settings: dict[str, int]) -> RetentionPolicy:
@@ -90,14 +99,14 @@ class RetentionDriver:
             key = (spec.name, rec.group)
             if host is None or store is None or not host.replica.is_leader or key in self._in_flight:
                 continue
-            if now < self._next_check.get(key, 0.0):
-                continue
-            self._next_check[key] = now + spec.option(CHECK_INTERVAL_MS) / 1000
             policies = {d: p for d in store.current().depots if (p := policy(spec.depot_settings(d))).bounded
                         or p.compaction}
-            if policies:
-                self._post(rec, key, RetentionCheck(int(time.time() * 1000), spec.tasks_of(rec.group), policies,
-                                                    CHECK_COMPACTION_LIMIT))
+            tasks = spec.tasks_of(rec.group)
+            if not policies or (now < self._next_check.get(key, 0.0)
+                                and not over_bound(store.current().applied_reader(), policies, tasks)):
+                continue
+            self._next_check[key] = now + spec.option(CHECK_INTERVAL_MS) / 1000
+            self._post(rec, key, RetentionCheck(int(time.time() * 1000), tasks, policies, CHECK_COMPACTION_LIMIT))
 
     def _post(self, rec: HostedReplica, key: tuple[str, int], request: RetentionCheck) -> None:
         host = rec.host

@@ -312,7 +312,7 @@ class ClientService(pbg.ClientServicer):
             role=s["role"], epoch=s["epoch"], log_start=s["log_start"], log_end=s["log_end"],
             apply_offset=s["apply_offset"], applied_offset=s["applied"], follower_offsets=s["followers"],
             catchup=catchup, fault=s["fault"].line() if s["fault"] is not None else "", **(s["dataflow"] or {}),
-            **code_status(rec), depot_partitions=depot_partitions(self.modules, request.module, rec),
+            **code_status(rec), depot_partitions=depot_partitions(rec),
         )
 
     @maps_errors

@@ -13,6 +13,7 @@ from pstate.retention import (
     RetentionPolicy,
     check,
     partition_size,
+    partition_sizes,
     read_state,
     trim,
     trim_point,
@@ -73,6 +74,7 @@ def test_bytes_bound_holds_after_every_check(store: TaskGroupStore) -> None:
             assert len(store.depot(D).read(0, 0, max_bytes=1 << 30)) == info.end - info.start
     assert store.depot(D).partition_info(0).start > 0
     assert len(read_state(store.applied_reader(), D, 0).marks) <= MAX_MARKS
+    assert partition_sizes(store.applied_reader()) == [(D, 0, partition_size(store.applied_reader(), D, 0))]
 
 
 def test_age_bound_trims_within_one_check(store: TaskGroupStore) -> None:
