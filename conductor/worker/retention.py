@@ -82,7 +82,12 @@ class RetentionDriver:
 
     def _run(self) -> None:
         while not self._stopped.wait(TICK_S):
-            for rt in self.modules.runtimes():
+            runtimes = self.modules.runtimes()
+            live = {rt.spec.name for rt in runtimes}
+            # a destroyed module's keys go with it
+            self._next_check = {k: v for k, v in self._next_check.items() if k[0] in live}
+            self._compacted = {k: v for k, v in self._compacted.items() if k[0] in live}
+            for rt in runtimes:
                 try:
                     self._checks(rt)
                     self._compact_one(rt)

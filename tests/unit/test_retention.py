@@ -137,3 +137,17 @@ def test_compaction_is_bounded_per_round(store: TaskGroupStore) -> None:
     for _ in range(10):
         run(lambda b: compact(b, D, 0, KV.key, KV.tomb, 0, 0, 10, store.applied_reader()))
     assert store.depot(D).read(0, 0) == [(99, ["k", 99])]
+
+
+def test_the_driver_checks_at_once_a_partition_over_its_size_bound(store: TaskGroupStore) -> None:
+    from conductor.worker.retention import over_bound, policy
+
+    p = policy({"retention_ms": 0, "retention_bytes": 1_000, "compaction": 0, "delete_retention_ms": 1})
+    assert p == RetentionPolicy(retention_bytes=1_000, delete_retention_ms=1)
+    run = Applier(store)
+    run(lambda b: b.depot_append(D, 1, ["x" * 400] * 2))
+    assert not over_bound(store.applied_reader(), {D: p}, [0, 1])
+    run(lambda b: b.depot_append(D, 1, ["x" * 400]))
+    assert over_bound(store.applied_reader(), {D: p}, [0, 1])
+    run(lambda b: check(b, D, 1, p, 0, store.applied_reader()))
+    assert not over_bound(store.applied_reader(), {D: p}, [0, 1])
