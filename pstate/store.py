@@ -116,6 +116,8 @@ class TaskGroupStore:
         self.schemas: dict[str, Map | Set] = {n: check_top_level(n, s) for n, s in pstates.items()}
         self.depots: tuple[str, ...] = tuple(depots)
         self._lock = threading.RLock()
+        #: held while a trimmed range is compacted (outside ``_lock``); closing waits for it
+        self._compacting = threading.Lock()
         self._closed = False
         opts = self._options(write_buffer_size)
         names = [pstate_cf(n) for n in self.schemas] + [depot_cf(d) for d in self.depots]
@@ -209,13 +211,15 @@ class TaskGroupStore:
     def compact_range(self, cf: str, lo: bytes, hi: bytes) -> None:
         """Compact ``[lo, hi)`` of column family ``cf`` so the files of a deleted range go (disk space back).
 
-        Not under the store's lock: applies go on while RocksDB compacts (it orders its own work).
+        Not under the store's lock: applies go on while RocksDB compacts (it orders its own work); closing
+        and abandoning the store wait for it.
         """
-        self._check_open()
-        opts = rocksdict.CompactOptions()
-        opts.set_exclusive_manual_compaction(False)
-        with rocks_errors("compact", self.path):
-            self._cfs[cf].compact_range(lo, hi, opts)
+        with self._compacting:
+            self._check_open()
+            opts = rocksdict.CompactOptions()
+            opts.set_exclusive_manual_compaction(False)
+            with rocks_errors("compact", self.path):
+                self._cfs[cf].compact_range(lo, hi, opts)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -229,7 +233,7 @@ class TaskGroupStore:
         CF's data (the crash test caught it). So every memtable is flushed
         atomically first, and close finds nothing left to flush.
         """
-        with self._lock:
+        with self._lock, self._compacting:
             if self._closed:
                 return
             self.flush()
@@ -252,7 +256,7 @@ class TaskGroupStore:
         as they were. Callers drop their own handles (an exception's frames
         hold some) before calling this.
         """
-        with self._lock:
+        with self._lock, self._compacting:
             if self._closed:
                 return
             self._closed = True

@@ -93,7 +93,8 @@ def test_a_bytes_bounded_depot_stays_within_its_bound_and_replicas_give_disk_bac
     start = sizes[task][0]
     with pytest.raises(OffsetOutOfRange):
         raw.read_batch(task, start - 1, start + 1)
-    assert raw.read_batch(task, 0, start + 1).start == start
+    first = raw.read_batch(task, 0, None, 1_000).start  # (a last check may have trimmed since)
+    assert first >= start and first == raw.partition_info(task)[0]
     # a client's trim: clamped to the applied end, on every replica
     end = sizes[task][1]
     assert raw.trim(task, end + 1_000) == end

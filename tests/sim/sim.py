@@ -211,7 +211,9 @@ class Sim:
     * an ISR shrink never goes below the min-ISR it was decided under;
     * applied means applied across restarts: a leader's store holds everything its
       storage ever applied (its applied floor), also right after a crash lost the
-      store's un-flushed state and whatever the ISR's size.
+      store's un-flushed state and whatever the ISR's size;
+    * depot trims (seeds from ``TRIM_SEEDS_FROM``): a committed trim drops only records
+      applied where the leader built it (the promise rule, ``pstate.retention.trim_point``).
     """
 
     def __init__(self, seed: int, *, nodes: int = 3, config: ReplicationConfig | None = None,

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # (not imported at run time: the Spark side imports this module and stays off RocksDB)
+    from pstate.retention import RetentionPolicy
 
 #: microbatch change ops: a PState key's value set, a number added to it, the key removed; a depot record appended
 OP_SET = "set"
@@ -99,11 +102,11 @@ class DepotTrim:
 class RetentionCheck:
     """The leader's periodic retention check at ``now_ms`` (its wall clock, kept in the entry): a mark per
     partition, the trims and at most ``limit`` records of key compaction its depots' policies
-    (:class:`pstate.retention.RetentionPolicy`, by depot name) ask for; result: records deleted."""
+    (by depot name) ask for; result: records deleted."""
 
     now_ms: int
     tasks: Sequence[int]
-    policies: Mapping[str, Any]
+    policies: Mapping[str, RetentionPolicy]
     limit: int = 10_000
 
 

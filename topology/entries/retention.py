@@ -13,7 +13,6 @@ from collections.abc import Callable
 from typing import Any
 
 from pstate import compaction, retention
-from pstate.retention import RetentionPolicy
 from pstate.store import ChangeSetBuilder, TaskGroupStore
 from topology.entries.requests import DepotTrim, RetentionCheck
 from topology.stream import StreamRunner
@@ -37,7 +36,6 @@ def build_retention_check(store: TaskGroupStore, runner: StreamRunner | None, re
     deleted = 0
     per_partition = max(1, request.limit // max(1, len(request.tasks) * len(request.policies)))
     for depot, policy in sorted(request.policies.items()):
-        assert isinstance(policy, RetentionPolicy), policy
         if depot not in store.depots:
             continue
         key_of, tombstone = _compaction_key(runner, depot) if policy.compaction else (None, None)
