@@ -11,8 +11,10 @@ the leader's task thread builds it (a bounded entry: a mark per partition, the d
 A range delete hides records at once but frees no disk until RocksDB compacts the files holding them, which
 with a steady writer may take long (the deleted keys are below every new one). So the thread also watches
 the start offset of every partition of every replica it hosts (leaders and followers) and, when one moved,
-compacts the trimmed key range of that depot's column family: one range per tick (bounded background I/O,
-off the task threads), most trimmed first.
+compacts the trimmed key range of that depot's column family once it holds as many bytes as the partition
+keeps (:func:`pstate.retention.compaction_due`: the files of a bounded depot stay within about twice its
+bytes, and each compaction rewrites about what was trimmed since the last one): one range per
+tick (bounded background I/O, off the task threads), most trimmed first.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ from conductor.wire import millrace_pb2 as pb
 from conductor.worker.hosted import HostedReplica
 from conductor.worker.pending_entry import PendingEntry
 from conductor.worker.runtime import LocalModules, ModuleRuntime
-from pstate.depots import check_partition, depot_cf, read_partition_info
-from pstate.retention import RetentionPolicy, partition_size
+from pstate.depots import check_partition, depot_cf
+from pstate.retention import RetentionPolicy, compaction_due, partition_size, read_state
 from replog.messages import Ack
 from topology.entries.requests import RetentionCheck
 
@@ -68,8 +70,9 @@ class RetentionDriver:
         self._stopped = threading.Event()
         self._next_check: dict[tuple[str, int], float] = {}
         self._in_flight: set[tuple[str, int]] = set()
-        #: per (module, group, depot, task): the start offset whose range below is compacted already
-        self._compacted: dict[tuple[str, int, str, int], int] = {}
+        #: per (module, group, depot, task): the start offset below which the range is compacted already, and
+        #: the bytes appended below it
+        self._compacted: dict[tuple[str, int, str, int], tuple[int, int]] = {}
         #: trimmed ranges compacted, bytes of live SST files seen to go (metrics)
         self.ranges_compacted = 0
         self._thread = threading.Thread(target=self._run, name="depot-retention", daemon=True)
@@ -127,8 +130,9 @@ class RetentionDriver:
     # ------------------------------------------------------------------ every replica: disk space back
 
     def _compact_one(self, rt: ModuleRuntime) -> None:
-        """Compact the largest trimmed range not compacted yet, of any replica of ``rt`` hosted here."""
-        best: tuple[int, Any, str, bytes, bytes, tuple[str, int, str, int], int] | None = None
+        """Compact the largest trimmed range due (:func:`pstate.retention.compaction_due`), of any replica of
+        ``rt`` hosted here."""
+        best: tuple[int, Any, str, bytes, bytes, tuple[str, int, str, int], tuple[int, int]] | None = None
         for rec in list(rt.hosted.values()):
             if rec.store is None:
                 continue
@@ -136,16 +140,18 @@ class RetentionDriver:
             reader = store.applied_reader()
             for depot in store.depots:
                 for task in rt.spec.tasks_of(rec.group):
-                    start = read_partition_info(reader, depot, task).start
+                    size = partition_size(reader, depot, task)
                     k = (rt.spec.name, rec.group, depot, task)
-                    done = self._compacted.setdefault(k, 0)
-                    if start > done and (best is None or start - done > best[0]):
+                    done, done_bytes = self._compacted.setdefault(k, (0, 0))
+                    trimmed = read_state(reader, depot, task).start_bytes - done_bytes
+                    if size.start > done and compaction_due(trimmed, size.bytes) and (best is None
+                                                                                    or trimmed > best[0]):
                         p = check_partition(task)
-                        best = (start - done, store, depot, p + done.to_bytes(8, "big"), p + start.to_bytes(8, "big"),
-                                k, start)
+                        best = (trimmed, store, depot, p + done.to_bytes(8, "big"), p + size.start.to_bytes(8, "big"),
+                                k, (size.start, trimmed + done_bytes))
         if best is None:
             return
-        _n, store, depot, lo, hi, k, start = best
+        _n, store, depot, lo, hi, k, now_done = best
         store.compact_range(depot_cf(depot), lo, hi)
-        self._compacted[k] = start
+        self._compacted[k] = now_done
         self.ranges_compacted += 1
