@@ -48,7 +48,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from conductor import __version__
+from conductor import __version__, cli_trim
 from conductor import cli_credentials as credentials
 from conductor import status as cluster_status
 from conductor.cli_backup import BackupCommands
@@ -69,7 +69,14 @@ from conductor.cli_views import (
 from conductor.controller import Conductor, Switch
 from conductor.devcluster import DevCluster, stop_from_state
 from conductor.metastore import MetastoreError, MetastoreUnavailable, ModuleExists
-from conductor.metastore.module_spec import KNOWN_OPTIONS, SEGMENT_BYTES, ModuleSpec, SpecError, UnknownOption
+from conductor.metastore.module_spec import (
+    KNOWN_OPTIONS,
+    SEGMENT_BYTES,
+    ModuleSpec,
+    SpecError,
+    UnknownOption,
+    option_def,
+)
 from conductor.metastore.zk_auth import ZkAuthError
 from conductor.runtime_env import EnvironmentBroken
 from conductor.settings import (
@@ -525,7 +532,8 @@ def set_option(
     applies when a worker next opens the module.
     """
     with _operator_errors():
-        if key not in KNOWN_OPTIONS:  # before connecting: a typo needs no cluster to be refused
+        definition = option_def(key)  # before connecting: a typo needs no cluster to be refused
+        if definition is None:
             raise UnknownOption(key)
         with _connect(zk) as conductor:
             spec, _ = conductor.ms.modules.get(module)
@@ -534,7 +542,7 @@ def set_option(
         console.print(Text.assemble((module, "bold"), f" {key}: {old} -> ", (str(updated.option(key)), "bold green")))
         when = ("workers apply it when they next open the module (restart)" if key == SEGMENT_BYTES
                 else "running workers apply it now")
-        console.print(Text(f"{KNOWN_OPTIONS[key].doc}. Stored in ZooKeeper; {when}.", style="dim"))
+        console.print(Text(f"{definition.doc}. Stored in ZooKeeper; {when}.", style="dim"))
 
 
 def _per_node(ms: Any, modules: list[str]) -> str:
@@ -672,6 +680,7 @@ def doctor(fetch: bool = typer.Option(False, "--fetch", help="first download wha
 SecurityCommands(_connect, _operator_errors, CliError).register(app)
 ScaleCommands(_connect, _operator_errors, CliError).register(app)
 BackupCommands(_connect, _operator_errors, CliError, _wait_serving_with_spinner).register(app)
+cli_trim.register(app, _connect, _operator_errors, CliError, ZK_OPTION_HELP)
 
 
 if __name__ == "__main__":

@@ -223,11 +223,34 @@ def module_view(st: dict[str, Any]) -> RenderableType:
             notes.append(Text(f"group {g['group']}: {dead} record(s) or hop message(s) failed their retries and "
                               f"are in *dead_letters (read that depot for the errors)", style="yellow"))
     notes.extend(code_notes(st.get("code")))
+    notes.extend(depot_table(st["groups"]))
     total = len(st["groups"])
     foot = Text(f"{st['serving']}/{total} task groups serving, live nodes {node_list(st['live_nodes'])}, "
                 f"checked {time.strftime('%H:%M:%S', time.localtime(st['checked_at']))}",
                 style="green" if st["serving"] == total else "red")
     return Group(head, table, *notes, foot)
+
+
+def depot_table(groups: list[dict[str, Any]]) -> list[RenderableType]:
+    """One row per depot over its partitions (from the leaders): start and end offsets, records, bytes."""
+    rows: dict[str, list[dict[str, Any]]] = {}
+    for g in groups:
+        replica = g["replica"]
+        for d in (replica.get("depots") or []) if replica and replica["reachable"] else []:
+            rows.setdefault(d["depot"], []).append(d)
+    if not rows:
+        return []
+    table = Table("depot", "partitions", "start offsets", "end offsets", "records", "bytes", box=None,
+                  header_style="bold", pad_edge=False)
+
+    def span(v: list[int]) -> str:
+        return f"{min(v):,}" if min(v) == max(v) else f"{min(v):,}-{max(v):,}"
+
+    for name, parts in sorted(rows.items()):
+        starts, ends = [p["start"] for p in parts], [p["end"] for p in parts]
+        table.add_row(name, str(len(parts)), span(starts), span(ends), f"{sum(p['records'] for p in parts):,}",
+                      f"{sum(p['bytes'] for p in parts):,}")
+    return [table]
 
 
 def code_notes(code: dict[str, Any] | None) -> list[RenderableType]:

@@ -85,7 +85,8 @@ def query_group_status(address: str, module: str, group: int, timeout_s: float =
         "migrations": [{"pstate": m.pstate, "id": m.id, "done": m.done, "rewritten": m.rewritten}
                        for m in reply.migrations],
         "fault": reply.fault or None,
-        "depots": [{"depot": d.depot, "task": d.task, "start": d.start, "end": d.end} for d in reply.depots],
+        "depots": [{"depot": d.depot, "task": d.task, "start": d.start, "end": d.end, "records": d.records,
+                    "bytes": d.bytes} for d in reply.depot_partitions],
         "depot_bytes": dict(reply.depot_bytes),
     }
 
@@ -313,7 +314,7 @@ def code_overview(spec: ModuleSpec, rows: list[dict[str, Any]]) -> dict[str, Any
 
 def depot_overview(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each depot's size as the groups' leaders report it: its partitions' offsets (``start``: the first held,
-    ``end``: the next to append), the records held (``end - start`` summed), and the bytes of its flushed
+    ``end``: the next to append), the records held (summed), and the bytes of its flushed
     data on the leaders (memtables count once flushed). ``groups_reporting`` < the module's groups: some
     leader did not answer, so the sums are short."""
     depots: dict[str, dict[str, Any]] = {}
@@ -325,8 +326,9 @@ def depot_overview(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for p in r.get("depots") or []:
             d = depots.setdefault(p["depot"], {"depot": p["depot"], "partitions": [], "records": 0, "start": 0,
                                                "end": 0, "bytes": 0, "groups_reporting": 0})
-            d["partitions"].append({"task": p["task"], "start": p["start"], "end": p["end"]})
-            d["records"] += p["end"] - p["start"]
+            d["partitions"].append({"task": p["task"], "start": p["start"], "end": p["end"],
+                                    "records": p["records"]})
+            d["records"] += p["records"]  # (a key-compacted partition holds fewer than end - start)
             d["start"] += p["start"]
             d["end"] += p["end"]
             seen.add(p["depot"])

@@ -2,7 +2,7 @@
 
 Depot records live in their own column family, keyed by partition (u32) and offset (u64), big-endian, so
 one partition's records are one contiguous, ordered range; ``_meta`` holds each partition's
-``[start, end)``. Writes go through ``ChangeSetBuilder`` (pstate.store); this module has the layout and
+``[start, end)`` and the bytes ever appended to it (what retention by size measures, :mod:`pstate.retention`). Writes go through ``ChangeSetBuilder`` (pstate.store); this module has the layout and
 the reads.
 """
 
@@ -21,6 +21,10 @@ if TYPE_CHECKING:
 
 META = "_meta"
 _DEPOT_META = b"d:"
+#: the ``_meta`` keys of depot partition bounds are ``DEPOT_META + name + NUL + partition (u32)``
+DEPOT_META, DEPOT_META_END = _DEPOT_META, b"d;"
+#: pstate.compaction's cursor key prefix (a compacted partition has one)
+COMPACTION_CURSOR = b"kx:"
 _U32 = 1 << 32
 _U64 = 1 << 64
 
@@ -31,10 +35,19 @@ def depot_cf(name: str) -> str:
 
 @dataclass(frozen=True)
 class PartitionInfo:
-    """Offsets held by one depot partition: records ``start <= offset < end``."""
+    """Offsets held by one depot partition: records ``start <= offset < end``.
+
+    ``appended_bytes`` counts the bytes of every record ever appended (0 for partitions written before it was
+    kept); a trim leaves it as it is, so bytes between two offsets are a difference of two counts.
+    """
 
     start: int
     end: int
+    appended_bytes: int = 0
+
+    def encode(self) -> bytes:
+        """The ``_meta`` value (24 bytes, big-endian; stores written before the byte count hold 16)."""
+        return self.start.to_bytes(8, "big") + self.end.to_bytes(8, "big") + self.appended_bytes.to_bytes(8, "big")
 
 
 def check_partition(partition: int) -> bytes:
@@ -91,7 +104,7 @@ class DepotView:
         check_offset(start, "start")
         if end is not None:
             check_offset(end, "end")
-        if isinstance(self._reader, DbReader):
+        if isinstance(self._reader, DbReader) and not self.compacted(partition):
             # Offsets are dense in [info.start, info.end): the count says which records came back.
             info = self.partition_info(partition)
             first = max(start, info.start)
@@ -125,6 +138,32 @@ class DepotView:
         assert nxt - first == len(out), f"depot {self.name}[{partition}] offsets are not dense in [{first}, {nxt})"
         return first, nxt, out
 
+    def compacted(self, partition: int) -> bool:
+        """Key compaction ran on the partition (pstate.compaction): its offsets may have gaps."""
+        return self._reader.get(META, COMPACTION_CURSOR + self.name.encode() + b"\x00"
+                                + check_partition(partition)) is not None
+
+    def read_sparse(self, partition: int, start: int, end: int | None = None,
+                    max_bytes: int = 1 << 20) -> tuple[list[int], list[bytes], int]:
+        """Records of a partition that may have gaps (key compaction): ``(offsets, records, next)``, records as
+        stored; ``next`` is where to read on (past the gap after the last record when the read reached ``end``
+        or the partition's end)."""
+        p = check_partition(partition)
+        check_offset(start, "start")
+        info = self.partition_info(partition)
+        stop = info.end if end is None else min(check_offset(end, "end"), info.end)
+        offsets: list[int] = []
+        out: list[bytes] = []
+        total = 0
+        with rocks_errors("read", self._store.path):
+            for k, v in self._reader.scan(self._cf, p + start.to_bytes(8, "big"), p + stop.to_bytes(8, "big")):
+                offsets.append(int.from_bytes(k[4:], "big"))
+                out.append(v)
+                total += len(v)
+                if total >= max_bytes:
+                    return offsets, out, offsets[-1] + 1
+        return offsets, out, max(start, stop)
+
 
 def depot_meta_key(name: str, p: bytes) -> bytes:
     return _DEPOT_META + name.encode() + b"\x00" + p
@@ -134,4 +173,5 @@ def read_partition_info(reader: Reader, name: str, partition: int) -> PartitionI
     raw = reader.get(META, depot_meta_key(name, check_partition(partition)))
     if raw is None:
         return PartitionInfo(0, 0)
-    return PartitionInfo(int.from_bytes(raw[:8], "big"), int.from_bytes(raw[8:], "big"))
+    return PartitionInfo(int.from_bytes(raw[:8], "big"), int.from_bytes(raw[8:16], "big"),
+                         int.from_bytes(raw[16:24], "big"))

@@ -117,6 +117,8 @@ class TaskGroupStore:
         self.schemas: dict[str, Map | Set] = {n: check_top_level(n, s) for n, s in pstates.items()}
         self.depots: tuple[str, ...] = tuple(depots)
         self._lock = threading.RLock()
+        #: held while a trimmed range is compacted (outside ``_lock``); closing waits for it
+        self._compacting = threading.Lock()
         self._closed = False
         opts = self._options(write_buffer_size)
         names = [pstate_cf(n) for n in self.schemas] + [depot_cf(d) for d in self.depots]
@@ -214,6 +216,19 @@ class TaskGroupStore:
             return {d: int(self._cfs[depot_cf(d)].property_int_value("rocksdb.live-sst-files-size") or 0)
                     for d in self.depots if depot_cf(d) in self._cfs}
 
+    def compact_range(self, cf: str, lo: bytes, hi: bytes) -> None:
+        """Compact ``[lo, hi)`` of column family ``cf`` so the files of a deleted range go (disk space back).
+
+        Not under the store's lock: applies go on while RocksDB compacts (it orders its own work); closing
+        and abandoning the store wait for it.
+        """
+        with self._compacting:
+            self._check_open()
+            opts = rocksdict.CompactOptions()
+            opts.set_exclusive_manual_compaction(False)
+            with rocks_errors("compact", self.path):
+                self._cfs[cf].compact_range(lo, hi, opts)
+
     def _check_open(self) -> None:
         if self._closed:
             raise StoreClosed(self.path)
@@ -226,7 +241,7 @@ class TaskGroupStore:
         CF's data (the crash test caught it). So every memtable is flushed
         atomically first, and close finds nothing left to flush.
         """
-        with self._lock:
+        with self._lock, self._compacting:
             if self._closed:
                 return
             self.flush()
@@ -249,7 +264,7 @@ class TaskGroupStore:
         as they were. Callers drop their own handles (an exception's frames
         hold some) before calling this.
         """
-        with self._lock:
+        with self._lock, self._compacting:
             if self._closed:
                 return
             self._closed = True
@@ -620,7 +635,8 @@ class ChangeSetBuilder:
             self.writes.put(cf, p + end.to_bytes(8, "big"), raw)
             offsets.append(end)
             end += 1
-        self.writes.put(META, depot_meta_key(depot, p), info.start.to_bytes(8, "big") + end.to_bytes(8, "big"))
+        added = info.appended_bytes + sum(map(len, encoded))
+        self.writes.put(META, depot_meta_key(depot, p), PartitionInfo(info.start, end, added).encode())
         return offsets
 
     def depot_append_encoded(self, depot: str, partition: int, records: Sequence[bytes]) -> list[int]:
@@ -636,7 +652,8 @@ class ChangeSetBuilder:
         start = info.end
         end = start + len(records)
         self.writes.put_many(depot_cf(depot), [p + off.to_bytes(8, "big") for off in range(start, end)], records)
-        self.writes.put(META, depot_meta_key(depot, p), info.start.to_bytes(8, "big") + end.to_bytes(8, "big"))
+        added = info.appended_bytes + sum(map(len, records))
+        self.writes.put(META, depot_meta_key(depot, p), PartitionInfo(info.start, end, added).encode())
         return list(range(start, end))
 
     def depot_trim(self, depot: str, partition: int, before: int) -> None:
@@ -650,7 +667,7 @@ class ChangeSetBuilder:
         if new_start == info.start:
             return
         self.writes.delete_range(depot_cf(depot), p + info.start.to_bytes(8, "big"), p + new_start.to_bytes(8, "big"))
-        self.writes.put(META, depot_meta_key(depot, p), new_start.to_bytes(8, "big") + info.end.to_bytes(8, "big"))
+        self.writes.put(META, depot_meta_key(depot, p), PartitionInfo(new_start, info.end, info.appended_bytes).encode())
 
     def select(self, pstate: str, path: Path = P) -> list[Any]:
         """Read through this builder's pending writes (what a transform would see)."""

@@ -46,6 +46,10 @@ class Partitioner:
     #: records to that one task (Kafka's sticky partitioner, KIP-480): one replog entry on one task group per
     #: request, however many groups there are, instead of a sliver of the request on every group
     sticky: bool = False
+    #: the record's key (``hash_by``'s ``key_fn``), which key compaction keeps the latest record of; and
+    #: whether a record is a tombstone (its key's deletion); None: records have no key to compact by
+    key: Callable[[Any], Any] | None = None
+    tombstone: Callable[[Any], bool] | None = None
 
     def __call__(self, record: Any, tasks: int) -> int:
         task = self.choose(record, tasks)
@@ -62,10 +66,15 @@ random = Partitioner("random", lambda _record, tasks: _random.randrange(tasks), 
 global_ = Partitioner("global", lambda _record, _tasks: 0)
 
 
-def hash_by(key_fn: Callable[[Any], Any]) -> Partitioner:
-    """Records with the same `key_fn(record)` land on the same task, in append order."""
+def hash_by(key_fn: Callable[[Any], Any], *, tombstone: Callable[[Any], bool] | None = None) -> Partitioner:
+    """Records with the same `key_fn(record)` land on the same task, in append order.
+
+    A depot with key compaction (``depot.compaction``) keeps the latest record per key; ``tombstone(record)``
+    says a record deletes its key (it goes too, ``depot.delete.retention.ms`` later).
+    """
     name = getattr(key_fn, "__name__", "key")
-    return Partitioner(f"hash_by({name})", lambda record, tasks: task_for_key(key_fn(record), tasks))
+    return Partitioner(f"hash_by({name})", lambda record, tasks: task_for_key(key_fn(record), tasks),
+                       key=key_fn, tombstone=tombstone)
 
 
 def custom(name: str, fn: Callable[[Any, int], int]) -> Partitioner:

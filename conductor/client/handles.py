@@ -50,12 +50,17 @@ class PartitionStatus:
 
 @dataclass(frozen=True)
 class DepotBatch:
-    """Records [start, next) of one partition, read from the leader of `epoch` (KIP-320 style checks)."""
+    """Records [start, next) of one partition, read from the leader of `epoch` (KIP-320 style checks).
+
+    ``offsets``: each record's offset when the partition is key-compacted (its offsets have gaps); None when
+    the records are dense from ``start``.
+    """
 
     records: list[Any]
     start: int
     next: int
     epoch: int
+    offsets: list[int] | None = None
 
 
 class Depot:
@@ -196,13 +201,25 @@ class Depot:
             raise ClientError(f"task {task} is outside [0, {meta.spec.tasks}) for module {self.module}")
         return meta.spec.group_of(task)
 
-    def read_batch(self, task: int, start: int = 0, end: int | None = None, max_bytes: int = 1 << 20) -> DepotBatch:
-        """Applied records of partition `task` from `start` (up to `end`, about `max_bytes`), with the epoch."""
+    def read_batch(self, task: int, start: int = 0, end: int | None = None, max_bytes: int = 1 << 20,
+                   *, strict: bool | None = None) -> DepotBatch:
+        """Applied records of partition `task` from `start` (up to `end`, about `max_bytes`), with the epoch.
+
+        A `start` below the partition's start (records trimmed by retention) raises ``OffsetOutOfRange``
+        when `strict`, which is the default for any `start` but 0 (0 reads from the first record kept).
+        """
+        strict = start > 0 if strict is None else strict
         req = pb.DepotReadRequest(module=self.module, depot=self.name, task=task, start=start, end=end or 0,
-                                  max_bytes=max_bytes)
+                                  max_bytes=max_bytes, strict=strict)
         reply = self.c._call_sync(self.module, self._group(task), "DepotRead", req)
         records = [msgpack.unpackb(r, raw=False, strict_map_key=False) for r in reply.records]
-        return DepotBatch(records, reply.start, reply.next, reply.epoch)
+        return DepotBatch(records, reply.start, reply.next, reply.epoch, list(reply.offsets) or None)
+
+    def trim(self, task: int, before_offset: int) -> int:
+        """Delete partition `task`'s records below `before_offset` (one replog entry, so on every replica;
+        never past the applied end); returns the partition's start offset after it."""
+        req = pb.DepotTrimRequest(module=self.module, depot=self.name, task=task, before=before_offset)
+        return int(self.c._call_sync(self.module, self._group(task), "DepotTrim", req).start)
 
     def read(self, task: int, start: int = 0, end: int | None = None, max_bytes: int = 1 << 20) -> list[Any]:
         """Applied records of partition `task` in [start, end), at most about `max_bytes`."""

@@ -20,6 +20,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from conductor.metastore.depot_options import (
+    CHECK_INTERVAL_MS,
+    COMPACTION,
+    DEFAULT_CHECK_INTERVAL_MS,
+    DEFAULT_DELETE_RETENTION_MS,
+    DELETE_RETENTION_MS,
+    RETENTION_BYTES,
+    RETENTION_MS,
+    depot_settings,
+    split_depot_option,
+)
 from replog.config import (
     DEFAULT_SEGMENT_BYTES,
     MAX_ENTRY_BYTES_CEILING,
@@ -109,6 +120,22 @@ def _positive_int(name: str, raw: str) -> int:
     return value
 
 
+def _non_negative_int(name: str, raw: str) -> int:
+    try:
+        value = int(raw)
+    except (TypeError, ValueError):
+        raise InvalidOption(name, raw, "must be a whole number") from None
+    if value < 0:
+        raise InvalidOption(name, raw, "must be 0 (no bound) or more")
+    return value
+
+
+def _flag(name: str, raw: str) -> int:
+    if raw not in ("0", "1"):
+        raise InvalidOption(name, raw, "must be 0 (off) or 1 (on)")
+    return int(raw)
+
+
 def _entry_size(name: str, raw: str) -> int:
     value = _positive_int(name, raw)
     if value > MAX_ENTRY_BYTES_CEILING:
@@ -171,8 +198,26 @@ KNOWN_OPTIONS: dict[str, OptionDef] = {
         OptionDef(MAX_ENTRY_BYTES, _entry_size, _replication_default(MAX_ENTRY_BYTES),
                   "largest replog entry one append may become (records, topology effects, hop messages); "
                   "larger ones fail with EntryTooLarge before anything is logged"),
+        # depot retention (conductor/metastore/depot_options.py): these may also name one depot, as in
+        # depot.retention.bytes.*clicks
+        OptionDef(RETENTION_MS, _non_negative_int, lambda s: 0,
+                  "records older than this many milliseconds are trimmed (0: no bound by age; *dead_letters "
+                  "keeps 7 days unless set)"),
+        OptionDef(RETENTION_BYTES, _non_negative_int, lambda s: 0,
+                  "a depot partition is trimmed to at most this many bytes of records (0: no bound by size)"),
+        OptionDef(COMPACTION, _flag, lambda s: 0,
+                  "1: keep only the latest record of each key (the depot's hash_by key); offsets never change"),
+        OptionDef(DELETE_RETENTION_MS, _positive_int, lambda s: DEFAULT_DELETE_RETENTION_MS,
+                  "with compaction, a key's tombstone is deleted this many milliseconds after it was compacted"),
+        OptionDef(CHECK_INTERVAL_MS, _positive_int, lambda s: DEFAULT_CHECK_INTERVAL_MS,
+                  "how often a leader checks its depots' retention and compacts (a bounded entry each time)"),
     )
 }
+
+
+def option_def(key: str) -> OptionDef | None:
+    """The definition of option ``key`` (a per-depot option, ``depot.retention.ms.*clicks``, is its base's)."""
+    return KNOWN_OPTIONS.get(split_depot_option(key)[0])
 
 
 @dataclass(frozen=True)
@@ -242,7 +287,7 @@ class ModuleSpec:
             raise InvalidOption(e.name, self.options.get(e.name, f"{e.value} (default)"), e.why) from None
 
     def _check_option(self, key: str, value: str) -> int:
-        definition = KNOWN_OPTIONS.get(key)
+        definition = option_def(key)
         if definition is None:
             raise UnknownOption(key)
         if not isinstance(value, str):
@@ -260,7 +305,7 @@ class ModuleSpec:
 
     def option(self, key: str) -> int:
         """The typed value of a known option: the stored one, else its default for this spec."""
-        definition = KNOWN_OPTIONS.get(key)
+        definition = option_def(key)
         if definition is None:
             raise UnknownOption(key)
         if key in self.options:
@@ -276,6 +321,10 @@ class ModuleSpec:
         values = {OPTION_NAMES[k]: self.option(k) for k in REPLICATION_OPTIONS if k != MIN_ISR}
         return ReplicationConfig(replication_factor=self.replication_factor,
                                  min_isr=self.option(MIN_ISR) if MIN_ISR in self.options else None, **values)
+
+    def depot_settings(self, depot: str) -> dict[str, int]:
+        """``depot``'s retention and compaction settings (see conductor/metastore/depot_options.py)."""
+        return depot_settings(self.options, depot, lambda k, v: self._check_option(k, v))
 
     def effective_options(self) -> dict[str, int]:
         """Every known option with its effective value (what `conductor status` shows)."""

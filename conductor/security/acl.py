@@ -7,7 +7,7 @@ Permissions, per module (or ``*``: every module, including ones not deployed yet
 ``query``   read its PStates and depots (``Select``, ``DepotRead``, status of its groups)
 ``deploy``  deploy, update and destroy it, and ship its code (``PutArtifact``, ``Prepare``):
             code runs on a worker only if an identity with ``deploy`` shipped it
-``admin``   change its options, balance its leaders, change its ACLs
+``admin``   change its options, balance its leaders, change its ACLs, trim its depots (``DepotTrim``)
 ``view``    see it in the conductor's web UI and JSON API (read-only status, charts);
             ``view`` on ``*`` also opens the whole-cluster pages and every ``/metrics``
 ==========  =====================================================================

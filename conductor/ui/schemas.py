@@ -37,6 +37,7 @@ STATUS = _obj({"zk": STR, "nodes": _arr(NODE), "modules": _arr(MODULE_ROW)})
 REPLICA = {"type": ["object", "null"], "required": ["reachable"], "properties": {
     "reachable": BOOL, "error": NULLABLE_STR, "role": STR, "epoch": INT, "log_start": INT, "log_end": INT,
     "apply_offset": INT, "applied_offset": INT, "dead_letters": INT, "code_version": STR,
+    "depots": _arr(_obj({"depot": STR, "task": INT, "start": INT, "end": INT, "records": INT, "bytes": INT})),
     "follower_offsets": {"type": "object", "additionalProperties": INT}}}
 FOLLOWER = _obj({"node": STR, "in_isr": BOOL, "live": BOOL, "offset": NULLABLE_INT, "lag": NULLABLE_INT})
 CATCHUP = _obj({"node": STR, "leader": STR, "round": INT, "bytes_done": INT, "bytes_total": INT,

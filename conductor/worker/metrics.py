@@ -18,6 +18,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from conductor.worker.depot_metrics import DepotCollector
 from conductor.worker.replica_faults import KINDS as FAULT_KINDS
 from conductor.worker.replica_status import replica_status
 
@@ -153,4 +154,5 @@ def _live_sst_bytes(host: Any) -> int | None:
 def node_registry(node_id: str, replicas: Callable[[], Iterable[Any]]) -> CollectorRegistry:
     registry = CollectorRegistry()
     registry.register(ReplicaCollector(node_id, replicas))
+    registry.register(DepotCollector(node_id, replicas))
     return registry

@@ -17,7 +17,9 @@ from pstate import TaskGroupStore
 from pstate.changes import ChangeSet
 from pstate.checkpoint import Manifest, install
 from pstate.query import ResolveFn, decode_query
+from pstate.retention import PartitionSize, partition_sizes
 from pstate.store import ChangeSetBuilder
+from replog.errors import OffsetOutOfRange
 from topology.dataflow.group import GroupDataflow
 from topology.group_code import GroupCode
 
@@ -125,15 +127,32 @@ class ReplicaStore:
         value: Any = view.select_one(path) if one else view.select(path)
         return msgpack.packb(value, use_bin_type=True), self.store.applied_offset
 
-    def depot_read(self, depot: str, task: int, start: int, end: int | None, max_bytes: int) -> tuple[list[bytes], int, int]:
-        first, nxt, records = self.store.depot(depot).read_raw(task, start, end, max_bytes)
-        return records, first, nxt
+    def depot_read(self, depot: str, task: int, start: int, end: int | None, max_bytes: int, strict: bool = False
+                   ) -> tuple[list[bytes], int, int, list[int]]:
+        """(records, first offset, next, offsets): offsets only for a key-compacted partition (gaps), else [].
+
+        ``strict``: a start below the partition's start (trimmed records) is :class:`OffsetOutOfRange`
+        rather than a read from the start.
+        """
+        view = self.store.depot(depot)
+        if strict:
+            info = view.partition_info(task)
+            if start < info.start:
+                raise OffsetOutOfRange(start, info.start, info.end)
+        if view.compacted(task):
+            offsets, records, nxt = view.read_sparse(task, start, end, max_bytes)
+            return records, offsets[0] if offsets else nxt, nxt, offsets
+        first, nxt, records = view.read_raw(task, start, end, max_bytes)
+        return records, first, nxt, []
+
+    def depot_sizes(self) -> list[tuple[str, int, PartitionSize]]:
+        """Each depot partition's offsets, records and bytes (applied state), for status and metrics."""
+        return [row for row in partition_sizes(self.store.applied_reader()) if row[0] in self.store.depots]
 
     def depot_info(self, depot: str, task: int) -> tuple[int, int]:
         info = self.store.depot(depot).partition_info(task)
         return info.start, info.end
 
-    def depot_sizes(self, tasks: list[int]) -> tuple[list[tuple[str, int, int, int]], dict[str, int]]:
-        """Every depot partition of ``tasks`` as (depot, task, start, end), and each depot's bytes (GroupStatus)."""
-        parts = [(d, t, *self.depot_info(d, t)) for d in self.store.depots for t in tasks]
-        return parts, self.store.depot_bytes()
+    def depot_bytes(self) -> dict[str, int]:
+        """Each depot's bytes of live SST files on this replica (its flushed data on disk: GroupStatus)."""
+        return self.store.depot_bytes()

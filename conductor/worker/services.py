@@ -38,11 +38,12 @@ from conductor.worker.query_service import QueryService
 from conductor.worker.replica_host import ReplicaHost
 from conductor.worker.replica_status import replica_status
 from conductor.worker.replica_store import ReplicaStore
+from conductor.worker.retention import depot_partitions
 from conductor.worker.runtime import LocalModules
 from pstate.errors import CorruptStore, PStateError
 from replog.errors import EntryTooLarge, NotLeader, ReplogError
 from replog.messages import Ack
-from topology.entries.requests import BatchChange, BatchCommit, DepotAppend
+from topology.entries.requests import BatchChange, BatchCommit, DepotAppend, DepotTrim
 from topology.errors import TopologyError
 
 log = logging.getLogger("millrace.node")
@@ -271,12 +272,13 @@ class ClientService(pbg.ClientServicer):
     async def DepotRead(self, request: pb.DepotReadRequest, context: Any) -> pb.DepotReadReply:
         host, store = self._leader_store(request.module, request.task)
         with reports_damage(host):
-            records, start, nxt = store.depot_read(request.depot, request.task, request.start,
-                                                   request.end or None, request.max_bytes or 1 << 20)
+            records, start, nxt, offsets = store.depot_read(request.depot, request.task, request.start,
+                                                            request.end or None, request.max_bytes or 1 << 20,
+                                                            request.strict)
         if request.packed:  # one bytes field instead of one per record: the reader slices it without copies
             return pb.DepotReadReply(packed=b"".join(records), lengths=pack_lengths(records), start=start, next=nxt,
-                                     epoch=host.replica.epoch)
-        return pb.DepotReadReply(records=records, start=start, next=nxt, epoch=host.replica.epoch)
+                                     epoch=host.replica.epoch, offsets=offsets)
+        return pb.DepotReadReply(records=records, start=start, next=nxt, epoch=host.replica.epoch, offsets=offsets)
 
     @maps_errors
     async def PartitionInfo(self, request: pb.PartitionInfoRequest, context: Any) -> pb.PartitionInfoReply:
@@ -336,20 +338,33 @@ class ClientService(pbg.ClientServicer):
             role=s["role"], epoch=s["epoch"], log_start=s["log_start"], log_end=s["log_end"],
             apply_offset=s["apply_offset"], applied_offset=s["applied"], follower_offsets=s["followers"],
             catchup=catchup, fault=s["fault"].line() if s["fault"] is not None else "", **(s["dataflow"] or {}),
-            **code_status(rec), **self._depot_sizes(request.module, request.group, rec.store if rec else None),
+            **code_status(rec), depot_partitions=depot_partitions(rec),
+            depot_bytes=self._depot_bytes(rec.store if rec else None),
         )
 
-    def _depot_sizes(self, module: str, group: int, store: ReplicaStore | None) -> dict[str, Any]:
-        """GroupStatus's depot fields: each partition's offsets and each depot's bytes on this replica."""
-        rt = self.modules.get(module)
-        if store is None or rt is None:
+    @staticmethod
+    def _depot_bytes(store: ReplicaStore | None) -> dict[str, int]:
+        """GroupStatus's bytes of each depot's flushed data on this replica (its partitions come from retention)."""
+        if store is None:
             return {}
         try:
-            parts, sizes = store.depot_sizes(rt.spec.tasks_of(group))
+            return store.depot_bytes()
         except PStateError:  # closed under us (a fault, a far-horizon install): the next status has them
             return {}
-        return {"depots": [pb.DepotPartitionSize(depot=d, task=t, start=a, end=b) for d, t, a, b in parts],
-                "depot_bytes": sizes}
+
+    @maps_errors
+    async def DepotTrim(self, request: pb.DepotTrimRequest, context: Any) -> pb.DepotTrimReply:
+        """Trim one depot partition below an offset: a replog entry, answered once applied."""
+        host, _store = self._leader_store(request.module, request.task)
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        settle = self.settle
+
+        def done(first: int, result: Any, error: Exception | None) -> None:
+            settle(settle_future, fut, result, error)
+
+        host.post(PendingEntry(DepotTrim(request.depot, request.task, request.before), request.ByteSize(),
+                                      Ack.APPLIED, done, received=time.perf_counter()))
+        return pb.DepotTrimReply(start=int(await fut))
 
 
 class LoopSettler:

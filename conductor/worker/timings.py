@@ -29,9 +29,11 @@ from topology.entries.requests import (
     BatchCommit,
     CodeSwitch,
     DepotAppend,
+    DepotTrim,
     InboundHops,
     MigrationBatch,
     OutboxTrim,
+    RetentionCheck,
 )
 
 if TYPE_CHECKING:
@@ -47,6 +49,7 @@ RATE_BUCKETS = (1e6, 5e6, 1e7, 2.5e7, 5e7, 1e8, 2.5e8, 5e8, 1e9)
 ENTRY_TYPES: dict[type, str] = {
     DepotAppend: "client_append", InboundHops: "inbound_hops", BatchCommit: "microbatch_commit",
     CodeSwitch: "code_switch", MigrationBatch: "migration", OutboxTrim: "trim",
+    DepotTrim: "depot_trim", RetentionCheck: "retention",
 }
 #: entries applied whose type this replica does not know: a follower's, or a new leader's inherited tail
 UNKNOWN_TYPE = "replicated"

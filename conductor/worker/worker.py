@@ -67,6 +67,7 @@ from conductor.worker.replica_faults import describe, fault_kind
 from conductor.worker.replica_host import ReplicaHost
 from conductor.worker.replica_store import ReplicaStore
 from conductor.worker.restore_receiver import RestoreReceiver
+from conductor.worker.retention import RetentionDriver
 from conductor.worker.runtime import LocalModules, ModuleRuntime
 from conductor.worker.services import AdminService, ClientService, LoopSettler, ReplicationService
 from conductor.worker.task_thread import TaskThreadPool
@@ -157,6 +158,8 @@ class Worker:
         self.modules = LocalModules(self._resolve)
         self._metrics_server: MetricsEndpoint | None = None
         self._sweeper: asyncio.Task[None] | None = None
+        #: depot retention checks and giving trimmed space back (conductor.worker.retention)
+        self.retention = RetentionDriver(self.modules)
         self.metrics_address = ""
         self._running: Running | None = None
         #: leader side of far-horizon catchup: checkpoints kept for followers' transfers
@@ -221,6 +224,7 @@ class Worker:
                                                   version=__version__))
         metastore.zk.ChildrenWatch(MODULES_PATH, self._on_modules)
         run.lifecycle.start()
+        self.retention.start()
         self.metrics_address = self._start_metrics()
         await asyncio.to_thread(metastore.nodes.advertise_metrics, self.node_id, self.metrics_address)
         self._sweeper = asyncio.create_task(self._sweep_checkpoints())
@@ -295,6 +299,7 @@ class Worker:
 
     async def stop(self) -> None:
         run = self._running
+        self.retention.stop()
         if run is not None:
             run.lifecycle.stop()
         if self._metrics_server is not None:

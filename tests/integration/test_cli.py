@@ -30,6 +30,7 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from conductor.cli import app
+from conductor.client import Cluster
 from conductor.devcluster import DevCluster, stop_from_state
 from conductor.metastore import Metastore
 from conductor.security.identity import Identity
@@ -239,6 +240,35 @@ def test_set_option_validates_and_prints_old_and_new(cluster: DevCluster, clicks
                         "must exceed replication.max.time.lag.millis")
     with Metastore(cluster.hosts) as ms:  # the refused values never reached ZooKeeper
         assert ms.modules.get("Clicks")[0].options == {"replication.min.isr": "1"}
+
+
+def test_trim_and_per_depot_options_and_status_shows_each_depot(cluster: DevCluster, clicks: Result) -> None:
+    """`conductor set-option` takes a per-depot option, `conductor trim` moves a partition's start on every
+    replica (clamped to its applied end), and `conductor status` shows the depot's offsets and sizes."""
+    result = cli(cluster, "set-option", "Clicks", "depot.compaction.*raw", "1")
+    assert result.exit_code == 0, result.output
+    assert "depot.compaction.*raw: 0 (default) -> 1" in result.stdout
+    assert_one_red_line(cli(cluster, "set-option", "Clicks", "depot.retention.bytes.*raw", "lots"),
+                        "depot.retention.bytes.*raw", "must be a whole number")
+    with Metastore(cluster.hosts) as ms:
+        ms.modules.set_option("Clicks", "depot.compaction.*raw", "0")  # (back: *raw has no key to compact by)
+    with Cluster.connect(cluster.hosts) as client:
+        raw = client.depot("Clicks", "*raw")
+        raw.append_many([{"id": f"t{i}"} for i in range(30)], ack="applied")
+        task = max(range(4), key=lambda t: raw.partition_info(t)[1])
+        end = raw.partition_info(task)[1]
+        result = cli(cluster, "trim", "Clicks", "*raw", "--before", "10", "--task", str(task))
+        assert result.exit_code == 0, result.output
+        assert raw.partition_info(task) == (10, end)
+        assert cli(cluster, "trim", "Clicks", "*raw", "--before", str(end + 100)).exit_code == 0
+        assert all(s == e for s, e in (raw.partition_info(t) for t in range(4)))
+    assert_one_red_line(cli(cluster, "trim", "Clicks", "*nope", "--before", "1", "--task", "0"), "*nope")
+    table = cli(cluster, "status", "Clicks")
+    assert table.exit_code == 0, table.output
+    assert "*raw" in table.stdout and "records" in table.stdout
+    depots = [d for g in status_json(cluster)["groups"] for d in g["replica"]["depots"] if d["depot"] == "*raw"]
+    assert task in {d["task"] for d in depots}
+    assert all(d["records"] == 0 and d["start"] == d["end"] for d in depots)
 
 
 def test_balance_moves_leadership_back_after_a_failover(cluster: DevCluster, clicks: Result) -> None:

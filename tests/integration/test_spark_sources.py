@@ -335,3 +335,29 @@ def test_delta_export_is_exactly_once_and_readable_with_sql(spark: Any, dc: DevC
     dupes = spark.sql(read_delta_sql(table, "SELECT task, offset FROM {table} GROUP BY task, offset "
                                             "HAVING count(*) > 1")).count()
     assert dupes == 0
+
+
+# ------------------------------------------------------------------------------------------- retention
+
+
+@pytest.mark.slow
+def test_a_stream_whose_committed_offsets_were_trimmed_fails_with_the_truncation_error(
+        spark: Any, dc: DevCluster, client: Cluster, tmp_path: Path) -> None:
+    """Retention trimmed records a query had not read yet (`Depot.trim`, as `depot.retention.*` does): the next
+    microbatch stops with DepotOffsetOutOfRange naming the trimmed range, and a batch read asking for a trimmed
+    offset fails the same way. (Last in the file: it trims *raw.)"""
+    raw = client.depot("Clicks", "*raw")
+    raw.append_many([{"id": f"t{i}"} for i in range(40)], ack="applied")
+    df = depot_df(spark, dc, "*raw", stream=True)
+    ckpt = tmp_path / "ckpt"
+    assert run_available_now(df, ckpt)
+    raw.append_many([{"id": f"t2-{i}"} for i in range(40)], ack="applied")  # not read yet
+    ends = {t: raw.partition_status(t).end for t in range(4)}
+    for t, end in ends.items():
+        assert raw.trim(t, end) == end
+    with pytest.raises(Exception, match=r"trimmed") as info:
+        run_available_now(df, ckpt)
+    assert "below the partition start" in str(info.value)
+    task = max(ends, key=lambda t: ends[t])
+    with pytest.raises(Exception, match=r"DepotOffsetOutOfRange|trimmed"):
+        depot_df(spark, dc, "*raw", startingOffsets=json.dumps({str(task): 0})).collect()

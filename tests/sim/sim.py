@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import astuple, dataclass, field, replace
 from typing import Any
 
+from pstate.retention import trim_point
 from replog.catchup import round_is_last
 from replog.config import ReplicationConfig
 from replog.election import next_leadership
@@ -210,7 +211,9 @@ class Sim:
     * an ISR shrink never goes below the min-ISR it was decided under;
     * applied means applied across restarts: a leader's store holds everything its
       storage ever applied (its applied floor), also right after a crash lost the
-      store's un-flushed state and whatever the ISR's size.
+      store's un-flushed state and whatever the ISR's size;
+    * depot trims (seeds from ``TRIM_SEEDS_FROM``): a committed trim drops only records
+      applied where the leader built it (the promise rule, ``pstate.retention.trim_point``).
     """
 
     def __init__(self, seed: int, *, nodes: int = 3, config: ReplicationConfig | None = None,
@@ -268,6 +271,11 @@ class Sim:
         #: the balancer's outstanding resign request (successor, epoch), withdrawn by the hand-off CAS
         self.resign_request: tuple[str, int] | None = None
         self.hand_offs = 0
+        #: depot trims (pstate.retention): a trim entry "trim:<before>:<applied offset it was built at>" drops
+        #: the records (the other payloads) below <before>; ``trim_rule`` is the end it is clamped to: the
+        #: builder's applied records (the promise rule) or, to show the check bites, its log's
+        self.trim_rule = "applied"
+        self.trims_applied = 0
 
     # ------------------------------------------------------------------------------- scheduling
 
@@ -549,12 +557,46 @@ class Sim:
                     self.fail(f"{n.id} applies {entry} at {o}, but {self.committed[o]} was applied there")
             else:
                 assert o == len(self.committed)
+                self._check_trim(o, entry)
                 self.committed.append(entry)
                 self._check_isr_holds(o)
         disk.applied = up_to
         disk.floor = max(disk.floor, up_to)
         if self.store_rng.random() < 0.2:  # RocksDB flushes its memtables now and then
             disk.store_durable = up_to
+
+    def _check_trim(self, o: int, entry: Entry) -> None:
+        """The promise rule: a trim entry drops only records that were applied where it was built, so every
+        record it drops is in an entry committed before it (none a reader was not yet told of, none whose
+        append may still be truncated)."""
+        if not entry[1].startswith("trim:"):
+            return
+        _, before, built_at = entry[1].split(":")
+        if int(built_at) >= o:
+            self.fail(f"trim at {o} was built at applied offset {built_at}, not below its own offset")
+        held = _records(self.committed[:int(built_at) + 1])
+        if int(before) > held:
+            self.fail(f"trim at {o} drops records below {before}, but only {held} were applied where it was "
+                      f"built (applied offset {built_at}): it removes records no reader was promised yet")
+        self.trims_applied += 1
+
+    def trim(self, before: int) -> ClientRequest | None:
+        """The leader builds a depot trim below ``before`` (clamped by the rule) and appends it like a client's
+        request (the worker builds it on the leader's task thread from the store's applied state)."""
+        target = self.pinned_client or self.znode.leader
+        n = self.nodes.get(target) if target is not None else None
+        if n is None or not n.alive:
+            return None
+        applied = n.disk.entries[:n.disk.applied + 1]
+        start = max((int(p.split(":")[1]) for _e, p in applied if p.startswith("trim:")), default=0)
+        end = _records(applied) if self.trim_rule == "applied" else _records(n.disk.entries)
+        payload = f"trim:{trim_point(before, start, max(start, end))}:{n.disk.applied}"
+        self._next_request += 1
+        req = ClientRequest(self._next_request, (payload,), Ack.APPLIED, n.id, self.now)
+        self.requests[req.request_id] = req
+        ev = ClientAppend(req.request_id, 1, 10, Ack.APPLIED, (payload,))
+        self.at(self.now + 1 + self.rng.randrange(3), self._client_arrive, n.id, ev)
+        return req
 
     def _check_isr_holds(self, o: int) -> None:
         want = self.committed[o]
@@ -1100,6 +1142,13 @@ class RunResult:
     #: reassignments completed and cancelled (membership runs)
     plans_completed: int = 0
     plans_cancelled: int = 0
+    #: depot trims committed (trim seeds)
+    trims: int = 0
+
+
+def _records(entries: list[Entry]) -> int:
+    """Depot records the entries appended (every payload but trims)."""
+    return sum(1 for _e, p in entries if not p.startswith("trim:"))
 
 
 def _tick_view(r: Replica) -> tuple[Any, ...]:
@@ -1118,11 +1167,14 @@ def replay_command(seed: int) -> str:
 #: seeds from here on run membership changes (the conductor's reassignments, tests/sim/membership.py): every
 #: seed swept and kept before they existed lies below, and replays as it was recorded
 MEMBERSHIP_SEEDS_FROM = 10_000_000
+#: seeds from here on also run depot trims (pstate.retention's promise rule), from their own generator
+TRIM_SEEDS_FROM = 20_000_000
 
 
 def run_seed(seed: int, replica_cls: type[Replica] = Replica, fault_ms: int = 1200,
              quiet_ms: int = 1500, trace: bool = False, membership: bool | None = None,
-             plan_rules: type[PlanRules] = PlanRules, prepare: Callable[[Sim], None] | None = None) -> RunResult:
+             plan_rules: type[PlanRules] = PlanRules, prepare: Callable[[Sim], None] | None = None,
+             trim_rule: str = "applied") -> RunResult:
     """One randomized run: faults and client load for ``fault_ms``, then heal and check liveness.
 
     ``membership`` (default: the seeds from MEMBERSHIP_SEEDS_FROM) adds spare workers and the
@@ -1168,6 +1220,9 @@ def run_seed(seed: int, replica_cls: type[Replica] = Replica, fault_ms: int = 12
         _schedule_storage_faults(sim, storage_rng, fault_ms)
         if membership:
             reassigner = _schedule_membership(sim, member_rng, fault_ms, plan_rules)
+        if seed >= TRIM_SEEDS_FROM:
+            sim.trim_rule = trim_rule
+            _schedule_trims(sim, random.Random(seed ^ 0x7219), fault_ms)
         sim.run_until(fault_ms)
         # heal: no more faults, everyone back, fast disks, the options liveness is judged under
         sim.faults = replace(sim.faults, drop=0.0, duplicate=0.0)
@@ -1192,7 +1247,7 @@ def run_seed(seed: int, replica_cls: type[Replica] = Replica, fault_ms: int = 12
         if trace:
             err += "\n" + "\n".join(sim.log[-60:])
     plans = (reassigner.completed, reassigner.cancelled) if reassigner is not None else (0, 0)
-    return RunResult(seed, sim.steps, sim._next_payload, len(sim.committed), err, *plans)
+    return RunResult(seed, sim.steps, sim._next_payload, len(sim.committed), err, *plans, sim.trims_applied)
 
 
 def _poisson(sim: Sim, rng: random.Random, rate: float, until_ms: int, action: Callable[[], None]) -> None:
@@ -1340,6 +1395,14 @@ def _schedule_config_changes(sim: Sim, rng: random.Random, until_ms: int) -> Non
                       max_near_sync_message_lag=rng.choice([10, 40, 200]),
                       max_inflight_entries=rng.choice([8, 60, 500]))
         sim.at(rng.randrange(until_ms), sim.set_config, cfg)
+
+
+def _schedule_trims(sim: Sim, rng: random.Random, until_ms: int) -> None:
+    """Trims every few dozen milliseconds, below a point anywhere from the start to past the end."""
+    t = 20
+    while t < until_ms:
+        sim.at(t, lambda: sim.trim(int(_records(sim.committed) * rng.uniform(0.5, 3.0)) + rng.randrange(5)))
+        t += 10 + rng.randrange(60)
 
 
 def _schedule_clients(sim: Sim, rng: random.Random, until_ms: int) -> None:

@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from tests.sim.sim import MEMBERSHIP_SEEDS_FROM, RunResult, run_seed
+from tests.sim.sim import MEMBERSHIP_SEEDS_FROM, TRIM_SEEDS_FROM, RunResult, run_seed
 
 SEEDS = int(os.environ.get("SIM_SEEDS", "1000"))
 START = int(os.environ.get("SIM_SEED_START", "0"))
@@ -54,6 +54,20 @@ def test_random_seeds_with_membership_changes() -> None:
     _run_seeds(range(MEMBERSHIP_SEEDS_FROM, MEMBERSHIP_SEEDS_FROM + 200))
 
 
+def test_random_seeds_with_depot_trims() -> None:
+    """Seeds from TRIM_SEEDS_FROM append depot trims too, built by the leader from its applied state (the
+    promise rule, pstate.retention.trim_point); the simulator checks that every committed trim drops only
+    records applied where it was built. Sweep more with SIM_SEED_START=20000000."""
+    results = _run_seeds(range(TRIM_SEEDS_FROM, TRIM_SEEDS_FROM + 200))
+    assert sum(r.trims for r in results) > 200
+
+
+def test_the_trim_check_catches_a_trim_clamped_to_the_log_end() -> None:
+    """A leader clamping a trim to its log's end (records not yet applied) instead of its applied end is caught."""
+    failed = [r for s in range(TRIM_SEEDS_FROM, TRIM_SEEDS_FROM + 40) if (r := run_seed(s, trim_rule="log")).error]
+    assert failed and "no reader was promised" in (failed[0].error or ""), [r.error for r in failed[:1]]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(7200)
 def test_random_seeds_10000() -> None:
@@ -61,7 +75,7 @@ def test_random_seeds_10000() -> None:
     _run_seeds(range(10_000))
 
 
-def _run_seeds(seeds: Sequence[int], run: Callable[[int], RunResult] = run_seed) -> None:
+def _run_seeds(seeds: Sequence[int], run: Callable[[int], RunResult] = run_seed) -> list[RunResult]:
     """Run ``run`` (a picklable function of a seed) on every seed, two workers for many; fail with the first error."""
     t0 = time.monotonic()
     if _workers(len(seeds)) > 1:
@@ -83,6 +97,7 @@ def _run_seeds(seeds: Sequence[int], run: Callable[[int], RunResult] = run_seed)
           f"{applied} entries applied)")
     # The seeds must do real work, not just survive.
     assert applied > len(seeds) * 50
+    return results
 
 
 def test_replay() -> None:

@@ -6,6 +6,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from conductor.metastore.depot_options import (
+    CHECK_INTERVAL_MS,
+    COMPACTION,
+    DELETE_RETENTION_MS,
+    RETENTION_BYTES,
+    RETENTION_MS,
+)
 from conductor.metastore.module_spec import (
     DEPOT_APPEND_TIMEOUT_MS,
     MAX_ENTRY_BYTES,
@@ -25,6 +32,21 @@ from conductor.metastore.module_spec import (
 )
 
 
+def test_depot_options_name_every_depot_or_one() -> None:
+    s = spec(options={RETENTION_BYTES: "1000", RETENTION_BYTES + ".*clicks": "50", COMPACTION + ".*users": "1"})
+    assert s.depot_settings("*clicks")["retention_bytes"] == 50
+    assert s.depot_settings("*other")["retention_bytes"] == 1000
+    assert s.depot_settings("*users")["compaction"] == 1 and s.depot_settings("*other")["compaction"] == 0
+    assert s.depot_settings("*dead_letters")["retention_ms"] == 7 * 24 * 3600 * 1000
+    assert spec(options={RETENTION_MS: "5"}).depot_settings("*dead_letters")["retention_ms"] == 5
+    with pytest.raises(InvalidOption):
+        spec(options={RETENTION_MS + ".*clicks": "-1"})
+    with pytest.raises(InvalidOption):
+        spec(options={COMPACTION: "2"})
+    with pytest.raises(UnknownOption):
+        spec(options={"depot.retention.minutes.*clicks": "1"})
+
+
 def spec(**kw: object) -> ModuleSpec:
     args: dict[str, object] = dict(name="WordCount", module_ref="examples.word_count:WordCount", tasks=8,
                                    threads=2, workers=3, replication_factor=3)
@@ -37,7 +59,9 @@ def test_defaults_follow_replication_factor() -> None:
                                           MAX_NEAR_SYNC_MESSAGE_LAG: 20_000, SEGMENT_BYTES: 64 * 1024 * 1024,
                                           MIGRATION_BATCH_KEYS: 200, MIGRATION_BATCH_INTERVAL_MS: 50,
                                           MAX_RECORD_BYTES: 4 * 1024 * 1024, MAX_ENTRY_BYTES: 16 * 1024 * 1024,
-                                          REASSIGN_COPY_BYTES_PER_S: 64 * 1024 * 1024}
+                                          REASSIGN_COPY_BYTES_PER_S: 64 * 1024 * 1024,
+                                          RETENTION_MS: 0, RETENTION_BYTES: 0, COMPACTION: 0,
+                                          DELETE_RETENTION_MS: 86_400_000, CHECK_INTERVAL_MS: 5000}
     assert spec(replication_factor=1, workers=1).option(MIN_ISR) == 1
 
 

@@ -22,11 +22,14 @@ from topology.entries.requests import (
     BatchCommit,
     CodeSwitch,
     DepotAppend,
+    DepotTrim,
     EntryRequest,
     InboundHops,
     MigrationBatch,
     OutboxTrim,
+    RetentionCheck,
 )
+from topology.entries.retention import build_depot_trim, build_retention_check
 from topology.group_code import GroupCode
 from topology.stream import StreamRunner
 
@@ -49,7 +52,8 @@ class EntryPort:
         """The change set to stage and append for ``request`` (None: nothing to append), and its result.
 
         Results: a depot append's ``(firsts, acks)``; a microbatch commit's
-        ``skipped`` (True when the group had it); None for the others. A
+        ``skipped`` (True when the group had it); a trim's new start; a retention
+        check's records deleted; None for the others. A
         request that cannot be built raises a typed error (ValueError, or the
         pstate, topology and replog errors) that fails it alone.
         """
@@ -69,6 +73,10 @@ class EntryPort:
             return self._flow().build_inbound(request.now_ms), None
         if isinstance(request, OutboxTrim):
             return self._flow().build_trim(), None
+        if isinstance(request, DepotTrim):
+            return build_depot_trim(store, request)
+        if isinstance(request, RetentionCheck):
+            return build_retention_check(store, self._runner(), request)
         raise TypeError(f"not an entry request: {request!r}")  # a bug: EntryRequest is a closed union
 
     def _runner(self) -> StreamRunner | None:

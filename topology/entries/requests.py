@@ -11,8 +11,12 @@ interprets them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # (not imported at run time: the Spark side imports this module and stays off RocksDB)
+    from pstate.retention import RetentionPolicy
 
 #: microbatch change ops: a PState key's value set, a number added to it, the key removed; a depot record appended
 OP_SET = "set"
@@ -84,5 +88,28 @@ class OutboxTrim:
     """An entry trimming outbox envelopes their destinations completed; result None."""
 
 
+@dataclass(frozen=True)
+class DepotTrim:
+    """A client's or operator's trim of ``depot``'s partition ``task`` below ``before`` (clamped by the promise
+    rule, :func:`pstate.retention.trim_point`); result: the partition's new start offset."""
+
+    depot: str
+    task: int
+    before: int
+
+
+@dataclass(frozen=True)
+class RetentionCheck:
+    """The leader's periodic retention check at ``now_ms`` (its wall clock, kept in the entry): a mark per
+    partition, the trims and at most ``limit`` records of key compaction its depots' policies
+    (by depot name) ask for; result: records deleted."""
+
+    now_ms: int
+    tasks: Sequence[int]
+    policies: Mapping[str, RetentionPolicy]
+    limit: int = 10_000
+
+
 #: every request the entry port builds
-EntryRequest = DepotAppend | BatchCommit | CodeSwitch | MigrationBatch | InboundHops | OutboxTrim
+EntryRequest = DepotAppend | BatchCommit | CodeSwitch | MigrationBatch | InboundHops | OutboxTrim | DepotTrim \
+    | RetentionCheck

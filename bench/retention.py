@@ -1,0 +1,176 @@
+"""What depot retention costs a writer, and how close to its bound it keeps a depot.
+
+Run ``python -m bench.retention [--quick]``. On one real store (RocksDB, WAL off), a leader's task-thread
+work for a steady writer: each entry is a client append of ``RECORDS`` records of ``RECORD_BYTES`` built by
+the entry port (``DepotAppend``), staged, and applied in drains of ``DRAIN`` entries, as the worker does.
+With retention, every ``CHECK_EVERY`` entries the port also builds the leader's ``RetentionCheck`` (a size
+bound of ``BOUND`` bytes) in the same drain, and a second thread compacts trimmed ranges when the worker's
+retention driver would (``compaction_due``, ``TaskGroupStore.compact_range``). Rounds with and without retention alternate, in
+the same run: the figure is the median over rounds of each pair's p99 ratio (a shared machine's load hits
+both runs of a pair alike), and the table shows each mode's best round.
+
+Figures: ``bounded_depot_peak_vs_bound`` (the most the partition held after any drain, over its bound; goal
+<= 1.5), ``writer_p99_with_retention_vs_without`` (the p99 of a drain's wall time; goal <= 1.3), and the
+replica's live SST bytes at the end over the bound (disk space really returns). Prints a table, then as the
+LAST line one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import msgpack
+from rich.console import Console
+from rich.table import Table
+
+from conductor.worker.replica_store import ReplicaStore
+from pstate import TaskGroupStore
+from pstate.depots import check_partition, depot_cf
+from pstate.retention import RetentionPolicy, compaction_due, partition_size, read_state
+from topology.entries.port import EntryPort
+from topology.entries.requests import DepotAppend, RetentionCheck
+
+DEPOT = "*log"
+RECORDS = 10
+RECORD_BYTES = 1_000
+DRAIN = 4
+CHECK_EVERY = 32
+BOUND = 8_000_000
+#: rounds with and without retention, alternating
+ROUNDS = 5
+
+
+class Compactor:
+    """The retention driver's second job, on its own thread: compact each trimmed range (bounded queue)."""
+
+    def __init__(self, store: TaskGroupStore) -> None:
+        self.store = store
+        self.ranges: queue.Queue[tuple[int, int] | None] = queue.Queue(maxsize=64)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        p = check_partition(0)
+        while (r := self.ranges.get()) is not None:
+            lo, hi = r
+            self.store.compact_range(depot_cf(DEPOT), p + lo.to_bytes(8, "big"), p + hi.to_bytes(8, "big"))
+
+    def close(self) -> None:
+        self.ranges.put(None)
+        self.thread.join()
+
+
+def _run(entries: int, retention: bool) -> dict[str, float]:
+    """One writer round: p99 drain seconds, peak partition bytes, live SST bytes at the end."""
+    root = Path(tempfile.mkdtemp(prefix="bench-retention-"))
+    store = TaskGroupStore(root / "state", {}, depots=[DEPOT])
+    rs = ReplicaStore(store)
+    port = EntryPort(rs.current, None)
+    compactor = Compactor(store) if retention else None
+    policies = {DEPOT: RetentionPolicy(retention_bytes=BOUND)}
+    records = [msgpack.packb(os.urandom(RECORD_BYTES // 2).hex()[:RECORD_BYTES - 3]) for _ in range(RECORDS)]
+    drains: list[float] = []
+    peak = 0
+    compacted = compacted_bytes = 0
+    offset = 0
+    try:
+        staged: list[tuple[int, int, bytes]] = []
+        t_drain = time.perf_counter()
+        for i in range(entries):
+            requests: list[Any] = [DepotAppend([(DEPOT, 0, records)])]
+            if retention and i % CHECK_EVERY == CHECK_EVERY - 1:
+                requests.append(RetentionCheck(int(time.time() * 1000), [0], policies))
+            for req in requests:
+                builder, _reply = port.build(req)
+                if builder is not None:
+                    staged.append((offset, 1, rs.stage(offset, builder)))
+                    offset += 1
+            if len(staged) >= DRAIN:
+                rs.apply_entries(staged)
+                staged = []
+                now = time.perf_counter()
+                drains.append(now - t_drain)
+                t_drain = now
+                reader = store.applied_reader()
+                size = partition_size(reader, DEPOT, 0)
+                peak = max(peak, size.bytes)
+                trimmed = read_state(reader, DEPOT, 0).start_bytes - compacted_bytes
+                if compactor is not None and size.start > compacted and compaction_due(trimmed, size.bytes):
+                    try:
+                        compactor.ranges.put_nowait((compacted, size.start))
+                        compacted, compacted_bytes = size.start, compacted_bytes + trimmed
+                    except queue.Full:
+                        pass  # the next trim's range covers this one
+        rs.apply_entries(staged)
+        if compactor is not None:
+            compactor.close()
+            compactor = None
+        store.flush()
+        drains.sort()
+        return {"p99_s": drains[int(len(drains) * 0.99) - 1], "max_s": drains[-1], "peak_bytes": peak,
+                "live_sst_bytes": store.live_sst_bytes(), "written": entries * RECORDS * RECORD_BYTES}
+    finally:
+        if compactor is not None:
+            compactor.close()
+        rs.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def backup_figures(quick: bool) -> dict[str, Any]:
+    """The backup helper's figures (``backup_mb_per_s``, ``ratio_backup_vs_cp``) join the JSON line here."""
+    return {}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="4,000 entries (40 MB) per round instead of 20,000")
+    args = ap.parse_args()
+    entries = 4_000 if args.quick else 20_000
+    console = Console(stderr=True)
+    best: dict[bool, dict[str, float]] = {}
+    ratios: list[float] = []  # each pair's p99 ratio: load on a shared machine hits both runs of a pair alike
+    for _round in range(ROUNDS):
+        pair = {}
+        for retention in (False, True):
+            r = pair[retention] = _run(entries, retention)
+            if retention not in best or r["p99_s"] < best[retention]["p99_s"]:
+                best[retention] = {**r, "peak_bytes": max(r["peak_bytes"], best.get(retention, r)["peak_bytes"])}
+            else:
+                best[retention]["peak_bytes"] = max(best[retention]["peak_bytes"], r["peak_bytes"])
+        ratios.append(pair[True]["p99_s"] / pair[False]["p99_s"])
+    with_r, without = best[True], best[False]
+    table = Table(title=f"a steady writer, {entries:,} entries of {RECORDS} x {RECORD_BYTES:,} B (best p99 of {ROUNDS}), "
+                        f"bound {BOUND:,} B")
+    for col in ("retention", "drain p99 ms", "drain max ms", "peak depot bytes", "live SST bytes at the end"):
+        table.add_column(col, justify="right")
+    for label, r in (("off", without), ("on", with_r)):
+        table.add_row(label, f"{r['p99_s'] * 1000:.2f}", f"{r['max_s'] * 1000:.2f}", f"{int(r['peak_bytes']):,}",
+                      f"{int(r['live_sst_bytes']):,}")
+    console.print(table)
+    load = os.getloadavg()[0]
+    out = {
+        "bench": "retention", "quick": args.quick, "load_1m": round(load, 2), "bound_bytes": BOUND,
+        "written_bytes": int(with_r["written"]),
+        "bounded_depot_peak_vs_bound": round(with_r["peak_bytes"] / BOUND, 3),
+        "live_sst_vs_bound": round(with_r["live_sst_bytes"] / BOUND, 3),
+        "writer_p99_with_retention_vs_without": round(statistics.median(ratios), 3),
+        "writer_p99_ratio_of_best": round(with_r["p99_s"] / without["p99_s"], 3),
+        "writer_max_with_retention_vs_without": round(with_r["max_s"] / without["max_s"], 3),
+        "goals": {"bounded_depot_peak_vs_bound": 1.5, "writer_p99_with_retention_vs_without": 1.3},
+        **backup_figures(args.quick),
+    }
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,157 @@
+"""A worker's side of depot retention: when its leaders check, and giving trimmed disk space back.
+
+One thread per worker (:class:`RetentionDriver`). Every ``depot.retention.check.interval.ms`` it posts a
+:class:`RetentionCheck` to each local leader whose depots have a bound or compaction (read from the live
+spec at each check, so ``conductor set-option`` applies at the next one), and sooner when a partition is
+over its size bound (looked at every tick: a fast writer must not overshoot by an interval's writes), at
+most one in flight per group;
+the leader's task thread builds it (a bounded entry: a mark per partition, the due trims, at most
+``CHECK_COMPACTION_LIMIT`` records of key compaction), and every replica applies the same range deletes.
+
+A range delete hides records at once but frees no disk until RocksDB compacts the files holding them, which
+with a steady writer may take long (the deleted keys are below every new one). So the thread also watches
+the start offset of every partition of every replica it hosts (leaders and followers) and, when one moved,
+compacts the trimmed key range of that depot's column family once it holds as many bytes as the partition
+keeps (:func:`pstate.retention.compaction_due`: the files of a bounded depot stay within about twice its
+bytes, and each compaction rewrites about what was trimmed since the last one): one range per
+tick (bounded background I/O, off the task threads), most trimmed first.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from conductor.metastore.depot_options import CHECK_COMPACTION_LIMIT, CHECK_INTERVAL_MS
+from conductor.wire import millrace_pb2 as pb
+from conductor.worker.hosted import HostedReplica
+from conductor.worker.pending_entry import PendingEntry
+from conductor.worker.runtime import LocalModules, ModuleRuntime
+from pstate.depots import check_partition, depot_cf
+from pstate.retention import RetentionPolicy, compaction_due, partition_size, read_state
+from replog.messages import Ack
+from topology.entries.requests import RetentionCheck
+
+log = logging.getLogger("millrace.node")
+
+#: how often the thread looks at its leaders' partitions (a few ``_meta`` reads each) and for trimmed ranges to
+#: compact (one range per tick)
+TICK_S = 0.05
+
+
+def depot_partitions(rec: HostedReplica | None) -> list[pb.DepotPartitionSize]:
+    """GroupStatus's depot partitions of a replica hosted here (none while it is not open)."""
+    if rec is None or rec.store is None:
+        return []
+    return [pb.DepotPartitionSize(depot=d, task=t, start=s.start, end=s.end, records=s.records, bytes=s.bytes)
+            for d, t, s in rec.store.depot_sizes()]
+
+
+def over_bound(reader: Any, policies: dict[str, RetentionPolicy], tasks: list[int]) -> bool:
+    """A partition holds more bytes than its bound: check now, not at the next interval (a fast writer
+    would otherwise overshoot by what it writes in one interval)."""
+    return any(partition_size(reader, d, t).bytes > p.retention_bytes
+               for d, p in policies.items() if p.retention_bytes for t in tasks)
+
+
+def policy(settings: dict[str, int]) -> RetentionPolicy:
+    """A depot's policy from its settings (``ModuleSpec.depot_settings``)."""
+    return RetentionPolicy(settings["retention_ms"], settings["retention_bytes"], bool(settings["compaction"]),
+                           settings["delete_retention_ms"])
+
+
+class RetentionDriver:
+    """See the module docstring."""
+
+    def __init__(self, modules: LocalModules) -> None:
+        self.modules = modules
+        self._stopped = threading.Event()
+        self._next_check: dict[tuple[str, int], float] = {}
+        self._in_flight: set[tuple[str, int]] = set()
+        #: per (module, group, depot, task): the start offset below which the range is compacted already, and
+        #: the bytes appended below it
+        self._compacted: dict[tuple[str, int, str, int], tuple[int, int]] = {}
+        #: trimmed ranges compacted, bytes of live SST files seen to go (metrics)
+        self.ranges_compacted = 0
+        self._thread = threading.Thread(target=self._run, name="depot-retention", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(TICK_S):
+            runtimes = self.modules.runtimes()
+            live = {rt.spec.name for rt in runtimes}
+            # a destroyed module's keys go with it
+            self._next_check = {k: v for k, v in self._next_check.items() if k[0] in live}
+            self._compacted = {k: v for k, v in self._compacted.items() if k[0] in live}
+            for rt in runtimes:
+                try:
+                    self._checks(rt)
+                    self._compact_one(rt)
+                except Exception:  # a closed store (a replica restarting) and the like: next tick
+                    log.debug("module %s: retention tick failed; trying again", rt.spec.name, exc_info=True)
+
+    # ------------------------------------------------------------------ leaders: retention checks
+
+    def _checks(self, rt: ModuleRuntime) -> None:
+        spec = rt.spec
+        now = time.monotonic()
+        for rec in list(rt.hosted.values()):
+            host, store = rec.host, rec.store
+            key = (spec.name, rec.group)
+            if host is None or store is None or not host.replica.is_leader or key in self._in_flight:
+                continue
+            policies = {d: p for d in store.current().depots if (p := policy(spec.depot_settings(d))).bounded
+                        or p.compaction}
+            tasks = spec.tasks_of(rec.group)
+            if not policies or (now < self._next_check.get(key, 0.0)
+                                and not over_bound(store.current().applied_reader(), policies, tasks)):
+                continue
+            self._next_check[key] = now + spec.option(CHECK_INTERVAL_MS) / 1000
+            self._post(rec, key, RetentionCheck(int(time.time() * 1000), tasks, policies, CHECK_COMPACTION_LIMIT))
+
+    def _post(self, rec: HostedReplica, key: tuple[str, int], request: RetentionCheck) -> None:
+        host = rec.host
+        assert host is not None
+        self._in_flight.add(key)
+
+        def done(_offset: int, _result: Any, error: Exception | None) -> None:
+            self._in_flight.discard(key)
+            if error is not None:
+                log.info("%s: a retention check was not appended (%s); next interval", host.name, error)
+        host.post(PendingEntry(request, 0, Ack.NONE, done))
+
+    # ------------------------------------------------------------------ every replica: disk space back
+
+    def _compact_one(self, rt: ModuleRuntime) -> None:
+        """Compact the largest trimmed range due (:func:`pstate.retention.compaction_due`), of any replica of
+        ``rt`` hosted here."""
+        best: tuple[int, Any, str, bytes, bytes, tuple[str, int, str, int], tuple[int, int]] | None = None
+        for rec in list(rt.hosted.values()):
+            if rec.store is None:
+                continue
+            store = rec.store.current()
+            reader = store.applied_reader()
+            for depot in store.depots:
+                for task in rt.spec.tasks_of(rec.group):
+                    size = partition_size(reader, depot, task)
+                    k = (rt.spec.name, rec.group, depot, task)
+                    done, done_bytes = self._compacted.setdefault(k, (0, 0))
+                    trimmed = read_state(reader, depot, task).start_bytes - done_bytes
+                    if size.start > done and compaction_due(trimmed, size.bytes) and (best is None
+                                                                                    or trimmed > best[0]):
+                        p = check_partition(task)
+                        best = (trimmed, store, depot, p + done.to_bytes(8, "big"), p + size.start.to_bytes(8, "big"),
+                                k, (size.start, trimmed + done_bytes))
+        if best is None:
+            return
+        _n, store, depot, lo, hi, k, now_done = best
+        store.compact_range(depot_cf(depot), lo, hi)
+        self._compacted[k] = now_done
+        self.ranges_compacted += 1
