@@ -18,6 +18,7 @@ loop serving one replica, which ends with it.
 
 from __future__ import annotations
 
+import queue
 import threading
 from typing import TYPE_CHECKING
 
@@ -43,7 +44,11 @@ class TaskThread:
         #: replicas given to this thread and not closed yet (`claim`ed, until they leave it)
         self._load = 0
         self._lock = threading.Lock()
-        self._wakeup = threading.Condition(self._lock)
+        #: the thread sleeps on this doorbell (a C-level queue: a post costs no Python-level Condition, a
+        #: wake-up no lock allocated per wait). A wake rings it when ``_ready`` goes from empty to not empty,
+        #: ``stop`` once; the thread empties it before each take of ``_ready``, so it holds at most the rings
+        #: of one take (one) and a stop's: bounded by construction
+        self._doorbell: queue.SimpleQueue[None] = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.thread.start()
 
@@ -84,22 +89,29 @@ class TaskThread:
             if host in self._ready or host.closed.is_set():
                 return
             assert len(self._ready) < self._load, (host.name, len(self._ready), self._load)
+            ring = not self._ready
             self._ready[host] = None
-            self._wakeup.notify()
+        if ring:
+            self._doorbell.put(None)
 
     def stop(self) -> None:
         """End the thread once it has woken (the worker stops its replicas first)."""
         with self._lock:
             self._stopping = True
-            self._wakeup.notify()
+        self._doorbell.put(None)
 
     def _run(self) -> None:
         while True:
             now = now_ms()
             due = min((h.due_ms(now) for h in self._hosts), default=now + MAX_SLEEP_MS)
+            if not self._ready and not self._stopping:  # (a lock-free look; a wake after it rings the bell)
+                try:
+                    self._doorbell.get(timeout=max(0.0, (due - now) / 1000))
+                except queue.Empty:
+                    pass
+            while not self._doorbell.empty():  # rings this take answers (one consumer: no race)
+                self._doorbell.get_nowait()
             with self._lock:
-                if not self._ready and not self._stopping:
-                    self._wakeup.wait(timeout=max(0.0, (due - now) / 1000))
                 if self._stopping:
                     return
                 woken, self._ready = self._ready, {}
