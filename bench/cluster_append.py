@@ -46,6 +46,10 @@ Workloads, in this order, on one cluster:
   that a node answers without any work (a module nobody hosts: NotLeader) plus the
   p50 of a 100-byte write and fdatasync in the cluster's directory. ``ratio_p50_vs_floor``
   is what Millrace's own work and thread hand-offs add on top.
+* ``design_floor`` (a limit): the floor of the current design, where replication runs on the workers' own
+  TCP links (``bench.design_floor``): one client round trip as above, one Replicate -> ack round trip on the
+  replication link to a worker that does no work (it acks from its event loop), and the fsync;
+  ``ratio_p50_vs_design_floor`` is what the worker's own work and hand-offs add.
 
 Every worker node's RSS is sampled from ``/proc/<pid>/status`` (VmRSS) every
 200 ms for the whole Millrace part; the maximum is reported. At the end the sum
@@ -98,6 +102,7 @@ import msgpack
 from rich.console import Console
 from rich.table import Table
 
+from bench.design_floor import design_floor
 from bench.floor import percentile, transport_floor
 from bench.run_comparison import compare_runs
 from conductor.client import Cluster
@@ -486,6 +491,9 @@ def run_millrace(args: argparse.Namespace, root: Path, console: Console, secure:
                 floor = transport_floor(leaders[0][1], root, max(500, args.count // 2))
                 console.log(f"transport floor: 2 x {floor['rtt_p50_ms']:.3f} ms gRPC stream round trip "
                             f"+ {floor['fsync_p50_ms']:.3f} ms fsync = {floor['p50_ms']:.3f} ms")
+                dfloor = design_floor(floor, max(500, args.count // 2))
+                console.log(f"design floor: {floor['rtt_p50_ms']:.3f} ms client + {dfloor['peer_rtt_p50_ms']:.3f} ms "
+                            f"replication link round trip + fsync = {dfloor['p50_ms']:.3f} ms")
                 pclient = pipelined_client(cluster, pool, args.seconds, args.window)
                 console.log(f"pipelined (append_async): {pclient['per_s']:,.0f} records/s "
                             f"({pclient['acked']:,} acked)")
@@ -514,6 +522,8 @@ def run_millrace(args: argparse.Namespace, root: Path, console: Console, secure:
         "floor_p50_ms": round(floor["p50_ms"], 3), "floor_rtt_p50_ms": round(floor["rtt_p50_ms"], 3),
         "floor_fsync_p50_ms": round(floor["fsync_p50_ms"], 3),
         "ratio_p50_vs_floor": round(seq["p50_ms"] / floor["p50_ms"], 2),
+        "design_floor_p50_ms": round(dfloor["p50_ms"], 3), "design_floor_peer_rtt_p50_ms": round(dfloor["peer_rtt_p50_ms"], 3),
+        "ratio_p50_vs_design_floor": round(seq["p50_ms"] / dfloor["p50_ms"], 2),
         "pipelined_records_per_s": round(pclient["per_s"]), "pipelined_window": args.window,
         "pipelined_driver": "Depot.append_async, 1 record per call (client frames requests)",
         "pipelined_wire_records_per_s": round(pipe["per_s"]),
@@ -645,6 +655,9 @@ def main(argv: list[str] | None = None) -> None:
     table.add_row("  sequential p50 ms vs transport floor: 2 gRPC stream round trips + 1 fsync, no work",
                   f"{mr['p50_ms']:.3f} / {mr['floor_p50_ms']:.3f}", "-", f"{mr['ratio_p50_vs_floor']:.2f} (vs floor)",
                   "")
+    table.add_row("  sequential p50 ms vs design floor: client + replication link round trips + 1 fsync, no work",
+                  f"{mr['p50_ms']:.3f} / {mr['design_floor_p50_ms']:.3f}", "-",
+                  f"{mr['ratio_p50_vs_design_floor']:.2f} (vs floor)", "")
     if jss_p50 is not None:
         table.add_row("  sequential p50 ms, JetStream fsync per write (same contract)", fmt(mr["p50_ms"], ".3f"),
                       fmt(jss_p50, ".3f"), fmt(ratio_p50_sync, ".2f"), "")

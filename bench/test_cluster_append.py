@@ -14,6 +14,7 @@ from bench.cluster_append import (
     make_record,
     tasks_by_group,
 )
+from bench.design_floor import design_floor
 from bench.floor import percentile, transport_floor
 from conductor.devcluster import DevCluster
 
@@ -46,3 +47,10 @@ def test_transport_floor_measures_a_real_node_and_the_disk(tmp_path: Path) -> No
     assert 0 < floor["rtt_p50_ms"] < 100 and 0 < floor["fsync_p50_ms"] < 100
     assert floor["p50_ms"] == 2 * floor["rtt_p50_ms"] + floor["fsync_p50_ms"]
     assert not (tmp_path / "fsync-probe").exists()
+
+
+def test_design_floor_adds_a_replication_link_round_trip_to_a_worker_that_does_no_work() -> None:
+    transport = {"rtt_p50_ms": 0.2, "fsync_p50_ms": 0.3}
+    floor = design_floor(transport, 200)  # (a real PeerTransport to a real PeerServer in an echo process)
+    assert 0 < floor["peer_rtt_p50_ms"] < 100 and floor["peer_rtt_p50_ms"] <= floor["peer_rtt_p99_ms"]
+    assert floor["p50_ms"] == 0.2 + floor["peer_rtt_p50_ms"] + 0.3

@@ -43,8 +43,10 @@ class Partitioner:
     name: str
     choose: Callable[[Any, int], int]
     #: the choice ignores the record, so ``append_many`` asks once per request and sends a whole request of
-    #: records to that one task (Kafka's sticky partitioner, KIP-480): one replog entry on one task group per
-    #: request, however many groups there are, instead of a sliver of the request on every group
+    #: records to that one task, and ``append_async`` once per batch window (until the batch holding the
+    #: task's records leaves; ``conductor.client.batching.StickyTasks``): Kafka's sticky partitioner, KIP-480.
+    #: One replog entry on one task group per request, however many groups there are, instead of a sliver of
+    #: the request on every group
     sticky: bool = False
     #: the record's key (``hash_by``'s ``key_fn``), which key compaction keeps the latest record of; and
     #: whether a record is a tombstone (its key's deletion); None: records have no key to compact by
@@ -59,7 +61,8 @@ class Partitioner:
 
 
 #: Any task, chosen uniformly: spreads load when no key needs colocating. ``append_many`` chooses once per
-#: request (up to the client's ``max_batch_records`` records), so a batch costs one entry on one group.
+#: request (up to the client's ``max_batch_records`` records), ``append_async`` once per batch window, so a
+#: batch costs one entry on one group.
 random = Partitioner("random", lambda _record, tasks: _random.randrange(tasks), sticky=True)
 
 #: Task 0 always: one global order for small, ordered streams.

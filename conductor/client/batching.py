@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -43,6 +44,35 @@ def _set_exception(fut: concurrent.futures.Future[int], exc: BaseException) -> N
 
 
 _Item = tuple[str, int, bytes, concurrent.futures.Future[int]]
+
+
+class StickyTasks:
+    """``append_async``'s task per depot whose partitioner ignores the record (``random``): one per batch window.
+
+    Kafka's sticky partitioner (KIP-480): every record goes to the task chosen last until the batch that holds
+    them leaves (:meth:`left`, when :class:`GroupBatcher` frames its request), then the next record chooses again.
+    A burst of records then costs one request and one replog entry on one task group, not one per group, and
+    the choices still spread evenly over many batches. Any thread chooses (:meth:`task`), the event loop ends
+    a window: a record racing with the end of its window goes to either task, both right for ``random``.
+    Bounded by the depots this client appends to (one entry each).
+    """
+
+    def __init__(self) -> None:
+        self._current: dict[tuple[str, str], int] = {}
+
+    def task(self, module: str, depot: str, choose: Callable[[], int]) -> int:
+        """The task of the current window of ``depot``, chosen with ``choose`` if none is open."""
+        key = (module, depot)
+        task = self._current.get(key)
+        if task is None:
+            task = self._current[key] = choose()  # (only here is a window opened: `left` only closes one)
+        return task
+
+    def left(self, module: str, depot: str, task: int) -> None:
+        """A batch with records of ``depot`` for ``task`` left: if that was the window's task, the window ends."""
+        key = (module, depot)
+        if self._current.get(key) == task:
+            del self._current[key]
 
 
 class GroupBatcher:
@@ -87,21 +117,22 @@ class GroupBatcher:
             else:
                 del self.waiting[ack]
             self.inflight += 1
-            task = asyncio.ensure_future(self._send(ack, items))
+            by_part: dict[tuple[str, int], list[_Item]] = {}
+            for it in items:
+                part = (it[0], it[1])
+                lst = by_part.get(part)
+                if lst is None:
+                    lst = by_part[part] = []
+                lst.append(it)
+            sticky = self.c.sticky
+            for depot, t in by_part:  # this batch leaves: a sticky depot's next record chooses a task again
+                sticky.left(self.module, depot, t)
+            task = asyncio.ensure_future(self._send(ack, items, list(by_part.items())))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
 
-    async def _send(self, ack: int, items: list[_Item]) -> None:
-        by_part: dict[tuple[str, int], list[_Item]] = {}
-        nbytes = 0
-        for it in items:
-            nbytes += len(it[2])
-            part = (it[0], it[1])
-            lst = by_part.get(part)
-            if lst is None:
-                lst = by_part[part] = []
-            lst.append(it)
-        parts = list(by_part.items())
+    async def _send(self, ack: int, items: list[_Item], parts: list[tuple[tuple[str, int], list[_Item]]]) -> None:
+        nbytes = sum(len(it[2]) for it in items)
         req = pb.AppendRequest(module=self.module, group=self.group, ack=ack, appends=[  # type: ignore[arg-type]
             pb.DepotRecords(depot=d, task=t, records=[it[2] for it in its]) for (d, t), its in parts])
         self.c.stamp(req)

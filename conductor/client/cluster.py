@@ -61,7 +61,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from conductor.client.batching import GroupBatcher
+from conductor.client.batching import GroupBatcher, StickyTasks
 from conductor.client.code import CodeCache, CodeUnavailable, default_cache, load_deployed
 from conductor.client.credentials import app_credentials
 from conductor.client.errors import ClientError, QueueFull
@@ -142,7 +142,12 @@ class Cluster:
         self._token_port = auth.token_port
         #: where deployed modules' code is fetched to (default: ~/.cache/millrace/code)
         self.code_cache = code_cache or default_cache()
+        if linger_ms < 0 or max_batch_records < 1 or max_inflight_per_group < 1:
+            raise ValueError(f"append batching options out of range: linger_ms={linger_ms} (>= 0), max_batch_records="
+                             f"{max_batch_records} (>= 1), max_inflight_per_group={max_inflight_per_group} (>= 1)")
         self.timeout_s = timeout_s
+        #: append_async: how long a group's first waiting record waits for others (Kafka's linger.ms), the
+        #: records one request carries at most (append_many's too), and the requests a group has in flight
         self.linger_ms = linger_ms
         self.max_batch_records = max_batch_records
         self.max_inflight_per_group = max_inflight_per_group
@@ -173,10 +178,15 @@ class Cluster:
         #: calls the watch cancelled because their group's leader moved
         self._abandoned: set[int] = set()
         self._batchers: dict[tuple[str, int], GroupBatcher] = {}
+        #: append_async's task per depot with a sticky partitioner (``random``), one per batch window
+        self.sticky = StickyTasks()
         #: append_async hand-off to the event loop: filled by any thread, drained once per burst
         self._queued: deque[tuple[str, int, int, str, int, bytes, concurrent.futures.Future[int]]] = deque()
-        #: guards the hand-off; callers waiting for room wait on it
-        self._queued_lock = threading.Condition(threading.Lock())
+        #: guards the hand-off (a plain lock: the per-record path takes no Python-level Condition)
+        self._queued_lock = threading.Lock()
+        #: callers waiting for room wait on this condition of the same lock; `_room_waiters` of them do now
+        self._room = threading.Condition(self._queued_lock)
+        self._room_waiters = 0
         #: append_async's records (and bytes) not answered yet: queued here, waiting in a batcher, or in flight
         self._outstanding = 0
         self._outstanding_bytes = 0
@@ -204,7 +214,7 @@ class Cluster:
             return
         self._closed = True
         with self._queued_lock:  # callers waiting for room in append_async's queue: the client is closed
-            self._queued_lock.notify_all()
+            self._room.notify_all()
 
         async def shutdown() -> None:
             for ch in self._channels.values():
@@ -596,7 +606,11 @@ class Cluster:
             # (the event loop answers the appends: on it, waiting would wait for itself)
             if waited >= self.timeout_s or threading.current_thread() is self._thread:
                 raise QueueFull(*full, waited)
-            self._queued_lock.wait(self.timeout_s - waited)
+            self._room_waiters += 1
+            try:
+                self._room.wait(self.timeout_s - waited)
+            finally:
+                self._room_waiters -= 1
 
     def _answered(self, records: int, nbytes: int) -> None:
         """Event loop: `records` of append_async's records were answered (or failed); room for as many."""
@@ -604,7 +618,8 @@ class Cluster:
             self._outstanding -= records
             self._outstanding_bytes -= nbytes
             assert self._outstanding >= 0 and self._outstanding_bytes >= 0, (self._outstanding, self._outstanding_bytes)
-            self._queued_lock.notify_all()
+            if self._room_waiters:
+                self._room.notify_all()
 
     def _drain(self) -> None:
         """Event loop: hand every queued record to its group's batcher."""

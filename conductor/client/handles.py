@@ -93,9 +93,15 @@ class Depot:
         """Queue one record; the future yields its depot offset (ack="applied") or -1."""
         a = _ack(ack)
         data = encode_record(record)
-        task, group = self._route(record)
+        meta = self.c._module(self.module)
+        partitioner = meta.definition.depots[self.name].partitioner
+        ntasks = meta.spec.tasks
+        if partitioner.sticky:  # one task per batch window (StickyTasks), as append_many's one per request
+            task = self.c.sticky.task(self.module, self.name, lambda: self._task(partitioner, record, ntasks))
+        else:
+            task = self._task(partitioner, record, ntasks)
         fut: concurrent.futures.Future[int] = concurrent.futures.Future()
-        self.c._enqueue((self.module, group, a, self.name, task, data, fut))
+        self.c._enqueue((self.module, meta.spec.group_of(task), a, self.name, task, data, fut))
         return fut
 
     def append(self, record: Any, ack: str = "applied") -> int:

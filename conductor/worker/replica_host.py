@@ -216,7 +216,7 @@ class ReplicaHost:
                 return
         elif not self.inbox.put(item):
             return  # a peer message dropped (counted): the protocol resends it
-        self.task_thread.wake(self)
+        self.task_thread.wake_soon(self)  # (on the event loop: once its iteration is over, task_thread.LoopWakes)
 
     def stop(self) -> None:
         self._stop.set()

@@ -208,21 +208,28 @@ class ClientService(pbg.ClientServicer):
         HTTP/2 flow control holds the client back; a fast pipelining client
         never grows this stream's queue.
         """
-        room = asyncio.Semaphore(self.max_pipelined)
+        bound = self.max_pipelined
         # (the end marker needs a slot of its own: it goes in however many replies are owed)
-        pending: asyncio.Queue[tuple[int, asyncio.Future[pb.AppendReply]] | None] = asyncio.Queue(
-            self.max_pipelined + 1)
+        pending: asyncio.Queue[tuple[int, asyncio.Future[pb.AppendReply]] | None] = asyncio.Queue(bound + 1)
         loop = asyncio.get_running_loop()
         requests = aiter(request_iterator)
+        # Requests read and not answered, and what the reader waits on at the bound: a counter, not a
+        # semaphore, so a request costs no acquire coroutine and no release wake-up below the bound.
+        owed = 0
+        room: asyncio.Future[None] | None = None
 
         async def reader() -> None:
+            nonlocal owed, room
             try:
                 while True:
-                    await room.acquire()  # released when a reply went out
+                    if owed >= bound:
+                        room = loop.create_future()
+                        await room  # set when a reply went out
                     try:
                         req = await anext(requests)
                     except StopAsyncIteration:
                         break
+                    owed += 1
                     try:
                         fut = self._start_append(req)
                     except SERVICE_ERRORS as e:
@@ -245,7 +252,9 @@ class ClientService(pbg.ClientServicer):
                     yield reply
                 except SERVICE_ERRORS as e:
                     yield pb.AppendReply(seq=seq, error=error_json(e))
-                room.release()
+                owed -= 1
+                if room is not None and not room.done():
+                    room.set_result(None)
             await rtask  # the request stream's own error, if any
         finally:
             rtask.cancel()

@@ -18,6 +18,8 @@ loop serving one replica, which ends with it.
 
 from __future__ import annotations
 
+import asyncio
+import queue
 import threading
 from typing import TYPE_CHECKING
 
@@ -27,12 +29,57 @@ if TYPE_CHECKING:
     from conductor.worker.replica_host import ReplicaHost
 
 
+class LoopWakes:
+    """Wake-ups asked for on the worker's event loop, handed to the task threads once per loop iteration.
+
+    The event loop posts a burst of work (the appends a read of the client streams brought, the peer frames of
+    one read) one item at a time. Waking the task thread at the first item makes it drain that one alone while
+    the loop still holds the GIL and reads the rest: more drains, flushes and replication frames per record,
+    and a futex wake per drain. Deferred to the end of the loop's iteration (``call_soon``: after the callbacks
+    of this pass), the task thread drains the whole burst, when the loop is about to release the GIL anyway.
+    Only posts made on the loop thread are deferred (``bind`` names it); any other thread wakes at once.
+    Bounded: a replica waits here at most once.
+    """
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ident: int | None = None
+        self._hosts: dict[ReplicaHost, None] = {}
+        self._scheduled = False
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """On the loop's thread: posts made on it from now on are deferred."""
+        self._loop = loop
+        self._ident = threading.get_ident()
+
+    def defer(self, host: ReplicaHost) -> bool:
+        """Wake ``host``'s task thread at the end of this loop iteration; False when not on the loop thread."""
+        if self._ident != threading.get_ident() or self._loop is None:
+            return False
+        if not self._scheduled:
+            try:
+                self._loop.call_soon(self._wake)
+            except RuntimeError:  # the loop is closed: the caller wakes the thread itself
+                return False
+            self._scheduled = True
+        self._hosts[host] = None
+        return True
+
+    def _wake(self) -> None:
+        self._scheduled = False
+        hosts, self._hosts = self._hosts, {}
+        for h in hosts:
+            h.task_thread.wake(h)
+
+
 class TaskThread:
     """Runs the loops of the replicas added to it (see the module docstring)."""
 
-    def __init__(self, name: str, dedicated: bool = False) -> None:
+    def __init__(self, name: str, dedicated: bool = False, wakes: LoopWakes | None = None) -> None:
         #: serves one replica and ends once it is released (closed, or never started)
         self.dedicated = dedicated
+        #: the worker's deferred wake-ups (None: every wake is at once)
+        self.wakes = wakes
         #: replicas posted to since the thread last looked, in that order. Bounded by construction: a replica
         #: is in it at most once, only while it is open (a closed one is not woken, and its release takes it
         #: out), and an open replica of this thread was claimed: it never holds more than ``load`` (asserted)
@@ -43,7 +90,11 @@ class TaskThread:
         #: replicas given to this thread and not closed yet (`claim`ed, until they leave it)
         self._load = 0
         self._lock = threading.Lock()
-        self._wakeup = threading.Condition(self._lock)
+        #: the thread sleeps on this doorbell (a C-level queue: a post costs no Python-level Condition, a
+        #: wake-up no lock allocated per wait). A wake rings it when ``_ready`` goes from empty to not empty,
+        #: ``stop`` once; the thread empties it before each take of ``_ready``, so it holds at most the rings
+        #: of one take (one) and a stop's: bounded by construction
+        self._doorbell: queue.SimpleQueue[None] = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.thread.start()
 
@@ -84,22 +135,34 @@ class TaskThread:
             if host in self._ready or host.closed.is_set():
                 return
             assert len(self._ready) < self._load, (host.name, len(self._ready), self._load)
+            ring = not self._ready
             self._ready[host] = None
-            self._wakeup.notify()
+        if ring:
+            self._doorbell.put(None)
+
+    def wake_soon(self, host: ReplicaHost) -> None:
+        """``wake``, deferred to the end of the event loop's iteration when called on it (:class:`LoopWakes`)."""
+        if self.wakes is None or not self.wakes.defer(host):
+            self.wake(host)
 
     def stop(self) -> None:
         """End the thread once it has woken (the worker stops its replicas first)."""
         with self._lock:
             self._stopping = True
-            self._wakeup.notify()
+        self._doorbell.put(None)
 
     def _run(self) -> None:
         while True:
             now = now_ms()
             due = min((h.due_ms(now) for h in self._hosts), default=now + MAX_SLEEP_MS)
+            if not self._ready and not self._stopping:  # (a lock-free look; a wake after it rings the bell)
+                try:
+                    self._doorbell.get(timeout=max(0.0, (due - now) / 1000))
+                except queue.Empty:
+                    pass
+            while not self._doorbell.empty():  # rings this take answers (one consumer: no race)
+                self._doorbell.get_nowait()
             with self._lock:
-                if not self._ready and not self._stopping:
-                    self._wakeup.wait(timeout=max(0.0, (due - now) / 1000))
                 if self._stopping:
                     return
                 woken, self._ready = self._ready, {}
@@ -124,6 +187,8 @@ class TaskThreadPool:
         assert size >= 0, size
         self.node_id = node_id
         self.size = size
+        #: posts on the worker's event loop wake the task threads once per loop iteration (bound by the worker)
+        self.wakes = LoopWakes()
         self._threads: list[TaskThread] = []
         self._lock = threading.Lock()
 
@@ -131,12 +196,12 @@ class TaskThreadPool:
         """The task thread replica ``name`` will run on, claimed: the least loaded, or one dedicated to it,
         which ends with it."""
         if self.size == 0:
-            dedicated = TaskThread(f"task-{name}", dedicated=True)
+            dedicated = TaskThread(f"task-{name}", dedicated=True, wakes=self.wakes)
             dedicated.claim()
             return dedicated
         with self._lock:
             if len(self._threads) < self.size:
-                self._threads.append(TaskThread(f"task-{self.node_id}-{len(self._threads)}"))
+                self._threads.append(TaskThread(f"task-{self.node_id}-{len(self._threads)}", wakes=self.wakes))
             chosen = min(self._threads, key=lambda r: r.load)
             chosen.claim()
             return chosen

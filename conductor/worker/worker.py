@@ -179,6 +179,7 @@ class Worker:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
+        self.task_threads.wakes.bind(loop)  # posts made on the loop wake task threads once per iteration
         metastore = Metastore(self.zk_hosts, session_timeout=self.session_timeout, step_down=self._on_session_lost,
                               zk_auth=self.zk_auth)
         router = LeaderRouter(metastore)

@@ -4,6 +4,7 @@ appends are refused with Backpressure, peer messages are dropped and counted, co
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from conductor.worker.inbox import Fail, ReplicaInbox
 from conductor.worker.pending_entry import PendingEntry
 from conductor.worker.replica_host import ReplicaHost
 from conductor.worker.replica_store import ReplicaStore
-from conductor.worker.task_thread import TaskThread
+from conductor.worker.task_thread import LoopWakes, TaskThread
 from pstate import TaskGroupStore
 from replog.config import ReplicationConfig
 from replog.errors import Backpressure
@@ -176,3 +177,36 @@ def test_a_task_threads_ready_replicas_hold_each_at_most_once_and_never_more_tha
         tt.wake(b)  # more ready replicas than the thread was given
     tt.release(a)
     assert not tt._ready and tt.load == 0
+
+
+def test_posts_on_the_event_loop_wake_the_task_thread_once_its_iteration_is_over() -> None:
+    wakes = LoopWakes()
+    tt = TaskThread("task-test", wakes=wakes)
+    tt.stop()
+    tt.thread.join(timeout=10)  # (nothing takes the ready replicas from here on)
+    a: Any = _Stub("a")
+    b: Any = _Stub("b")
+    a.task_thread = b.task_thread = tt
+    tt.claim()
+    tt.claim()
+    seen: list[list[Any]] = []
+
+    async def burst() -> None:
+        wakes.bind(asyncio.get_running_loop())
+        tt.wake_soon(a)
+        tt.wake_soon(b)
+        tt.wake_soon(a)
+        seen.append(list(tt._ready))  # deferred: nothing is ready while this callback runs
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        seen.append(list(tt._ready))  # the next iteration woke each replica once
+
+    asyncio.run(burst())
+    assert seen == [[], [a, b]]
+    tt.release(a)
+    tt.release(b)
+    off_loop = threading.Thread(target=tt.wake_soon, args=(a,))  # another thread: at once
+    tt.claim()
+    off_loop.start()
+    off_loop.join()
+    assert list(tt._ready) == [a]
