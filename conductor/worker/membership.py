@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -33,8 +34,8 @@ from replog.messages import GroupState, MetastoreChanged
 
 log = logging.getLogger("millrace.node")
 
-#: how long an added replica waits for a removed predecessor on this worker to close (and delete its data)
-REMOVED_CLOSE_WAIT_S = 60.0
+#: how often an added replica looks again whether a removed predecessor on this worker closed (its data deleted)
+REMOVED_CLOSE_POLL_S = 0.2
 
 
 class ReplicaMembership:
@@ -77,8 +78,15 @@ class ReplicaMembership:
             return
         if old is not None and (old.host is None or not old.host.removed):
             return  # hosted already (opened by an earlier call)
-        if old is not None and old.host is not None:
-            old.host.closed.wait(REMOVED_CLOSE_WAIT_S)  # its directory is deleted once its disk closed
+        if old is not None and old.host is not None and not old.host.closed.is_set():
+            # Its directory is deleted once its disk closed. Look again shortly instead of blocking the
+            # metastore's dispatcher (every watch of this worker waits behind it): one timer per group at a
+            # time, since the keyed submit replaces a waiting call.
+            timer = threading.Timer(REMOVED_CLOSE_POLL_S, lambda: self.metastore.submit(
+                lambda: self._open_added(rt, g), key=("add-replica", module, g)))
+            timer.daemon = True
+            timer.start()
+            return
         rec = HostedReplica(module, g, tuple(st.replicas))
         try:
             host = self._open_replica(rt, rec)
