@@ -148,7 +148,7 @@ class Conductor:
         #: what this conductor did (elections, CAS conflicts, balancing moves), for /metrics and the UI
         self.metrics = ConductorMetrics()
         #: runs the reassignment plans stored in ZooKeeper while active (conductor.reassigning)
-        self.plans = PlanExecutor(self.ms, lambda module: self.request_switches([module]))
+        self.plans = PlanExecutor(self.ms, lambda module: self.request_switches([module]), self.metrics)
         self._planning = False
 
     # ---- lifecycle ----------------------------------------------------------------------------

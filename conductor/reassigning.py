@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from conductor.metastore import GroupNotFound, GroupState, Metastore, ModuleNotFound, VersionConflict
 from conductor.metastore.plans import PlanChanged, ReassignmentPlan
+from conductor.ui.metrics import ConductorMetrics
 from replog.reassignment import Step, advance_reassignment, cancel_reassignment, start_reassignment
 
 log = logging.getLogger("millrace.conductor")
@@ -94,9 +95,12 @@ class PlanExecutor:
     ``balance(module)`` rebalances a module's leaders once its plan is done.
     """
 
-    def __init__(self, ms: Metastore, balance: Callable[[str], object]) -> None:
+    def __init__(self, ms: Metastore, balance: Callable[[str], object],
+                 metrics: ConductorMetrics | None = None) -> None:
         self.ms = ms
         self._balance = balance
+        #: told each step written and each plan finished (the conductor's /metrics)
+        self._metrics = metrics
 
     def run(self) -> bool:
         """One pass over every plan; True while some plan is still in progress (look again soon)."""
@@ -142,6 +146,8 @@ class PlanExecutor:
         new_spec = None if plan.cancel else plan.spec_after(spec)
         self.ms.plans.finish(module, plan_version, (new_spec, spec_version) if new_spec != spec and new_spec
                              else None)
+        if self._metrics is not None:
+            self._metrics.reassignment_done(module, plan.cancel)
         if plan.cancel:
             log.warning("reassignment of %s cancelled: every group not completed is back on its original "
                         "replicas", module)
@@ -161,6 +167,8 @@ class PlanExecutor:
                 return  # re-decided on the next pass from what is there
             what = (f"started: adding {list(step.new.adding)}, removing {list(step.new.removing)}"
                     if step.new.reassigning else f"done: replicas {list(step.new.replicas)}")
+            if self._metrics is not None:
+                self._metrics.reassignment_step(module, "start" if step.new.reassigning else "complete")
             log.warning("reassignment of %s/%d %s (epoch %d, ISR %s)", module, g, what, step.new.epoch,
                         list(step.new.isr))
         elif step.resign_to is not None:
@@ -169,5 +177,7 @@ class PlanExecutor:
                     and time.time() - float(request.get("requested", 0)) < RESIGN_RETRY_S):
                 return  # asked already; the leader hands off once its successor holds everything
             self.ms.resigns.request(module, g, step.resign_to, st.epoch, live[step.resign_to])
+            if self._metrics is not None:
+                self._metrics.reassignment_step(module, "hand_off")
             log.warning("reassignment of %s/%d: asked %s (being removed) to hand leadership to %s", module, g,
                         st.leader, step.resign_to)

@@ -1,7 +1,7 @@
 """The conductor's own Prometheus metrics and its recent leadership changes.
 
 The controller tells a :class:`ConductorMetrics` what it did (an election, a CAS that lost a race, a
-balancing move, the groups it saw without a leader); nothing here decides anything. The counters live in a
+balancing move, a reassignment step, the groups it saw without a leader); nothing here decides anything. The counters live in a
 registry of the conductor's own (not the process-global one), served at ``/metrics`` on the UI port. Only the
 active conductor makes elections, so a standby's counters stay at zero and its list of changes is empty.
 """
@@ -36,6 +36,11 @@ class ConductorMetrics(Collector):
                                      "compare-and-set race and were re-decided", labels, registry=self.registry)
         self.balancing_moves = Counter("millrace_conductor_balancing_moves", "leader switches requested by "
                                        "leadership balancing", labels, registry=self.registry)
+        self.reassignment_steps = Counter("millrace_conductor_reassignment_steps", "reassignment steps the "
+                                          "conductor wrote (step: start, hand_off, complete)", ["module", "step"],
+                                          registry=self.registry)
+        self.reassignments = Counter("millrace_conductor_reassignments", "reassignment plans finished (outcome: "
+                                     "completed, cancelled)", ["module", "outcome"], registry=self.registry)
         self.leaderless_seconds = Counter("millrace_conductor_leaderless_seconds", "seconds task groups spent "
                                           "without a leader, as seen by the active conductor", labels,
                                           registry=self.registry)
@@ -63,6 +68,13 @@ class ConductorMetrics(Collector):
             self._changes.appendleft({
                 "at": time.time(), "module": module, "group": group, "from": old.leader, "to": new.leader,
                 "epoch": new.epoch, "isr": list(new.isr), "reason": why})
+
+    def reassignment_step(self, module: str, step: str) -> None:
+        """The plan executor wrote a step of a group's reassignment (conductor.reassigning)."""
+        self.reassignment_steps.labels(module, step).inc()
+
+    def reassignment_done(self, module: str, cancelled: bool) -> None:
+        self.reassignments.labels(module, "cancelled" if cancelled else "completed").inc()
 
     def cas_conflict(self, module: str) -> None:
         self.cas_conflicts.labels(module).inc()

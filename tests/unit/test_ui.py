@@ -122,11 +122,18 @@ def test_conductor_metrics_count_what_the_controller_reports() -> None:
     m.cas_conflict("M")
     m.balancing_move("M", 1, "n2", "n3", 2)
     m.group_seen("M", 2, _state(None, 3))
+    m.reassignment_step("M", "start")
+    m.reassignment_step("M", "complete")
+    m.reassignment_done("M", cancelled=False)
     values = {(s.name, s.labels.get("group")): s.value
               for f in text_string_to_metric_families(_text(m)) for s in f.samples}
     assert values[("millrace_conductor_elections_total", None)] == 1
     assert values[("millrace_conductor_cas_conflicts_total", None)] == 1
     assert values[("millrace_conductor_balancing_moves_total", None)] == 1
+    assert values[("millrace_conductor_reassignments_total", None)] == 1
+    steps = {s.labels["step"]: s.value for f in text_string_to_metric_families(_text(m)) for s in f.samples
+             if s.name == "millrace_conductor_reassignment_steps_total"}
+    assert steps == {"start": 1, "complete": 1}
     assert ("millrace_conductor_group_leaderless_for_seconds", "2") in values
     m.group_seen("M", 2, _state("n1", 4))
     assert m.leaderless() == {}
