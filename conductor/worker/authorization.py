@@ -81,6 +81,7 @@ RULES: dict[str, Rule] = {
     "/millrace.Client/PartitionInfo": Rule(QUERY),
     "/millrace.Client/Progress": Rule(QUERY),
     "/millrace.Client/GroupStatus": Rule(QUERY),
+    "/millrace.Client/Subscribe": Rule(QUERY),
     # code runs only if an identity with deploy shipped it: storing needs deploy on some module, and
     # Prepare (the import) deploy on the module it names
     "/millrace.code.Code/PutArtifact": Rule(DEPLOY, ANY),

@@ -38,6 +38,7 @@ from conductor.worker.replica_host import ReplicaHost
 from conductor.worker.replica_status import replica_status
 from conductor.worker.replica_store import ReplicaStore
 from conductor.worker.runtime import LocalModules
+from conductor.worker.subscription_service import subscription_stream
 from pstate.errors import CorruptStore, PStateError
 from replog.errors import EntryTooLarge, NotLeader, ReplogError
 from replog.messages import Ack
@@ -295,6 +296,12 @@ class ClientService(pbg.ClientServicer):
         leader = self.modules.leader(request.module, request.group)  # only the leader answers (NotLeader otherwise)
         last = leader.store.store.last_batch(request.topology)
         return pb.ProgressReply(last_batch=-1 if last is None else last)
+
+    # ---- reactive subscriptions (conductor/worker/subscription_service.py)
+    @maps_errors
+    async def Subscribe(self, request: pb.SubscribeRequest, context: Any) -> AsyncIterator[pb.SubscribeEvents]:
+        async for events in subscription_stream(self.modules, request, self.settle):
+            yield events
 
     async def GroupStatus(self, request: pb.GroupStatusRequest, context: Any) -> pb.GroupStatusReply:
         rec = self.modules.hosted(request.module, request.group)
