@@ -257,6 +257,12 @@ class PState:
         return Subscription(self.c, self.module, meta.spec.group_of(task),
                             subscribe_request(self.module, self.name, task, None, True), callback)
 
+    def subscribe_groups(self, callback: Callable[[Change], None] | None = None) -> list[Subscription]:
+        """The whole PState, live: one :meth:`subscribe_all` per task group (their keys never overlap)."""
+        spec = self.c._module(self.module).spec
+        first = {spec.group_of(t): t for t in reversed(range(spec.tasks))}
+        return [self.subscribe_all(t, callback) for _, t in sorted(first.items())]
+
     async def watch(self, key: Any) -> AsyncIterator[Change]:
         """``async for change in pstate.watch(key)``: the value, then its changes, until the loop is left."""
         sub = self.subscribe(key)

@@ -83,6 +83,6 @@ def _resync(sub: Subscriber, read: tuple[Any, int]) -> bytes | None:
     if applied < sub.last:
         return None
     sub.resync = False
-    sub.queue.clear()
+    sub.drop()
     sub.last = applied
     return pack_event(RESYNC, applied, value)

@@ -36,8 +36,9 @@ from replog.errors import Backpressure
 #: applied entries a replica remembers for resuming subscribers (and their payload bytes, at most)
 RING_ENTRIES = 4096
 RING_BYTES = 4 << 20
-#: events a subscriber's queue holds before the subscriber is resynchronised
+#: events (and their bytes) a subscriber's queue holds before the subscriber is resynchronised
 SUBSCRIBER_QUEUE = 1024
+SUBSCRIBER_BYTES = 1 << 20
 #: subscribers one replica serves at most (a new one past it is refused with Backpressure)
 MAX_SUBSCRIBERS = 20_000
 
@@ -50,14 +51,17 @@ ReadValue = Callable[[str, Any], Any]
 class Subscriber:
     """One subscription stream's bounded queue of encoded events (event loop only)."""
 
-    __slots__ = ("bound", "last", "queue", "resync", "topic", "wake")
+    __slots__ = ("bound", "bound_bytes", "last", "nbytes", "queue", "resync", "topic", "wake")
 
-    def __init__(self, topic: Topic, last: int, bound: int = SUBSCRIBER_QUEUE) -> None:
+    def __init__(self, topic: Topic, last: int, bound: int = SUBSCRIBER_QUEUE,
+                 bound_bytes: int = SUBSCRIBER_BYTES) -> None:
         self.topic = topic
         #: the highest applied offset this subscriber's stream covers: events at or below it are dropped
         self.last = last
         self.bound = bound
+        self.bound_bytes = bound_bytes
         self.queue: deque[tuple[int, bytes]] = deque()
+        self.nbytes = 0
         #: the queue overflowed: the next thing the stream sends is a fresh value
         self.resync = False
         self.wake = asyncio.Event()
@@ -65,12 +69,17 @@ class Subscriber:
     def offer(self, offset: int, event: bytes) -> None:
         if self.resync or offset <= self.last:
             return
-        if len(self.queue) >= self.bound:
-            self.queue.clear()  # a resync replaces all of it: the leader never holds more for a slow reader
-            self.resync = True
+        if len(self.queue) >= self.bound or self.nbytes + len(event) > self.bound_bytes:
+            self.drop()
+            self.resync = True  # a resync replaces all of it: the leader never holds more for a slow reader
         else:
             self.queue.append((offset, event))
+            self.nbytes += len(event)
         self.wake.set()
+
+    def drop(self) -> None:
+        self.queue.clear()
+        self.nbytes = 0
 
     def take(self, limit: int) -> list[bytes]:
         """Up to ``limit`` queued events after ``last``, in offset order; ``last`` moves past them."""
@@ -78,6 +87,7 @@ class Subscriber:
         q = self.queue
         while q and len(out) < limit:
             offset, event = q.popleft()
+            self.nbytes -= len(event)
             if offset > self.last:
                 self.last = offset
                 out.append(event)
