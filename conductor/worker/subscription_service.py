@@ -17,6 +17,7 @@ from typing import Any
 import msgpack
 
 from conductor.wire import millrace_pb2 as pb
+from conductor.wire.errors import InvalidRequest
 from conductor.worker.runtime import LocalModules
 from conductor.worker.subscriptions import Subscriber
 from pstate.diffs import RESYNC, WHOLE, Watch, pack_event
@@ -41,7 +42,10 @@ async def subscription_stream(modules: LocalModules, request: pb.SubscribeReques
     group = rt.spec.group_of(request.task)
     leader = modules.leader(request.module, group)
     host, store = leader.host, leader.store
-    key: Any = WHOLE if request.whole else msgpack.unpackb(request.key, raw=False, use_list=False)
+    try:
+        key: Any = WHOLE if request.whole else msgpack.unpackb(request.key, raw=False, use_list=False)
+    except Exception as e:  # (msgpack's errors are ValueErrors but for a few; all mean the same here)
+        raise InvalidRequest("key", f"the key does not decode as msgpack: {type(e).__name__} {e}") from e
     root = store.store.schemas.get(request.pstate)
     if root is None:
         raise PStateNotFound(request.pstate, tuple(store.store.schemas))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -113,6 +115,9 @@ def test_a_thousand_subscribers_on_one_key_all_receive_each_diff(dc: DevCluster)
         assert received == [20] * 1000
         for s in subs:
             s.close()
+    board = subprocess.run([sys.executable, "-m", "examples.leaderboard", "--zk", dc.hosts, "--top", "3", "--once", "0.5"],
+                           capture_output=True, text=True, timeout=60, check=True).stdout
+    assert "dog" in board and "20" in board, board
 
 
 @pytest.mark.slow
