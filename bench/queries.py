@@ -13,7 +13,7 @@ deployments of ``examples.word_count:WordCount`` (16 tasks, 2 task groups):
   values (bytes mode, the same stored bytes) measured in the same run (goal >= 0.5x).
 
 The subscription figures of issue 31 (``subscription_lag_p50_ms``, ``diffs_per_s_1000_subscribers``) come
-from the subscription benchmark; :data:`SUBSCRIPTIONS` is where they join this report.
+from the subscription benchmark (:func:`bench.subscription_figures.measure`, on the same cluster).
 Prints a table, then as the LAST line one JSON object with the figures and ratios.
 """
 
@@ -36,6 +36,7 @@ import rocksdict
 from rich.console import Console
 from rich.table import Table
 
+from bench import subscription_figures
 from bench.topology import corpus, deploy
 from conductor.client import Cluster
 from conductor.devcluster import DevCluster
@@ -51,7 +52,6 @@ GOAL_SCAN_VS_RAW = 0.5
 #: changes per microbatch commit of the loader
 LOAD_BATCH = 20_000
 #: figures another benchmark measures, joined into this report at merge (None until then)
-SUBSCRIPTIONS: dict[str, float | None] = {"subscription_lag_p50_ms": None, "diffs_per_s_1000_subscribers": None}
 
 
 class Keys(Module):
@@ -160,6 +160,7 @@ def main(argv: list[str] | None = None) -> None:
             load_s = time.perf_counter() - load0
             rate, scanned = scan_rate(cluster, "Keys", 10_000)
             assert scanned == n_keys, (scanned, n_keys)
+            subs = subscription_figures.measure(cluster, args.quick)
     finally:
         dc.stop()
         if args.dir is None:
@@ -180,6 +181,10 @@ def main(argv: list[str] | None = None) -> None:
     table.add_row("raw rocksdict iteration, keys/s", f"{raw:,.0f}",
                   f"scan >= {GOAL_SCAN_VS_RAW}x raw ({rate / raw:.2f}x)")
     table.add_row("load (microbatch commits), keys/s", f"{n_keys / load_s:,.0f}", "")
+    table.add_row("subscription lag after append(ack=applied), p50 ms", f"{subs['subscription_lag_p50_ms']:.2f}",
+                  "<= 5")
+    table.add_row("diffs/s to 1,000 subscribers of one key", f"{subs['diffs_per_s_1000_subscribers']:,}",
+                  ">= 100,000")
     table.add_row("load average (1 min) at the end", f"{load:.2f}", "")
     console.print(table)
     print(json.dumps({
@@ -188,7 +193,10 @@ def main(argv: list[str] | None = None) -> None:
         "query_vs_select_one": round(query_ms / select_ms, 3), "goal_query_vs_select_one": GOAL_QUERY_VS_SELECT,
         "scan_keys_per_s": round(rate), "raw_rocksdb_keys_per_s": round(raw),
         "scan_vs_raw": round(rate / raw, 3), "goal_scan_vs_raw": GOAL_SCAN_VS_RAW,
-        **SUBSCRIPTIONS,  # joined at merge from the subscription benchmark (issue 31)
+        "subscription_lag_p50_ms": subs["subscription_lag_p50_ms"], "goal_subscription_lag_p50_ms": 5,
+        "diffs_per_s_1000_subscribers": subs["diffs_per_s_1000_subscribers"],
+        "goal_diffs_per_s_1000_subscribers": 100_000,
+        "ratio_query_topology_vs_select_one": round(query_ms / select_ms, 3),
     }))
 
 

@@ -370,6 +370,12 @@ class TaskGroupStore:
                 self._pending = Overlay()
             return not skip
 
+    def read_applied(self, fn: Callable[[TaskGroupStore], Any]) -> tuple[Any, int]:
+        """``fn(self)`` and the applied offset it saw, with no apply in between (a subscription's first value)."""
+        with self._lock:
+            self._check_open()
+            return fn(self), self._applied
+
     def stage(self, offset: int, builder: ChangeSetBuilder, payload: bytes | None = None) -> bytes:
         """Leader: record an entry appended to the replog but not yet applied; return its payload.
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +18,7 @@ import msgpack
 from conductor.client.batching import MANY_INFLIGHT_PER_GROUP, encode_record, frame_group
 from conductor.client.errors import ClientError
 from conductor.client.queries import ScanPage, scan_pages
+from conductor.client.subscriptions import Change, Subscription, subscribe_request
 from conductor.wire import millrace_pb2 as pb
 from pstate.errors import SchemaMismatch
 from pstate.path import Path
@@ -266,6 +267,35 @@ class PState:
     def select(self, key: Any, *path: Any, task: int | None = None) -> list[Any]:
         """Every value `path` navigates to under `key`."""
         return list(self._query(key, path, False, task))
+
+    # ---- reactive subscriptions (conductor/client/subscriptions.py, docs/subscriptions.md)
+    def subscribe(self, key: Any, callback: Callable[[Change], None] | None = None) -> Subscription:
+        """A live value of top-level `key`: `callback` gets its value, then every applied entry's diffs."""
+        meta = self.c._module(self.module)
+        task = task_for_key(key, meta.spec.tasks)
+        return Subscription(self.c, self.module, meta.spec.group_of(task),
+                            subscribe_request(self.module, self.name, task, key, False), callback)
+
+    def subscribe_all(self, task: int, callback: Callable[[Change], None] | None = None) -> Subscription:
+        """A live value of the whole PState in the task group owning `task` (every task of that group)."""
+        meta = self.c._module(self.module)
+        return Subscription(self.c, self.module, meta.spec.group_of(task),
+                            subscribe_request(self.module, self.name, task, None, True), callback)
+
+    def subscribe_groups(self, callback: Callable[[Change], None] | None = None) -> list[Subscription]:
+        """The whole PState, live: one :meth:`subscribe_all` per task group (their keys never overlap)."""
+        spec = self.c._module(self.module).spec
+        first = {spec.group_of(t): t for t in reversed(range(spec.tasks))}
+        return [self.subscribe_all(t, callback) for _, t in sorted(first.items())]
+
+    async def watch(self, key: Any) -> AsyncIterator[Change]:
+        """``async for change in pstate.watch(key)``: the value, then its changes, until the loop is left."""
+        sub = self.subscribe(key)
+        try:
+            async for ch in sub.changes():
+                yield ch
+        finally:
+            sub.close()
 
     def scan(self, task: int | None = None, start: Any = None, end: Any = None) -> list[tuple[Any, Any]]:
         """(key, value) pairs of a Map PState on `task` (None: every task) with start <= key < end (None = open),

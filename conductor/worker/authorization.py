@@ -87,6 +87,7 @@ RULES: dict[str, Rule] = {
     "/millrace.Client/QueryRun": Rule(QUERY),  # read-only; runs only the module's own code, by name
     # deleting records is more than appending them: the module's admins (retention's own trims need none)
     "/millrace.Client/DepotTrim": Rule(ADMIN),
+    "/millrace.Client/Subscribe": Rule(QUERY),
     # code runs only if an identity with deploy shipped it: storing needs deploy on some module, and
     # Prepare (the import) deploy on the module it names
     "/millrace.code.Code/PutArtifact": Rule(DEPLOY, ANY),

@@ -13,9 +13,12 @@ from typing import Any
 
 import msgpack
 
+from conductor.worker.subscriptions import AppliedFeed
 from pstate import TaskGroupStore
 from pstate.changes import ChangeSet
 from pstate.checkpoint import Manifest, install
+from pstate.diffs import WHOLE
+from pstate.path import P
 from pstate.query import ResolveFn, decode_query
 from pstate.retention import PartitionSize, partition_sizes
 from pstate.store import ChangeSetBuilder
@@ -31,6 +34,8 @@ class ReplicaStore:
         self.store = store
         #: the replica's code versions; the store and the runner follow its build version (group_code)
         self.code = code
+        #: the replica's recent applied entries and its subscriptions' topics (conductor.worker.subscriptions)
+        self.feed = AppliedFeed(self.read_value)
         if code is not None:
             code.open(store)
 
@@ -57,13 +62,19 @@ class ReplicaStore:
 
     def apply_entries(self, entries: list[tuple[int, int, bytes]], flow: GroupDataflow | None = None) -> None:
         """Apply entries in order; a leader's dataflow learns what each one consumed and sent."""
+        feed = self.feed
         for offset, _type, payload in entries:
             cs = ChangeSet.decode(payload)
+            before = self.store.applied_offset
             # (a replayed microbatch applies nothing, so it sent nothing either)
-            if self.store.apply(offset, cs) and flow is not None:
+            wrote = self.store.apply(offset, cs)
+            if wrote and flow is not None:
                 flow.applied(offset, cs)
             if self.code is not None and cs.topology is not None:
                 self.code.applied_entry(offset, cs, self.store)
+            if offset > before:
+                feed.applied(offset, cs if wrote else None, len(payload))
+        feed.flush()
 
     def stage(self, offset: int, builder: ChangeSetBuilder, payload: bytes | None = None) -> bytes:
         if builder.topology is None or self.code is None:
@@ -108,6 +119,7 @@ class ReplicaStore:
             install(staging, manifest, old.path)
         finally:
             self.store = TaskGroupStore(old.path, old.schemas, old.depots)
+            self.feed.reset()
             if self.code is not None:
                 self.code.open(self.store)
 
@@ -126,6 +138,16 @@ class ReplicaStore:
         view = self.store.pstate(pstate)
         value: Any = view.select_one(path) if one else view.select(path)
         return msgpack.packb(value, use_bin_type=True), self.store.applied_offset
+
+    def read_value(self, pstate: str, key: Any) -> Any:
+        """The applied value of a top-level key (or of the whole PState: ``WHOLE``), for a subscription."""
+        view = self.store.pstate(pstate)
+        return view.select_one(P) if key is WHOLE else view.select_one(P.key(key))
+
+    def read_applied(self, pstate: str, key: Any) -> tuple[Any, int]:
+        """:meth:`read_value` and the applied offset it reflects, with no apply in between."""
+        out: tuple[Any, int] = self.store.read_applied(lambda _s: self.read_value(pstate, key))
+        return out
 
     def depot_read(self, depot: str, task: int, start: int, end: int | None, max_bytes: int, strict: bool = False
                    ) -> tuple[list[bytes], int, int, list[int]]:

@@ -40,6 +40,7 @@ from conductor.worker.replica_status import replica_status
 from conductor.worker.replica_store import ReplicaStore
 from conductor.worker.retention import depot_partitions
 from conductor.worker.runtime import LocalModules
+from conductor.worker.subscription_service import subscription_stream
 from pstate.errors import CorruptStore, PStateError
 from replog.errors import EntryTooLarge, NotLeader, ReplogError
 from replog.messages import Ack
@@ -332,6 +333,12 @@ class ClientService(pbg.ClientServicer):
     @maps_errors
     async def QueryRun(self, request: pb.QueryRunRequest, context: Any) -> pb.QueryRunReply:
         return await self.queries.run(request)
+
+    # ---- reactive subscriptions (conductor/worker/subscription_service.py)
+    @maps_errors
+    async def Subscribe(self, request: pb.SubscribeRequest, context: Any) -> AsyncIterator[pb.SubscribeEvents]:
+        async for events in subscription_stream(self.modules, request, self.settle):
+            yield events
 
     async def GroupStatus(self, request: pb.GroupStatusRequest, context: Any) -> pb.GroupStatusReply:
         rec = self.modules.hosted(request.module, request.group)
