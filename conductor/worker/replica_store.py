@@ -130,3 +130,11 @@ class ReplicaStore:
     def depot_info(self, depot: str, task: int) -> tuple[int, int]:
         info = self.store.depot(depot).partition_info(task)
         return info.start, info.end
+
+    def depot_times(self, depot: str, task: int, start: int, stop: int) -> list[tuple[int, int]]:
+        """The times of records ``[start, stop)`` as runs (first offset, ms; -1 = none), :mod:`pstate.depots`."""
+        return self.store.depot(depot).time_runs(task, start, stop)
+
+    def depot_offset_for_time(self, depot: str, task: int, time_ms: int) -> int | None:
+        """The first offset whose max-so-far time is >= ``time_ms`` (None: none), :mod:`pstate.depots`."""
+        return self.store.depot(depot).offset_for_time(task, time_ms)
