@@ -24,7 +24,7 @@ exclusive: the offset for that time); ``maxRecordsPerTrigger`` (streaming,
 shared across tasks in proportion to their backlog); ``valueSchema`` (DDL);
 tuning: ``minPartitions`` (default: one Spark partition per task group),
 ``recordsPerPartition`` (default 1,000,000), ``recordsPerRequest`` (default
-32,768) and ``maxBytesPerRequest`` (default 16 MiB).
+8,192: one reply, one Arrow batch) and ``maxBytesPerRequest`` (default 16 MiB).
 
 The source is split by role: :mod:`~topology.spark.options` (parsing),
 :mod:`~topology.spark.planning` (leaders, offsets, partitions),

@@ -20,7 +20,9 @@ JSON_SCHEMA = BASE_SCHEMA + ", value string"
 DEFAULT_RECORDS_PER_PARTITION = 1_000_000
 
 
-DEFAULT_RECORDS_PER_REQUEST = 32_768
+#: one reply is one Arrow batch (``fetch.ARROW_BATCH_ROWS``): the node serves a request while the one before is
+#: decoded, and Spark gets the first rows sooner (measured: 32,768 waited longer for replies, same CPU)
+DEFAULT_RECORDS_PER_REQUEST = 8_192
 
 
 DEFAULT_MAX_BYTES_PER_REQUEST = 16 << 20
