@@ -4,6 +4,21 @@ Depot records live in their own column family, keyed by partition (u32) and offs
 one partition's records are one contiguous, ordered range; ``_meta`` holds each partition's
 ``[start, end)`` and the bytes ever appended to it (what retention by size measures, :mod:`pstate.retention`). Writes go through ``ChangeSetBuilder`` (pstate.store); this module has the layout and
 the reads.
+
+Record times. Every record has a time in milliseconds: the leader's clock when it built the entry, or an
+event time the app gave with the append. Records appended together share one time, so times are kept as
+*runs* in ``_meta``: ``dt:`` + depot + partition + first offset -> time (i64) + the partition's max-so-far
+time (i64, the largest time of any record up to and including this run). A run covers the records from its
+first offset up to the next run's; an append whose time equals the partition's last one writes no run.
+The key and value are written by the leader into the entry, so every replica stores the same times.
+Records appended before times existed (older code) have none: :func:`record_time` says ``None`` for them,
+and :func:`offset_for_time` treats them as older than any time.
+
+Event times may go backwards; the max-so-far time never does, so :func:`offset_for_time` (Kafka's
+``offsetsForTimes``) is defined on it: the first offset whose max-so-far time is at or after ``t``. With
+times that never go backwards (the leader's clock, in the common case) that is exactly the first record at
+or after ``t``; with times that do, every record before the answer is older than ``t`` (retention by age
+may delete them) and a late record after it may be older too.
 """
 
 from __future__ import annotations
@@ -25,6 +40,8 @@ _DEPOT_META = b"d:"
 DEPOT_META, DEPOT_META_END = _DEPOT_META, b"d;"
 #: pstate.compaction's cursor key prefix (a compacted partition has one)
 COMPACTION_CURSOR = b"kx:"
+_DEPOT_TIME = b"dt:"
+_TIME = 1 << 63
 _U32 = 1 << 32
 _U64 = 1 << 64
 
@@ -46,7 +63,8 @@ class PartitionInfo:
     appended_bytes: int = 0
 
     def encode(self) -> bytes:
-        """The ``_meta`` value (24 bytes, big-endian; stores written before the byte count hold 16)."""
+        """The ``_meta`` value's head (24 bytes, big-endian; stores written before the byte count hold 16; record
+        times follow it: :func:`partition_meta_value`)."""
         return self.start.to_bytes(8, "big") + self.end.to_bytes(8, "big") + self.appended_bytes.to_bytes(8, "big")
 
 
@@ -73,6 +91,21 @@ class DepotView:
 
     def partition_info(self, partition: int) -> PartitionInfo:
         return read_partition_info(self._reader, self.name, partition)
+
+    def time_of(self, partition: int, offset: int) -> int | None:
+        """The time (ms) of the record at ``offset``; None when it has none or is not in the partition."""
+        info = self.partition_info(partition)
+        if not info.start <= check_offset(offset, "offset") < info.end:
+            return None
+        return record_time(self._reader, self.name, partition, offset)
+
+    def offset_for_time(self, partition: int, time_ms: int) -> int | None:
+        """The first offset whose max-so-far time is at or after ``time_ms`` (module docstring); None: no such record."""
+        return offset_for_time(self._reader, self.name, partition, time_ms)
+
+    def time_runs(self, partition: int, start: int, stop: int) -> list[tuple[int, int]]:
+        """The times of records ``start <= offset < stop`` as runs (first offset, time ms; -1 = none)."""
+        return time_runs(self._reader, self.name, partition, start, stop)
 
     def read(self, partition: int, start: int, end: int | None = None,
              max_bytes: int = 1 << 20) -> list[tuple[int, Any]]:
@@ -175,3 +208,120 @@ def read_partition_info(reader: Reader, name: str, partition: int) -> PartitionI
         return PartitionInfo(0, 0)
     return PartitionInfo(int.from_bytes(raw[:8], "big"), int.from_bytes(raw[8:16], "big"),
                          int.from_bytes(raw[16:24], "big"))
+
+
+def read_partition_meta(reader: Reader, name: str, partition: int) -> tuple[PartitionInfo, tuple[int, int] | None]:
+    """The partition's bounds and its last time run (time, max-so-far time; None: no record has a time).
+
+    The partition's ``_meta`` value is :meth:`PartitionInfo.encode` (start, end,
+    bytes appended: u64 each), then the last run's time and max-so-far time
+    (i64 each) once a record has a time, so an append reads one key. A value
+    without them (written by older code: 16 or 24 bytes) is completed from the
+    time index.
+    """
+    raw = reader.get(META, depot_meta_key(name, check_partition(partition)))
+    if raw is None:
+        return PartitionInfo(0, 0), None
+    info = PartitionInfo(int.from_bytes(raw[:8], "big"), int.from_bytes(raw[8:16], "big"),
+                         int.from_bytes(raw[16:24], "big"))
+    if len(raw) >= 40:
+        return info, (int.from_bytes(raw[24:32], "big"), int.from_bytes(raw[32:40], "big"))
+    return info, last_time(reader, name, partition, info.end)
+
+
+def partition_meta_value(info: PartitionInfo, last: tuple[int, int] | None) -> bytes:
+    """The partition's ``_meta`` value (:func:`read_partition_meta`)."""
+    head = info.encode()
+    return head if last is None else head + last[0].to_bytes(8, "big") + last[1].to_bytes(8, "big")
+
+
+# ------------------------------------------------------------------------------------ record times
+
+
+def check_time(time_ms: int, what: str = "timestamp_ms") -> int:
+    if type(time_ms) is not int or not 0 <= time_ms < _TIME:
+        raise SchemaMismatch(what, "int milliseconds in [0, 2**63)", repr(time_ms))
+    return time_ms
+
+
+def time_key(name: str, p: bytes, first: int) -> bytes:
+    """The ``_meta`` key of the time run starting at depot offset ``first`` of partition ``p``."""
+    return _DEPOT_TIME + name.encode() + b"\x00" + p + first.to_bytes(8, "big")
+
+
+def _run_at(reader: Reader, name: str, p: bytes, offset: int) -> tuple[int, int, int] | None:
+    """(first offset, time, max-so-far time) of the run holding ``offset``; None: no run at or before it."""
+    lo = time_key(name, p, 0)
+    for k, v in reader.scan(META, lo, time_key(name, p, offset) + b"\x00", reverse=True):
+        return int.from_bytes(k[-8:], "big"), int.from_bytes(v[:8], "big"), int.from_bytes(v[8:16], "big")
+    return None
+
+
+def last_time(reader: Reader, name: str, partition: int, end: int) -> tuple[int, int] | None:
+    """(time, max-so-far time) of the partition's last run (records below ``end``); None: no run yet."""
+    if end == 0:
+        return None
+    run = _run_at(reader, name, check_partition(partition), end - 1)
+    return None if run is None else (run[1], run[2])
+
+
+def time_run(name: str, p: bytes, first: int, time_ms: int, last: tuple[int, int] | None
+             ) -> tuple[tuple[bytes, bytes] | None, tuple[int, int]]:
+    """The ``_meta`` put recording that the records from ``first`` on have ``time_ms`` (None: the last run's
+    time already), and the partition's last run afterwards (time, max-so-far time).
+
+    ``last`` is the partition's last run before (:func:`read_partition_meta`).
+    The caller puts the pair in the entry it builds (the leader decides; replicas copy).
+    """
+    check_time(time_ms)
+    if last is not None and last[0] == time_ms:
+        return None, last
+    most = time_ms if last is None else max(last[1], time_ms)
+    return (time_key(name, p, first), time_ms.to_bytes(8, "big") + most.to_bytes(8, "big")), (time_ms, most)
+
+
+def times_below(reader: Reader, name: str, p: bytes, new_start: int) -> tuple[bytes, bytes] | None:
+    """The ``_meta`` key range of time runs no record at or after ``new_start`` needs (a trim deletes it)."""
+    run = _run_at(reader, name, p, new_start)
+    if run is None or run[0] == 0:
+        return None
+    return time_key(name, p, 0), time_key(name, p, run[0])
+
+
+def record_time(reader: Reader, name: str, partition: int, offset: int) -> int | None:
+    """The time (ms) of the record at ``offset`` (which the caller knows exists); None: stored without one."""
+    run = _run_at(reader, name, check_partition(partition), check_offset(offset, "offset"))
+    return None if run is None else run[1]
+
+
+def time_runs(reader: Reader, name: str, partition: int, start: int, stop: int) -> list[tuple[int, int]]:
+    """Runs ``(first offset, time ms)`` covering ``[start, stop)``, the first at ``start``; -1: no time."""
+    p = check_partition(partition)
+    if stop <= start:
+        return []
+    run = _run_at(reader, name, p, check_offset(start, "start"))
+    out = [(start, -1 if run is None else run[1])]
+    for k, v in reader.scan(META, time_key(name, p, start + 1), time_key(name, p, stop)):
+        out.append((int.from_bytes(k[-8:], "big"), int.from_bytes(v[:8], "big")))
+    return out
+
+
+def offset_for_time(reader: Reader, name: str, partition: int, time_ms: int) -> int | None:
+    """The first offset of ``partition`` whose max-so-far time is ``>= time_ms``; None when no record has one.
+
+    A binary search over offsets (the max-so-far time never decreases with the
+    offset), one index seek per step: about 2 log2(records) seeks, done once per
+    query plan or retention check, never per record.
+    """
+    check_time(time_ms, "time_ms")
+    info = read_partition_info(reader, name, partition)
+    p = check_partition(partition)
+    lo, hi = info.start, info.end  # the answer is in [lo, hi]; hi == end means none
+    while lo < hi:
+        mid = (lo + hi) // 2
+        run = _run_at(reader, name, p, mid)
+        if run is not None and run[2] >= time_ms:
+            hi = max(run[0], lo)  # every record of the run has this max-so-far time
+        else:
+            lo = mid + 1
+    return lo if lo < info.end else None

@@ -42,6 +42,7 @@ import gc
 import os
 import shutil
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -56,7 +57,10 @@ from pstate.depots import (
     check_offset,
     check_partition,
     depot_meta_key,
-    read_partition_info,
+    partition_meta_value,
+    read_partition_meta,
+    time_run,
+    times_below,
 )
 from pstate.depots import depot_cf as depot_cf
 from pstate.engine import (
@@ -532,6 +536,8 @@ class ChangeSetBuilder:
         self._reader = LayeredReader(self.writes, store.leader_reader())
         self._engines: dict[str, Engine] = {}
         self._fast: dict[str, tuple[str, type | None, type | None]] = {}
+        #: the leader's clock when the entry was started: the time of its depot records unless an append gives one
+        self.time_ms = int(time.time() * 1000)
 
     @property
     def reader(self) -> Reader:  # applied state + staged entries + this builder's writes
@@ -622,30 +628,21 @@ class ChangeSetBuilder:
             for k, v in items:
                 put(cf, b"\x02" + encode_key(k), encode_value(vs, v))
 
-    def depot_append(self, depot: str, partition: int, records: Iterable[Any]) -> list[int]:
-        """Append records to a depot partition; return their offsets (assigned here, on the leader)."""
-        if depot not in self._store.depots:
-            raise DepotNotFound(depot, self._store.depots)
-        p = check_partition(partition)
-        info = read_partition_info(self._reader, depot, partition)
-        end = info.end
-        cf = depot_cf(depot)
+    def depot_append(self, depot: str, partition: int, records: Iterable[Any], time_ms: int | None = None) -> list[int]:
+        """Append records to a depot partition; return their offsets (assigned here, on the leader).
+
+        ``time_ms`` is the records' time (an event time); None: this entry's :attr:`time_ms`.
+        """
         encoded = []
         for r in records:
             try:
                 encoded.append(pack(r))
             except (TypeError, ValueError, OverflowError) as exc:
                 raise SchemaMismatch(f"{depot}[{partition}]", "a msgpack-able record", type(r).__name__) from exc
-        offsets = []
-        for raw in encoded:
-            self.writes.put(cf, p + end.to_bytes(8, "big"), raw)
-            offsets.append(end)
-            end += 1
-        added = info.appended_bytes + sum(map(len, encoded))
-        self.writes.put(META, depot_meta_key(depot, p), PartitionInfo(info.start, end, added).encode())
-        return offsets
+        return self.depot_append_encoded(depot, partition, encoded, time_ms)
 
-    def depot_append_encoded(self, depot: str, partition: int, records: Sequence[bytes]) -> list[int]:
+    def depot_append_encoded(self, depot: str, partition: int, records: Sequence[bytes],
+                             time_ms: int | None = None) -> list[int]:
         """`depot_append` of records already msgpack-encoded (a client's bytes), stored as they are.
 
         The caller vouches that each is one valid msgpack object (the node decodes
@@ -654,26 +651,35 @@ class ChangeSetBuilder:
         if depot not in self._store.depots:
             raise DepotNotFound(depot, self._store.depots)
         p = check_partition(partition)
-        info = read_partition_info(self._reader, depot, partition)
+        info, last = read_partition_meta(self._reader, depot, partition)
         start = info.end
         end = start + len(records)
+        if records:  # the time run first: a bad event time fails the append before anything is written
+            run, last = time_run(depot, p, start, self.time_ms if time_ms is None else time_ms, last)
+            if run is not None:
+                self.writes.put(META, *run)
         self.writes.put_many(depot_cf(depot), [p + off.to_bytes(8, "big") for off in range(start, end)], records)
         added = info.appended_bytes + sum(map(len, records))
-        self.writes.put(META, depot_meta_key(depot, p), PartitionInfo(info.start, end, added).encode())
+        self.writes.put(META, depot_meta_key(depot, p), partition_meta_value(PartitionInfo(info.start, end, added),
+                                                                              last))
         return list(range(start, end))
 
     def depot_trim(self, depot: str, partition: int, before: int) -> None:
-        """Delete records below ``before`` (clamped to the partition's range)."""
+        """Delete records below ``before`` (clamped to the partition's range), and the time runs only they had."""
         if depot not in self._store.depots:
             raise DepotNotFound(depot, self._store.depots)
         p = check_partition(partition)
         check_offset(before, "before")
-        info = read_partition_info(self._reader, depot, partition)
+        info, last = read_partition_meta(self._reader, depot, partition)
         new_start = min(max(before, info.start), info.end)
         if new_start == info.start:
             return
         self.writes.delete_range(depot_cf(depot), p + info.start.to_bytes(8, "big"), p + new_start.to_bytes(8, "big"))
-        self.writes.put(META, depot_meta_key(depot, p), PartitionInfo(new_start, info.end, info.appended_bytes).encode())
+        runs = times_below(self._reader, depot, p, new_start)
+        if runs is not None:
+            self.writes.delete_range(META, *runs)
+        self.writes.put(META, depot_meta_key(depot, p),
+                        partition_meta_value(PartitionInfo(new_start, info.end, info.appended_bytes), last))
 
     def select(self, pstate: str, path: Path = P) -> list[Any]:
         """Read through this builder's pending writes (what a transform would see)."""

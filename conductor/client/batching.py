@@ -155,7 +155,7 @@ class GroupBatcher:
 
 
 def frame_group(module: str, depot: str, group: int, ack: int, partitions: list[tuple[int, list[int], list[bytes]]],
-                 limit: int) -> list[tuple[pb.AppendRequest, list[tuple[int, list[int]]]]]:
+                 limit: int, timestamp_ms: int | None = None) -> list[tuple[pb.AppendRequest, list[tuple[int, list[int]]]]]:
     """append_many: requests of at most `limit` records for one group from (task, input indexes, records).
 
     Whole partitions go together; a partition larger than the room left is split.
@@ -167,7 +167,7 @@ def frame_group(module: str, depot: str, group: int, ack: int, partitions: list[
 
     def cut() -> None:
         req = pb.AppendRequest(module=module, group=group, ack=ack, appends=[  # type: ignore[arg-type]
-            pb.DepotRecords(depot=depot, task=t, records=recs) for t, _idx, recs in parts])
+            pb.DepotRecords(depot=depot, task=t, records=recs) for t, _idx, recs in parts], timestamp_ms=timestamp_ms)
         out.append((req, [(t, idx) for t, idx, _recs in parts]))
         parts.clear()
 

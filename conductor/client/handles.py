@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+from bisect import bisect_right
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -30,6 +31,14 @@ if TYPE_CHECKING:
     from conductor.client.cluster import Cluster
 
 ACKS = {"none": pb.ACK_NONE, "append": pb.ACK_APPEND, "applied": pb.ACK_APPLIED}
+
+
+def _check_time(timestamp_ms: int | None) -> int | None:
+    """An event time as the wire takes it: whole milliseconds since the epoch, in [0, 2**63)."""
+    if timestamp_ms is not None and (type(timestamp_ms) is not int or not 0 <= timestamp_ms < 1 << 63):
+        raise ClientError(f"timestamp_ms must be whole milliseconds since the epoch (an int >= 0), "
+                          f"got {timestamp_ms!r}")
+    return timestamp_ms
 
 
 def _ack(ack: str) -> int:
@@ -62,6 +71,20 @@ class DepotBatch:
     next: int
     epoch: int
     offsets: list[int] | None = None
+    #: each record's time in ms since the epoch (the leader's append time or the app's event time);
+    #: None for records stored before depots kept times
+    timestamps: list[int | None] = field(default_factory=list)
+
+
+def _record_times(run_offsets: Sequence[int], run_times: Sequence[int], start: int, nxt: int,
+                  offsets: Sequence[int] | None) -> list[int | None]:
+    """Each record's time from a DepotRead reply's runs (run i: ``run_times[i]`` from ``run_offsets[i]`` up to
+    the next run; -1 = stored without a time); the records are ``offsets`` (a compacted partition) or dense."""
+    out: list[int | None] = []
+    for o in offsets if offsets is not None else range(start, nxt):
+        i = bisect_right(run_offsets, o) - 1
+        out.append(None if i < 0 or run_times[i] < 0 else run_times[i])
+    return out
 
 
 class Depot:
@@ -105,32 +128,39 @@ class Depot:
         self.c._enqueue((self.module, meta.spec.group_of(task), a, self.name, task, data, fut))
         return fut
 
-    def append(self, record: Any, ack: str = "applied") -> int:
+    def append(self, record: Any, ack: str = "applied", timestamp_ms: int | None = None) -> int:
         """Append one record and wait for `ack`; returns its depot offset when ack="applied".
 
         ``ack="applied"`` returns once the record's whole processing is applied:
         its topologies' effects on the record's own task group and every hop
-        they made to other task groups, transitively.
+        they made to other task groups, transitively. ``timestamp_ms`` is the
+        record's event time (ms since the epoch); by default the leader's clock
+        when it appends (``read_batch`` returns it, ``offset_for_time`` finds it).
         """
-        reply = self._append_one(record, ack)
+        reply = self._append_one(record, ack, timestamp_ms)
         return reply.first_offsets[0] if reply.first_offsets else -1
 
-    def append_with_acks(self, record: Any, ack: str = "applied") -> tuple[int, dict[str, Any]]:
+    def append_with_acks(self, record: Any, ack: str = "applied",
+                         timestamp_ms: int | None = None) -> tuple[int, dict[str, Any]]:
         """`append`, plus what each stream topology on this depot returned for the record: ``{topology: value}``."""
-        reply = self._append_one(record, ack)
+        reply = self._append_one(record, ack, timestamp_ms)
         acks = msgpack.unpackb(reply.ack_values, raw=False, strict_map_key=False) if reply.ack_values else {}
         return (reply.first_offsets[0] if reply.first_offsets else -1), {t: v[0] for t, v in acks.items() if v}
 
-    def _append_one(self, record: Any, ack: str) -> pb.AppendReply:
+    def _append_one(self, record: Any, ack: str, timestamp_ms: int | None) -> pb.AppendReply:
         a = _ack(ack)
         data = encode_record(record)
         task, group = self._route(record)
         req = pb.AppendRequest(module=self.module, group=group, ack=a,  # type: ignore[arg-type]
-                               appends=[pb.DepotRecords(depot=self.name, task=task, records=[data])])
+                               appends=[pb.DepotRecords(depot=self.name, task=task, records=[data])],
+                               timestamp_ms=_check_time(timestamp_ms))
         return self.c._append_sync(self.module, group, self.c.stamp(req))
 
-    def append_many(self, records: Sequence[Any] | Iterable[Any], ack: str = "applied") -> list[int]:
+    def append_many(self, records: Sequence[Any] | Iterable[Any], ack: str = "applied",
+                    timestamp_ms: int | None = None) -> list[int]:
         """Append many records: one request per task group, sent in parallel; offsets in input order.
+
+        ``timestamp_ms`` is every record's event time (default: the leader's clock, as for `append`).
 
         Records are encoded and routed in the calling thread; a group with more than
         the client's `max_batch_records` gets several requests, two in flight at a time.
@@ -167,7 +197,8 @@ class Depot:
         by_group: dict[int, list[int]] = {}
         for task in sorted(by_task):
             by_group.setdefault(meta.spec.group_of(task), []).append(task)
-        requests = {g: frame_group(self.module, self.name, g, a, [(t, *by_task[t]) for t in tasks], limit)
+        event_ms = _check_time(timestamp_ms)
+        requests = {g: frame_group(self.module, self.name, g, a, [(t, *by_task[t]) for t in tasks], limit, event_ms)
                     for g, tasks in by_group.items()}
         done: list[tuple[list[tuple[int, list[int]]], Sequence[int]]] = []
         errors: list[BaseException] = []
@@ -217,10 +248,14 @@ class Depot:
         """
         strict = start > 0 if strict is None else strict
         req = pb.DepotReadRequest(module=self.module, depot=self.name, task=task, start=start, end=end or 0,
-                                  max_bytes=max_bytes, strict=strict)
+                                  max_bytes=max_bytes, strict=strict, times=True)
         reply = self.c._call_sync(self.module, self._group(task), "DepotRead", req)
         records = [msgpack.unpackb(r, raw=False, strict_map_key=False) for r in reply.records]
-        return DepotBatch(records, reply.start, reply.next, reply.epoch, list(reply.offsets) or None)
+        offsets = list(reply.offsets) or None
+        times = _record_times(reply.time_offsets, reply.time_ms, reply.start, reply.next, offsets)
+        if len(times) != len(records):  # a worker from before record times sends no runs
+            times = [None] * len(records)
+        return DepotBatch(records, reply.start, reply.next, reply.epoch, offsets, times)
 
     def trim(self, task: int, before_offset: int) -> int:
         """Delete partition `task`'s records below `before_offset` (one replog entry, so on every replica;
@@ -241,6 +276,19 @@ class Depot:
         """(start, end) offsets of partition `task`: records in [start, end) are applied and readable."""
         st = self.partition_status(task)
         return st.start, st.end
+
+    def offset_for_time(self, task: int, timestamp_ms: int) -> int | None:
+        """The first offset of partition `task` holding a record at or after `timestamp_ms` (Kafka's offsetsForTimes).
+
+        Defined on each record's max-so-far time (the largest time up to it), so
+        with event times that go backwards every record before the answer is
+        older than `timestamp_ms`, and a late one after it may be older too.
+        None: no record is that recent (a read from the time starts at the end).
+        """
+        req = pb.PartitionInfoRequest(module=self.module, depot=self.name, task=task,
+                                      time_ms=_check_time(timestamp_ms))
+        reply = self.c._call_sync(self.module, self._group(task), "PartitionInfo", req)
+        return int(reply.offset_for_time) if reply.HasField("offset_for_time") else None
 
 
 class PState:

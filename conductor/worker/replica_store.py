@@ -178,3 +178,11 @@ class ReplicaStore:
     def depot_bytes(self) -> dict[str, int]:
         """Each depot's bytes of live SST files on this replica (its flushed data on disk: GroupStatus)."""
         return self.store.depot_bytes()
+
+    def depot_times(self, depot: str, task: int, start: int, stop: int) -> list[tuple[int, int]]:
+        """The times of records ``[start, stop)`` as runs (first offset, ms; -1 = none), :mod:`pstate.depots`."""
+        return self.store.depot(depot).time_runs(task, start, stop)
+
+    def depot_offset_for_time(self, depot: str, task: int, time_ms: int) -> int | None:
+        """The first offset whose max-so-far time is >= ``time_ms`` (None: none), :mod:`pstate.depots`."""
+        return self.store.depot(depot).offset_for_time(task, time_ms)

@@ -192,7 +192,8 @@ class ClientService(pbg.ClientServicer):
         def done(first: int, result: Any, error: Exception | None) -> None:
             settle(_resolve, fut, first, result, error, host.replica.epoch)
 
-        host.post(PendingEntry(DepotAppend(appends, request.producer, request.sequence), nbytes, ack, done,
+        event_ms = request.timestamp_ms if request.HasField("timestamp_ms") else None  # None: the leader's clock
+        host.post(PendingEntry(DepotAppend(appends, request.producer, request.sequence, event_ms), nbytes, ack, done,
                                received=received))
         return fut
 
@@ -286,16 +287,29 @@ class ClientService(pbg.ClientServicer):
                                                             request.end or None, request.max_bytes or 1 << 20,
                                                             request.strict)
         if request.packed:  # one bytes field instead of one per record: the reader slices it without copies
-            return pb.DepotReadReply(packed=b"".join(records), lengths=pack_lengths(records), start=start, next=nxt,
-                                     epoch=host.replica.epoch, offsets=offsets)
-        return pb.DepotReadReply(records=records, start=start, next=nxt, epoch=host.replica.epoch, offsets=offsets)
+            reply = pb.DepotReadReply(packed=b"".join(records), lengths=pack_lengths(records), start=start, next=nxt,
+                                      epoch=host.replica.epoch, offsets=offsets)
+        else:
+            reply = pb.DepotReadReply(records=records, start=start, next=nxt, epoch=host.replica.epoch,
+                                      offsets=offsets)
+        if request.times:  # the records' times, as runs
+            with reports_damage(host):
+                runs = store.depot_times(request.depot, request.task, start, nxt)
+            reply.time_offsets.extend(o for o, _t in runs)
+            reply.time_ms.extend(t for _o, t in runs)
+        return reply
 
     @maps_errors
     async def PartitionInfo(self, request: pb.PartitionInfoRequest, context: Any) -> pb.PartitionInfoReply:
         host, store = self._leader_store(request.module, request.task)
         with reports_damage(host):
             start, end = store.depot_info(request.depot, request.task)
-        return pb.PartitionInfoReply(start=start, end=end, epoch=host.replica.epoch)
+            found = (store.depot_offset_for_time(request.depot, request.task, request.time_ms)
+                     if request.HasField("time_ms") else None)
+        reply = pb.PartitionInfoReply(start=start, end=end, epoch=host.replica.epoch)
+        if found is not None:
+            reply.offset_for_time = found
+        return reply
 
     @maps_errors
     async def CommitBatch(self, request: pb.CommitBatchRequest, context: Any) -> pb.CommitBatchReply:

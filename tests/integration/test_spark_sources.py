@@ -8,6 +8,7 @@ Records carry unique ids so every read is checked as an exact multiset.
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from conductor.client import Cluster, PartitionStatus
+from conductor.client import ClientError, Cluster, PartitionStatus
 from conductor.devcluster import DevCluster
 from conductor.metastore import Metastore
 from tests.integration.cluster_helpers import deploy, wait_for
@@ -337,6 +338,67 @@ def test_delta_export_is_exactly_once_and_readable_with_sql(spark: Any, dc: DevC
     assert dupes == 0
 
 
+# ------------------------------------------------------------------------------ record times (issue 28)
+
+
+def test_record_times_reach_the_client_and_bound_spark_reads(spark: Any, dc: DevCluster, client: Cluster,
+                                                             tmp_path: Path) -> None:
+    """Leader times and event times come back with read_batch; offset_for_time and the Spark time options agree.
+
+    Runs after the streaming tests (it adds records to *raw, which they read from earliest), before the trim test.
+    """
+    raw = client.depot("Clicks", "*raw")
+    before = int(time.time() * 1000)
+    stamped = raw.append({"id": "leader-time"})
+    after = int(time.time() * 1000)
+    base = after + 10_000_000  # event times later than every leader time in the depot
+    for step in (1, 2, 3):
+        raw.append_many([{"id": f"e{step}-{i}", "step": step} for i in range(40)], timestamp_ms=base + step * 1_000)
+    with pytest.raises(ClientError):
+        raw.append({"id": "bad"}, timestamp_ms=-5)
+    by_task: dict[int, list[tuple[int, dict[str, Any], int | None]]] = {}
+    for task in range(4):
+        st = raw.partition_status(task)
+        batch = raw.read_batch(task, st.start)
+        assert batch.next == st.end and len(batch.timestamps) == len(batch.records)
+        by_task[task] = [(batch.start + i, r, t) for i, (r, t) in enumerate(zip(batch.records, batch.timestamps,
+                                                                                strict=True))]
+    rows = [row for rs in by_task.values() for row in rs]
+    assert all(t is not None for _o, _r, t in rows)
+    assert [before <= t <= after for _o, r, t in rows if r["id"] == "leader-time"] == [True]
+    assert sorted((r["step"], t) for _o, r, t in rows if "step" in r) == sorted(
+        (s, base + s * 1_000) for s in (1, 2, 3) for _ in range(40))
+    # the client's offset for a time: the first record of step >= 2 per task (or the end)
+    for task, rs in by_task.items():
+        want = next((o for o, r, _t in rs if r.get("step", 0) >= 2), raw.partition_status(task).end)
+        got = raw.offset_for_time(task, base + 2_000)
+        assert (got if got is not None else raw.partition_status(task).end) == want
+        assert raw.offset_for_time(task, base + 10_000) is None
+    assert stamped >= 0
+
+    def steps(**options: str) -> Counter[int]:
+        df = depot_df(spark, dc, "*raw", valueSchema="id string, step long", **options)
+        return Counter(r["step"] for r in df.collect())
+
+    assert steps(startingTimestamp=str(base + 2_000)) == {2: 40, 3: 40}
+    assert steps(startingTimestamp=str(base + 1_500), endingTimestamp=str(base + 3_000)) == {2: 40}
+    assert steps(startingTimestamp=str(base + 99_000)) == {}
+    ends = {str(t): next((o for o, r, _t in rs if r.get("step") == 3), raw.partition_status(t).end)
+            for t, rs in by_task.items()}
+    assert steps(startingTimestamp=str(base), endingOffsets=json.dumps(ends)) == {1: 40, 2: 40}
+    # options a read cannot honour say so
+    with pytest.raises(Exception, match="past the partition's applied end"):
+        depot_df(spark, dc, "*raw", endingOffsets=json.dumps({"0": 10**9})).collect()
+    with pytest.raises(Exception, match="not both"):
+        depot_df(spark, dc, "*raw", startingOffsets="earliest", startingTimestamp="5").collect()
+    with pytest.raises(Exception, match="batch reads"):
+        depot_df(spark, dc, "*raw", stream=True, endingTimestamp="5").writeStream.format("memory").queryName(
+            "bounded").start().awaitTermination(30)
+    # a stream from a time reads the records from that time on
+    stream = depot_df(spark, dc, "*raw", stream=True, startingTimestamp=str(base + 3_000),
+                      valueSchema="id string, step long")
+    got = [r for b in run_available_now(stream, tmp_path / "from-time") for r in b]
+    assert Counter(r["step"] for r in got) == {3: 40}
 # ------------------------------------------------------------------------------------------- retention
 
 

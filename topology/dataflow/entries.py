@@ -103,7 +103,7 @@ ROOT_PARENT = (ROOT, 0)
 
 
 def build_client_append(store: TaskGroupStore, runner: StreamRunner | None,
-                        appends: Iterable[tuple[str, int, Sequence[bytes]]],
+                        appends: Iterable[tuple[str, int, Sequence[bytes]]], timestamp_ms: int | None = None,
                         ) -> tuple[ChangeSetBuilder, list[int], dict[str, list[Any]]]:
     """One entry appending every record, with its topologies' effects here and the hops they send.
 
@@ -111,6 +111,7 @@ def build_client_append(store: TaskGroupStore, runner: StreamRunner | None,
     topologies' ack values (per topology, in record order). A record whose
     topology raises refuses the whole append (:class:`HopFailed`), and a full
     outbox refuses it with :class:`Backpressure`: nothing of it is stored.
+    ``timestamp_ms`` is the records' event time (None: the leader's, the entry's).
     """
     b = store.changes()
     firsts = []
@@ -119,7 +120,7 @@ def build_client_append(store: TaskGroupStore, runner: StreamRunner | None,
     for depot, task, records in appends:
         # Decoding validates each record (one msgpack object, nothing after it); the bytes are stored as sent.
         values = [decode_record(depot, task, r) for r in records]
-        offsets = b.depot_append_encoded(depot, task, records)
+        offsets = b.depot_append_encoded(depot, task, records, timestamp_ms)
         firsts.append(offsets[0] if offsets else 0)
         if runner is not None and depot in runner.by_depot:
             for v in values:

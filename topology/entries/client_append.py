@@ -42,7 +42,7 @@ def build_depot_append(store: TaskGroupStore, runner: StreamRunner | None, reque
         log.info("answered a retried append (producer %#x, sequence %d) with its original offsets",
                  producer, sequence)
         return store.changes(), (prev.firsts, prev.acks), True
-    builder, firsts, acks = build_client_append(store, runner, appends)
+    builder, firsts, acks = build_client_append(store, runner, appends, request.timestamp_ms)
     if seen is not None and not producers.record(builder, seen, firsts, acks, int(time.time() * 1000)):
         log.warning("producer %#x sequence %d is past the idempotence window of %d: appended again "
                     "(at-least-once)", producer, sequence, producers.WINDOW)

@@ -31,12 +31,14 @@ class DepotAppend:
     """A client's append request: records per (depot, task partition), one entry; result ``(firsts, acks)``.
 
     With a ``producer`` (idempotent appends, :mod:`pstate.producers`), a retried
-    ``sequence`` gets the original reply and appends nothing.
+    ``sequence`` gets the original reply and appends nothing. ``timestamp_ms`` is
+    the records' event time (None: the leader's clock, :mod:`pstate.depots`).
     """
 
     appends: Sequence[tuple[str, int, Sequence[bytes]]]
     producer: int = 0
     sequence: int = 0
+    timestamp_ms: int | None = None
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,16 @@ dropped, a field of the wrong type fails the read naming task and offset).
 
 Options: ``cluster`` (ZooKeeper connect string), ``module``, ``depot`` (required);
 ``startingOffsets`` = ``earliest`` (default) | ``latest`` | JSON ``{"<task>": offset}``
-(-2 = earliest, -1 = latest, like Kafka); ``maxRecordsPerTrigger`` (streaming,
+(-2 = earliest, -1 = latest, like Kafka), or ``startingTimestamp`` (ms since the epoch:
+each task starts at its first record at or after that time, the depot's offset for
+the time as :meth:`conductor.client.Depot.offset_for_time` finds it; at its end when
+no record is that recent); batch reads only: ``endingOffsets`` = ``latest`` (default)
+| JSON ``{"<task>": offset}`` (exclusive, -1 = latest) or ``endingTimestamp`` (ms,
+exclusive: the offset for that time); ``maxRecordsPerTrigger`` (streaming,
 shared across tasks in proportion to their backlog); ``valueSchema`` (DDL);
 tuning: ``minPartitions`` (default: one Spark partition per task group),
 ``recordsPerPartition`` (default 1,000,000), ``recordsPerRequest`` (default
-32,768) and ``maxBytesPerRequest`` (default 16 MiB).
+8,192: one reply, one Arrow batch) and ``maxBytesPerRequest`` (default 16 MiB).
 
 The source is split by role: :mod:`~topology.spark.options` (parsing),
 :mod:`~topology.spark.planning` (leaders, offsets, partitions),
@@ -94,6 +99,7 @@ from topology.spark.planning import (
     offsets_from_json,
     offsets_to_json,
     plan_partitions,
+    resolve_ends,
     resolve_starts,
     validate_offsets,
 )
@@ -133,12 +139,17 @@ class DepotBatchReader(DataSourceReader):
     def partitions(self) -> list[DepotPartition]:
         with ModuleMeta(self.opts.cluster, self.opts.module, shared=True, tls=self.opts.tls) as meta:
             statuses = meta.depot_statuses(self.opts.depot)
-            starts = resolve_starts(self.opts, statuses)
-            ranges = {t: (starts[t], st.end) for t, st in statuses.items()}
+            starts = resolve_starts(self.opts, statuses, meta)
+            ends = resolve_ends(self.opts, statuses, starts, meta)
+            ranges = {t: (starts[t], ends[t]) for t in statuses}
             return plan_partitions(self.opts, meta, ranges, {t: st.epoch for t, st in statuses.items()})
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, DepotPartition)
+        if not isinstance(partition, DepotPartition):
+            # Nothing to read (every range empty, e.g. a start time past every record): Spark still runs
+            # one task, with its default partition.
+            assert getattr(partition, "value", None) is None, partition
+            return iter(())
         return read_partition(partition, RowBuilder(self.schema, self.opts.value_schema is None))
 
 
@@ -151,6 +162,9 @@ class DepotStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """
 
     def __init__(self, opts: DepotOptions, schema: StructType) -> None:
+        if opts.bounded:
+            raise SourceOptionError("endingOffsets and endingTimestamp are for batch reads (spark.read); a stream "
+                                    "stops with trigger(availableNow=True) or query.stop()")
         self.opts = opts
         self.schema = schema
         self._meta: ModuleMeta | None = None
@@ -173,7 +187,7 @@ class DepotStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> dict[str, Any]:
         statuses = self._statuses()
-        starts = resolve_starts(self.opts, statuses)
+        starts = resolve_starts(self.opts, statuses, self._m())
         return offsets_to_json({t: (starts[t], statuses[t].epoch) for t in statuses})
 
     def getDefaultReadLimit(self) -> ReadLimit:

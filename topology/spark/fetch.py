@@ -33,7 +33,7 @@ log = logging.getLogger("millrace.spark")
 
 
 #: DepotRead requests a Spark task keeps in flight: enough to hide a round trip behind decoding
-READ_WINDOW = 3
+READ_WINDOW = 4
 
 
 #: a Spark task's first DepotRead is this small, so decoding (and Spark) start while the big ones are read

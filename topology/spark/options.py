@@ -20,7 +20,9 @@ JSON_SCHEMA = BASE_SCHEMA + ", value string"
 DEFAULT_RECORDS_PER_PARTITION = 1_000_000
 
 
-DEFAULT_RECORDS_PER_REQUEST = 32_768
+#: one reply is one Arrow batch (``fetch.ARROW_BATCH_ROWS``): the node serves a request while the one before is
+#: decoded, and Spark gets the first rows sooner (measured: 32,768 waited longer for replies, same CPU)
+DEFAULT_RECORDS_PER_REQUEST = 8_192
 
 
 DEFAULT_MAX_BYTES_PER_REQUEST = 16 << 20
@@ -94,6 +96,11 @@ class DepotOptions:
     max_bytes_per_request: int = DEFAULT_MAX_BYTES_PER_REQUEST
     #: mutual TLS with these files (None: plaintext)
     tls: TlsPaths | None = None
+    #: start at each task's first record at or after this time (ms; instead of startingOffsets)
+    starting_timestamp: int | None = None
+    #: batch reads: end before these offsets (``latest``: each task's applied end), or before this time (ms)
+    ending_offsets: str | dict[int, int] = "latest"
+    ending_timestamp: int | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> DepotOptions:
@@ -121,16 +128,46 @@ class DepotOptions:
         if mbr > 48 << 20:
             raise SourceOptionError(f"maxBytesPerRequest must be at most {48 << 20} (gRPC messages are capped "
                                     f"at 64 MiB), got {mbr}")
+        start_ts, end_ts = _time_option(options, "startingTimestamp"), _time_option(options, "endingTimestamp")
+        if start_ts is not None and option(options, "startingOffsets") is not None:
+            raise SourceOptionError("give startingOffsets or startingTimestamp, not both")
+        raw_end = (option(options, "endingOffsets") or "latest").strip()
+        if end_ts is not None and option(options, "endingOffsets") is not None:
+            raise SourceOptionError("give endingOffsets or endingTimestamp, not both")
+        ending = "latest" if raw_end.lower() == "latest" else _parse_starting_json(raw_end, "endingOffsets")
         return cls(cluster, module, depot, starting, mrpt, value_schema.strip() if value_schema else None,
-                   rpp, minp, rpr, mbr, tls_option(options, SOURCE_NAME))
+                   rpp, minp, rpr, mbr, tls_option(options, SOURCE_NAME), start_ts, ending, end_ts)
+
+    @property
+    def bounded(self) -> bool:
+        """True when the read names an end (``endingOffsets``/``endingTimestamp``): batch reads only."""
+        return self.ending_timestamp is not None or self.ending_offsets != "latest"
 
     def schema_ddl(self) -> str:
         return f"{BASE_SCHEMA}, {self.value_schema}" if self.value_schema else JSON_SCHEMA
 
 
-def _parse_starting_json(raw: str) -> dict[int, int]:
-    hint = ('startingOffsets must be "earliest", "latest" or JSON like {"0": 120, "1": -2} '
+def _time_option(options: Mapping[str, str], name: str) -> int | None:
+    """A time option: whole milliseconds since the epoch (as Kafka's source takes them)."""
+    raw = option(options, name)
+    if raw is None:
+        return None
+    try:
+        ms = int(raw.strip())
+    except ValueError:
+        ms = -1
+    if not 0 <= ms < 1 << 63:
+        raise SourceOptionError(f"option {name} is a time in milliseconds since the epoch, e.g. "
+                                f"{name}=1767225600000 for 2026-01-01T00:00:00Z; got {raw!r}")
+    return ms
+
+
+def _parse_starting_json(raw: str, name: str = "startingOffsets") -> dict[int, int]:
+    hint = (f'{name} must be "earliest", "latest" or JSON like {{"0": 120, "1": -2}} '
             "(task -> offset; -2 = earliest, -1 = latest)")
+    if name == "endingOffsets":
+        hint = 'endingOffsets must be "latest" or JSON like {"0": 120, "1": -1} (task -> offset; -1 = latest)'
+
     try:
         doc = json.loads(raw)
     except ValueError:

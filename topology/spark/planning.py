@@ -200,7 +200,17 @@ class ModuleMeta:
             self.refresh()
 
     def depot_statuses(self, depot: str) -> dict[int, PartitionStatus]:
-        """PartitionInfo of every task of `depot` (asked of each group's leader, all at once).
+        """PartitionInfo of every task of `depot` (asked of each group's leader, all at once)."""
+        return {t: PartitionStatus(t, int(r.start), int(r.end), int(r.epoch))
+                for t, r in self._partition_infos(depot, None).items()}
+
+    def offsets_for_time(self, depot: str, time_ms: int) -> dict[int, int]:
+        """Each task's first offset whose max-so-far record time is >= ``time_ms`` (its end when none is)."""
+        return {t: int(r.offset_for_time) if r.HasField("offset_for_time") else int(r.end)
+                for t, r in self._partition_infos(depot, time_ms).items()}
+
+    def _partition_infos(self, depot: str, time_ms: int | None) -> dict[int, Any]:
+        """The PartitionInfo replies of every task of `depot` (with the offset for ``time_ms`` if given).
 
         Any failure of the first, concurrent round goes through :meth:`call`,
         which follows leader moves and raises what the leader said.
@@ -211,11 +221,11 @@ class ModuleMeta:
                 address, _epoch = self.leader(self.group_of(task))
             except Unavailable:
                 continue
-            req = pb.PartitionInfoRequest(module=self.module, depot=depot, task=task)
+            req = pb.PartitionInfoRequest(module=self.module, depot=depot, task=task, time_ms=time_ms)
             first[task] = client_stub(address, self.tls).PartitionInfo.future(req, timeout=RPC_TIMEOUT_S)
-        out: dict[int, PartitionStatus] = {}
+        out: dict[int, Any] = {}
         for task in range(self.tasks):
-            req = pb.PartitionInfoRequest(module=self.module, depot=depot, task=task)
+            req = pb.PartitionInfoRequest(module=self.module, depot=depot, task=task, time_ms=time_ms)
             try:
                 r = first[task].result() if task in first else None
             except grpc.RpcError:
@@ -226,7 +236,7 @@ class ModuleMeta:
             except DepotNotFound:
                 raise SourceOptionError(f"module {self.module} has no depot {depot!r}; its depots: "
                                         f"{self._known('depots')}") from None
-            out[task] = PartitionStatus(task, int(r.start), int(r.end), int(r.epoch))
+            out[task] = r
         return out
 
     def definition(self) -> ModuleDefinition:
@@ -393,8 +403,10 @@ def plan_partitions(opts: DepotOptions, meta: ModuleMeta, ranges: Mapping[int, t
     return out
 
 
-def resolve_starts(opts: DepotOptions, statuses: Mapping[int, PartitionStatus]) -> dict[int, int]:
-    """Resolve ``startingOffsets`` against the partitions as they are now."""
+def resolve_starts(opts: DepotOptions, statuses: Mapping[int, PartitionStatus], meta: ModuleMeta) -> dict[int, int]:
+    """Resolve ``startingOffsets`` (or ``startingTimestamp``) against the partitions as they are now."""
+    if opts.starting_timestamp is not None:
+        return _at_time(meta.offsets_for_time(opts.depot, opts.starting_timestamp), statuses)
     out: dict[int, int] = {}
     explicit = opts.starting_offsets if isinstance(opts.starting_offsets, dict) else {}
     unknown = sorted(set(explicit) - set(statuses))
@@ -407,3 +419,35 @@ def resolve_starts(opts: DepotOptions, statuses: Mapping[int, PartitionStatus]) 
     if explicit:
         validate_offsets(opts.module, opts.depot, {t: (out[t], statuses[t].epoch) for t in out}, statuses)
     return out
+
+
+def resolve_ends(opts: DepotOptions, statuses: Mapping[int, PartitionStatus], starts: Mapping[int, int],
+                 meta: ModuleMeta) -> dict[int, int]:
+    """Resolve a batch read's ``endingOffsets`` (or ``endingTimestamp``, exclusive) against the partitions now.
+
+    An end past a partition's applied end, or before the read's start, is an
+    option error naming the task: a batch read never waits for records.
+    """
+    if opts.ending_timestamp is not None:
+        return {t: max(starts[t], e)
+                for t, e in _at_time(meta.offsets_for_time(opts.depot, opts.ending_timestamp), statuses).items()}
+    explicit = opts.ending_offsets if isinstance(opts.ending_offsets, dict) else {}
+    unknown = sorted(set(explicit) - set(statuses))
+    if unknown:
+        raise SourceOptionError(f"endingOffsets names task(s) {unknown}, but module {opts.module} has tasks "
+                                f"0..{len(statuses) - 1}")
+    out: dict[int, int] = {}
+    for t, st in statuses.items():
+        want = explicit.get(t, LATEST)
+        out[t] = st.end if want == LATEST else st.start if want == EARLIEST else want
+        if out[t] > st.end:
+            raise SourceOptionError(f"endingOffsets for task {t} is {out[t]}, past the partition's applied end "
+                                    f"{st.end}: a batch read ends at records that exist (use -1 for latest)")
+        if out[t] < starts[t]:
+            raise SourceOptionError(f"endingOffsets for task {t} is {out[t]}, before the read's start {starts[t]}")
+    return out
+
+
+def _at_time(offsets: Mapping[int, int], statuses: Mapping[int, PartitionStatus]) -> dict[int, int]:
+    """Offsets for a time, kept inside the partitions as planned (the time lookup came a moment later)."""
+    return {t: min(max(offsets.get(t, st.end), st.start), st.end) for t, st in statuses.items()}
