@@ -28,6 +28,7 @@ import msgpack
 
 from conductor.client.errors import ClientError
 from conductor.wire import millrace_pb2 as pb
+from pstate.packed_page import PackedPage, unpack_pairs
 from pstate.path import Path
 from pstate.query import encode_navs, path_navs
 from topology.errors import QueryFailed, QueryTimeout
@@ -83,7 +84,7 @@ def scan_pages(c: Cluster, module: str, pstate: str, task: int | None, start: An
     def ask(index: int, after: bytes) -> concurrent.futures.Future[pb.ScanReply]:
         t = parts[index]
         req = pb.ScanRequest(module=module, pstate=pstate, task=t, all_tasks=task is None, start=bounds[0],
-                             end=bounds[1], after=after, limit=page_size, path=raw_path)
+                             end=bounds[1], after=after, limit=page_size, path=raw_path, packed=True)
         return c.call_group(module, spec.group_of(t), "Scan", req)
 
     # The next page is asked for as soon as a reply says where it starts, so the worker reads it while this
@@ -97,8 +98,15 @@ def scan_pages(c: Cluster, module: str, pstate: str, task: int | None, start: An
             after = reply.after
         token = None if index == len(parts) else pack([index, after])
         fut = ask(index, after) if token is not None else None
-        items = _unpack(reply.items)
-        yield ScanPage(items if path else list(map(tuple, items)), token)  # (pairs as tuples, like select)
+        yield ScanPage(_items(reply, bool(path)), token)
+
+
+def _items(reply: pb.ScanReply, path: bool) -> list[Any]:
+    """A page's results: packed pairs decoded in C (pstate/packed_page.py), or the msgpack list of items."""
+    if reply.packed:
+        return unpack_pairs(PackedPage(reply.count, reply.str_keys, reply.keys, reply.values))
+    items = _unpack(reply.items)
+    return items if path else list(map(tuple, items))  # (pairs as tuples, like select)
 
 
 def run_query(c: Cluster, module: str, name: str, args: tuple[Any, ...], timeout_s: float) -> Any:

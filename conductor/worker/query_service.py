@@ -116,16 +116,25 @@ class QueryService:
 
         store = leader.store.current()
 
+        limit = max(1, request.limit or 1000)
+        max_bytes = min(MAX_PAGE_BYTES, request.max_bytes or MAX_PAGE_BYTES)
+        after = request.after or None
+        task_keep = None if request.all_tasks else keep
+
         def page() -> pb.ScanReply:
             with self.damage(leader.host):
-                applied = store.applied_offset
-                p = store.pstate(request.pstate).scan_page(
-                    start, end, request.after or None, max(1, request.limit or 1000),
-                    min(MAX_PAGE_BYTES, request.max_bytes or MAX_PAGE_BYTES),
-                    None if request.all_tasks else keep, path.navs)
+                applied = max(store.applied_offset, 0)
+                view = store.pstate(request.pstate)
+                if request.packed and not path.navs:  # values as stored, keys unparsed: no decoding here
+                    pp = view.packed_scan_page(start, end, after, limit, max_bytes, task_keep)
+                    if pp is not None:
+                        d = pp.pairs
+                        return pb.ScanReply(after=pp.after or b"", done=pp.after is None, applied_offset=applied,
+                                            packed=True, count=d.count, str_keys=d.str_keys, keys=d.keys,
+                                            values=d.values)
+                p = view.scan_page(start, end, after, limit, max_bytes, task_keep, path.navs)
                 items = msgpack.packb(p.items, use_bin_type=True)
-            return pb.ScanReply(items=items, after=p.after or b"", done=p.after is None,
-                                applied_offset=max(applied, 0))
+            return pb.ScanReply(items=items, after=p.after or b"", done=p.after is None, applied_offset=applied)
 
         reply: pb.ScanReply = await self._in_thread(page)
         return reply
