@@ -49,25 +49,43 @@ def pack_page(keys: list[bytes], values: list[bytes]) -> PackedPage:
     """The packed form of the pairs of RocksDB element keys ``keys`` and stored plain ``values``."""
     n = len(keys)
     assert n == len(values), (n, len(values))
+    inner = _str_keys(keys)
+    if inner is not None:
+        return PackedPage(n, inner, b"", _array_header(n) + b"".join(values))
+    return PackedPage(n, b"", _packb([top_key(k) for k in keys]), _array_header(n) + b"".join(values))
+
+
+def top_keys(keys: list[bytes]) -> list[Any]:
+    """:func:`top_key` of each of ``keys``, plain str keys decoded in C."""
+    inner = _str_keys(keys)
+    return list(map(top_key, keys)) if inner is None else _decode_str_keys(inner)
+
+
+def _str_keys(keys: list[bytes]) -> bytes | None:
+    """The UTF-8 of ``keys`` joined by STR_SEP when every key is a plain str (``02 05 <utf-8> 00 01``), else None."""
+    n = len(keys)
     joined = b"".join(keys)
     if n and joined.count(0) == n and joined.startswith(_HEAD) and joined.endswith(_TAIL):
         # n NULs in all, and each part between separators 4 bytes shorter than its key: every key is 02 05 .. 00 01
         inner = joined[2:-2]
-        parts = inner.split(STR_SEP)
-        if len(parts) == n and set(map(operator.sub, map(len, keys), map(len, parts))) == {4}:
-            return PackedPage(n, inner, b"", _array_header(n) + b"".join(values))
-    return PackedPage(n, b"", _packb([top_key(k) for k in keys]), _array_header(n) + b"".join(values))
+        if len(parts := inner.split(STR_SEP)) == n and set(map(operator.sub, map(len, keys), map(len, parts))) == {4}:
+            return inner
+    return None
+
+
+def _decode_str_keys(inner: bytes) -> list[str]:
+    parts = inner.split(STR_SEP)
+    try:
+        return list(map(bytes.decode, parts))
+    except UnicodeDecodeError:  # (a lone surrogate: stored with surrogatepass)
+        return [p.decode("utf-8", "surrogatepass") for p in parts]
 
 
 def unpack_pairs(page: PackedPage) -> list[tuple[Any, Any]]:
     """The page's (key, value) pairs, decoded as the worker's own reads decode them."""
     values = unpack(page.values)
     if page.str_keys or (page.count == 1 and not page.keys):
-        parts = page.str_keys.split(STR_SEP)
-        try:
-            keys: list[Any] = list(map(bytes.decode, parts))
-        except UnicodeDecodeError:  # (a lone surrogate: stored with surrogatepass)
-            keys = [p.decode("utf-8", "surrogatepass") for p in parts]
+        keys: list[Any] = _decode_str_keys(page.str_keys)
     else:
         keys = unpack(page.keys) if page.keys else []
     if not (len(keys) == len(values) == page.count):

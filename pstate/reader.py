@@ -100,9 +100,10 @@ class DbReader:
     @staticmethod
     def _forward(db: Any, items: Iterator[tuple[bytes, bytes]], lo: bytes, ro: rocksdict.ReadOptions,
                  path: str) -> Iterator[tuple[bytes, bytes]]:
-        last = None
-        for last, v in items:
-            yield last, v
+        item = None
+        for item in items:  # (passed on as is: this loop runs once per entry of every scan)
+            yield item
+        last = None if item is None else item[0]
         try:
             _verify_after(db, ro, last, lo, False)
         except Exception as exc:

@@ -20,7 +20,7 @@ from typing import Any
 from pstate.engine import Engine, decode_value, unpack_many
 from pstate.errors import InvalidPath
 from pstate.keys import encode_key
-from pstate.packed_page import PackedPage, pack_page, top_key
+from pstate.packed_page import PackedPage, pack_page, top_key, top_keys
 from pstate.path import Nav, select_value
 from pstate.schema import Map, Schema
 
@@ -64,7 +64,7 @@ def scan_page(engine: Engine, start: Any, end: Any, after: bytes | None, limit: 
         return ScanPage(out, None, 0)
     if not navs and not vs.storage and vs.plain:
         keys, raws, last, scanned = _plain_raw(engine, lo, hi, limit, max_bytes, keep)
-        return ScanPage(list(zip(map(top_key, keys), unpack_many(raws), strict=True)), last, scanned)
+        return ScanPage(list(zip(top_keys(keys), unpack_many(raws), strict=True)), last, scanned)
     scanned = nbytes = 0
     for k, raw in engine.reader.scan(engine.cf, lo, hi):
         scanned += 1

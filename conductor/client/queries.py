@@ -17,20 +17,23 @@ at most :data:`MAX_CALLS` calls per query in all; past its deadline the query is
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import grpc
 import msgpack
 
 from conductor.client.errors import ClientError
+from conductor.client.retry import Retry
 from conductor.wire import millrace_pb2 as pb
+from conductor.wire.errors import Unavailable
 from pstate.packed_page import PackedPage, unpack_pairs
 from pstate.path import Path
 from pstate.query import encode_navs, path_navs
+from replog.errors import NotLeader
 from topology.errors import QueryFailed, QueryTimeout
 from topology.partitioners import task_for_key
 from topology.refs import path_function_ref
@@ -123,56 +126,66 @@ def run_query(c: Cluster, module: str, name: str, args: tuple[Any, ...], timeout
             raise ClientError(f"query {name} starts on the task owning its first argument: pass one")
         first = [(task_for_key(args[0], spec.tasks), name, list(args))]
     deadline = time.monotonic() + timeout_s
+    acc: Any = None
+    calls = 0
+    queue: list[tuple[int, list[Any]]] = []  # (group, calls)
 
-    async def drive() -> Any:
-        acc: Any = None
-        calls = 0
-        queue: list[tuple[int, list[Any]]] = []  # (group, calls)
-        inflight: set[asyncio.Task[Any]] = set()
+    def enqueue(more: list[Any]) -> None:
+        nonlocal calls
+        calls += len(more)
+        if calls > MAX_CALLS:
+            raise QueryFailed(name, -1, f"more than {MAX_CALLS} calls (hops included) in one query")
+        by_group: dict[int, list[Any]] = {}
+        for call in more:
+            by_group.setdefault(spec.group_of(call[0]), []).append(call)
+        for g, cs in by_group.items():
+            for i in range(0, len(cs), MAX_CALLS_PER_REQUEST):
+                queue.append((g, cs[i:i + MAX_CALLS_PER_REQUEST]))
 
-        def enqueue(more: list[Any]) -> None:
-            nonlocal calls
-            calls += len(more)
-            if calls > MAX_CALLS:
-                raise QueryFailed(name, -1, f"more than {MAX_CALLS} calls (hops included) in one query")
-            by_group: dict[int, list[Any]] = {}
-            for call in more:
-                by_group.setdefault(spec.group_of(call[0]), []).append(call)
-            for g, cs in by_group.items():
-                for i in range(0, len(cs), MAX_CALLS_PER_REQUEST):
-                    queue.append((g, cs[i:i + MAX_CALLS_PER_REQUEST]))
+    enqueue(first)
+    while queue:  # a wave: the requests queued (hops included), at most MAX_INFLIGHT, out at once
+        wave, queue[:] = queue[:MAX_INFLIGHT], queue[MAX_INFLIGHT:]
+        for reply in _wave(c, module, name, wave, deadline, timeout_s):
+            acc = decl.combine.combine(acc, _unpack(reply.result))
+            hops = _unpack(reply.hops)
+            if hops:
+                enqueue(hops)
+    return acc
 
-        async def one(group: int, cs: list[Any]) -> pb.QueryRunReply:
-            left_ms = int((deadline - time.monotonic()) * 1000)
-            if left_ms <= 0:
-                raise QueryTimeout(name, timeout_s)
-            req = pb.QueryRunRequest(module=module, group=group, query=name, deadline_ms=left_ms,
-                                     calls=msgpack.packb(cs, use_bin_type=True))
-            reply: pb.QueryRunReply = await c._call(module, group, "QueryRun", req)
-            return reply
 
-        enqueue(first)
-        try:
-            while queue or inflight:
-                while queue and len(inflight) < MAX_INFLIGHT:
-                    inflight.add(asyncio.ensure_future(one(*queue.pop())))
-                done, _ = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
-                for f in done:
-                    inflight.discard(f)
-                    reply = f.result()
-                    acc = decl.combine.combine(acc, _unpack(reply.result))
-                    hops = _unpack(reply.hops)
-                    if hops:
-                        enqueue(hops)
-            return acc
-        finally:
-            for f in inflight:  # an error or the deadline: nothing of the query stays out
-                f.cancel()
+def _wave(c: Cluster, module: str, name: str, wave: list[tuple[int, list[Any]]], deadline: float,
+          timeout_s: float) -> list[pb.QueryRunReply]:
+    """The replies to ``wave``'s requests, all sent at once from this thread (no hop to the client's event loop:
+    a query is a few small calls, and each hop between threads costs it more than its reads). A request whose
+    first try fails goes through the client's call loop (leader moves, retries); past the deadline the query
+    raises :class:`QueryTimeout` and cancels what is still out (each worker also stops at its deadline)."""
+    def request(group: int, cs: list[Any]) -> pb.QueryRunRequest:
+        left_ms = int((deadline - time.monotonic()) * 1000)
+        if left_ms <= 0:
+            raise QueryTimeout(name, timeout_s)
+        return pb.QueryRunRequest(module=module, group=group, query=name, deadline_ms=left_ms,
+                                  calls=msgpack.packb(cs, use_bin_type=True))
 
-    async def bounded() -> Any:
-        try:
-            return await asyncio.wait_for(drive(), max(0.0, deadline - time.monotonic()))
-        except TimeoutError:
-            raise QueryTimeout(name, timeout_s) from None
-
-    return c._run(bounded()).result()
+    out: list[Any] = []
+    try:
+        for group, cs in wave:
+            req = request(group, cs)
+            try:
+                _, address = c._leader(Retry(timeout_s, f"{module}/{group}"), (module, group))
+                out.append(c._sync_stub(address).QueryRun.future(req, timeout=max(0.001, deadline - time.monotonic())))
+            except (grpc.RpcError, ClientError, Unavailable, NotLeader):  # (asked again below, with retries)
+                out.append(None)
+        for i, (group, cs) in enumerate(wave):
+            fut = out[i]
+            try:
+                out[i] = fut.result() if fut is not None else None
+            except grpc.RpcError:
+                out[i] = None
+            if out[i] is None:
+                out[i] = c._call_sync(module, group, "QueryRun", request(group, cs))
+        return out
+    except BaseException:
+        for f in out:
+            if isinstance(f, grpc.Future):
+                f.cancel()  # an error or the deadline: nothing of the query stays out
+        raise
