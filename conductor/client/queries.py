@@ -17,9 +17,8 @@ at most :data:`MAX_CALLS` calls per query in all; past its deadline the query is
 
 from __future__ import annotations
 
-import concurrent.futures
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -84,11 +83,11 @@ def scan_pages(c: Cluster, module: str, pstate: str, task: int | None, start: An
     pack = msgpack.Packer(use_bin_type=True).pack
     bounds = (b"" if start is None else pack(start), b"" if end is None else pack(end))
 
-    def ask(index: int, after: bytes) -> concurrent.futures.Future[pb.ScanReply]:
+    def ask(index: int, after: bytes) -> _Sent:
         t = parts[index]
         req = pb.ScanRequest(module=module, pstate=pstate, task=t, all_tasks=task is None, start=bounds[0],
                              end=bounds[1], after=after, limit=page_size, path=raw_path, packed=True)
-        return c.call_group(module, spec.group_of(t), "Scan", req)
+        return _Sent(c, module, spec.group_of(t), "Scan", req, c.timeout_s, lambda: req)
 
     # The next page is asked for as soon as a reply says where it starts, so the worker reads it while this
     # side decodes (and the app handles) the current one: two pages at most are held.
@@ -155,10 +154,9 @@ def run_query(c: Cluster, module: str, name: str, args: tuple[Any, ...], timeout
 
 def _wave(c: Cluster, module: str, name: str, wave: list[tuple[int, list[Any]]], deadline: float,
           timeout_s: float) -> list[pb.QueryRunReply]:
-    """The replies to ``wave``'s requests, all sent at once from this thread (no hop to the client's event loop:
-    a query is a few small calls, and each hop between threads costs it more than its reads). A request whose
-    first try fails goes through the client's call loop (leader moves, retries); past the deadline the query
-    raises :class:`QueryTimeout` and cancels what is still out (each worker also stops at its deadline)."""
+    """The replies to ``wave``'s requests, all sent at once from this thread (see :class:`_Sent`); past the
+    deadline the query raises :class:`QueryTimeout` and cancels what is still out (each worker also stops at
+    its deadline)."""
     def request(group: int, cs: list[Any]) -> pb.QueryRunRequest:
         left_ms = int((deadline - time.monotonic()) * 1000)
         if left_ms <= 0:
@@ -166,26 +164,43 @@ def _wave(c: Cluster, module: str, name: str, wave: list[tuple[int, list[Any]]],
         return pb.QueryRunRequest(module=module, group=group, query=name, deadline_ms=left_ms,
                                   calls=msgpack.packb(cs, use_bin_type=True))
 
-    out: list[Any] = []
+    sent: list[_Sent] = []
     try:
         for group, cs in wave:
-            req = request(group, cs)
+            sent.append(_Sent(c, module, group, "QueryRun", request(group, cs), deadline - time.monotonic(),
+                              lambda group=group, cs=cs: request(group, cs)))  # type: ignore[misc]
+        return [s.result() for s in sent]
+    finally:
+        for s in sent:
+            s.cancel()  # (done: nothing; an error or the deadline: nothing of the query stays out)
+
+
+class _Sent:
+    """A request sent from the calling thread on the group leader's blocking stub, as a future.
+
+    Scan pages and query requests are small calls one after another: a hop to the client's event loop and
+    back costs each more than its reads. A request whose first try fails goes through the client's call loop
+    (leader moves, retries, typed errors) with ``again()``'s request (a query's carries the time left).
+    """
+
+    def __init__(self, c: Cluster, module: str, group: int, method: str, request: Any, timeout_s: float,
+                 again: Callable[[], Any]) -> None:
+        self._c, self._module, self._group, self._method, self._again = c, module, group, method, again
+        self._fut: Any = None
+        try:
+            _, address = c._leader(Retry(c.timeout_s, f"{module}/{group}"), (module, group))
+            self._fut = getattr(c._sync_stub(address), method).future(request, timeout=max(0.001, timeout_s))
+        except (grpc.RpcError, Unavailable, NotLeader):  # (asked again in result(), through the call loop)
+            pass
+
+    def result(self) -> Any:
+        if self._fut is not None:
             try:
-                _, address = c._leader(Retry(timeout_s, f"{module}/{group}"), (module, group))
-                out.append(c._sync_stub(address).QueryRun.future(req, timeout=max(0.001, deadline - time.monotonic())))
-            except (grpc.RpcError, ClientError, Unavailable, NotLeader):  # (asked again below, with retries)
-                out.append(None)
-        for i, (group, cs) in enumerate(wave):
-            fut = out[i]
-            try:
-                out[i] = fut.result() if fut is not None else None
+                return self._fut.result()
             except grpc.RpcError:
-                out[i] = None
-            if out[i] is None:
-                out[i] = c._call_sync(module, group, "QueryRun", request(group, cs))
-        return out
-    except BaseException:
-        for f in out:
-            if isinstance(f, grpc.Future):
-                f.cancel()  # an error or the deadline: nothing of the query stays out
-        raise
+                pass
+        return self._c._call_sync(self._module, self._group, self._method, self._again())
+
+    def cancel(self) -> None:
+        if self._fut is not None:
+            self._fut.cancel()
