@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,7 @@ from pstate.errors import InvalidPath
 from pstate.keys import encode_key
 from pstate.packed_page import PackedPage, pack_page, top_key, top_keys
 from pstate.path import Nav, select_value
+from pstate.reader import scan_chunks
 from pstate.schema import Map, Schema
 
 _ELEM = b"\x02"
@@ -34,6 +36,8 @@ MAX_SCANNED = 50_000
 #: entries read from RocksDB per C call, growing from the first to the last (a page's bytes bound may stop it
 #: early: small first reads keep what is read past it small when values are big)
 _CHUNKS = (64, 256, 1024, 4096)
+_first = operator.itemgetter(0)
+_second = operator.itemgetter(1)
 
 
 @dataclass(frozen=True)
@@ -133,24 +137,27 @@ def _plain_raw(engine: Engine, lo: bytes, hi: bytes, limit: int, max_bytes: int,
             if len(keys) >= limit or scanned >= MAX_SCANNED or nbytes >= max_bytes:
                 return keys, raws, k, scanned
         return keys, raws, None, scanned
-    for i in itertools.count():
-        want = min(limit - scanned, MAX_SCANNED - scanned, _CHUNKS[min(i, len(_CHUNKS) - 1)])
-        chunk = list(itertools.islice(it, want))
-        if not chunk:
-            return keys, raws, None, scanned
-        ks, vals = zip(*chunk, strict=True)
-        ends = list(itertools.accumulate(map(len, vals), initial=nbytes))
-        if ends[-1] >= max_bytes:  # the page ends at the entry that reaches max_bytes
-            cut = bisect.bisect_left(ends, max_bytes, 1)
+    chunks = 0
+
+    def want() -> int:  # growing chunks, never past the page's bounds, fewer when values are big
+        nonlocal chunks
+        chunks += 1
+        n = min(limit - scanned, MAX_SCANNED - scanned, _CHUNKS[min(chunks, len(_CHUNKS)) - 1])
+        return max(1, min(n, (max_bytes - nbytes) * scanned // nbytes + 1)) if nbytes else n
+
+    for chunk in scan_chunks(engine.reader, engine.cf, lo, hi, want):
+        ks = list(map(_first, chunk))
+        vals = list(map(_second, chunk))
+        size = sum(map(len, vals))
+        if nbytes + size >= max_bytes:  # the page ends at the entry that reaches max_bytes
+            cut = bisect.bisect_left(list(itertools.accumulate(map(len, vals), initial=nbytes)), max_bytes, 1)
             keys.extend(ks[:cut])
             raws.extend(vals[:cut])
             return keys, raws, ks[cut - 1], scanned + cut
         keys.extend(ks)
         raws.extend(vals)
         scanned += len(chunk)
-        nbytes = ends[-1]
+        nbytes += size
         if scanned >= limit or scanned >= MAX_SCANNED:
             return keys, raws, ks[-1], scanned
-        if len(chunk) < want:
-            return keys, raws, None, scanned
-    raise AssertionError("unreachable")
+    return keys, raws, None, scanned

@@ -25,6 +25,7 @@ from conductor.wire import millrace_pb2 as pb
 from conductor.wire.errors import InvalidRequest
 from conductor.worker.replica_host import ReplicaHost
 from conductor.worker.runtime import Leader, LocalModules
+from conductor.worker.scan_prefetch import ScanPrefetch
 from pstate.path import Path
 from pstate.query import ResolveFn, decode_query
 from topology.code_loader import ALIAS_PREFIX
@@ -82,6 +83,7 @@ class QueryService:
         self._slots: asyncio.Semaphore | None = None
         self._pool = concurrent.futures.ThreadPoolExecutor(MAX_RUNNING, thread_name_prefix="millrace-query")
         self._lock = threading.Lock()
+        self._prefetch = ScanPrefetch()
         #: query requests whose thread is still running (a request past its deadline stops at its next read)
         self.running = 0
 
@@ -121,10 +123,9 @@ class QueryService:
 
         limit = max(1, request.limit or 1000)
         max_bytes = min(MAX_PAGE_BYTES, request.max_bytes or MAX_PAGE_BYTES)
-        after = request.after or None
         task_keep = None if request.all_tasks else keep
 
-        def page() -> pb.ScanReply:
+        def page(after: bytes | None) -> pb.ScanReply:
             with self.damage(leader.host):
                 applied = max(store.applied_offset, 0)
                 view = store.pstate(request.pstate)
@@ -139,8 +140,11 @@ class QueryService:
                 items = msgpack.packb(p.items, use_bin_type=True)
             return pb.ScanReply(items=items, after=p.after or b"", done=p.after is None, applied_offset=applied)
 
-        reply: pb.ScanReply = await self._in_thread(page)
-        return reply
+        async def read(after: bytes) -> pb.ScanReply:
+            reply: pb.ScanReply = await self._in_thread(lambda: page(after or None))
+            return reply
+
+        return await self._prefetch.page(request, read)
 
     async def run(self, request: pb.QueryRunRequest) -> pb.QueryRunReply:
         leader = self.modules.leader(request.module, request.group)
