@@ -9,7 +9,8 @@ requested task's keys (a group's store holds all its tasks'), so no other key cr
 A query topology (``@m.query``, :mod:`topology.query`) is driven from here: the first calls go to the
 leader of each group concerned (the task owning the first argument, or every task, grouped by group),
 each request answers with its calls' combined result and the hops its calls made to other groups, which
-go to those groups' leaders next; results are combined with the query's combiner as they arrive. At most
+go to those groups' leaders next (a wave: the requests of one wave go out together, from the calling thread,
+see :class:`_Sent`); results are combined with the query's combiner. At most
 :data:`MAX_INFLIGHT` requests are out at once, each with at most :data:`MAX_CALLS_PER_REQUEST` calls, and
 at most :data:`MAX_CALLS` calls per query in all; past its deadline the query is cancelled everywhere
 (each worker stops at the deadline it was given) and raises :class:`~topology.errors.QueryTimeout`.
