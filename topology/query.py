@@ -86,15 +86,16 @@ class QueryRun:
         self.root = root
         self.deadline = deadline
         self.timeout_s = timeout_s
-        #: when a run tried inline (``budget_s``) gives up at its next read: the deadline, or before it
-        self.yield_at = deadline if budget_s is None else min(deadline, time.monotonic() + budget_s)
+        #: the CPU time of its thread at which a run tried inline (``budget_s``) gives up at its next read (CPU
+        #: time: a busy machine preempting the thread must not make a small request start again)
+        self.budget_end = None if budget_s is None else time.thread_time() + budget_s
         self.local: deque[Call] = deque()
         self.remote: list[Call] = []
 
     def check_deadline(self) -> None:
-        if time.monotonic() > self.yield_at:
-            if time.monotonic() > self.deadline:
-                raise QueryTimeout(self.root, self.timeout_s)
+        if time.monotonic() > self.deadline:
+            raise QueryTimeout(self.root, self.timeout_s)
+        if self.budget_end is not None and time.thread_time() > self.budget_end:
             raise OverBudget(self.root)
 
     def decl(self, name: str) -> QueryDecl:

@@ -38,8 +38,8 @@ from topology.refs import module_code_function
 MAX_RUNNING = 4
 #: bytes of values one scan page holds at most
 MAX_PAGE_BYTES = 4 << 20
-#: how long a query request runs inline on the event loop before it is dropped at its next read and run again
-#: on the queries' threads: the thread hops cost more than a small request's reads
+#: the CPU time a query request runs inline on the event loop before it is dropped at its next read and run
+#: again on the queries' threads: the thread hops cost more than a small request's reads
 INLINE_BUDGET_S = 0.002
 #: the longest deadline a query request may ask for
 MAX_DEADLINE_MS = 10 * 60 * 1000
