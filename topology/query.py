@@ -55,7 +55,7 @@ MAX_CALLS_PER_REQUEST = 100_000
 #: hops one request sends to other groups
 MAX_HOPS_OUT = 100_000
 #: entries one page of ``q.scan`` holds
-SCAN_PAGE = 1000
+SCAN_PAGE = 4096
 SCAN_PAGE_BYTES = 1 << 20
 
 #: failures of the store itself, never blamed on the query's code
