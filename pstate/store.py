@@ -90,7 +90,7 @@ from pstate.keys import encode_key
 from pstate.migration import ActiveMigration, MigratingReader
 from pstate.path import KEY, Nav, P, Path, Transform, as_transform
 from pstate.reader import DbReader, verify_column_families
-from pstate.scan import ScanPage, scan_page
+from pstate.scan import PackedScanPage, ScanPage, packed_scan_page, scan_page
 from pstate.schema import Map, Scalar, Set, check_top_level
 
 #: envelopes a task group sends to others (see pstate.outbox); its own family, so trims never touch _meta
@@ -513,6 +513,11 @@ class PStateView:
                   keep: Callable[[Any], bool] | None = None, navs: tuple[Nav, ...] = ()) -> ScanPage:
         """One bounded page of a map PState's entries in ``[start, end)`` after ``after`` (see pstate/scan.py)."""
         return scan_page(self._engine, start, end, after, limit, max_bytes, keep, navs)
+
+    def packed_scan_page(self, start: Any, end: Any, after: bytes | None, limit: int, max_bytes: int,
+                         keep: Callable[[Any], bool] | None = None) -> PackedScanPage | None:
+        """:meth:`scan_page` without navigators, packed for the wire (None: values not plain; see pstate/scan.py)."""
+        return packed_scan_page(self._engine, start, end, after, limit, max_bytes, keep)
 
 
 class ChangeSetBuilder:

@@ -11,6 +11,7 @@ msgpack, so they are plain values (tuples come back as lists; the built-in combi
 from __future__ import annotations
 
 import heapq
+import itertools
 import operator
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -73,6 +74,23 @@ def _as_tuple(v: Any) -> Any:
     return tuple(_as_tuple(x) for x in v) if isinstance(v, list | tuple) else v
 
 
+#: items :func:`top_n` looks at per pass
+_TOP_CHUNK = 4096
+
+
+def _candidates(chunk: list[Any], by: Callable[[Any], Any], n: int) -> list[Any]:
+    """The items of ``chunk`` that may be among its ``n`` best: those whose key reaches the n-th largest key
+    (found in C: only they are converted to tuples and ordered with their tie-breaks)."""
+    if len(chunk) <= n:
+        return chunk
+    try:
+        keys = list(map(by, chunk))
+        cut = heapq.nlargest(n, keys)[-1]
+        return list(itertools.compress(chunk, map(operator.ge, keys, itertools.repeat(cut))))
+    except TypeError:  # (keys a list here, a tuple there: compared once converted, as the items are)
+        return chunk
+
+
 def top_n(n: int, key: int | Callable[[Any], Any] | None = None) -> Combiner:
     """The ``n`` largest items of the lists the calls return, largest first.
 
@@ -94,7 +112,11 @@ def top_n(n: int, key: int | Callable[[Any], Any] | None = None) -> Combiner:
         return by(item), item
 
     def best(items: Iterable[Any]) -> list[Any]:
-        return heapq.nlargest(n, (_as_tuple(i) for i in items), key=order)
+        top: list[Any] = []
+        it = iter(items)  # (a streamed result: read a chunk at a time, never held whole)
+        while chunk := list(itertools.islice(it, _TOP_CHUNK)):
+            top = heapq.nlargest(n, [*top, *map(_as_tuple, _candidates(chunk, by, n))], key=order)
+        return top
 
     return Combiner(f"top_n({n})", best, lambda a, b: best([*a, *b]), streams=True, chunks=True)
 

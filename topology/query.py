@@ -55,20 +55,29 @@ MAX_CALLS_PER_REQUEST = 100_000
 #: hops one request sends to other groups
 MAX_HOPS_OUT = 100_000
 #: entries one page of ``q.scan`` holds
-SCAN_PAGE = 1000
+SCAN_PAGE = 4096
 SCAN_PAGE_BYTES = 1 << 20
 
 #: failures of the store itself, never blamed on the query's code
-_INFRA = (StorageError, StoreClosed, CorruptStore, QueryTimeout, QueryFailed)
+_INFRA: tuple[type[Exception], ...] = (StorageError, StoreClosed, CorruptStore, QueryTimeout, QueryFailed)
+
+
+class OverBudget(Exception):
+    """A run given a budget (``QueryRun(budget_s=...)``) reached it at a read: its caller drops it (nothing was
+    written: a query only reads) and runs the calls again without one."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(f"query {root} outgrew its inline budget")
 
 Call = tuple[int, str, list[Any]]  # (task, query name, arguments)
+_INFRA += (OverBudget,)
 
 
 class QueryRun:
     """One request's calls on one task group: what its contexts share (store, deadline, hops out)."""
 
     def __init__(self, definition: ModuleDefinition, store: TaskGroupStore, tasks: int, groups: int, group: int,
-                 root: str, deadline: float, timeout_s: float) -> None:
+                 root: str, deadline: float, timeout_s: float, budget_s: float | None = None) -> None:
         self.definition = definition
         self.store = store
         self.tasks = tasks
@@ -77,12 +86,17 @@ class QueryRun:
         self.root = root
         self.deadline = deadline
         self.timeout_s = timeout_s
+        #: the CPU time of its thread at which a run tried inline (``budget_s``) gives up at its next read (CPU
+        #: time: a busy machine preempting the thread must not make a small request start again)
+        self.budget_end = None if budget_s is None else time.thread_time() + budget_s
         self.local: deque[Call] = deque()
         self.remote: list[Call] = []
 
     def check_deadline(self) -> None:
         if time.monotonic() > self.deadline:
             raise QueryTimeout(self.root, self.timeout_s)
+        if self.budget_end is not None and time.thread_time() > self.budget_end:
+            raise OverBudget(self.root)
 
     def decl(self, name: str) -> QueryDecl:
         d = self.definition.queries.get(name)

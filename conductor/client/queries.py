@@ -9,7 +9,8 @@ requested task's keys (a group's store holds all its tasks'), so no other key cr
 A query topology (``@m.query``, :mod:`topology.query`) is driven from here: the first calls go to the
 leader of each group concerned (the task owning the first argument, or every task, grouped by group),
 each request answers with its calls' combined result and the hops its calls made to other groups, which
-go to those groups' leaders next; results are combined with the query's combiner as they arrive. At most
+go to those groups' leaders next (a wave: the requests of one wave go out together, from the calling thread,
+see :class:`_Sent`); results are combined with the query's combiner. At most
 :data:`MAX_INFLIGHT` requests are out at once, each with at most :data:`MAX_CALLS_PER_REQUEST` calls, and
 at most :data:`MAX_CALLS` calls per query in all; past its deadline the query is cancelled everywhere
 (each worker stops at the deadline it was given) and raises :class:`~topology.errors.QueryTimeout`.
@@ -17,19 +18,22 @@ at most :data:`MAX_CALLS` calls per query in all; past its deadline the query is
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import grpc
 import msgpack
 
 from conductor.client.errors import ClientError
+from conductor.client.retry import Retry
 from conductor.wire import millrace_pb2 as pb
+from conductor.wire.errors import Unavailable
+from pstate.packed_page import PackedPage, unpack_pairs
 from pstate.path import Path
 from pstate.query import encode_navs, path_navs
+from replog.errors import NotLeader
 from topology.errors import QueryFailed, QueryTimeout
 from topology.partitioners import task_for_key
 from topology.refs import path_function_ref
@@ -80,11 +84,11 @@ def scan_pages(c: Cluster, module: str, pstate: str, task: int | None, start: An
     pack = msgpack.Packer(use_bin_type=True).pack
     bounds = (b"" if start is None else pack(start), b"" if end is None else pack(end))
 
-    def ask(index: int, after: bytes) -> concurrent.futures.Future[pb.ScanReply]:
+    def ask(index: int, after: bytes) -> _Sent:
         t = parts[index]
         req = pb.ScanRequest(module=module, pstate=pstate, task=t, all_tasks=task is None, start=bounds[0],
-                             end=bounds[1], after=after, limit=page_size, path=raw_path)
-        return c.call_group(module, spec.group_of(t), "Scan", req)
+                             end=bounds[1], after=after, limit=page_size, path=raw_path, packed=True)
+        return _Sent(c, module, spec.group_of(t), "Scan", req, c.timeout_s, lambda: req)
 
     # The next page is asked for as soon as a reply says where it starts, so the worker reads it while this
     # side decodes (and the app handles) the current one: two pages at most are held.
@@ -97,8 +101,15 @@ def scan_pages(c: Cluster, module: str, pstate: str, task: int | None, start: An
             after = reply.after
         token = None if index == len(parts) else pack([index, after])
         fut = ask(index, after) if token is not None else None
-        items = _unpack(reply.items)
-        yield ScanPage(items if path else list(map(tuple, items)), token)  # (pairs as tuples, like select)
+        yield ScanPage(_items(reply, bool(path)), token)
+
+
+def _items(reply: pb.ScanReply, path: bool) -> list[Any]:
+    """A page's results: packed pairs decoded in C (pstate/packed_page.py), or the msgpack list of items."""
+    if reply.packed:
+        return unpack_pairs(PackedPage(reply.count, reply.str_keys, reply.keys, reply.values))
+    items = _unpack(reply.items)
+    return items if path else list(map(tuple, items))  # (pairs as tuples, like select)
 
 
 def run_query(c: Cluster, module: str, name: str, args: tuple[Any, ...], timeout_s: float) -> Any:
@@ -115,56 +126,82 @@ def run_query(c: Cluster, module: str, name: str, args: tuple[Any, ...], timeout
             raise ClientError(f"query {name} starts on the task owning its first argument: pass one")
         first = [(task_for_key(args[0], spec.tasks), name, list(args))]
     deadline = time.monotonic() + timeout_s
+    acc: Any = None
+    calls = 0
+    queue: list[tuple[int, list[Any]]] = []  # (group, calls)
 
-    async def drive() -> Any:
-        acc: Any = None
-        calls = 0
-        queue: list[tuple[int, list[Any]]] = []  # (group, calls)
-        inflight: set[asyncio.Task[Any]] = set()
+    def enqueue(more: list[Any]) -> None:
+        nonlocal calls
+        calls += len(more)
+        if calls > MAX_CALLS:
+            raise QueryFailed(name, -1, f"more than {MAX_CALLS} calls (hops included) in one query")
+        by_group: dict[int, list[Any]] = {}
+        for call in more:
+            by_group.setdefault(spec.group_of(call[0]), []).append(call)
+        for g, cs in by_group.items():
+            for i in range(0, len(cs), MAX_CALLS_PER_REQUEST):
+                queue.append((g, cs[i:i + MAX_CALLS_PER_REQUEST]))
 
-        def enqueue(more: list[Any]) -> None:
-            nonlocal calls
-            calls += len(more)
-            if calls > MAX_CALLS:
-                raise QueryFailed(name, -1, f"more than {MAX_CALLS} calls (hops included) in one query")
-            by_group: dict[int, list[Any]] = {}
-            for call in more:
-                by_group.setdefault(spec.group_of(call[0]), []).append(call)
-            for g, cs in by_group.items():
-                for i in range(0, len(cs), MAX_CALLS_PER_REQUEST):
-                    queue.append((g, cs[i:i + MAX_CALLS_PER_REQUEST]))
+    enqueue(first)
+    while queue:  # a wave: the requests queued (hops included), at most MAX_INFLIGHT, out at once
+        wave, queue[:] = queue[:MAX_INFLIGHT], queue[MAX_INFLIGHT:]
+        for reply in _wave(c, module, name, wave, deadline, timeout_s):
+            acc = decl.combine.combine(acc, _unpack(reply.result))
+            hops = _unpack(reply.hops)
+            if hops:
+                enqueue(hops)
+    return acc
 
-        async def one(group: int, cs: list[Any]) -> pb.QueryRunReply:
-            left_ms = int((deadline - time.monotonic()) * 1000)
-            if left_ms <= 0:
-                raise QueryTimeout(name, timeout_s)
-            req = pb.QueryRunRequest(module=module, group=group, query=name, deadline_ms=left_ms,
-                                     calls=msgpack.packb(cs, use_bin_type=True))
-            reply: pb.QueryRunReply = await c._call(module, group, "QueryRun", req)
-            return reply
 
-        enqueue(first)
+def _wave(c: Cluster, module: str, name: str, wave: list[tuple[int, list[Any]]], deadline: float,
+          timeout_s: float) -> list[pb.QueryRunReply]:
+    """The replies to ``wave``'s requests, all sent at once from this thread (see :class:`_Sent`); past the
+    deadline the query raises :class:`QueryTimeout` and cancels what is still out (each worker also stops at
+    its deadline)."""
+    def request(group: int, cs: list[Any]) -> pb.QueryRunRequest:
+        left_ms = int((deadline - time.monotonic()) * 1000)
+        if left_ms <= 0:
+            raise QueryTimeout(name, timeout_s)
+        return pb.QueryRunRequest(module=module, group=group, query=name, deadline_ms=left_ms,
+                                  calls=msgpack.packb(cs, use_bin_type=True))
+
+    sent: list[_Sent] = []
+    try:
+        for group, cs in wave:
+            sent.append(_Sent(c, module, group, "QueryRun", request(group, cs), deadline - time.monotonic(),
+                              lambda group=group, cs=cs: request(group, cs)))  # type: ignore[misc]
+        return [s.result() for s in sent]
+    finally:
+        for s in sent:
+            s.cancel()  # (done: nothing; an error or the deadline: nothing of the query stays out)
+
+
+class _Sent:
+    """A request sent from the calling thread on the group leader's blocking stub, as a future.
+
+    Scan pages and query requests are small calls one after another: a hop to the client's event loop and
+    back costs each more than its reads. A request whose first try fails goes through the client's call loop
+    (leader moves, retries, typed errors) with ``again()``'s request (a query's carries the time left).
+    """
+
+    def __init__(self, c: Cluster, module: str, group: int, method: str, request: Any, timeout_s: float,
+                 again: Callable[[], Any]) -> None:
+        self._c, self._module, self._group, self._method, self._again = c, module, group, method, again
+        self._fut: Any = None
         try:
-            while queue or inflight:
-                while queue and len(inflight) < MAX_INFLIGHT:
-                    inflight.add(asyncio.ensure_future(one(*queue.pop())))
-                done, _ = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
-                for f in done:
-                    inflight.discard(f)
-                    reply = f.result()
-                    acc = decl.combine.combine(acc, _unpack(reply.result))
-                    hops = _unpack(reply.hops)
-                    if hops:
-                        enqueue(hops)
-            return acc
-        finally:
-            for f in inflight:  # an error or the deadline: nothing of the query stays out
-                f.cancel()
+            _, address = c._leader(Retry(c.timeout_s, f"{module}/{group}"), (module, group))
+            self._fut = getattr(c._sync_stub(address), method).future(request, timeout=max(0.001, timeout_s))
+        except (grpc.RpcError, Unavailable, NotLeader):  # (asked again in result(), through the call loop)
+            pass
 
-    async def bounded() -> Any:
-        try:
-            return await asyncio.wait_for(drive(), max(0.0, deadline - time.monotonic()))
-        except TimeoutError:
-            raise QueryTimeout(name, timeout_s) from None
+    def result(self) -> Any:
+        if self._fut is not None:
+            try:
+                return self._fut.result()
+            except grpc.RpcError:
+                pass
+        return self._c._call_sync(self._module, self._group, self._method, self._again())
 
-    return c._run(bounded()).result()
+    def cancel(self) -> None:
+        if self._fut is not None:
+            self._fut.cancel()

@@ -25,18 +25,22 @@ from conductor.wire import millrace_pb2 as pb
 from conductor.wire.errors import InvalidRequest
 from conductor.worker.replica_host import ReplicaHost
 from conductor.worker.runtime import Leader, LocalModules
+from conductor.worker.scan_prefetch import ScanPrefetch
 from pstate.path import Path
 from pstate.query import ResolveFn, decode_query
 from topology.code_loader import ALIAS_PREFIX
 from topology.errors import QueryFailed, QueryTimeout
 from topology.partitioners import task_for_key
-from topology.query import Call, QueryRun, run_calls
+from topology.query import Call, OverBudget, QueryRun, run_calls
 from topology.refs import module_code_function
 
 #: query requests and scan pages running at once on one worker, and the threads they run on (more wait)
 MAX_RUNNING = 4
 #: bytes of values one scan page holds at most
 MAX_PAGE_BYTES = 4 << 20
+#: the CPU time a query request runs inline on the event loop before it is dropped at its next read and run
+#: again on the queries' threads: the thread hops cost more than a small request's reads
+INLINE_BUDGET_S = 0.002
 #: the longest deadline a query request may ask for
 MAX_DEADLINE_MS = 10 * 60 * 1000
 
@@ -79,6 +83,7 @@ class QueryService:
         self._slots: asyncio.Semaphore | None = None
         self._pool = concurrent.futures.ThreadPoolExecutor(MAX_RUNNING, thread_name_prefix="millrace-query")
         self._lock = threading.Lock()
+        self._prefetch = ScanPrefetch()
         #: query requests whose thread is still running (a request past its deadline stops at its next read)
         self.running = 0
 
@@ -116,19 +121,30 @@ class QueryService:
 
         store = leader.store.current()
 
-        def page() -> pb.ScanReply:
-            with self.damage(leader.host):
-                applied = store.applied_offset
-                p = store.pstate(request.pstate).scan_page(
-                    start, end, request.after or None, max(1, request.limit or 1000),
-                    min(MAX_PAGE_BYTES, request.max_bytes or MAX_PAGE_BYTES),
-                    None if request.all_tasks else keep, path.navs)
-                items = msgpack.packb(p.items, use_bin_type=True)
-            return pb.ScanReply(items=items, after=p.after or b"", done=p.after is None,
-                                applied_offset=max(applied, 0))
+        limit = max(1, request.limit or 1000)
+        max_bytes = min(MAX_PAGE_BYTES, request.max_bytes or MAX_PAGE_BYTES)
+        task_keep = None if request.all_tasks else keep
 
-        reply: pb.ScanReply = await self._in_thread(page)
-        return reply
+        def page(after: bytes | None) -> pb.ScanReply:
+            with self.damage(leader.host):
+                applied = max(store.applied_offset, 0)
+                view = store.pstate(request.pstate)
+                if request.packed and not path.navs:  # values as stored, keys unparsed: no decoding here
+                    pp = view.packed_scan_page(start, end, after, limit, max_bytes, task_keep)
+                    if pp is not None:
+                        d = pp.pairs
+                        return pb.ScanReply(after=pp.after or b"", done=pp.after is None, applied_offset=applied,
+                                            packed=True, count=d.count, str_keys=d.str_keys, keys=d.keys,
+                                            values=d.values)
+                p = view.scan_page(start, end, after, limit, max_bytes, task_keep, path.navs)
+                items = msgpack.packb(p.items, use_bin_type=True)
+            return pb.ScanReply(items=items, after=p.after or b"", done=p.after is None, applied_offset=applied)
+
+        async def read(after: bytes) -> pb.ScanReply:
+            reply: pb.ScanReply = await self._in_thread(lambda: page(after or None))
+            return reply
+
+        return await self._prefetch.page(request, read)
 
     async def run(self, request: pb.QueryRunRequest) -> pb.QueryRunReply:
         leader = self.modules.leader(request.module, request.group)
@@ -153,9 +169,15 @@ class QueryService:
                     self.running -= 1
 
         try:
-            result, hops = await asyncio.wait_for(self._in_thread(calls_in_thread), timeout_s)
-        except TimeoutError:  # (waiting for a slot, or computing: the thread stops at its next read)
-            raise QueryTimeout(request.query, timeout_s) from None
+            with self.damage(leader.host):
+                result, hops = run_calls(QueryRun(definition, leader.store.current(), spec.tasks, spec.threads,
+                                                  request.group, request.query, deadline, timeout_s,
+                                                  INLINE_BUDGET_S), calls)
+        except OverBudget:  # a bigger request: again from the start, on the queries' threads
+            try:
+                result, hops = await asyncio.wait_for(self._in_thread(calls_in_thread), timeout_s)
+            except TimeoutError:  # (waiting for a slot, or computing: the thread stops at its next read)
+                raise QueryTimeout(request.query, timeout_s) from None
         try:
             packed = msgpack.packb(result, use_bin_type=True)
         except (TypeError, ValueError, OverflowError) as e:

@@ -101,10 +101,10 @@ def _running(cluster: Cluster, group: int) -> int:
 
 def test_a_query_past_its_deadline_fails_typed_and_leaves_nothing_running(dc: DevCluster, cluster: Cluster,
                                                                           words: Counter[str]) -> None:
-    load_counts(cluster, "WordCount", 30_000, batch=10_000)  # enough that every task's scan takes a while
+    load_counts(cluster, "WordCount", 150_000, batch=10_000)  # enough that every task's scan takes a while
     began = time.monotonic()
     with pytest.raises(QueryTimeout) as err:
-        cluster.query("WordCount", "top_words", timeout_s=0.05)
+        cluster.query("WordCount", "top_words", timeout_s=0.02)
     assert time.monotonic() - began < 2 and err.value.query == "top_words"
     wait_for(lambda: all(_running(cluster, g) == 0 for g in range(GROUPS)), 10, "no query left running")
     assert len(cluster.query("WordCount", "top_words", timeout_s=60)) == TOP  # and the next one runs whole

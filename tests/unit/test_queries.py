@@ -21,7 +21,7 @@ from topology.combiners import count, merge, sum_, top_n
 from topology.errors import ForeignRead, QueryFailed, QueryTimeout
 from topology.module import ModuleDefinitionError
 from topology.partitioners import task_for_key
-from topology.query import QueryContext, QueryRun, run_calls
+from topology.query import OverBudget, QueryContext, QueryRun, run_calls
 from topology.refs import module_code_function, path_function_ref
 
 TASKS, GROUPS = 4, 2
@@ -220,3 +220,12 @@ def test_query_declarations() -> None:
         Clash.build()
     d = Queries.build().queries
     assert d["top"].every_task and not d["body"].every_task and d["spin"].combine is sum_
+
+
+def test_a_run_over_its_inline_budget_stops_at_its_next_read(store: TaskGroupStore) -> None:
+    calls = [(t, "top", []) for t in range(TASKS)]
+    over = QueryRun(Queries.build(), store, TASKS, 1, 0, "top", time.monotonic() + 5, 5, budget_s=-1.0)
+    with pytest.raises(OverBudget):  # (at its first read; the caller runs the calls again without a budget)
+        run_calls(over, calls)
+    assert run_calls(QueryRun(Queries.build(), store, TASKS, 1, 0, "top", time.monotonic() + 5, 5, budget_s=60),
+                     calls) == _run(store, "top", calls)

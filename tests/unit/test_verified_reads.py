@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from pstate import CorruptStore, Map, P, TaskGroupStore
+from pstate.reader import scan_chunks
 from pstate.store import depot_cf, pstate_cf
 
 SCHEMAS = {"$$m": Map(int, str)}
@@ -59,6 +60,7 @@ def test_intact_store_reads_everything_and_verifies(tmp_path: Path) -> None:
     r = s.applied_reader()
     assert len(r.values(depot_cf("*d"), b"", b"\xff" * 12, 10_000, 1 << 30)) == 1000  # a range past its end
     assert len(list(r.scan(pstate_cf("$$m"), b"", None, reverse=True))) == 1000
+    assert sum(map(len, scan_chunks(r, pstate_cf("$$m"), b"", None, lambda: 64))) == 1000
     s.close()
 
 
@@ -74,6 +76,8 @@ def test_damaged_sst_fails_every_scan_path(tmp_path: Path) -> None:
             list(r.scan(pstate_cf("$$m"), b"", None))
         with pytest.raises(CorruptStore):
             list(r.scan(pstate_cf("$$m"), b"", None, reverse=True))
+        with pytest.raises(CorruptStore):  # scans read a chunk per C call (paged scans, query topologies)
+            list(scan_chunks(r, pstate_cf("$$m"), b"", None, lambda: 1000))
         with pytest.raises(CorruptStore):
             s.depot("*d").read(0, 0, max_bytes=1 << 30)
         with pytest.raises(CorruptStore):
