@@ -162,6 +162,9 @@ class _FarHorizonServicer(pbg.ReplicationServicer):
         async for chunk in stream_checkpoint(shelved, list(request.have), read_into):
             yield chunk
 
+    #: the service's backup rounds are the same rounds (the worker's ReplicationService does the same)
+    BackupCheckpoint = FetchCheckpoint
+
 
 def _raw_copy_handler(source: Path) -> grpc.GenericRpcHandler:
     """A plain file stream: a JSON list of (name, size), then every file's bytes in 2 MiB raw messages."""
