@@ -22,6 +22,7 @@ from typing import Any
 
 from replog.config import (
     DEFAULT_SEGMENT_BYTES,
+    FSYNC_MODES,
     MAX_ENTRY_BYTES_CEILING,
     OPTION_NAMES,
     SEGMENT_BYTES_OPTION,
@@ -51,6 +52,8 @@ MIGRATION_BATCH_KEYS = "migration.batch.keys"
 MIGRATION_BATCH_INTERVAL_MS = "migration.batch.interval.millis"
 MAX_RECORD_BYTES = "replication.max.record.bytes"
 MAX_ENTRY_BYTES = "replication.max.entry.bytes"
+FSYNC = "replication.fsync"
+FLUSH_MS = "replication.flush.ms"
 
 
 class SpecError(ValueError):
@@ -106,6 +109,14 @@ def _positive_int(name: str, raw: str) -> int:
     return value
 
 
+def _fsync_mode(name: str, raw: str) -> int:
+    """``always`` or ``interval`` (the options carry the mode's code, replog.config.FSYNC_MODES)."""
+    if raw not in FSYNC_MODES:
+        raise InvalidOption(name, raw, f"must be one of {', '.join(FSYNC_MODES)} (docs/replication.md, "
+                            "\"Durability modes\")")
+    return FSYNC_MODES[raw]
+
+
 def _entry_size(name: str, raw: str) -> int:
     value = _positive_int(name, raw)
     if value > MAX_ENTRY_BYTES_CEILING:
@@ -139,7 +150,7 @@ def _default_min_isr(spec: ModuleSpec) -> int:
 
 #: the options a module spec carries that reach the replication state machines (ConfigChanged)
 REPLICATION_OPTIONS = (MIN_ISR, MAX_TIME_LAG_MS, DEPOT_APPEND_TIMEOUT_MS, MAX_NEAR_SYNC_MESSAGE_LAG,
-                       MAX_RECORD_BYTES, MAX_ENTRY_BYTES)
+                       MAX_RECORD_BYTES, MAX_ENTRY_BYTES, FSYNC, FLUSH_MS)
 
 KNOWN_OPTIONS: dict[str, OptionDef] = {
     o.name: o
@@ -165,6 +176,11 @@ KNOWN_OPTIONS: dict[str, OptionDef] = {
         OptionDef(MAX_ENTRY_BYTES, _entry_size, _replication_default(MAX_ENTRY_BYTES),
                   "largest replog entry one append may become (records, topology effects, hop messages); "
                   "larger ones fail with EntryTooLarge before anything is logged"),
+        OptionDef(FSYNC, _fsync_mode, _replication_default(FSYNC),
+                  "always: every ISR member fsyncs an entry before it is acknowledged; interval: acknowledged "
+                  "from the page cache, fsynced every replication.flush.ms (survives any minority losing power)"),
+        OptionDef(FLUSH_MS, _positive_int, _replication_default(FLUSH_MS),
+                  "interval mode: the longest an acknowledged entry stays in the page cache only"),
     )
 }
 
@@ -262,8 +278,13 @@ class ModuleSpec:
                                  **{OPTION_NAMES[k]: self.option(k) for k in REPLICATION_OPTIONS})
 
     def effective_options(self) -> dict[str, int]:
-        """Every known option with its effective value (what `conductor status` shows)."""
+        """Every known option with its effective value (what the option rules check)."""
         return {key: self.option(key) for key in sorted(KNOWN_OPTIONS)}
+
+    def shown_options(self) -> dict[str, int | str]:
+        """:meth:`effective_options` as an operator types them (what `conductor status` shows)."""
+        words = {code: word for word, code in FSYNC_MODES.items()}
+        return {key: words[value] if key == FSYNC else value for key, value in self.effective_options().items()}
 
     def with_option(self, key: str, value: str) -> ModuleSpec:
         """A copy with one option set; validates it so a bad value never reaches ZooKeeper."""

@@ -8,6 +8,8 @@ from hypothesis import strategies as st
 
 from conductor.metastore.module_spec import (
     DEPOT_APPEND_TIMEOUT_MS,
+    FLUSH_MS,
+    FSYNC,
     MAX_ENTRY_BYTES,
     MAX_NEAR_SYNC_MESSAGE_LAG,
     MAX_RECORD_BYTES,
@@ -22,6 +24,7 @@ from conductor.metastore.module_spec import (
     NotEnoughNodes,
     UnknownOption,
 )
+from replog.config import FSYNC_ALWAYS
 
 
 def spec(**kw: object) -> ModuleSpec:
@@ -35,7 +38,13 @@ def test_defaults_follow_replication_factor() -> None:
     assert spec().effective_options() == {MIN_ISR: 2, MAX_TIME_LAG_MS: 10_000, DEPOT_APPEND_TIMEOUT_MS: 30_000,
                                           MAX_NEAR_SYNC_MESSAGE_LAG: 20_000, SEGMENT_BYTES: 64 * 1024 * 1024,
                                           MIGRATION_BATCH_KEYS: 200, MIGRATION_BATCH_INTERVAL_MS: 50,
-                                          MAX_RECORD_BYTES: 4 * 1024 * 1024, MAX_ENTRY_BYTES: 16 * 1024 * 1024}
+                                          MAX_RECORD_BYTES: 4 * 1024 * 1024, MAX_ENTRY_BYTES: 16 * 1024 * 1024,
+                                          FSYNC: FSYNC_ALWAYS, FLUSH_MS: 100}
+    assert spec().shown_options()[FSYNC] == "always"
+    assert spec(options={FSYNC: "interval"}).shown_options()[FSYNC] == "interval"
+    assert spec(options={FSYNC: "interval"}).replication_config().acks_from_page_cache
+    with pytest.raises(InvalidOption, match="must be one of always, interval"):
+        spec(options={FSYNC: "sometimes"})
     assert spec(replication_factor=1, workers=1).option(MIN_ISR) == 1
 
 
