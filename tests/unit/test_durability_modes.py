@@ -19,9 +19,9 @@ def test_the_option_takes_the_words_and_defaults_to_always() -> None:
     config = ReplicationConfig.from_options({"replication.fsync": "interval", "replication.flush.ms": "50"})
     assert config.fsync == FSYNC_INTERVAL and config.flush_ms == 50 and config.acks_from_page_cache
     assert ReplicationConfig.from_options(config.to_options()) == config
-    with pytest.raises(ValueError, match="replication.fsync must be one of"):
+    with pytest.raises(ValueError, match=r"replication\.fsync must be one of"):
         ReplicationConfig(fsync=7)
-    with pytest.raises(ValueError, match="replication.flush.ms must be a positive integer"):
+    with pytest.raises(ValueError, match=r"replication\.flush\.ms must be a positive integer"):
         ReplicationConfig(flush_ms=0)
 
 
