@@ -28,13 +28,20 @@ from replog.segment import SEGMENT_NAME
 
 @dataclass(frozen=True)
 class PageCacheLoss:
-    """What one group directory lost: the bytes cut, the log end before and after, the boot it now reads."""
+    """What one group directory lost: the bytes cut, the log end before and after, the highest offset it had
+    acknowledged (the marks' page-cache value), the boot it now reads."""
 
     group_dir: Path
     cut_bytes: int
     end_before: int
     end_after: int
+    acked_before: int
     boot: int
+
+    @property
+    def lost_acknowledged(self) -> bool:
+        """Whether the cut took entries this replica had acknowledged."""
+        return self.end_after <= self.acked_before
 
 
 def other_boot() -> int:
@@ -72,7 +79,7 @@ def lose_page_cache(group_dir: Path, cut_bytes: int, boot: int) -> PageCacheLoss
     marks_file.save(replace(marks, acked=min(marks.acked, top), applied=min(marks.applied, top), clean=False,
                             boot=boot))
     marks_file.close()
-    return PageCacheLoss(group_dir, cut, end_before, end_after, boot)
+    return PageCacheLoss(group_dir, cut, end_before, end_after, marks.acked, boot)
 
 
 def lose_machine_page_cache(module_dir: Path, cut: Callable[[int], int]) -> list[PageCacheLoss]:

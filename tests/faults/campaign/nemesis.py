@@ -390,7 +390,8 @@ class Nemesis:
         module_dir = self.cluster.group_dir(w, 0).parent
         losses = lose_machine_page_cache(module_dir, lambda size: self.rng.randint(1, min(size, POWER_CUT_MAX_BYTES)))
         lost = {int(x.group_dir.name): x for x in losses}
-        fault.detail += ": " + (", ".join(f"group {g} replog {x.end_before}->{x.end_after}" for g, x in lost.items())
+        fault.detail += ": " + (", ".join(f"group {g} replog {x.end_before}->{x.end_after} (acked {x.acked_before})"
+                                          for g, x in lost.items())
                                 or "nothing acknowledged from the page cache yet")
 
         def heal() -> None:
