@@ -66,6 +66,10 @@ class StorageMarks:
         assert self.incarnation > STORAGE_LOST, f"an incarnation is a positive id, got {self.incarnation}"
 
 
+#: the boot id where the kernel does not say one (conductor.worker.durability.machine_boot)
+UNKNOWN_BOOT = 0
+
+
 def check_storage(marks: StorageMarks | None, *, log_end: int, applied: int, boot: int = 0) -> str | None:
     """Why this storage lost entries it acknowledged, or None if it holds them all.
 
@@ -83,10 +87,12 @@ def check_storage(marks: StorageMarks | None, *, log_end: int, applied: int, boo
     as lost, whatever its other marks say (they were in the page cache too). It gets a new incarnation, so
     it is not elected and leaves the ISR until it has caught up from the leader and been re-admitted. A
     killed process under the same boot lost nothing: the kernel still holds and writes back its page cache.
+    Where the kernel gives no boot id (``UNKNOWN_BOOT``) a kill cannot be told from a power loss, so every
+    unclean restart of such a storage counts as lost (a rebuild from the leader, never a lost entry).
     """
     if marks is None:
         return None
-    if marks.volatile and not marks.clean and marks.boot != boot:
+    if marks.volatile and not marks.clean and (boot == UNKNOWN_BOOT or marks.boot != boot):
         return ("it acknowledged entries from the page cache (replication.fsync=interval) and the machine "
                 "restarted without a clean shutdown: what it acknowledged may be lost")
     end = log_end

@@ -19,6 +19,7 @@ import uuid
 from pathlib import Path
 
 from replog.config import ReplicationConfig
+from replog.eligibility import UNKNOWN_BOOT
 from replog.log import Log
 from replog.marks_file import MarksFile
 
@@ -27,11 +28,12 @@ BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
 def machine_boot() -> int:
     """An id of the running kernel's boot (Linux's random boot id, 64 bits of it): it changes with every
-    restart of the machine, never with a restart of the process. 0 where the kernel does not say."""
+    restart of the machine, never with a restart of the process. UNKNOWN_BOOT where the kernel does not say
+    (then the page-cache rule counts every unclean restart in interval mode as a power loss)."""
     try:
-        return uuid.UUID(BOOT_ID.read_text().strip()).int & ((1 << 64) - 1)
+        return uuid.UUID(BOOT_ID.read_text().strip()).int & ((1 << 64) - 1) or 1
     except (OSError, ValueError):
-        return 0
+        return UNKNOWN_BOOT
 
 
 class LogDurability:

@@ -187,8 +187,8 @@ class Node:
     #: the disk a reassignment's removal deleted last: a leader that has not heard of the removal yet may
     #: count the acks it sent before (they counted when they were given; the target holds the entries too)
     deleted: list[Disk] = field(default_factory=list)
-    #: the machine's boot: a power loss starts another one (the page cache is gone)
-    boot: int = 0
+    #: the machine's boot: a power loss starts another one (the page cache is gone); never UNKNOWN_BOOT (0)
+    boot: int = 1
     #: interval mode: a periodic fsync is scheduled
     sync_pending: bool = False
 

@@ -4,13 +4,14 @@ page-cache rule (KIP-966's unclean shutdown) that makes such a storage lost afte
 from __future__ import annotations
 
 import struct
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from crc32c import crc32c
 
 from replog.config import FSYNC_ALWAYS, FSYNC_INTERVAL, ReplicationConfig
-from replog.eligibility import StorageMarks, check_storage
+from replog.eligibility import UNKNOWN_BOOT, StorageMarks, check_storage
 from replog.marks_file import SIZE, MarksFile
 
 
@@ -54,3 +55,11 @@ def test_an_unclean_restart_of_the_machine_after_page_cache_acks_is_lost_storage
     assert (why is not None) == lost
     if lost:
         assert why is not None and "replication.fsync=interval" in why
+
+
+def test_without_a_boot_id_every_unclean_restart_after_page_cache_acks_is_lost_storage() -> None:
+    """Where the kernel gives no boot id, a killed process cannot be told from a power loss: rebuild, never guess."""
+    marks = StorageMarks(7, acked=3, volatile=True, boot=UNKNOWN_BOOT)
+    assert check_storage(marks, log_end=10, applied=2, boot=UNKNOWN_BOOT) is not None
+    assert check_storage(replace(marks, clean=True), log_end=10, applied=2, boot=UNKNOWN_BOOT) is None
+    assert check_storage(replace(marks, volatile=False), log_end=10, applied=2, boot=UNKNOWN_BOOT) is None
