@@ -102,6 +102,7 @@ import msgpack
 from rich.console import Console
 from rich.table import Table
 
+from bench.cluster_append_interval import interval_ratios, measure_interval
 from bench.design_floor import design_floor
 from bench.floor import percentile, transport_floor
 from bench.run_comparison import compare_runs
@@ -601,6 +602,7 @@ def main(argv: list[str] | None = None) -> None:
             off: dict[str, Any] | None = run_millrace(args, root, console, metrics=False)
         else:
             off = None
+        interval = measure_interval(args, root, console)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     console.log("Millrace done; measuring NATS JetStream R3")
@@ -709,6 +711,7 @@ def main(argv: list[str] | None = None) -> None:
         "seconds": round(time.monotonic() - t0, 1),
         **tls_summary,
         **metrics_summary,
+        **interval_ratios(interval, js),
     }
     print(json.dumps(summary, default=str), flush=True)
 

@@ -113,7 +113,7 @@ def _spec_summary(spec: ModuleSpec) -> dict[str, Any]:
         "module": spec.name, "module_ref": spec.module_ref, "tasks": spec.tasks, "group_count": spec.threads,
         "replication_factor": spec.replication_factor, "workers": spec.workers,
         "min_isr": spec.option(MIN_ISR), "options": dict(sorted(spec.options.items())),
-        "effective_options": spec.effective_options(),
+        "effective_options": spec.shown_options(),
     }
 
 

@@ -44,7 +44,16 @@ OPTION_NAMES: dict[str, str] = {
     "replication.far.horizon.retry.millis": "far_horizon_retry_ms",
     "replication.max.record.bytes": "max_record_bytes",
     "replication.max.entry.bytes": "max_entry_bytes",
+    "replication.fsync": "fsync",
+    "replication.flush.ms": "flush_ms",
 }
+
+#: ``replication.fsync``: every ISR member fsyncs an entry before acknowledging it (the default contract)
+FSYNC_ALWAYS = 1
+#: ``replication.fsync``: entries are acknowledged from the page cache and flushed every ``replication.flush.ms``
+FSYNC_INTERVAL = 2
+#: the words an operator types for ``replication.fsync``, and the codes the options carry (options are integers)
+FSYNC_MODES: dict[str, int] = {"always": FSYNC_ALWAYS, "interval": FSYNC_INTERVAL}
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +99,11 @@ class ReplicationConfig:
     #: largest replog entry one append may become (records, topology effects, hop messages); at most
     #: MAX_ENTRY_BYTES_CEILING so every entry can be replicated.
     max_entry_bytes: int = 16 * 1024 * 1024
+    #: durability mode (FSYNC_ALWAYS or FSYNC_INTERVAL; docs/replication.md, "Durability modes"): whether an
+    #: entry is acknowledged once fsynced or once written to the page cache, relying on the other ISR members
+    fsync: int = FSYNC_ALWAYS
+    #: in FSYNC_INTERVAL mode, the longest an acknowledged entry stays in the page cache only
+    flush_ms: int = 100
 
     def __post_init__(self) -> None:
         if self.replication_factor < 1:
@@ -103,12 +117,20 @@ class ReplicationConfig:
             value = getattr(self, f.name)
             if f.name not in ("replication_factor", "min_isr") and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{_dotted(f.name)} must be a positive integer, got {value!r}")
+        if self.fsync not in FSYNC_MODES.values():
+            raise ValueError(f"replication.fsync must be one of {sorted(FSYNC_MODES)}, got code {self.fsync!r}")
         if self.max_entry_bytes > MAX_ENTRY_BYTES_CEILING:
             raise ValueError(f"replication.max.entry.bytes must be at most {MAX_ENTRY_BYTES_CEILING:,} (half the "
                              f"transport's message limit), got {self.max_entry_bytes:,}")
         if self.max_record_bytes > self.max_entry_bytes:
             raise ValueError(f"replication.max.record.bytes ({self.max_record_bytes:,}) must not exceed "
                              f"replication.max.entry.bytes ({self.max_entry_bytes:,})")
+
+    @property
+    def acks_from_page_cache(self) -> bool:
+        """FSYNC_INTERVAL: a replica acknowledges what it wrote before fsyncing it (the storage marks say so, and
+        an unclean restart of the machine then counts as lost storage: replog.eligibility)."""
+        return self.fsync == FSYNC_INTERVAL
 
     @property
     def effective_min_isr(self) -> int:
@@ -126,6 +148,8 @@ class ReplicationConfig:
             if field is None:
                 known = ", ".join(sorted(OPTION_NAMES))
                 raise ValueError(f"unknown replication option {name!r}; known options: {known}")
+            if field == "fsync" and isinstance(value, str) and value in FSYNC_MODES:
+                value = FSYNC_MODES[value]
             kwargs[field] = None if value is None else int(value)
         return cls(**kwargs)  # type: ignore[arg-type]
 

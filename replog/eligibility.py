@@ -56,12 +56,21 @@ class StorageMarks:
     #: below it after a crash (its un-flushed state is lost); entries up to it were committed, so the
     #: replica re-applies them at open whatever the ISR (Replica's ``applied_floor``)
     applied: int = -1
+    #: ``replication.fsync=interval``: it may have acknowledged entries that were in the page cache only
+    #: (written, fsynced, before the first such acknowledgement)
+    volatile: bool = False
+    #: the machine's boot (an id of the running kernel) when ``volatile`` was written: the page cache dies with it
+    boot: int = 0
 
     def __post_init__(self) -> None:
         assert self.incarnation > STORAGE_LOST, f"an incarnation is a positive id, got {self.incarnation}"
 
 
-def check_storage(marks: StorageMarks | None, *, log_end: int, applied: int) -> str | None:
+#: the boot id where the kernel does not say one (conductor.worker.durability.machine_boot)
+UNKNOWN_BOOT = 0
+
+
+def check_storage(marks: StorageMarks | None, *, log_end: int, applied: int, boot: int = 0) -> str | None:
     """Why this storage lost entries it acknowledged, or None if it holds them all.
 
     ``log_end`` is the recovered log's end, ``applied`` the store's durable
@@ -71,9 +80,21 @@ def check_storage(marks: StorageMarks | None, *, log_end: int, applied: int) -> 
     of the log is the one state a far-horizon install interrupted between the
     store swap and the log reset leaves behind (``installing`` set): finishing it (log restarts after
     ``applied``) loses nothing; without that mark the log lost applied entries.
+
+    **The page-cache rule** (``replication.fsync=interval``, KIP-966's unclean shutdown): a storage that may
+    have acknowledged entries from the page cache (``volatile``), did not close cleanly, and opens under
+    another ``boot`` of the machine (a power loss, a kernel crash, a reboot: the page cache is gone) counts
+    as lost, whatever its other marks say (they were in the page cache too). It gets a new incarnation, so
+    it is not elected and leaves the ISR until it has caught up from the leader and been re-admitted. A
+    killed process under the same boot lost nothing: the kernel still holds and writes back its page cache.
+    Where the kernel gives no boot id (``UNKNOWN_BOOT``) a kill cannot be told from a power loss, so every
+    unclean restart of such a storage counts as lost (a rebuild from the leader, never a lost entry).
     """
     if marks is None:
         return None
+    if marks.volatile and not marks.clean and (boot == UNKNOWN_BOOT or marks.boot != boot):
+        return ("it acknowledged entries from the page cache (replication.fsync=interval) and the machine "
+                "restarted without a clean shutdown: what it acknowledged may be lost")
     end = log_end
     if marks.installing >= 0 and applied >= log_end:
         end = applied + 1  # the install is finished by resetting the log after the checkpoint

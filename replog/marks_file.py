@@ -16,10 +16,16 @@ one flush. Every value such a write carries is already durable elsewhere (the
 acked mark as before, the floor's entries in the flushed replog), so losing it
 loses nothing promised.
 
-Record (little-endian, 48 bytes): ``b"MRMARKS2"``, incarnation (u64), acked
-(i64), installing (i64), applied (i64), clean (u32), CRC32C of the bytes before
-it (u32). Files written before the floor existed (``b"MRMARKS1"``, 40 bytes, no
-applied field) are read with the floor at -1 and rewritten in the new format.
+Record (little-endian, 60 bytes): ``b"MRMARKS3"``, incarnation (u64), acked
+(i64), installing (i64), applied (i64), clean (u32), volatile (u32), boot (u64),
+CRC32C of the bytes before it (u32). Older files are read and rewritten in the
+new format: ``b"MRMARKS2"`` (48 bytes, no volatile or boot: an ``always``-mode
+storage) and ``b"MRMARKS1"`` (40 bytes, no applied field either: floor -1).
+
+``volatile`` (``replication.fsync=interval``, :func:`replog.eligibility.check_storage`)
+is set with a synced write before the first acknowledgement from the page
+cache, with the machine's ``boot`` id, and stays set while the replica runs in
+that mode; a clean close writes ``clean`` after the last flush.
 """
 
 from __future__ import annotations
@@ -37,14 +43,18 @@ from replog.errors import CorruptStorageMarks
 
 __all__ = ["MarksFile"]
 
-_MAGIC = b"MRMARKS2"
-_BODY = struct.Struct("<8sQqqqI")
+_MAGIC = b"MRMARKS3"
+_BODY = struct.Struct("<8sQqqqIIQ")
 _CRC = struct.Struct("<I")
 SIZE = _BODY.size + _CRC.size
+#: the format before the durability modes: no volatile or boot fields
+_MAGIC_V2 = b"MRMARKS2"
+_BODY_V2 = struct.Struct("<8sQqqqI")
 #: the format before the applied floor: no applied field
 _MAGIC_V1 = b"MRMARKS1"
 _BODY_V1 = struct.Struct("<8sQqqI")
-_SIZES = {SIZE: (_MAGIC, _BODY), _BODY_V1.size + _CRC.size: (_MAGIC_V1, _BODY_V1)}
+_SIZES = {SIZE: (_MAGIC, _BODY), _BODY_V2.size + _CRC.size: (_MAGIC_V2, _BODY_V2),
+          _BODY_V1.size + _CRC.size: (_MAGIC_V1, _BODY_V1)}
 
 
 class MarksFile:
@@ -70,20 +80,23 @@ class MarksFile:
         body, (stored,) = data[:fmt.size], _CRC.unpack(data[fmt.size:])
         if crc32c(body) != stored:
             raise CorruptStorageMarks(where, "checksum mismatch")
+        volatile, boot = 0, 0
         if fmt is _BODY:
+            magic, incarnation, acked, installing, applied, clean, volatile, boot = fmt.unpack(body)
+        elif fmt is _BODY_V2:
             magic, incarnation, acked, installing, applied, clean = fmt.unpack(body)
         else:
             (magic, incarnation, acked, installing, clean), applied = fmt.unpack(body), -1
-        if magic != expect or incarnation == 0 or clean not in (0, 1):
+        if magic != expect or incarnation == 0 or clean not in (0, 1) or volatile not in (0, 1):
             raise CorruptStorageMarks(where, "not a storage marks record")
-        self.current = StorageMarks(incarnation, acked, installing, bool(clean), applied)
+        self.current = StorageMarks(incarnation, acked, installing, bool(clean), applied, bool(volatile), boot)
         return self.current
 
     def save(self, marks: StorageMarks, *, sync: bool = True) -> None:
         """Write ``marks``; durable before returning unless ``sync`` is False (then in the page cache only,
         which a killed process does not lose: see the module docstring for when that is enough)."""
         body = _BODY.pack(_MAGIC, marks.incarnation, marks.acked, marks.installing, marks.applied,
-                          int(marks.clean))
+                          int(marks.clean), int(marks.volatile), marks.boot)
         data = body + _CRC.pack(crc32c(body))
         if self._fd is None and not self.path.exists():
             replace_durably(self.path, data)

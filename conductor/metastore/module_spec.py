@@ -33,6 +33,7 @@ from conductor.metastore.depot_options import (
 )
 from replog.config import (
     DEFAULT_SEGMENT_BYTES,
+    FSYNC_MODES,
     MAX_ENTRY_BYTES_CEILING,
     OPTION_NAMES,
     SEGMENT_BYTES_OPTION,
@@ -65,6 +66,8 @@ MAX_ENTRY_BYTES = "replication.max.entry.bytes"
 #: how fast a replica a reassignment adds copies the leader's checkpoint (far horizon), read at every chunk
 REASSIGN_COPY_BYTES_PER_S = "reassignment.copy.bytes.per.second"
 DEFAULT_REASSIGN_COPY_BYTES_PER_S = 64 * 1024 * 1024
+FSYNC = "replication.fsync"
+FLUSH_MS = "replication.flush.ms"
 
 
 class SpecError(ValueError):
@@ -134,6 +137,12 @@ def _flag(name: str, raw: str) -> int:
     if raw not in ("0", "1"):
         raise InvalidOption(name, raw, "must be 0 (off) or 1 (on)")
     return int(raw)
+def _fsync_mode(name: str, raw: str) -> int:
+    """``always`` or ``interval`` (the options carry the mode's code, replog.config.FSYNC_MODES)."""
+    if raw not in FSYNC_MODES:
+        raise InvalidOption(name, raw, f"must be one of {', '.join(FSYNC_MODES)} (docs/replication.md, "
+                            "\"Durability modes\")")
+    return FSYNC_MODES[raw]
 
 
 def _entry_size(name: str, raw: str) -> int:
@@ -169,7 +178,7 @@ def _default_min_isr(spec: ModuleSpec) -> int:
 
 #: the options a module spec carries that reach the replication state machines (ConfigChanged)
 REPLICATION_OPTIONS = (MIN_ISR, MAX_TIME_LAG_MS, DEPOT_APPEND_TIMEOUT_MS, MAX_NEAR_SYNC_MESSAGE_LAG,
-                       MAX_RECORD_BYTES, MAX_ENTRY_BYTES)
+                       MAX_RECORD_BYTES, MAX_ENTRY_BYTES, FSYNC, FLUSH_MS)
 
 KNOWN_OPTIONS: dict[str, OptionDef] = {
     o.name: o
@@ -211,6 +220,11 @@ KNOWN_OPTIONS: dict[str, OptionDef] = {
                   "with compaction, a key's tombstone is deleted this many milliseconds after it was compacted"),
         OptionDef(CHECK_INTERVAL_MS, _positive_int, lambda s: DEFAULT_CHECK_INTERVAL_MS,
                   "how often a leader checks its depots' retention and compacts (a bounded entry each time)"),
+        OptionDef(FSYNC, _fsync_mode, _replication_default(FSYNC),
+                  "always: every ISR member fsyncs an entry before it is acknowledged; interval: acknowledged "
+                  "from the page cache, fsynced every replication.flush.ms (survives any minority losing power)"),
+        OptionDef(FLUSH_MS, _positive_int, _replication_default(FLUSH_MS),
+                  "interval mode: the longest an acknowledged entry stays in the page cache only"),
     )
 }
 
@@ -327,8 +341,13 @@ class ModuleSpec:
         return depot_settings(self.options, depot, lambda k, v: self._check_option(k, v))
 
     def effective_options(self) -> dict[str, int]:
-        """Every known option with its effective value (what `conductor status` shows)."""
+        """Every known option with its effective value (what the option rules check)."""
         return {key: self.option(key) for key in sorted(KNOWN_OPTIONS)}
+
+    def shown_options(self) -> dict[str, int | str]:
+        """:meth:`effective_options` as an operator types them (what `conductor status` shows)."""
+        words = {code: word for word, code in FSYNC_MODES.items()}
+        return {key: words[value] if key == FSYNC else value for key, value in self.effective_options().items()}
 
     def with_option(self, key: str, value: str) -> ModuleSpec:
         """A copy with one option set; validates it so a bad value never reaches ZooKeeper."""

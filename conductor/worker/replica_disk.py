@@ -39,8 +39,9 @@ class ReplicaDisk:
     floor: int
 
 
-def open_disk(name: str, directory: Path, applied: int, segment_bytes: int) -> ReplicaDisk:
-    """Open the files of the replica ``name`` in ``directory`` whose store holds up to ``applied``.
+def open_disk(name: str, directory: Path, applied: int, segment_bytes: int, boot: int) -> ReplicaDisk:
+    """Open the files of the replica ``name`` in ``directory`` whose store holds up to ``applied``, on the
+    machine's ``boot`` (conductor.worker.durability.machine_boot: the page-cache rule compares it).
 
     Its marks are saved (durably, "not clean") before it returns: nothing may be acknowledged before that.
     """
@@ -52,7 +53,7 @@ def open_disk(name: str, directory: Path, applied: int, segment_bytes: int) -> R
         marks, damaged = None, str(e)
     replog = Log.open(directory / "replog", fsync="none", segment_bytes=segment_bytes)
     epoch_file = EpochFile(directory / "epochs")
-    lost = damaged or check_storage(marks, log_end=replog.end_offset, applied=applied)
+    lost = damaged or check_storage(marks, log_end=replog.end_offset, applied=applied, boot=boot)
     if applied >= replog.end_offset:
         # The store is ahead of the log: a far-horizon install interrupted between the store swap and
         # the log reset (finish it), or a log that lost entries (the store holds their state).

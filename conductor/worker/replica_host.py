@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, assert_never
 
 from conductor.worker.dataflow import DataflowDriver, Inflow
+from conductor.worker.durability import LogDurability, machine_boot
 from conductor.worker.entry_applier import EntryApplier
 from conductor.worker.inbox import (
     AttachDataflow,
@@ -128,8 +129,11 @@ class ReplicaHost:
         self.dir = data_dir
         self.dir.mkdir(parents=True, exist_ok=True)
         applied = store.applied_offset
-        disk = open_disk(self.name, self.dir, applied, segment_bytes)
+        boot = machine_boot()
+        disk = open_disk(self.name, self.dir, applied, segment_bytes, boot)
         self.log, self.epoch_file, self.marks = disk.log, disk.epoch_file, disk.marks
+        #: where writes are fsynced: before every ack, or every replication.flush.ms (conductor.worker.durability)
+        self.durability = LogDurability(self.log, self.marks, boot)
         #: why this storage is not intact (it lost entries it acknowledged), None if it is
         self.storage_lost = disk.storage_lost
         #: this storage's incarnation (replog.eligibility): new with the directory, or after a loss
@@ -230,7 +234,8 @@ class ReplicaHost:
         """When this replica's loop must run next with nothing in its inbox (ticks, beats, dataflow, retention)."""
         return next_wake_ms(now, self._next_tick, self.replica.next_tick_ms(), self.outbox.next_due(),
                             None if self.dataflow is None else self.dataflow.next_due_ms(now),
-                            self._next_retain_ms if self._retain_owed else None, self._next_flow)
+                            self._next_retain_ms if self._retain_owed else None, self._next_flow,
+                            self.durability.next_sync_ms)
 
     def drain_inbox(self) -> list[InboxItem]:
         """Everything posted so far, without waiting (the task thread's step)."""
@@ -284,6 +289,7 @@ class ReplicaHost:
             self._feed(Tick())
             self._next_tick = now + TICK_MS
         self._flush_if_dirty()
+        self.durability.sync_if_due(now)
         self._ship()
         if self.outbox.beats:
             self._hand_over(self.outbox.due(now_ms()))
@@ -435,11 +441,9 @@ class ReplicaHost:
             # Entries for followers leave before our own fsync, so theirs overlaps ours.
             self._ship(hold_acks=True)
             self._dirty = False
-            t0 = time.perf_counter()
-            self.log.flush()
-            if self.timings is not None:
-                self.timings.get("fsync", self.replica.role.value).observe(time.perf_counter() - t0)
-            self.marks.update(acked=self.log.end_offset - 1)  # before anything flushed is acknowledged
+            spent = self.durability.written(self.replica.config, now_ms())  # before anything is acknowledged
+            if self.timings is not None and spent:
+                self.timings.get("fsync", self.replica.role.value).observe(spent)
             self.stats["flushes"] += 1
             self._feed(LocalFlushed(self.log.end_offset))
 

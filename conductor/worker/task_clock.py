@@ -28,7 +28,7 @@ def now_ms() -> int:
 
 
 def next_wake_ms(now_ms: int, next_tick_ms: int, tick_due: int | None, beat_due: int | None,
-                 flow_due: int | None, retain_due: int | None, next_flow_ms: int) -> int:
+                 flow_due: int | None, retain_due: int | None, next_flow_ms: int, sync_due: int | None = None) -> int:
     """The time to wake at: the earliest deadline, ticks and dataflow rounded up to their cadences.
 
     ``next_tick_ms`` is the earliest the cadence allows the next tick; a
@@ -38,14 +38,15 @@ def next_wake_ms(now_ms: int, next_tick_ms: int, tick_due: int | None, beat_due:
     ``TICK_MS``); any other ``flow_due`` is a deadline, ``now_ms`` for a round
     with work now. The two cadences are apart because a step that ticks nothing
     leaves the tick's where it was: a waiting flow rounded to that stale
-    cadence made its thread spin (thousands of idle steps a second).
+    cadence made its thread spin (thousands of idle steps a second). ``sync_due`` is the interval durability
+    mode's next fsync.
     """
     due = now_ms + MAX_SLEEP_MS
     if tick_due is not None:
         due = min(due, max(tick_due, next_tick_ms))
     if flow_due is not None:
         due = min(due, next_flow_ms if flow_due == 0 else flow_due)
-    for d in (beat_due, retain_due):
+    for d in (beat_due, retain_due, sync_due):
         if d is not None:
             due = min(due, d)
     return due

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.faults.campaign.nemesis import POWER
 from tests.faults.campaign.regressions import REGRESSIONS, Regression
 from tests.faults.campaign.run import RunConfig, RunResult, run_once
 from tests.faults.campaign.selection import DEFAULT_FAULTS
@@ -31,12 +32,17 @@ def assert_safe(r: RunResult) -> None:
           f"{len(r.findings.duplicated)} duplicated, faults {r.injected}")
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_short_campaign(seed: int, tmp_path: Path) -> None:
-    r = run_once(RunConfig(seed, SHORT_DURATION_S, DEFAULT_FAULTS), tmp_path)
+def assert_short_run_safe(r: RunResult) -> None:
+    """A short run: safe, with faults injected and enough appends for it to mean anything."""
     assert_safe(r)
     assert sum(r.injected.values()) >= 3, r.story()
     assert r.findings.acknowledged >= 50, "too few appends succeeded for the run to mean anything"
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_short_campaign(seed: int, tmp_path: Path) -> None:
+    r = run_once(RunConfig(seed, SHORT_DURATION_S, DEFAULT_FAULTS), tmp_path)
+    assert_short_run_safe(r)
 
 
 @pytest.mark.slow
@@ -44,9 +50,15 @@ def test_short_campaign(seed: int, tmp_path: Path) -> None:
 def test_short_secure_campaign(seed: int, tmp_path: Path) -> None:
     """The same short run with security on (`--secure`): mutual TLS, authorization, ZooKeeper digest auth."""
     r = run_once(RunConfig(seed, SHORT_DURATION_S, DEFAULT_FAULTS, secure=True), tmp_path)
-    assert_safe(r)
-    assert sum(r.injected.values()) >= 3, r.story()
-    assert r.findings.acknowledged >= 50, "too few appends succeeded for the run to mean anything"
+    assert_short_run_safe(r)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1])
+def test_short_interval_campaign(seed: int, tmp_path: Path) -> None:
+    """The same short run in the interval durability mode (`--fsync interval`), power losses included."""
+    r = run_once(RunConfig(seed, SHORT_DURATION_S, (*DEFAULT_FAULTS, *POWER), fsync="interval"), tmp_path)
+    assert_short_run_safe(r)
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from replog.eligibility import StorageMarks, check_storage
 from replog.messages import EpochResponse, GroupState, RecordStorage
 from replog.reassignment import Step, advance_reassignment, min_isr_for
 from replog.replica import Replica
@@ -133,3 +134,11 @@ class CompleteBeforeCaughtUp(PlanRules):
                                 elr=tuple(r for r in state.elr if r in state.target),
                                 storage=tuple(x for x in state.storage if x[0] in state.target),
                                 adding=(), removing=()))
+
+
+def ignores_page_cache_rule(marks: StorageMarks | None, *, log_end: int, applied: int, boot: int = 0) -> str | None:
+    """replication.fsync=interval without KIP-966's unclean-shutdown rule: a storage that acknowledged from the
+    page cache and lost it with the machine's power is judged by its (equally stale) marks alone."""
+    if marks is not None:
+        marks = replace(marks, volatile=False)
+    return check_storage(marks, log_end=log_end, applied=applied, boot=boot)

@@ -31,7 +31,7 @@ from typing import Any
 
 from pstate.retention import trim_point
 from replog.catchup import round_is_last
-from replog.config import ReplicationConfig
+from replog.config import FSYNC_INTERVAL, ReplicationConfig
 from replog.election import next_leadership
 from replog.eligibility import StorageMarks, check_storage
 from replog.messages import (
@@ -83,6 +83,10 @@ def sim_config(nodes: int, **overrides: Any) -> ReplicationConfig:
         max_batch_entries=16)
     opts.update(overrides)
     return ReplicationConfig(**opts)
+
+
+#: the open-time storage check's signature (replog.eligibility.check_storage)
+StorageRule = Callable[..., "str | None"]
 
 
 class InvariantViolation(AssertionError):
@@ -154,6 +158,14 @@ class Disk:
     floor_synced: int = -1
     #: a storage fault took entries it acknowledged (the open-time check must find it: the sim checks it does)
     damaged: bool = False
+    #: ``replication.fsync=interval``: ``durable_end`` is what survives a kill (written to the page cache) and
+    #: ``synced_end`` what survives a power loss (fsynced); in ``always`` mode they are equal
+    synced_end: int = 0
+    #: the acknowledged mark as of the last sync (interval mode writes it to the page cache on every write)
+    acked_synced: int = -1
+    #: the storage marks' page-cache flag and the machine's boot it was written under (replog.eligibility)
+    volatile: bool = False
+    boot: int = 0
 
 
 @dataclass
@@ -176,6 +188,10 @@ class Node:
     #: the disk a reassignment's removal deleted last: a leader that has not heard of the removal yet may
     #: count the acks it sent before (they counted when they were given; the target holds the entries too)
     deleted: list[Disk] = field(default_factory=list)
+    #: the machine's boot: a power loss starts another one (the page cache is gone); never UNKNOWN_BOOT (0)
+    boot: int = 1
+    #: interval mode: a periodic fsync is scheduled
+    sync_pending: bool = False
 
 
 @dataclass
@@ -222,6 +238,8 @@ class Sim:
                  trace: bool = False, spares: int = 0) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
+        #: the driver's open-time check (replog.eligibility); a mutant replaces it (tests/sim/mutants.py)
+        self.storage_rule: StorageRule = check_storage
         #: when stores flush (its own stream, so the other draws of a seed are as before stores could lose state)
         self.store_rng = random.Random(seed ^ 0x5707)
         self.config = config or sim_config(nodes)
@@ -344,18 +362,20 @@ class Sim:
         """The driver's open-time check (replog.eligibility): storage that lost acknowledged entries gets a
         new incarnation. The sim knows which storages were damaged, so it checks the rule finds each one."""
         d = n.disk
-        lost = check_storage(StorageMarks(d.incarnation, d.acked, applied=d.floor), log_end=d.durable_end,
-                             applied=d.applied)
-        if (lost is not None) != d.damaged:
+        lost = self.storage_rule(StorageMarks(d.incarnation, d.acked, applied=d.floor, volatile=d.volatile,
+                                          boot=d.boot), log_end=d.durable_end, applied=d.applied, boot=n.boot)
+        if (lost is not None) != d.damaged and self.storage_rule is check_storage:
             self.fail(f"{n.id}: the open-time check says {lost!r} of a storage that is "
                       f"{'damaged' if d.damaged else 'intact'} (log end {d.durable_end}, acked {d.acked})")
         if lost is not None:
             self.note(f"{n.id} opens damaged storage: {lost}")
             self._incarnations += 1
             d.incarnation = self._incarnations
-            d.acked = d.durable_end - 1
+            d.acked = d.acked_synced = d.durable_end - 1
             d.floor = d.floor_synced = d.applied
             d.damaged = False
+            d.volatile = False  # the new incarnation's marks (set again before its first page-cache ack)
+            d.synced_end = d.durable_end
 
     def intact(self, nid: str) -> bool:
         """The znode records ``nid``'s current storage, which holds everything it acknowledged."""
@@ -520,18 +540,42 @@ class Sim:
         self._flush_later(n)
 
     def _flush_later(self, n: Node) -> None:
+        if n.replica.config.acks_from_page_cache:
+            # replication.fsync=interval: reported once written (the page cache keeps it across a kill), after
+            # a synced write of the marks saying so; fsynced by the next periodic sync
+            if not n.disk.volatile:
+                n.disk.volatile, n.disk.boot = True, n.boot
+            self.at(self.now + self.rng.randrange(2), self._flushed, n.id, n.incarnation, n.disk.gen,
+                    len(n.disk.entries), False)
+            if not n.sync_pending:
+                n.sync_pending = True
+                self.at(self.now + n.replica.config.flush_ms, self._sync, n.id, n.incarnation)
+            return
         self.at(self.now + n.flush_ms + self.rng.randrange(2), self._flushed, n.id, n.incarnation,
                 n.disk.gen, len(n.disk.entries))
 
-    def _flushed(self, nid: str, inc: int, gen: int, end: int) -> None:
+    def _flushed(self, nid: str, inc: int, gen: int, end: int, synced: bool = True) -> None:
         n = self.nodes[nid]
         if not n.alive or n.incarnation != inc or gen != n.disk.gen:
             return
         if end > n.disk.durable_end:
             n.disk.durable_end = end
             n.disk.acked = end - 1  # the acknowledged mark, persisted before the flush is reported
-            n.disk.floor_synced = n.disk.floor  # in the same write
+            if synced:
+                n.disk.synced_end = end
+                n.disk.acked_synced = n.disk.acked
+                n.disk.floor_synced = n.disk.floor  # in the same write
             self._deliver(nid, inc, LocalFlushed(end))
+
+    def _sync(self, nid: str, inc: int) -> None:
+        """Interval mode's periodic fsync: what was written so far survives a power loss from now on."""
+        n = self.nodes[nid]
+        if not n.alive or n.incarnation != inc:
+            return
+        n.sync_pending = False
+        n.disk.synced_end = n.disk.durable_end
+        n.disk.acked_synced = n.disk.acked
+        n.disk.floor_synced = n.disk.floor
 
     def _truncate(self, n: Node, end: int) -> None:
         disk = n.disk
@@ -541,8 +585,10 @@ class Sim:
         if end <= disk.applied:
             self.fail(f"{n.id} truncates to {end}, below its applied offset {disk.applied}")
         disk.acked = min(disk.acked, end - 1)  # lowered before the cut
+        disk.acked_synced = min(disk.acked_synced, end - 1)
         del disk.entries[end:]
         disk.durable_end = min(disk.durable_end, end)
+        disk.synced_end = min(disk.synced_end, end)
         disk.gen += 1
         self._flush_later(n)
 
@@ -887,23 +933,65 @@ class Sim:
 
     # ------------------------------------------------------------------------------- crashes
 
-    def crash(self, nid: str) -> None:
+    def crash(self, nid: str, power: bool | None = None) -> None:
+        """A kill, or (``power``; by default a quarter of the crashes) a power loss of the node's machine."""
         n = self.nodes[nid]
         if not n.alive:
             return
         self.note(f"crash {nid}")
         n.alive = False
         n.incarnation += 1
+        n.sync_pending = False
         n.outbox.clear()  # what the process had not sent yet dies with it
         d = n.disk
         del d.entries[d.durable_end:]
         d.applied = d.store_durable  # the store's memtables die with the process
-        if self.store_rng.random() < 0.25:  # a power loss, not a kill: the floor's unsynced writes are gone too
+        if power is None:
+            power = self.store_rng.random() < 0.25
+        if power:  # a power loss, not a kill: the floor's unsynced writes are gone too
             d.floor = d.floor_synced
+            if d.volatile and self.survivable(nid):
+                self._lose_page_cache(n)
         if n.session_live:
             n.session_live = False
             if self.znode.leader == nid:
                 self._elect_later(self.session_timeout_ms)
+
+    def _lose_page_cache(self, n: Node) -> None:
+        """Interval mode's power loss: the entries written since the last sync are gone, acknowledged or not,
+        and the machine comes back under another boot, so the page-cache rule counts the storage as lost (the
+        sim expects the open-time check to say so whatever was actually lost)."""
+        d = n.disk
+        n.boot += 1
+        cut = max(d.start, d.synced_end)
+        if d.store_durable >= cut:
+            # The store's flushed state is ahead of what the log kept: at open the log restarts after the
+            # store's applied offset, as the worker's open does (conductor/worker/replica_disk.py).
+            cut = d.start = d.store_durable + 1
+        self.note(f"{n.id} loses power: its page cache [{cut},{d.durable_end}) is gone "
+                  f"(acknowledged up to {d.acked})")
+        if cut < d.durable_end:
+            self._lose_copies(d, cut)
+            del d.entries[cut:]
+            d.durable_end = cut
+            d.gen += 1
+        d.acked = min(d.acked, d.acked_synced)  # the marks' page-cache writes are gone too
+        d.damaged = True
+
+    def survivable(self, nid: str) -> bool:
+        """Whether the group survives ``nid`` losing what it acknowledged: another ISR or ELR member keeps an
+        intact copy (during a reassignment among the target and among the original replicas, since either may
+        survive it). The storage and power nemeses hit only then (with every copy gone, losing an entry is not
+        a bug)."""
+        z = self.znode
+        survivors = [z.target, z.original] if z.reassigning else [z.replicas]
+        return all(any(self.intact(m) for m in z.isr + z.elr if m != nid and m in keep) for keep in survivors)
+
+    def power_loss(self, nid: str, restart_after_ms: int) -> None:
+        """The node's machine loses power (and restarts later)."""
+        if self.nodes[nid].alive:
+            self.crash(nid, power=True)
+            self.at(self.now + restart_after_ms, self.restart, nid)
 
     def restart(self, nid: str) -> None:
         n = self.nodes[nid]
@@ -970,10 +1058,10 @@ class Sim:
         d = n.disk
         self.note(f"{nid} installs a checkpoint of [0,{upto}] from {leader}")
         d.entries = state
-        d.durable_end = upto + 1
+        d.durable_end = d.synced_end = upto + 1
         d.start = upto + 1
         d.applied = d.store_durable = d.floor = d.floor_synced = upto
-        d.acked = upto
+        d.acked = d.acked_synced = upto
         d.epoch_pairs = pairs
         d.gen += 1
         # Rebuilt like a restarted replica (same session), told the current znode at once.
@@ -1008,6 +1096,7 @@ class Sim:
             self._lose_copies(d, cut)
             del d.entries[cut:]
             d.durable_end = cut
+            d.synced_end = min(d.synced_end, cut)
             d.gen += 1
             d.damaged = True
         self.at(self.now + restart_after_ms, self.restart, nid)
@@ -1031,6 +1120,7 @@ class Sim:
         if offset > d.applied and offset >= d.start:
             del d.entries[offset:]
             d.durable_end = min(d.durable_end, offset)
+            d.synced_end = min(d.synced_end, offset)
             d.gen += 1
             d.damaged = d.acked >= offset
             d.applied = d.store_durable  # the failed replica's store is abandoned unflushed
@@ -1169,17 +1259,22 @@ def replay_command(seed: int) -> str:
 MEMBERSHIP_SEEDS_FROM = 10_000_000
 #: seeds from here on also run depot trims (pstate.retention's promise rule), from their own generator
 TRIM_SEEDS_FROM = 20_000_000
+#: seeds from here on run half of their groups with replication.fsync=interval and the power-loss nemesis
+INTERVAL_SEEDS_FROM = 13_000_000
 
 
 def run_seed(seed: int, replica_cls: type[Replica] = Replica, fault_ms: int = 1200,
              quiet_ms: int = 1500, trace: bool = False, membership: bool | None = None,
              plan_rules: type[PlanRules] = PlanRules, prepare: Callable[[Sim], None] | None = None,
-             trim_rule: str = "applied") -> RunResult:
+             trim_rule: str = "applied", storage_rule: StorageRule = check_storage,
+             interval: bool | None = None) -> RunResult:
     """One randomized run: faults and client load for ``fault_ms``, then heal and check liveness.
 
     ``membership`` (default: the seeds from MEMBERSHIP_SEEDS_FROM) adds spare workers and the
     reassignment nemesis, which plays the conductor with ``plan_rules``. ``prepare(sim)`` runs before it starts
-    (a test's initial disks: tests/sim/test_restore.py).
+    (a test's initial disks: tests/sim/test_restore.py). ``interval`` (default: half of the
+    seeds from INTERVAL_SEEDS_FROM) runs replication.fsync=interval with the power-loss nemesis. A
+    ``storage_rule`` other than replog's (a mutant) is trusted: the sim then checks only what follows from it.
     """
     rng = random.Random(seed ^ 0x5EED)
     nodes = rng.choice([2, 3, 3, 3, 4])
@@ -1198,8 +1293,15 @@ def run_seed(seed: int, replica_cls: type[Replica] = Replica, fault_ms: int = 12
         faults.resign_rate = balance_rng.choice([2.0, 6.0])
     config = sim_config(nodes, min_isr=rng.choice([None, None, nodes]),
                         max_unapplied_entries=rng.choice([400, 400, 40]))
+    power_rng = random.Random(seed ^ 0xB007)  # its own stream, so earlier seeds replay as recorded
+    coin = power_rng.random() < 0.5
+    if interval is None:
+        interval = seed >= INTERVAL_SEEDS_FROM and coin
+    if interval:
+        config = replace(config, fsync=FSYNC_INTERVAL, flush_ms=power_rng.choice([5, 20, 60]))
     sim = Sim(seed, nodes=nodes, config=config, faults=faults, replica_cls=replica_cls, trace=trace,
               metastore_ms=rng.choice([(1, 5), (1, 40)]), spares=spares)
+    sim.storage_rule = storage_rule
     # Its own generator, so seeds recorded before retention existed still replay their runs.
     sim.retention = random.Random(seed ^ 0x7E7E).random() < 0.5
     config_rng = random.Random(seed ^ 0xC0F1)  # likewise for live option changes
@@ -1223,6 +1325,8 @@ def run_seed(seed: int, replica_cls: type[Replica] = Replica, fault_ms: int = 12
         if seed >= TRIM_SEEDS_FROM:
             sim.trim_rule = trim_rule
             _schedule_trims(sim, random.Random(seed ^ 0x7219), fault_ms)
+        if interval:
+            _schedule_power_losses(sim, power_rng, fault_ms)
         sim.run_until(fault_ms)
         # heal: no more faults, everyone back, fast disks, the options liveness is judged under
         sim.faults = replace(sim.faults, drop=0.0, duplicate=0.0)
@@ -1310,9 +1414,7 @@ def _schedule_storage_faults(sim: Sim, rng: random.Random, until_ms: int) -> Non
         z = sim.znode
         nid = z.leader if (z.leader and rng.random() < 0.5) else rng.choice(sim.ids)
         # (during a reassignment, whichever way it ends: the conductor may be writing its last step already)
-        survivors = [z.target, z.original] if z.reassigning else [z.replicas]
-        if not sim.nodes[nid].hosting or not all(any(sim.intact(m) for m in z.isr + z.elr if m != nid and m in keep)
-                                                 for keep in survivors):
+        if not sim.nodes[nid].hosting or not sim.survivable(nid):
             return
         kind = rng.random()
         if kind < 0.35:
@@ -1325,6 +1427,21 @@ def _schedule_storage_faults(sim: Sim, rng: random.Random, until_ms: int) -> Non
                 sim.find_corruption(nid, rng.randrange(d.start, d.durable_end))
 
     _poisson(sim, rng, rate, until_ms, fault)
+
+
+def _schedule_power_losses(sim: Sim, rng: random.Random, until_ms: int) -> None:
+    """replication.fsync=interval: machines lose power (their page cache with it) and restart, one at a time
+    and only while another ISR or ELR member keeps an intact copy (:meth:`Sim.survivable`): what the mode
+    promises to survive is any minority losing power, so long as one in-sync copy keeps it."""
+    rate = rng.choice([2.0, 5.0])
+
+    def cut() -> None:
+        z = sim.znode
+        nid = z.leader if (z.leader and rng.random() < 0.5) else rng.choice(sim.ids)
+        if sim.nodes[nid].hosting and sim.nodes[nid].alive and sim.survivable(nid):
+            sim.power_loss(nid, rng.randint(5, 250))
+
+    _poisson(sim, rng, rate, until_ms, cut)
 
 
 def _schedule_membership(sim: Sim, rng: random.Random, until_ms: int,

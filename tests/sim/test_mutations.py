@@ -15,8 +15,9 @@ from tests.sim.mutants import (
     ElectsEmptiedReplica,
     ForgetsAppliedFloor,
     TruncateToHighWatermark,
+    ignores_page_cache_rule,
 )
-from tests.sim.sim import MEMBERSHIP_SEEDS_FROM, run_seed
+from tests.sim.sim import INTERVAL_SEEDS_FROM, MEMBERSHIP_SEEDS_FROM, run_seed
 
 WITHIN = 50
 #: a deposed leader joins the ELR only when one in-sync replica is left, a rarer state: caught at seed 57
@@ -47,3 +48,14 @@ def test_membership_seeds_catch_mutant(mutant: type[Replica], rules: type[PlanRu
             assert "replay:" in result.error
             return
     pytest.fail(f"{mutant.__name__}/{rules.__name__} survived {WITHIN} membership seeds: the checker is too weak")
+
+
+def test_interval_seeds_catch_a_driver_without_the_page_cache_rule() -> None:
+    """replication.fsync=interval with power losses: without the unclean-shutdown rule a replica that lost its
+    page cache is elected and applied entries are gone (caught at seed INTERVAL_SEEDS_FROM + 25)."""
+    for seed in range(INTERVAL_SEEDS_FROM, INTERVAL_SEEDS_FROM + WITHIN):
+        result = run_seed(seed, storage_rule=ignores_page_cache_rule, interval=True)
+        if result.error is not None:
+            assert "replay:" in result.error and "lacks applied entry" in result.error, result.error
+            return
+    pytest.fail(f"ignoring the page-cache rule survived {WITHIN} interval seeds: the checker is too weak")

@@ -15,6 +15,8 @@ from conductor.metastore.depot_options import (
 )
 from conductor.metastore.module_spec import (
     DEPOT_APPEND_TIMEOUT_MS,
+    FLUSH_MS,
+    FSYNC,
     MAX_ENTRY_BYTES,
     MAX_NEAR_SYNC_MESSAGE_LAG,
     MAX_RECORD_BYTES,
@@ -30,6 +32,7 @@ from conductor.metastore.module_spec import (
     NotEnoughNodes,
     UnknownOption,
 )
+from replog.config import FSYNC_ALWAYS
 
 
 def test_depot_options_name_every_depot_or_one() -> None:
@@ -61,7 +64,13 @@ def test_defaults_follow_replication_factor() -> None:
                                           MAX_RECORD_BYTES: 4 * 1024 * 1024, MAX_ENTRY_BYTES: 16 * 1024 * 1024,
                                           REASSIGN_COPY_BYTES_PER_S: 64 * 1024 * 1024,
                                           RETENTION_MS: 0, RETENTION_BYTES: 0, COMPACTION: 0,
-                                          DELETE_RETENTION_MS: 86_400_000, CHECK_INTERVAL_MS: 5000}
+                                          DELETE_RETENTION_MS: 86_400_000, CHECK_INTERVAL_MS: 5000,
+                                          FSYNC: FSYNC_ALWAYS, FLUSH_MS: 100}
+    assert spec().shown_options()[FSYNC] == "always"
+    assert spec(options={FSYNC: "interval"}).shown_options()[FSYNC] == "interval"
+    assert spec(options={FSYNC: "interval"}).replication_config().acks_from_page_cache
+    with pytest.raises(InvalidOption, match="must be one of always, interval"):
+        spec(options={FSYNC: "sometimes"})
     assert spec(replication_factor=1, workers=1).option(MIN_ISR) == 1
 
 

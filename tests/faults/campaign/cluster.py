@@ -69,6 +69,10 @@ class ClusterSettings:
     tmpfs_mb: int = 0
     #: mutual TLS on every link, authorization on every worker, ZooKeeper digest auth (`--secure`)
     secure: bool = False
+    #: the module's replication.fsync (`--fsync`): always, or interval (acknowledged from the page cache)
+    fsync: str = "always"
+    #: the module's replication.flush.ms in interval mode (`--flush-ms`)
+    flush_ms: int = 100
 
 
 def wait_until(cond: object, timeout_s: float, what: str, interval_s: float = 0.1) -> object:
@@ -244,7 +248,9 @@ class FaultCluster:
                               options={"replication.min.isr": str(self.settings.min_isr),
                                        "replication.max.time.lag.millis": str(self.settings.max_lag_ms),
                                        "replication.depot.append.timeout.millis":
-                                           str(self.settings.append_timeout_ms)})
+                                           str(self.settings.append_timeout_ms),
+                                       "replication.fsync": self.settings.fsync,
+                                       "replication.flush.ms": str(self.settings.flush_ms)})
             groups = deploy_code(c, spec, package_code(MODULE_REF))
         finally:
             c.ms.close()

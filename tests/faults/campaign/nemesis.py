@@ -32,6 +32,7 @@ from tests.faults.campaign.cluster import (
     wait_until,
 )
 from tests.faults.campaign.zkwatch import GroupRecorder
+from tests.faults.power_loss import lose_machine_page_cache
 
 Heal = Callable[[], None]
 
@@ -41,10 +42,19 @@ ZOOKEEPER = ("kill_zk", "session_expiry")
 DISK = ("bitflip_replog", "bitflip_sst", "torn_tail", "lost_data", "disk_full")
 #: reassignments (issue 27): not in "all" (seeds recorded before it replay unchanged); `--faults all,membership`
 MEMBERSHIP = ("reassign",)
-#: Every fault class, in the order reports list them.
+#: Every fault class of a run in the default durability mode, in the order reports list them ("all" is these
+#: but MEMBERSHIP).
 CLASSES = (*PROCESS, *NETWORK, *ZOOKEEPER, *DISK, *MEMBERSHIP)
 #: how long a reassignment's heal waits for a plan to end before cancelling it
 PLAN_WAIT_S = 90.0
+#: replication.fsync=interval only (`--fsync interval` adds it): a machine losing power, its page cache with it.
+#: Kept out of CLASSES so that "all" and every kept seed replay the choices they were recorded with.
+POWER = ("power_loss",)
+#: every class there is, in report order
+EVERY_CLASS = (*CLASSES, *POWER)
+#: the most a power loss cuts off one group's last segment: more than one flush interval's writes at the
+#: campaign's rate (a stronger fault than the mode promises to survive; the page-cache rule treats it the same)
+POWER_CUT_MAX_BYTES = 64 * 1024
 
 
 class NotApplicable(Exception):
@@ -149,7 +159,7 @@ class Nemesis:
 
     def injected(self) -> dict[str, int]:
         """Faults injected per class (those whose injection failed are not counted)."""
-        out = dict.fromkeys(CLASSES, 0)
+        out = dict.fromkeys(EVERY_CLASS, 0)
         for f in self.faults:
             if "injection failed" not in f.detail and "(skipped" not in f.detail:
                 out[f.cls] += 1
@@ -368,6 +378,39 @@ class Nemesis:
                 child.unlink()
         fault.detail += f": {d} emptied"
         return lambda: self._restart_worker(w, fault)
+
+    def power_loss(self, fault: Fault) -> Heal:
+        """replication.fsync=interval: a worker's machine loses power (a leader's 80% of the time). SIGKILL, then
+        what the reboot does to its files (tests/faults/power_loss.py): every group's last segment loses an
+        unsynced tail, the marks read as last synced, under another boot id. Only while every group keeps
+        another ISR member (what the mode promises to survive: one in-sync copy keeps power). The heal
+        restarts it and waits until every group it lost records its new storage incarnation (the page-cache
+        rule acted: it left the ISR to rebuild from the leader, never to be elected on what it lost)."""
+        if self.cluster.settings.fsync != "interval":
+            raise RuntimeError("power_loss needs --fsync interval (in always mode a power loss loses nothing "
+                               "acknowledged: that is torn_tail's unacknowledged tail)")
+        w = self._leader(fault)
+        before = self.cluster.groups()
+        alone = [g for g, st in before.items() if not [m for m in st.isr if m != w]]
+        if alone:
+            raise NotApplicable(f"{w} is the only in-sync replica of group(s) {alone}", lambda: None)
+        self.cluster.workers[w].kill()
+        module_dir = self.cluster.group_dir(w, 0).parent
+        losses = lose_machine_page_cache(module_dir, lambda size: self.rng.randint(1, min(size, POWER_CUT_MAX_BYTES)))
+        lost = {int(x.group_dir.name): x for x in losses}
+        fault.detail += ": " + (", ".join(f"group {g} replog {x.end_before}->{x.end_after} (acked {x.acked_before})"
+                                          for g, x in lost.items())
+                                or "nothing acknowledged from the page cache yet")
+
+        def heal() -> None:
+            self._restart_worker(w, fault)
+
+            def recorded() -> bool:
+                now = self.cluster.groups()
+                return all(now[g].incarnation_of(w) != before[g].incarnation_of(w) for g in lost)
+            wait_until(recorded, 60, f"{w} to record a new storage incarnation in groups {sorted(lost)} "
+                                     "(the page-cache rule)")
+        return heal
 
     def disk_full(self, fault: Fault) -> Heal:
         """The full-disk worker's tmpfs fills up while it runs."""

@@ -11,7 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from tests.faults.campaign.nemesis import CLASSES
+from tests.faults.campaign.nemesis import EVERY_CLASS
 from tests.faults.campaign.run import RunConfig, RunResult
 
 
@@ -78,7 +78,7 @@ class Campaign:
             "divergent_replicas": sum(len(r.findings.divergent_replicas) for r in rs),
             "checker_violations": sum(len(r.findings.violations) + len(r.errors) for r in rs),
             "isr_unjudged": sum(r.findings.isr_unjudged for r in rs),
-            "faults_injected": {c: sum(r.injected.get(c, 0) for r in rs) for c in CLASSES},
+            "faults_injected": {c: sum(r.injected.get(c, 0) for r in rs) for c in EVERY_CLASS},
             "max_unavailable_after_heal_s": None if any(u is None for u in unavail) or not unavail
             else round(max(u for u in unavail if u is not None), 2),
         }

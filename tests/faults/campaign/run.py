@@ -21,7 +21,7 @@ from tests.faults.campaign.checker import Findings, Inputs, check
 from tests.faults.campaign.cluster import WORKERS, ClusterSettings, FaultCluster
 from tests.faults.campaign.history import Clients, History, append
 from tests.faults.campaign.module import KEYS
-from tests.faults.campaign.nemesis import CLASSES, Fault, Nemesis
+from tests.faults.campaign.nemesis import EVERY_CLASS, POWER, Fault, Nemesis
 from tests.faults.campaign.replicas import ReplicaState, applied_on_disk, read_replica
 from tests.faults.campaign.zkwatch import GroupEvent, GroupRecorder
 
@@ -41,10 +41,15 @@ class RunConfig:
     clients: int = 8
     #: TLS, authorization and ZooKeeper auth on (ClusterSettings.secure)
     secure: bool = False
+    #: the module's durability mode and flush interval (ClusterSettings.fsync, flush_ms)
+    fsync: str = "always"
+    flush_ms: int = 100
 
     def command(self) -> str:
+        mode = f" --fsync interval --flush-ms {self.flush_ms}" if self.fsync == "interval" else ""
         return (f"python -m tests.faults.campaign --runs 1 --seed {self.seed} --duration {self.duration_s:g} "
-                f"--faults {','.join(self.faults)} --clients {self.clients}{' --secure' if self.secure else ''}")
+                f"--faults {','.join(self.faults)} --clients {self.clients}{' --secure' if self.secure else ''}"
+                f"{mode}")
 
 
 @dataclass
@@ -103,12 +108,15 @@ def save_record(root: Path, history: History, events: list[GroupEvent], faults: 
 
 
 def run_once(cfg: RunConfig, workdir: Path | None = None, keep: bool = False) -> RunResult:
-    unknown = [c for c in cfg.faults if c not in CLASSES]
+    unknown = [c for c in cfg.faults if c not in EVERY_CLASS]
     if unknown:
-        raise ValueError(f"unknown fault class(es) {unknown}; known: {', '.join(CLASSES)}")
+        raise ValueError(f"unknown fault class(es) {unknown}; known: {', '.join(EVERY_CLASS)}")
+    if cfg.fsync != "interval" and any(c in POWER for c in cfg.faults):
+        raise ValueError("power_loss needs --fsync interval")
     started = time.monotonic()
     root = Path(tempfile.mkdtemp(prefix=f"campaign-{cfg.seed}-", dir=workdir))
-    settings = ClusterSettings(tmpfs_mb=TMPFS_MB if "disk_full" in cfg.faults else 0, secure=cfg.secure)
+    settings = ClusterSettings(tmpfs_mb=TMPFS_MB if "disk_full" in cfg.faults else 0, secure=cfg.secure,
+                               fsync=cfg.fsync, flush_ms=cfg.flush_ms)
     fc = FaultCluster(root, settings)
     errors: list[str] = []
     try:
