@@ -25,6 +25,11 @@ import rocksdict
 
 from pstate.errors import rocks_errors
 
+
+def pstate_cf(name: str) -> str:
+    """The column family of PState ``name``."""
+    return "pstate:" + name
+
 META = "_meta"
 SPARE = "spare:"
 SPARES = 4

@@ -68,7 +68,6 @@ from pstate.engine import (
     LayeredReader,
     Reader,
     _packb,
-    decode_value,
     encode_value,
     pack,
     top_key,
@@ -77,7 +76,6 @@ from pstate.engine import (
 from pstate.errors import (
     CorruptStore,
     DepotNotFound,
-    InvalidPath,
     PStateError,
     PStateNotFound,
     SchemaMismatch,
@@ -86,12 +84,13 @@ from pstate.errors import (
     translate,
 )
 from pstate.families import ALIAS, ALIAS_END, Families, read_aliases, spare_names
+from pstate.families import pstate_cf as pstate_cf
 from pstate.keys import encode_key
 from pstate.migration import ActiveMigration, MigratingReader
-from pstate.path import KEY, Nav, P, Path, Transform, as_transform
+from pstate.path import P, Path, Transform, as_transform
 from pstate.reader import DbReader, verify_column_families
-from pstate.scan import PackedScanPage, ScanPage, packed_scan_page, scan_page
 from pstate.schema import Map, Scalar, Set, check_top_level
+from pstate.view import PStateView as PStateView
 
 #: envelopes a task group sends to others (see pstate.outbox); its own family, so trims never touch _meta
 OUTBOX = "_outbox"
@@ -99,10 +98,6 @@ _APPLIED = b"applied"
 _BATCH = b"b:"
 _U32 = 1 << 32
 _U64 = 1 << 64
-
-
-def pstate_cf(name: str) -> str:
-    return "pstate:" + name
 
 
 class TaskGroupStore:
@@ -460,64 +455,6 @@ class TaskGroupStore:
             with rocks_errors("checkpoint", self.path):
                 rocksdict.Checkpoint(self._db).create_checkpoint(os.fspath(directory))
             return take_checkpoint(os.fspath(directory), self._applied, leader_epoch)
-
-
-class PStateView:
-    """Queries on one PState: ``select(path) -> list``, ``select_one(path)``."""
-
-    def __init__(self, store: TaskGroupStore, name: str, reader: Reader) -> None:
-        self._engine = store.engine(name, reader, None)
-        self._store = store
-        s = self._engine.root.schema
-        self._fast = isinstance(s, Map) and not s.value.storage
-        self._key = s.key if isinstance(s, Map) else None
-        #: str keys take the hottest path (no validation needed: the type is checked on the spot)
-        self._str_keys = self._fast and isinstance(self._key, Scalar) and self._key.pytype is str
-        self._vs = s.value if isinstance(s, Map) else None
-        # point reads of applied state go straight to the column family (no reader layers)
-        self._cfget = store._cfs[pstate_cf(name)].get \
-            if reader is store._reader and name not in store.migrations else None
-        self._plain = self._vs is not None and self._vs.plain
-
-    def select(self, path: Path = P) -> list[Any]:
-        """Every value the path reaches, in order."""
-        if not isinstance(path, Path):
-            raise InvalidPath(self._engine.name, f"select() takes a path (P...), got {type(path).__name__}")
-        return self._engine.select(path.navs)
-
-    def select_one(self, path: Path | Any = P) -> Any:
-        """The single value the path reaches (None if none); a bare key means ``P.key(key)``."""
-        if type(path) is str and self._str_keys and self._cfget is not None and self._plain:
-            try:  # the hottest path: a str key of a top-level map of plain values
-                raw = self._cfget(b"\x02\x05" + path.encode("utf-8", "surrogatepass").replace(b"\x00", b"\x00\xff")
-                                  + b"\x00\x01")
-            except Exception as exc:
-                raise translate(exc, "get", self._store.path) from exc
-            return None if raw is None else unpack(raw)
-        if not isinstance(path, Path):
-            if self._fast and self._vs is not None and self._key is not None:  # hot path: a top-level key
-                self._key.validate(path, f"{self._engine.name} key")
-                ek = encode_key(path)
-                raw = self._engine.get(b"\x02" + ek)
-                return None if raw is None else decode_value(self._vs, raw)
-            path = P.key(path)
-        navs = path.navs
-        if self._fast and len(navs) == 1 and navs[0][0] == KEY:
-            return self.select_one(navs[0][1])
-        out = self.select(path)
-        if len(out) > 1:
-            raise InvalidPath(self._engine.name, f"select_one() reached {len(out)} values; use select()")
-        return out[0] if out else None
-
-    def scan_page(self, start: Any, end: Any, after: bytes | None, limit: int, max_bytes: int,
-                  keep: Callable[[Any], bool] | None = None, navs: tuple[Nav, ...] = ()) -> ScanPage:
-        """One bounded page of a map PState's entries in ``[start, end)`` after ``after`` (see pstate/scan.py)."""
-        return scan_page(self._engine, start, end, after, limit, max_bytes, keep, navs)
-
-    def packed_scan_page(self, start: Any, end: Any, after: bytes | None, limit: int, max_bytes: int,
-                         keep: Callable[[Any], bool] | None = None) -> PackedScanPage | None:
-        """:meth:`scan_page` without navigators, packed for the wire (None: values not plain; see pstate/scan.py)."""
-        return packed_scan_page(self._engine, start, end, after, limit, max_bytes, keep)
 
 
 class ChangeSetBuilder:
