@@ -537,9 +537,9 @@ def set_option(
             raise UnknownOption(key)
         with _connect(zk) as conductor:
             spec, _ = conductor.ms.modules.get(module)
-            old = f"{spec.shown_options()[key]}" + ("" if key in spec.options else " (default)")
+            old = f"{spec.shown_option(key)}" + ("" if key in spec.options else " (default)")
             updated = conductor.ms.modules.set_option(module, key, value)
-        new = str(updated.shown_options()[key])  # as typed: replication.fsync's word, not its code
+        new = str(updated.shown_option(key))  # as typed: replication.fsync's word, not its code
         console.print(Text.assemble((module, "bold"), f" {key}: {old} -> ", (new, "bold green")))
         when = ("workers apply it when they next open the module (restart)" if key == SEGMENT_BYTES
                 else "running workers apply it now")

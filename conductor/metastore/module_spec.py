@@ -346,8 +346,12 @@ class ModuleSpec:
 
     def shown_options(self) -> dict[str, int | str]:
         """:meth:`effective_options` as an operator types them (what `conductor status` shows)."""
-        words = {code: word for word, code in FSYNC_MODES.items()}
-        return {key: words[value] if key == FSYNC else value for key, value in self.effective_options().items()}
+        return {key: self.shown_option(key) for key in self.effective_options()}
+
+    def shown_option(self, key: str) -> int | str:
+        """:meth:`option` as an operator types it (replication.fsync's word, not its code); per-depot keys too."""
+        value = self.option(key)
+        return {code: word for word, code in FSYNC_MODES.items()}[value] if key == FSYNC else value
 
     def with_option(self, key: str, value: str) -> ModuleSpec:
         """A copy with one option set; validates it so a bad value never reaches ZooKeeper."""
