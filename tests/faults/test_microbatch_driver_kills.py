@@ -17,6 +17,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from conductor.client import Cluster
 from conductor.devcluster import DevCluster
 from tests.integration.cluster_helpers import deploy, wait_for
@@ -41,6 +43,7 @@ def _kill(p: subprocess.Popen[bytes]) -> None:
     p.wait(timeout=30)
 
 
+@pytest.mark.slow  # about 3 minutes of driver restarts (make test must stay under 25 minutes): `make test-all`
 def test_driver_killed_repeatedly_still_commits_every_batch_exactly_once(tmp_path: Path) -> None:
     rng = random.Random(20261122)
     with DevCluster(tmp_path / "cluster", nodes=3, session_timeout=4.0) as dc:
