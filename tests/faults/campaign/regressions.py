@@ -58,4 +58,11 @@ REGRESSIONS: tuple[Regression, ...] = (
                "a worker restarted after a torn tail met its crashed predecessor's node at registration, and that "
                "session expired between the create and the read of the node's owner: the read's NoNodeError made "
                "the worker exit while starting; fixed: registration creates again when the stale node is gone"),
+    Regression(RunConfig(3401, 45.0, parse_faults("kill_worker,pause_worker,kill_conductor,reassign"), 8),
+               "the first campaign run of the reassign class (session 10): nothing acknowledged was lost, but "
+               "re-adding w3 to group 2 did not complete within the heal's 90 s and was cancelled, and the "
+               "checker compared replicas a reassignment had rebuilt (a log starting after a far-horizon "
+               "checkpoint) or removed (an empty group directory) byte for byte with their leader",
+               xfail="issue 27: the re-add's stall is not diagnosed; the checker must judge reassigned replicas "
+                     "by the overlap of their logs and their stores, and skip removed ones"),
 )
