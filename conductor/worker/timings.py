@@ -135,7 +135,9 @@ class ReplicaTimings:
 
     def __init__(self) -> None:
         self.histograms: dict[tuple[str, tuple[str, ...]], Buckets] = {}
-        #: leader: the entries built and not yet applied, as runs of one type, in offset order
+        #: leader: the entries built and not yet applied, as runs of one type, in offset order. Bounded by the
+        #: leader's unapplied entries (at most replication.max.unapplied.entries: the inbox refuses appends past
+        #: it with Backpressure), popped as they apply, cleared once the replica no longer leads.
         self._built: deque[_Run] = deque()
         #: leader: per follower, the end of the first entries sent and not yet acknowledged, and when
         self._sent: dict[str, tuple[int, float]] = {}
