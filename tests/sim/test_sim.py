@@ -282,6 +282,15 @@ def test_regression_seed_no_leader_after_a_plan_to_one_replica_with_storage_faul
     assert result.error is None, result.error
 
 
+@pytest.mark.xfail(strict=True, reason="open: a plan moving a one-replica group to a spare never completes")
+def test_regression_seed_a_plan_to_a_spare_still_in_progress_after_healing() -> None:
+    """Seed 14013316 (sweep 14,005,000-14,014,999, session 10, final main): one node plus two spares, storage
+    faults; after healing, a plan moving the group from a to b still waits (b in the ISR, leader a being removed),
+    so the hand-off to b never happened. Not diagnosed yet (a liveness failure, not a loss)."""
+    result = run_seed(14013316)
+    assert result.error is None, result.error
+
+
 @pytest.mark.xfail(strict=True, reason="open: the class of 11042720 (a plan completes onto a replica that just "
                                        "found damage in place)")
 @pytest.mark.parametrize("seed", [13013670, 13039182])
