@@ -409,7 +409,7 @@ class Replica(LeaderRules, FollowerRules):
         self.reconciled = True
         if self.epochs.assign(st.epoch, self.log_end):
             self._persist_epochs()
-        peers = {r: Peer(last_progress_ms=self._now) for r in st.replicas if r != self.node_id}
+        peers = {r: Peer(last_progress_ms=self._now, last_heard_ms=self._now) for r in st.replicas if r != self.node_id}
         self._ls = LeaderState(isr=st.isr, osr=st.osr, version=st.version, peers=peers, storage=st.storage,
                                 elr=st.elr, adding=st.adding, removing=st.removing, batch_ends=[self.log_end], batch_times=[self._now],
                                 bytes_base=self.log_end)

@@ -154,7 +154,14 @@ class LeaderRules(ReplicaState):
                 ls.bytes_base += cut
 
     def _lag_ms(self, r: str) -> int:
-        """How long the oldest entry follower ``r`` does not hold has existed (0 if it holds all)."""
+        """How long follower ``r`` has not been known to hold everything (0 if it holds all).
+
+        It held everything until the oldest entry it lacks was appended, and was last known alive when it
+        last acknowledged: the lag runs from the earlier of the two. A follower that died holding the whole log
+        of a quiet group therefore lags from its last word, not from the first entry after its death, so every
+        group it followed drops it within ``max_time_lag_ms`` of its death, not that long after each group's next
+        append (which stalled ``applied`` appends group after group).
+        """
         ls = self._ls
         assert ls is not None
         p = ls.peers[r]
@@ -164,7 +171,7 @@ class LeaderRules(ReplicaState):
         k = bisect_right(ls.batch_ends, first_missing)
         if k >= len(ls.batch_ends):
             return 0
-        return self._now - ls.batch_times[k]
+        return self._now - min(ls.batch_times[k], p.last_heard_ms)
 
     def _on_ack(self, m: ReplicateAck) -> None:
         ls = self._ls
@@ -176,6 +183,7 @@ class LeaderRules(ReplicaState):
         if m.incarnation != (_recorded(ls.storage, m.src) or 0):
             return  # from a storage the znode does not record (lost and replaced, or not registered yet)
         p = ls.peers[m.src]
+        p.last_heard_ms = self._now
         p.reconciled = True
         if m.reset:
             p.acked_end = m.log_end
@@ -332,7 +340,7 @@ class LeaderRules(ReplicaState):
         for r in st.replicas:
             if r != self.node_id and (r not in ls.peers or
                                       _recorded(ls.storage, r) != st.incarnation_of(r)):
-                ls.peers[r] = Peer(last_progress_ms=self._now)  # new, or another storage: it knows nothing yet
+                ls.peers[r] = Peer(last_progress_ms=self._now, last_heard_ms=self._now)  # new, or another storage: it knows nothing yet
         ls.storage = st.storage
         self._advance_apply()
 

@@ -30,6 +30,7 @@ class Peer:
     sent_apply: int = -1  #: apply offset last sent to it
     last_send_ms: int = -(10**18)
     last_progress_ms: int = 0  #: last time acked_end advanced (or a resend started)
+    last_heard_ms: int = 0  #: last time it acknowledged anything in this epoch (or when it became a peer)
     far: bool = False  #: far-horizon catchup in progress
     far_since_ms: int = 0
 

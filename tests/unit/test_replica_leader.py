@@ -282,6 +282,39 @@ def test_lowering_min_isr_live_unstalls_the_group() -> None:
     assert r.min_isr == 2 and not r.stalled
 
 
+def test_a_silent_follower_of_a_quiet_group_is_dropped_on_the_first_append_after_the_lag() -> None:
+    """A follower that died holding the whole log lags from its last acknowledgement, not from the next entry:
+    every group it followed drops it as soon as an entry needs it, not max_time_lag_ms after that entry (which
+    stalled `applied` appends one group after another, max_time_lag_ms each, after a worker was killed)."""
+    r, _ = make_leader(min_isr=2)
+    r.handle(ClientAppend(1, 1, 10, Ack.APPLIED, data=[b"x"]), 1)
+    r.handle(LocalFlushed(1), 2)
+    ack(r, "b", 0, now=3)
+    ack(r, "c", 0, now=3)  # c's last word: it holds everything, then goes silent
+    for t in range(10, 200, 20):
+        ack(r, "b", 0, now=t)  # b answers heartbeats; the group is quiet
+    out = r.handle(Tick(), 200)
+    assert not of(out, ChangeIsr), "holding everything, c is not lagging however long it was silent"
+    r.handle(ClientAppend(2, 1, 1000, Ack.APPLIED, data=[b"y"]), 201)
+    r.handle(LocalFlushed(2), 202)
+    out = ack(r, "b", 1, now=203) + r.handle(Tick(), 204)
+    (cas,) = of(out, ChangeIsr)
+    assert cas.new.isr == ("a", "b") and cas.new.osr == ("c",)
+    out = r.handle(IsrChanged(cas.new), 205)
+    assert [x.request_id for x in of(out, Reply) if x.error is None] == [2]
+
+
+def test_a_follower_that_acknowledges_in_time_is_not_dropped_for_a_short_lag() -> None:
+    r, _ = make_leader(min_isr=2)
+    for i in range(5):
+        t = 1000 + 40 * i
+        r.handle(ClientAppend(i + 1, 1, 10_000, Ack.APPLIED, data=[b"x"]), t)
+        r.handle(LocalFlushed(i + 1), t + 1)
+        ack(r, "b", i, now=t + 2)
+        ack(r, "c", i - 1, now=t + 2)  # c trails by one entry, but answers every frame
+        assert not of(r.handle(Tick(), t + 3), ChangeIsr)
+
+
 def test_storage_is_recorded_before_leading_and_only_acks_of_recorded_storage_count() -> None:
     """replog.eligibility: no leading before the znode records this storage; a follower's acks count only
     from the incarnation the znode records, and a new incarnation makes the leader forget the old one's."""
