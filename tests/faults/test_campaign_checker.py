@@ -124,3 +124,21 @@ def test_a_follower_missing_only_an_uncommitted_tail_is_not_divergent() -> None:
     assert check(inputs(replicas={0: reps})).ok
     reps["w3"] = replica("w3", RECORDS, replog=b"lox")  # not a prefix: divergent
     assert len(check(inputs(replicas={0: reps})).divergent_replicas) == 1
+
+
+def test_a_replica_rebuilt_from_a_checkpoint_is_judged_on_the_entries_both_logs_hold() -> None:
+    """A replica a reassignment added copied a checkpoint: its log starts later than its leader's, so byte
+    prefixes cannot be compared; the entries both hold must be equal and the stores the same."""
+    lead = dataclasses.replace(replica("w1", RECORDS), log_start=0, log_end=3, entries={0: 10, 1: 11, 2: 12})
+    rebuilt = dataclasses.replace(replica("w2", RECORDS), log_start=2, log_end=3, replog=b"g", entries={2: 12})
+    empty = dataclasses.replace(replica("w3", RECORDS), log_start=3, log_end=3, replog=b"", entries={})
+    f = check(inputs(replicas={0: {"w1": lead, "w2": rebuilt, "w3": empty}}))
+    assert f.ok, f.lines()
+    wrong = dataclasses.replace(rebuilt, entries={2: 99})
+    short = dataclasses.replace(rebuilt, log_end=2, entries={}, applied=1)
+    other = dataclasses.replace(rebuilt, counts={"$$counts": {}, "$$tally": {}})
+    f = check(inputs(replicas={0: {"w1": lead, "w2": wrong, "w3": short}}))
+    assert [x.split(":")[0] for x in f.divergent_replicas] == ["group 0 w2 vs w1", "group 0 w3 vs w1"]
+    assert "entry 2 differs" in f.divergent_replicas[0] and "log [2, 2) != [0, 3)" in f.divergent_replicas[1]
+    f = check(inputs(replicas={0: {"w1": lead, "w2": other}}))
+    assert "counts differ" in f.divergent_replicas[0], f.divergent_replicas

@@ -5,7 +5,8 @@ Findings are of four kinds, counted apart because they mean different things:
 - ``duplicated``: an acknowledged or unknown value present more than once (the campaign's clients never re-send
   a value, and the client library's retries are idempotent, so `make test` fails on any);
 - ``divergent_replicas``: a replica whose replog bytes, depot records, counts or applied offset differ from
-  its group's leader, or whose files cannot be read;
+  its group's leader, or whose files cannot be read (a replica a reassignment rebuilt from a checkpoint is
+  judged on the entries both logs hold; a replica a reassignment removed is not a member and not compared);
 - ``violations``: everything else that must never happen: a failed value visible, a value nobody sent,
   counts that are not a replay of their depot, an epoch that went back, two leaders in one epoch, an
   acknowledgement while the ISR was below min-ISR the whole time, a group unavailable for longer than the
@@ -111,6 +112,8 @@ def _check_replicas(inp: Inputs, f: Findings) -> dict[int, ReplicaState]:
 def _differs(ref: ReplicaState, s: ReplicaState) -> str | None:
     if s.error is not None:
         return f"unreadable: {s.error}"
+    if s.log_start != ref.log_start:
+        return _differs_rebuilt(ref, s)
     if (s.log_start, s.log_end) != (ref.log_start, ref.log_end):
         # Only an uncommitted tail may be missing: the leader may append housekeeping (an outbox trim) after
         # the cluster converged and before it froze. Both applied up to the commit point, so equal applied
@@ -123,6 +126,28 @@ def _differs(ref: ReplicaState, s: ReplicaState) -> str | None:
         at = next((i for i, (a, b) in enumerate(zip(s.replog, ref.replog, strict=False)) if a != b),
                   min(len(s.replog), len(ref.replog)))
         return f"replog bytes differ from byte {at} ({len(s.replog)} vs {len(ref.replog)} bytes)"
+    if s.depots != ref.depots:
+        return "depot records differ"
+    if s.counts != ref.counts:
+        return f"counts differ: {s.counts} vs {ref.counts}"
+    if s.applied != ref.applied:
+        return f"applied offset {s.applied} != {ref.applied}"
+    return None
+
+
+def _differs_rebuilt(ref: ReplicaState, s: ReplicaState) -> str | None:
+    """Logs that start at different offsets: a replica a reassignment added (or a far-horizon install rebuilt)
+    copied a checkpoint, so its log starts where that checkpoint's applied offset ended. Byte prefixes cannot
+    be compared; the entries both hold must be equal, the later log must not end early, and both stores must
+    hold the same state."""
+    common = s.entries.keys() & ref.entries.keys()
+    if common != set(range(max(s.log_start, ref.log_start), min(s.log_end, ref.log_end))):
+        return f"log [{s.log_start}, {s.log_end}) does not overlap [{ref.log_start}, {ref.log_end}) as a suffix"
+    bad = next((o for o in sorted(common) if s.entries[o] != ref.entries[o]), None)
+    if bad is not None:
+        return f"entry {bad} differs (log [{s.log_start}, {s.log_end}) vs [{ref.log_start}, {ref.log_end}))"
+    if s.log_end != ref.log_end and not (s.log_end < ref.log_end and s.applied == ref.applied):
+        return f"log [{s.log_start}, {s.log_end}) != [{ref.log_start}, {ref.log_end})"
     if s.depots != ref.depots:
         return "depot records differ"
     if s.counts != ref.counts:

@@ -13,6 +13,7 @@ how many entries that took is reported.
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,9 @@ class ReplicaState:
     log_start: int = 0
     log_end: int = 0
     replog: bytes = b""
+    #: offset -> CRC-32 of (epoch, type, payload): compares logs that start at different offsets (a replica a
+    #: reassignment added copied a checkpoint, so its log starts after the leader's)
+    entries: dict[int, int] = field(default_factory=dict)
     applied: int = -1
     #: entries applied from its own replog before reading (see the module docstring)
     caught_up: int = 0
@@ -72,6 +76,8 @@ def read_replica(gdir: Path, worker: str, group: int, tasks: int, commit: int) -
         with Log.open(gdir / "replog", fsync="none", verify=True) as log:
             st.log_start, st.log_end = log.start_offset, log.end_offset
             st.replog = log.read(log.start_offset, 1 << 31) if log.end_offset > log.start_offset else b""
+            st.entries = {off: zlib.crc32(payload, zlib.crc32(b"%d:%d:" % (epoch, typ)))
+                          for off, epoch, typ, payload in log.read_entries(log.start_offset, log.end_offset)}
         store = TaskGroupStore(gdir / "state", {n: d.schema for n, d in definition.pstates.items()},
                                definition.depot_names())
         try:

@@ -154,6 +154,7 @@ def run_once(cfg: RunConfig, workdir: Path | None = None, keep: bool = False) ->
                 converged = False
                 errors.append(f"convergence check failed: {type(e).__name__}: {e}")
             leaders = {g: ev.leader for g, ev in recorder.latest.items()}
+            members_of = {g: ev.replicas for g, ev in recorder.latest.items() if ev.replicas}
             events = list(recorder.events)
         finally:
             recorder.close()
@@ -165,7 +166,9 @@ def run_once(cfg: RunConfig, workdir: Path | None = None, keep: bool = False) ->
             # the commit point: the highest applied offset a replica reported before it stopped, or holds
             disk = [a for w in WORKERS if (a := applied_on_disk(fc.group_dir(w, g))) is not None]
             commit = max([*live[g], *disk], default=-1)
-            replicas[g] = {w: read_replica(fc.group_dir(w, g), w, g, settings.tasks, commit) for w in WORKERS}
+            # a worker a reassignment removed holds no replica of the group any more (its data is deleted)
+            members = [w for w in WORKERS if g not in members_of or w in members_of[g]]
+            replicas[g] = {w: read_replica(fc.group_dir(w, g), w, g, settings.tasks, commit) for w in members}
         findings = check(Inputs(history.ops, replicas, leaders, events, settings.min_isr, unavailable, bound,
                                 converged))
         measured = [s for s in unavailable.values() if s is not None]
