@@ -1,10 +1,12 @@
 """The app's side of queries: paged scans (:func:`scan_pages`) and query topologies (:func:`run_query`).
 
-A scan is a series of bounded pages, each one call to a group leader that answers with a resume point;
-a scan of every task walks the groups one after the other, and the client holds two pages at most (the
-next is asked for while the current one is decoded and handled); a :class:`ScanPage`'s ``token`` resumes
-right after it (in another process too). The worker keeps the
-requested task's keys (a group's store holds all its tasks'), so no other key crosses the network.
+A scan is a series of bounded pages, each with a resume point, that the group leader pushes on a server
+stream (:class:`~conductor.client.scan_stream.GroupPages`: two pages at most ahead on the worker, then
+gRPC's flow control). A scan of every task streams from every group's leader at once and takes their pages
+in turn (a page of group 0, then of group 1, ...; a group that is done drops out), so the leaders read in
+parallel; the client holds the page it returns. A :class:`ScanPage`'s ``token`` (the next group's turn and
+each group's resume point) resumes right after it, in another process too. The worker keeps the requested
+task's keys (a group's store holds all its tasks'), so no other key crosses the network.
 
 A query topology (``@m.query``, :mod:`topology.query`) is driven from here: the first calls go to the
 leader of each group concerned (the task owning the first argument, or every task, grouped by group),
@@ -28,6 +30,7 @@ import msgpack
 
 from conductor.client.errors import ClientError
 from conductor.client.retry import Retry
+from conductor.client.scan_stream import GroupPages
 from conductor.wire import millrace_pb2 as pb
 from conductor.wire.errors import Unavailable
 from pstate.packed_page import PackedPage, unpack_pairs
@@ -72,36 +75,55 @@ def scan_pages(c: Cluster, module: str, pstate: str, task: int | None, start: An
     # where each part of the scan is routed: one task, or a task of each group (the worker keeps them all)
     parts = [task] if task is not None else [next(t for t in range(spec.tasks) if spec.group_of(t) == g)
                                              for g in range(spec.threads)]
-    index, after = 0, b""
+    turn, afters = 0, [b""] * len(parts)  # (each group's resume point: b"" its start, None done)
     if resume is not None:
-        try:
-            index, after = _unpack(resume)
-        except (ValueError, TypeError, msgpack.ExtraData):
-            raise ClientError("not a scan token (pass a ScanPage.token of the same scan)") from None
-        if not (type(index) is int and 0 <= index < len(parts) and isinstance(after, bytes)):
-            raise ClientError("the scan token belongs to another scan (another task, or another module layout)")
+        turn, afters = _resume_point(resume, len(parts))
     raw_path = encode_navs(path_navs(Path(), path), path_function_ref) if path else b""
     pack = msgpack.Packer(use_bin_type=True).pack
     bounds = (b"" if start is None else pack(start), b"" if end is None else pack(end))
 
-    def ask(index: int, after: bytes) -> _Sent:
-        t = parts[index]
-        req = pb.ScanRequest(module=module, pstate=pstate, task=t, all_tasks=task is None, start=bounds[0],
-                             end=bounds[1], after=after, limit=page_size, path=raw_path, packed=True)
-        return _Sent(c, module, spec.group_of(t), "Scan", req, c.timeout_s, lambda: req)
+    def request(t: int) -> Callable[[bytes], pb.ScanRequest]:
+        return lambda after: pb.ScanRequest(module=module, pstate=pstate, task=t, all_tasks=task is None,
+                                            start=bounds[0], end=bounds[1], after=after, limit=page_size,
+                                            path=raw_path, packed=True)
 
-    # The next page is asked for as soon as a reply says where it starts, so the worker reads it while this
-    # side decodes (and the app handles) the current one: two pages at most are held.
-    fut = ask(index, after) if index < len(parts) else None
-    while fut is not None:
-        reply = fut.result()
-        if reply.done:
-            index, after = index + 1, b""
-        else:
-            after = reply.after
-        token = None if index == len(parts) else pack([index, after])
-        fut = ask(index, after) if token is not None else None
-        yield ScanPage(_items(reply, bool(path)), token)
+    groups = [GroupPages(c, module, spec.group_of(t), request(t), after or b"") for t, after in zip(parts, afters,
+                                                                                                     strict=True)]
+    for g, after in zip(groups, afters, strict=True):
+        g.done = after is None
+    try:
+        for g in groups:
+            g.open()  # every group's leader reads at once
+        while not groups[turn].done:
+            reply = groups[turn].next()
+            turn = _next_turn(groups, turn)
+            token = None if groups[turn].done else pack([turn, [None if g.done else g.after for g in groups]])
+            yield ScanPage(_items(reply, bool(path)), token)
+    finally:
+        for g in groups:
+            g.close()
+
+
+def _next_turn(groups: list[GroupPages], turn: int) -> int:
+    """The group whose page comes after ``turn``'s: the next one not done, round the groups (``turn``: all done)."""
+    n = len(groups)
+    return next(((turn + i) % n for i in range(1, n + 1) if not groups[(turn + i) % n].done), turn)
+
+
+def _resume_point(token: bytes, parts: int) -> tuple[int, list[Any]]:
+    """(the group whose page is next, each group's resume point or None: done) from a :class:`ScanPage` token;
+    a token of the page-per-call scans before streams (``[index, after]``: the groups before ``index`` done)
+    resumes the same keys."""
+    try:
+        turn, afters = _unpack(token)
+    except (ValueError, TypeError, msgpack.ExtraData):
+        raise ClientError("not a scan token (pass a ScanPage.token of the same scan)") from None
+    if type(turn) is int and 0 <= turn < parts and isinstance(afters, bytes):
+        afters = [None] * turn + [afters] + [b""] * (parts - turn - 1)
+    if not (type(turn) is int and 0 <= turn < parts and isinstance(afters, list) and len(afters) == parts
+            and all(a is None or isinstance(a, bytes) for a in afters) and afters[turn] is not None):
+        raise ClientError("the scan token belongs to another scan (another task, or another module layout)")
+    return turn, afters
 
 
 def _items(reply: pb.ScanReply, path: bool) -> list[Any]:

@@ -1,4 +1,5 @@
-"""The worker's side of queries: paged scans (``Scan``) and query topologies' calls (``QueryRun``).
+"""The worker's side of queries: paged scans (``Scan`` a page a call, ``ScanStream`` every page on one server
+stream) and query topologies' calls (``QueryRun``).
 
 Both read a group leader's applied state off the event loop, on :data:`MAX_RUNNING` threads of their
 own (module code runs there: named ``filter``/``view`` functions and query functions; a request past its
@@ -15,7 +16,7 @@ import concurrent.futures
 import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import msgpack
@@ -25,7 +26,7 @@ from conductor.wire import millrace_pb2 as pb
 from conductor.wire.errors import InvalidRequest
 from conductor.worker.replica_host import ReplicaHost
 from conductor.worker.runtime import Leader, LocalModules
-from conductor.worker.scan_prefetch import ScanPrefetch
+from conductor.worker.scan_prefetch import ScanPrefetch, forget_result
 from pstate.path import Path
 from pstate.query import ResolveFn, decode_query
 from topology.code_loader import ALIAS_PREFIX
@@ -106,7 +107,9 @@ class QueryService:
         async with self._slots:
             return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
 
-    async def scan(self, request: pb.ScanRequest) -> pb.ScanReply:
+    def _page_reader(self, request: pb.ScanRequest) -> Callable[[bytes | None], pb.ScanReply]:
+        """What reads ``request``'s pages (on the queries' threads): ``read(after)`` is the page after ``after``.
+        Each page asks for the group's local leader again (NotLeader once it moved: the client follows it)."""
         leader = self._leader(request.module, request.task)
         spec = leader.spec
         code = leader.store.code
@@ -119,14 +122,14 @@ class QueryService:
         def keep(k: Any) -> bool:  # the group's store holds the keys of all its tasks
             return task_for_key(k, tasks) == task
 
-        store = leader.store.current()
-
         limit = max(1, request.limit or 1000)
         max_bytes = min(MAX_PAGE_BYTES, request.max_bytes or MAX_PAGE_BYTES)
         task_keep = None if request.all_tasks else keep
 
         def page(after: bytes | None) -> pb.ScanReply:
-            with self.damage(leader.host):
+            now = self._leader(request.module, request.task)  # (still this worker's to serve)
+            store = now.store.current()
+            with self.damage(now.host):
                 applied = max(store.applied_offset, 0)
                 view = store.pstate(request.pstate)
                 if request.packed and not path.navs:  # values as stored, keys unparsed: no decoding here
@@ -140,11 +143,36 @@ class QueryService:
                 items = msgpack.packb(p.items, use_bin_type=True)
             return pb.ScanReply(items=items, after=p.after or b"", done=p.after is None, applied_offset=applied)
 
+        return page
+
+    async def scan(self, request: pb.ScanRequest) -> pb.ScanReply:
+        """One page (``Scan``); the next one of a packed scan is read ahead (:class:`ScanPrefetch`)."""
+        page = self._page_reader(request)
+
         async def read(after: bytes) -> pb.ScanReply:
             reply: pb.ScanReply = await self._in_thread(lambda: page(after or None))
             return reply
 
         return await self._prefetch.page(request, read)
+
+    async def scan_stream(self, request: pb.ScanRequest) -> AsyncIterator[pb.ScanReply]:
+        """Every page from ``request.after`` to the range's end (``ScanStream``), each read while the one before
+        is on its way: this stream holds two pages at most, and gRPC's flow control stops it while the client
+        does not read (the send waits)."""
+        page = self._page_reader(request)
+        ahead = asyncio.ensure_future(self._in_thread(lambda: page(request.after or None)))
+        try:
+            while True:
+                reply: pb.ScanReply = await ahead
+                if reply.done:
+                    yield reply
+                    return
+                after = reply.after
+                ahead = asyncio.ensure_future(self._in_thread(lambda a=after: page(a)))  # type: ignore[misc]
+                yield reply
+        finally:
+            ahead.cancel()  # (the client went away: a page waiting for a thread never runs)
+            ahead.add_done_callback(forget_result)
 
     async def run(self, request: pb.QueryRunRequest) -> pb.QueryRunReply:
         leader = self.modules.leader(request.module, request.group)
@@ -200,3 +228,4 @@ def _calls(raw: Any, group_of: Callable[[int], int], group: int) -> list[Call]:
             raise ValueError(f"a query call for task {c[0]} was sent to group {group}; route by task")
         out.append((c[0], c[1], c[2]))
     return out
+
