@@ -11,8 +11,8 @@ task's keys (a group's store holds all its tasks'), so no other key crosses the 
 A query topology (``@m.query``, :mod:`topology.query`) is driven from here: the first calls go to the
 leader of each group concerned (the task owning the first argument, or every task, grouped by group),
 each request answers with its calls' combined result and the hops its calls made to other groups, which
-go to those groups' leaders next (a wave: the requests of one wave go out together, from the calling thread,
-see :class:`_Sent`); results are combined with the query's combiner. At most
+go to those groups' leaders next (a wave: the requests of one wave go out together from the calling thread,
+which makes the last one itself, see :class:`_Sent`); results are combined with the query's combiner. At most
 :data:`MAX_INFLIGHT` requests are out at once, each with at most :data:`MAX_CALLS_PER_REQUEST` calls, and
 at most :data:`MAX_CALLS` calls per query in all; past its deadline the query is cancelled everywhere
 (each worker stops at the deadline it was given) and raises :class:`~topology.errors.QueryTimeout`.
@@ -189,9 +189,10 @@ def _wave(c: Cluster, module: str, name: str, wave: list[tuple[int, list[Any]]],
 
     sent: list[_Sent] = []
     try:
-        for group, cs in wave:
+        for i, (group, cs) in enumerate(wave):  # the last one in this thread, while the others are out
             sent.append(_Sent(c, module, group, "QueryRun", request(group, cs), deadline - time.monotonic(),
-                              lambda group=group, cs=cs: request(group, cs)))  # type: ignore[misc]
+                              lambda group=group, cs=cs: request(group, cs),  # type: ignore[misc]
+                              block=i == len(wave) - 1))
         return [s.result() for s in sent]
     finally:
         for s in sent:
@@ -199,24 +200,33 @@ def _wave(c: Cluster, module: str, name: str, wave: list[tuple[int, list[Any]]],
 
 
 class _Sent:
-    """A request sent from the calling thread on the group leader's blocking stub, as a future.
+    """A request sent from the calling thread on the group leader's blocking stub: as a future, or (``block``)
+    answered before the constructor returns, the wave's last request (no channel thread to start for it).
 
-    Scan pages and query requests are small calls one after another: a hop to the client's event loop and
-    back costs each more than its reads. A request whose first try fails goes through the client's call loop
-    (leader moves, retries, typed errors) with ``again()``'s request (a query's carries the time left).
+    Query requests are small calls: a hop to the client's event loop and back costs each more than its
+    reads, and a future's channel thread about as much as a blocking call. A request whose first try fails
+    goes through the client's call loop (leader moves, retries, typed errors) with ``again()``'s request (a
+    query's carries the time left).
     """
 
     def __init__(self, c: Cluster, module: str, group: int, method: str, request: Any, timeout_s: float,
-                 again: Callable[[], Any]) -> None:
+                 again: Callable[[], Any], block: bool = False) -> None:
         self._c, self._module, self._group, self._method, self._again = c, module, group, method, again
         self._fut: Any = None
+        self._reply: Any = None
         try:
             _, address = c._leader(Retry(c.timeout_s, f"{module}/{group}"), (module, group))
-            self._fut = getattr(c._sync_stub(address), method).future(request, timeout=max(0.001, timeout_s))
+            call = getattr(c._sync_stub(address), method)
+            if block:
+                self._reply = call(request, timeout=max(0.001, timeout_s))
+            else:
+                self._fut = call.future(request, timeout=max(0.001, timeout_s))
         except (grpc.RpcError, Unavailable, NotLeader):  # (asked again in result(), through the call loop)
             pass
 
     def result(self) -> Any:
+        if self._reply is not None:
+            return self._reply
         if self._fut is not None:
             try:
                 return self._fut.result()
