@@ -39,6 +39,8 @@ from topology.refs import module_code_function
 MAX_RUNNING = 4
 #: bytes of values one scan page holds at most
 MAX_PAGE_BYTES = 4 << 20
+#: scan streams reading a page ahead at once on one worker (more read a page at a time)
+MAX_AHEAD_STREAMS = 16
 #: the CPU time a query request runs inline on the event loop before it is dropped at its next read and run
 #: again on the queries' threads: the thread hops cost more than a small request's reads
 INLINE_BUDGET_S = 0.002
@@ -85,6 +87,8 @@ class QueryService:
         self._pool = concurrent.futures.ThreadPoolExecutor(MAX_RUNNING, thread_name_prefix="millrace-query")
         self._lock = threading.Lock()
         self._prefetch = ScanPrefetch()
+        #: scan streams reading ahead now (at most MAX_AHEAD_STREAMS)
+        self.ahead_streams = 0
         #: query requests whose thread is still running (a request past its deadline stops at its next read)
         self.running = 0
 
@@ -157,22 +161,33 @@ class QueryService:
 
     async def scan_stream(self, request: pb.ScanRequest) -> AsyncIterator[pb.ScanReply]:
         """Every page from ``request.after`` to the range's end (``ScanStream``), each read while the one before
-        is on its way: this stream holds two pages at most, and gRPC's flow control stops it while the client
-        does not read (the send waits)."""
+        is on its way: a stream holds two pages at most, and gRPC's flow control stops it while the client does
+        not read (the send waits). Past :data:`MAX_AHEAD_STREAMS` streams reading ahead at once on this worker, a
+        stream reads a page once the one before is sent (one page held, as a ``Scan`` call)."""
         page = self._page_reader(request)
-        ahead = asyncio.ensure_future(self._in_thread(lambda: page(request.after or None)))
+        ahead_ok = self.ahead_streams < MAX_AHEAD_STREAMS
+        self.ahead_streams += ahead_ok  # (the event loop's own count: no lock)
+        after: bytes | None = request.after or None
         try:
-            while True:
-                reply: pb.ScanReply = await ahead
-                if reply.done:
-                    yield reply
-                    return
-                after = reply.after
-                ahead = asyncio.ensure_future(self._in_thread(lambda a=after: page(a)))  # type: ignore[misc]
-                yield reply
+            ahead = asyncio.ensure_future(self._in_thread(lambda a=after: page(a)))  # type: ignore[misc]
+            try:
+                while True:
+                    reply: pb.ScanReply = await ahead
+                    if reply.done:
+                        yield reply
+                        return
+                    after = reply.after
+                    if ahead_ok:  # the next page read while this one is sent
+                        ahead = asyncio.ensure_future(self._in_thread(lambda a=after: page(a)))  # type: ignore[misc]
+                        yield reply
+                    else:
+                        yield reply
+                        ahead = asyncio.ensure_future(self._in_thread(lambda a=after: page(a)))  # type: ignore[misc]
+            finally:
+                ahead.cancel()  # (the client went away: a page waiting for a thread never runs)
+                ahead.add_done_callback(forget_result)
         finally:
-            ahead.cancel()  # (the client went away: a page waiting for a thread never runs)
-            ahead.add_done_callback(forget_result)
+            self.ahead_streams -= ahead_ok
 
     async def run(self, request: pb.QueryRunRequest) -> pb.QueryRunReply:
         leader = self.modules.leader(request.module, request.group)
