@@ -24,7 +24,7 @@ from pstate.keys import encode_key
 from pstate.packed_page import PackedPage, pack_page, top_key, top_keys
 from pstate.path import Nav, select_value
 from pstate.reader import scan_chunks
-from pstate.schema import Map, Schema
+from pstate.schema import Map, Scalar, Schema
 
 _ELEM = b"\x02"
 _SUB = b"\x03"
@@ -68,7 +68,7 @@ def scan_page(engine: Engine, start: Any, end: Any, after: bytes | None, limit: 
         return ScanPage(out, None, 0)
     if not navs and not vs.storage and vs.plain:
         keys, raws, last, scanned = _plain_raw(engine, lo, hi, limit, max_bytes, keep)
-        return ScanPage(list(zip(top_keys(keys), unpack_many(raws), strict=True)), last, scanned)
+        return ScanPage(list(zip(top_keys(keys, _str_typed(engine)), unpack_many(raws), strict=True)), last, scanned)
     scanned = nbytes = 0
     for k, raw in engine.reader.scan(engine.cf, lo, hi):
         scanned += 1
@@ -95,7 +95,7 @@ def packed_scan_page(engine: Engine, start: Any, end: Any, after: bytes | None, 
     if lo >= hi:
         return PackedScanPage(pack_page([], []), None, 0)
     keys, raws, last, scanned = _plain_raw(engine, lo, hi, min(limit, MAX_PAGE), max_bytes, keep)
-    return PackedScanPage(pack_page(keys, raws), last, scanned)
+    return PackedScanPage(pack_page(keys, raws, _str_typed(engine)), last, scanned)
 
 
 def _range(engine: Engine, start: Any, end: Any, after: bytes | None, limit: int,
@@ -112,6 +112,12 @@ def _range(engine: Engine, start: Any, end: Any, after: bytes | None, limit: int
             raise InvalidPath(engine.name, "scan resume token does not belong to this PState")
         lo = max(lo, after + b"\x00")  # the smallest key above `after`
     return schema.value, lo, hi
+
+
+def _str_typed(engine: Engine) -> bool:
+    """The map's keys are all str (its key schema; an update never changes one): see ``pstate.packed_page``."""
+    schema = engine.root.schema
+    return isinstance(schema, Map) and isinstance(schema.key, Scalar) and schema.key.pytype is str
 
 
 def _bound(schema: Map, key: Any, where: str) -> bytes:

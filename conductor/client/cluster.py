@@ -169,6 +169,8 @@ class Cluster:
         self._thread = threading.Thread(target=self._loop.run_forever, name="millrace-client", daemon=True)
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._sync_channels = Channels(credentials=self._credentials)
+        #: a blocking stub per address, on its channel in _sync_channels (which never replaces one)
+        self._sync_stubs: dict[str, pbg.ClientStub] = {}
         #: guards the sync channels and the registry of calls in flight (any thread)
         self._calls_lock = threading.Lock()
         #: per group: bumped by every leader change the watch sees
@@ -438,7 +440,10 @@ class Cluster:
         with self._calls_lock:
             if self._closed:
                 raise ClientError("the cluster client is closed")
-        return pbg.ClientStub(self._sync_channels.get(address))
+        stub = self._sync_stubs.get(address)
+        if stub is None:  # (a stub is a dozen method objects: made once per address, not per call)
+            stub = self._sync_stubs.setdefault(address, pbg.ClientStub(self._sync_channels.get(address)))
+        return stub
 
     def _run(self, coro: Any) -> Any:
         if self._closed:

@@ -1,16 +1,18 @@
 """The app's side of queries: paged scans (:func:`scan_pages`) and query topologies (:func:`run_query`).
 
-A scan is a series of bounded pages, each one call to a group leader that answers with a resume point;
-a scan of every task walks the groups one after the other, and the client holds two pages at most (the
-next is asked for while the current one is decoded and handled); a :class:`ScanPage`'s ``token`` resumes
-right after it (in another process too). The worker keeps the
-requested task's keys (a group's store holds all its tasks'), so no other key crosses the network.
+A scan is a series of bounded pages, each with a resume point, that the group leader pushes on a server
+stream (:class:`~conductor.client.scan_stream.GroupPages`: two pages at most ahead on the worker, then
+gRPC's flow control). A scan of every task streams from every group's leader at once and takes their pages
+in turn (a page of group 0, then of group 1, ...; a group that is done drops out), so the leaders read in
+parallel; the client holds the page it returns. A :class:`ScanPage`'s ``token`` (the next group's turn and
+each group's resume point) resumes right after it, in another process too. The worker keeps the requested
+task's keys (a group's store holds all its tasks'), so no other key crosses the network.
 
 A query topology (``@m.query``, :mod:`topology.query`) is driven from here: the first calls go to the
 leader of each group concerned (the task owning the first argument, or every task, grouped by group),
 each request answers with its calls' combined result and the hops its calls made to other groups, which
-go to those groups' leaders next (a wave: the requests of one wave go out together, from the calling thread,
-see :class:`_Sent`); results are combined with the query's combiner. At most
+go to those groups' leaders next (a wave: the requests of one wave go out together from the calling thread,
+which makes the last one itself, see :class:`_Sent`); results are combined with the query's combiner. At most
 :data:`MAX_INFLIGHT` requests are out at once, each with at most :data:`MAX_CALLS_PER_REQUEST` calls, and
 at most :data:`MAX_CALLS` calls per query in all; past its deadline the query is cancelled everywhere
 (each worker stops at the deadline it was given) and raises :class:`~topology.errors.QueryTimeout`.
@@ -28,6 +30,7 @@ import msgpack
 
 from conductor.client.errors import ClientError
 from conductor.client.retry import Retry
+from conductor.client.scan_stream import GroupPages
 from conductor.wire import millrace_pb2 as pb
 from conductor.wire.errors import Unavailable
 from pstate.packed_page import PackedPage, unpack_pairs
@@ -72,36 +75,55 @@ def scan_pages(c: Cluster, module: str, pstate: str, task: int | None, start: An
     # where each part of the scan is routed: one task, or a task of each group (the worker keeps them all)
     parts = [task] if task is not None else [next(t for t in range(spec.tasks) if spec.group_of(t) == g)
                                              for g in range(spec.threads)]
-    index, after = 0, b""
+    turn, afters = 0, [b""] * len(parts)  # (each group's resume point: b"" its start, None done)
     if resume is not None:
-        try:
-            index, after = _unpack(resume)
-        except (ValueError, TypeError, msgpack.ExtraData):
-            raise ClientError("not a scan token (pass a ScanPage.token of the same scan)") from None
-        if not (type(index) is int and 0 <= index < len(parts) and isinstance(after, bytes)):
-            raise ClientError("the scan token belongs to another scan (another task, or another module layout)")
+        turn, afters = _resume_point(resume, len(parts))
     raw_path = encode_navs(path_navs(Path(), path), path_function_ref) if path else b""
     pack = msgpack.Packer(use_bin_type=True).pack
     bounds = (b"" if start is None else pack(start), b"" if end is None else pack(end))
 
-    def ask(index: int, after: bytes) -> _Sent:
-        t = parts[index]
-        req = pb.ScanRequest(module=module, pstate=pstate, task=t, all_tasks=task is None, start=bounds[0],
-                             end=bounds[1], after=after, limit=page_size, path=raw_path, packed=True)
-        return _Sent(c, module, spec.group_of(t), "Scan", req, c.timeout_s, lambda: req)
+    def request(t: int) -> Callable[[bytes], pb.ScanRequest]:
+        return lambda after: pb.ScanRequest(module=module, pstate=pstate, task=t, all_tasks=task is None,
+                                            start=bounds[0], end=bounds[1], after=after, limit=page_size,
+                                            path=raw_path, packed=True)
 
-    # The next page is asked for as soon as a reply says where it starts, so the worker reads it while this
-    # side decodes (and the app handles) the current one: two pages at most are held.
-    fut = ask(index, after) if index < len(parts) else None
-    while fut is not None:
-        reply = fut.result()
-        if reply.done:
-            index, after = index + 1, b""
-        else:
-            after = reply.after
-        token = None if index == len(parts) else pack([index, after])
-        fut = ask(index, after) if token is not None else None
-        yield ScanPage(_items(reply, bool(path)), token)
+    groups = [GroupPages(c, module, spec.group_of(t), request(t), after or b"") for t, after in zip(parts, afters,
+                                                                                                     strict=True)]
+    for g, after in zip(groups, afters, strict=True):
+        g.done = after is None
+    try:
+        for g in groups:
+            g.open()  # every group's leader reads at once
+        while not groups[turn].done:
+            reply = groups[turn].next()
+            turn = _next_turn(groups, turn)
+            token = None if groups[turn].done else pack([turn, [None if g.done else g.after for g in groups]])
+            yield ScanPage(_items(reply, bool(path)), token)
+    finally:
+        for g in groups:
+            g.close()
+
+
+def _next_turn(groups: list[GroupPages], turn: int) -> int:
+    """The group whose page comes after ``turn``'s: the next one not done, round the groups (``turn``: all done)."""
+    n = len(groups)
+    return next(((turn + i) % n for i in range(1, n + 1) if not groups[(turn + i) % n].done), turn)
+
+
+def _resume_point(token: bytes, parts: int) -> tuple[int, list[Any]]:
+    """(the group whose page is next, each group's resume point or None: done) from a :class:`ScanPage` token;
+    a token of the page-per-call scans before streams (``[index, after]``: the groups before ``index`` done)
+    resumes the same keys."""
+    try:
+        turn, afters = _unpack(token)
+    except (ValueError, TypeError, msgpack.ExtraData):
+        raise ClientError("not a scan token (pass a ScanPage.token of the same scan)") from None
+    if type(turn) is int and 0 <= turn < parts and isinstance(afters, bytes):
+        afters = [None] * turn + [afters] + [b""] * (parts - turn - 1)
+    if not (type(turn) is int and 0 <= turn < parts and isinstance(afters, list) and len(afters) == parts
+            and all(a is None or isinstance(a, bytes) for a in afters) and afters[turn] is not None):
+        raise ClientError("the scan token belongs to another scan (another task, or another module layout)")
+    return turn, afters
 
 
 def _items(reply: pb.ScanReply, path: bool) -> list[Any]:
@@ -167,9 +189,10 @@ def _wave(c: Cluster, module: str, name: str, wave: list[tuple[int, list[Any]]],
 
     sent: list[_Sent] = []
     try:
-        for group, cs in wave:
+        for i, (group, cs) in enumerate(wave):  # the last one in this thread, while the others are out
             sent.append(_Sent(c, module, group, "QueryRun", request(group, cs), deadline - time.monotonic(),
-                              lambda group=group, cs=cs: request(group, cs)))  # type: ignore[misc]
+                              lambda group=group, cs=cs: request(group, cs),  # type: ignore[misc]
+                              block=i == len(wave) - 1))
         return [s.result() for s in sent]
     finally:
         for s in sent:
@@ -177,24 +200,33 @@ def _wave(c: Cluster, module: str, name: str, wave: list[tuple[int, list[Any]]],
 
 
 class _Sent:
-    """A request sent from the calling thread on the group leader's blocking stub, as a future.
+    """A request sent from the calling thread on the group leader's blocking stub: as a future, or (``block``)
+    answered before the constructor returns, the wave's last request (no channel thread to start for it).
 
-    Scan pages and query requests are small calls one after another: a hop to the client's event loop and
-    back costs each more than its reads. A request whose first try fails goes through the client's call loop
-    (leader moves, retries, typed errors) with ``again()``'s request (a query's carries the time left).
+    Query requests are small calls: a hop to the client's event loop and back costs each more than its
+    reads, and a future's channel thread about as much as a blocking call. A request whose first try fails
+    goes through the client's call loop (leader moves, retries, typed errors) with ``again()``'s request (a
+    query's carries the time left).
     """
 
     def __init__(self, c: Cluster, module: str, group: int, method: str, request: Any, timeout_s: float,
-                 again: Callable[[], Any]) -> None:
+                 again: Callable[[], Any], block: bool = False) -> None:
         self._c, self._module, self._group, self._method, self._again = c, module, group, method, again
         self._fut: Any = None
+        self._reply: Any = None
         try:
             _, address = c._leader(Retry(c.timeout_s, f"{module}/{group}"), (module, group))
-            self._fut = getattr(c._sync_stub(address), method).future(request, timeout=max(0.001, timeout_s))
+            call = getattr(c._sync_stub(address), method)
+            if block:
+                self._reply = call(request, timeout=max(0.001, timeout_s))
+            else:
+                self._fut = call.future(request, timeout=max(0.001, timeout_s))
         except (grpc.RpcError, Unavailable, NotLeader):  # (asked again in result(), through the call loop)
             pass
 
     def result(self) -> Any:
+        if self._reply is not None:
+            return self._reply
         if self._fut is not None:
             try:
                 return self._fut.result()

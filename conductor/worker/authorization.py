@@ -84,6 +84,7 @@ RULES: dict[str, Rule] = {
     "/millrace.Client/Progress": Rule(QUERY),
     "/millrace.Client/GroupStatus": Rule(QUERY),
     "/millrace.Client/Scan": Rule(QUERY),
+    "/millrace.Client/ScanStream": Rule(QUERY),  # the same pages as Scan, on one server stream
     "/millrace.Client/QueryRun": Rule(QUERY),  # read-only; runs only the module's own code, by name
     # deleting records is more than appending them: the module's admins (retention's own trims need none)
     "/millrace.Client/DepotTrim": Rule(ADMIN),

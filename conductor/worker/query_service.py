@@ -1,4 +1,5 @@
-"""The worker's side of queries: paged scans (``Scan``) and query topologies' calls (``QueryRun``).
+"""The worker's side of queries: paged scans (``Scan`` a page a call, ``ScanStream`` every page on one server
+stream) and query topologies' calls (``QueryRun``).
 
 Both read a group leader's applied state off the event loop, on :data:`MAX_RUNNING` threads of their
 own (module code runs there: named ``filter``/``view`` functions and query functions; a request past its
@@ -15,7 +16,7 @@ import concurrent.futures
 import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import msgpack
@@ -25,7 +26,7 @@ from conductor.wire import millrace_pb2 as pb
 from conductor.wire.errors import InvalidRequest
 from conductor.worker.replica_host import ReplicaHost
 from conductor.worker.runtime import Leader, LocalModules
-from conductor.worker.scan_prefetch import ScanPrefetch
+from conductor.worker.scan_prefetch import ScanPrefetch, forget_result
 from pstate.path import Path
 from pstate.query import ResolveFn, decode_query
 from topology.code_loader import ALIAS_PREFIX
@@ -38,6 +39,8 @@ from topology.refs import module_code_function
 MAX_RUNNING = 4
 #: bytes of values one scan page holds at most
 MAX_PAGE_BYTES = 4 << 20
+#: scan streams reading a page ahead at once on one worker (more read a page at a time)
+MAX_AHEAD_STREAMS = 16
 #: the CPU time a query request runs inline on the event loop before it is dropped at its next read and run
 #: again on the queries' threads: the thread hops cost more than a small request's reads
 INLINE_BUDGET_S = 0.002
@@ -84,6 +87,8 @@ class QueryService:
         self._pool = concurrent.futures.ThreadPoolExecutor(MAX_RUNNING, thread_name_prefix="millrace-query")
         self._lock = threading.Lock()
         self._prefetch = ScanPrefetch()
+        #: scan streams reading ahead now (at most MAX_AHEAD_STREAMS)
+        self.ahead_streams = 0
         #: query requests whose thread is still running (a request past its deadline stops at its next read)
         self.running = 0
 
@@ -106,7 +111,9 @@ class QueryService:
         async with self._slots:
             return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
 
-    async def scan(self, request: pb.ScanRequest) -> pb.ScanReply:
+    def _page_reader(self, request: pb.ScanRequest) -> Callable[[bytes | None], pb.ScanReply]:
+        """What reads ``request``'s pages (on the queries' threads): ``read(after)`` is the page after ``after``.
+        Each page asks for the group's local leader again (NotLeader once it moved: the client follows it)."""
         leader = self._leader(request.module, request.task)
         spec = leader.spec
         code = leader.store.code
@@ -119,14 +126,14 @@ class QueryService:
         def keep(k: Any) -> bool:  # the group's store holds the keys of all its tasks
             return task_for_key(k, tasks) == task
 
-        store = leader.store.current()
-
         limit = max(1, request.limit or 1000)
         max_bytes = min(MAX_PAGE_BYTES, request.max_bytes or MAX_PAGE_BYTES)
         task_keep = None if request.all_tasks else keep
 
         def page(after: bytes | None) -> pb.ScanReply:
-            with self.damage(leader.host):
+            now = self._leader(request.module, request.task)  # (still this worker's to serve)
+            store = now.store.current()
+            with self.damage(now.host):
                 applied = max(store.applied_offset, 0)
                 view = store.pstate(request.pstate)
                 if request.packed and not path.navs:  # values as stored, keys unparsed: no decoding here
@@ -140,11 +147,47 @@ class QueryService:
                 items = msgpack.packb(p.items, use_bin_type=True)
             return pb.ScanReply(items=items, after=p.after or b"", done=p.after is None, applied_offset=applied)
 
+        return page
+
+    async def scan(self, request: pb.ScanRequest) -> pb.ScanReply:
+        """One page (``Scan``); the next one of a packed scan is read ahead (:class:`ScanPrefetch`)."""
+        page = self._page_reader(request)
+
         async def read(after: bytes) -> pb.ScanReply:
             reply: pb.ScanReply = await self._in_thread(lambda: page(after or None))
             return reply
 
         return await self._prefetch.page(request, read)
+
+    async def scan_stream(self, request: pb.ScanRequest) -> AsyncIterator[pb.ScanReply]:
+        """Every page from ``request.after`` to the range's end (``ScanStream``), each read while the one before
+        is on its way: a stream holds two pages at most, and gRPC's flow control stops it while the client does
+        not read (the send waits). Past :data:`MAX_AHEAD_STREAMS` streams reading ahead at once on this worker, a
+        stream reads a page once the one before is sent (one page held, as a ``Scan`` call)."""
+        page = self._page_reader(request)
+        ahead_ok = self.ahead_streams < MAX_AHEAD_STREAMS
+        self.ahead_streams += ahead_ok  # (the event loop's own count: no lock)
+        after: bytes | None = request.after or None
+        try:
+            ahead = asyncio.ensure_future(self._in_thread(lambda a=after: page(a)))  # type: ignore[misc]
+            try:
+                while True:
+                    reply: pb.ScanReply = await ahead
+                    if reply.done:
+                        yield reply
+                        return
+                    after = reply.after
+                    if ahead_ok:  # the next page read while this one is sent
+                        ahead = asyncio.ensure_future(self._in_thread(lambda a=after: page(a)))  # type: ignore[misc]
+                        yield reply
+                    else:
+                        yield reply
+                        ahead = asyncio.ensure_future(self._in_thread(lambda a=after: page(a)))  # type: ignore[misc]
+            finally:
+                ahead.cancel()  # (the client went away: a page waiting for a thread never runs)
+                ahead.add_done_callback(forget_result)
+        finally:
+            self.ahead_streams -= ahead_ok
 
     async def run(self, request: pb.QueryRunRequest) -> pb.QueryRunReply:
         leader = self.modules.leader(request.module, request.group)
@@ -200,3 +243,4 @@ def _calls(raw: Any, group_of: Callable[[int], int], group: int) -> list[Call]:
             raise ValueError(f"a query call for task {c[0]} was sent to group {group}; route by task")
         out.append((c[0], c[1], c[2]))
     return out
+

@@ -55,9 +55,10 @@ class ScanPrefetch:
         while self._ahead and (len(self._ahead) >= MAX_AHEAD or now - next(iter(self._ahead.values()))[0] > AHEAD_TTL_S):
             _, (_, task) = self._ahead.popitem(last=False)
             task.cancel()  # (waiting for a thread: never runs; reading: its thread finishes the page, unused)
-            task.add_done_callback(_quiet)
+            task.add_done_callback(forget_result)
 
 
-def _quiet(task: asyncio.Task[pb.ScanReply]) -> None:
+def forget_result(task: asyncio.Future[pb.ScanReply]) -> None:
+    """A done-callback for a page nobody will read (dropped, or its stream closed): its error is nobody's."""
     if not task.cancelled():
-        task.exception()  # (a page nobody asked for: its error is nobody's)
+        task.exception()

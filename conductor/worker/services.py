@@ -345,6 +345,11 @@ class ClientService(pbg.ClientServicer):
         return await self.queries.scan(request)
 
     @maps_errors
+    async def ScanStream(self, request: pb.ScanRequest, context: Any) -> AsyncIterator[pb.ScanReply]:
+        async for reply in self.queries.scan_stream(request):
+            yield reply
+
+    @maps_errors
     async def QueryRun(self, request: pb.QueryRunRequest, context: Any) -> pb.QueryRunReply:
         return await self.queries.run(request)
 
