@@ -296,3 +296,43 @@ def test_damage_found_by_the_open_itself_is_a_typed_error_and_releases_the_store
     for _ in range(2):  # the failed open let go of RocksDB: the same process can open (or move) it again
         with pytest.raises(CorruptStore):
             TaskGroupStore(tmp_path / "s", SCHEMAS)
+
+
+def test_staging_an_entry_layers_its_writes_as_merging_its_overlay_would() -> None:
+    """Writes.layer_onto (how a leader stages an entry) gives what merging the entry's own overlay gave, for any
+    mix of puts, deletes and ranges, over pending writes of earlier entries, whether reads synced the overlay
+    part-way or not."""
+    import random
+
+    from pstate.changes import Overlay, Writes
+
+    rng = random.Random(7)
+    keys = [bytes([k]) for k in range(12)]
+    for _case in range(300):
+        below_a, below_b = Overlay(), Overlay()
+        for ov in (below_a, below_b):  # the same earlier pending writes under both
+            r = random.Random(_case)
+            for _ in range(r.randrange(6)):
+                cf = r.choice("ab")
+                if r.random() < 0.8:
+                    ov.put(cf, r.choice(keys), r.choice([None, b"old"]))
+                else:
+                    lo, hi = sorted(r.sample(keys, 2))
+                    ov.delete_range(cf, lo, hi)
+        w = Writes()
+        for _ in range(rng.randrange(1, 15)):
+            cf, op = rng.choice("ab"), rng.random()
+            if op < 0.5:
+                w.put(cf, rng.choice(keys), bytes([rng.randrange(256)]))
+            elif op < 0.65:
+                w.put_many(cf, rng.sample(keys, 3), [b"x", b"y", b"z"])
+            elif op < 0.8:
+                w.delete(cf, rng.choice(keys))
+            else:
+                lo, hi = sorted(rng.sample(keys, 2))
+                w.delete_range(cf, lo, hi)
+            if rng.random() < 0.2:
+                w.lookup(cf, rng.choice(keys))  # a read: the overlay synced part-way
+        below_a.merge(w.overlay)
+        w.layer_onto(below_b)
+        assert below_b.points == below_a.points and below_b.ranges == below_a.ranges, _case
