@@ -159,26 +159,6 @@ class Writes:
         self._synced_run, self._synced_item = r, j
         return ov
 
-    def layer_onto(self, below: Overlay) -> None:
-        """``below.merge(self.overlay)`` without building this overlay first: every write, in order, onto
-        ``below``. A leader stages each entry this way; an entry of blind puts in bulk (a batched depot
-        append) would otherwise index each record twice (here, then in ``below``). The same result, since
-        the overlay is only ever these runs replayed in order: a put lands as the newest value, a range drops
-        the points under it (earlier entries' too) and stays as a tombstone."""
-        for op, ci, items in self.runs:
-            cf = self.cfs[ci]
-            if op == OP_PUT:
-                d = below.points.get(cf)
-                if d is None:
-                    d = below.points[cf] = {}
-                d.update(zip(items[0::2], items[1::2], strict=True))
-            elif op == OP_DELETE:
-                for k in items:
-                    below.put(cf, k, None)
-            else:
-                for x in range(0, len(items), 2):
-                    below.delete_range(cf, items[x], items[x + 1])
-
     def lookup(self, cf: str, key: bytes) -> tuple[bool, bytes | None]:
         runs = self.runs
         ov = self._overlay if not runs or (self._synced_run == len(runs) - 1

@@ -354,8 +354,8 @@ class TaskGroupStore:
                     h = handles[ci]
                     if op == OP_PUT:
                         it = iter(items)
-                        for k, v in zip(it, it, strict=True):  # pairs (key, value), no index per pair
-                            put(k, v, h)
+                        for k in it:
+                            put(k, next(it), h)
                     elif op == OP_DELETE:
                         for k in items:
                             wb.delete(k, h)
@@ -389,7 +389,7 @@ class TaskGroupStore:
         if payload is None:
             payload = builder.encode()
         with self._lock:
-            builder.writes.layer_onto(self._pending)
+            self._pending.merge(builder.writes.overlay)
             self._staged_upto = max(self._staged_upto, offset)
             return payload
 
