@@ -296,4 +296,3 @@ def test_damage_found_by_the_open_itself_is_a_typed_error_and_releases_the_store
     for _ in range(2):  # the failed open let go of RocksDB: the same process can open (or move) it again
         with pytest.raises(CorruptStore):
             TaskGroupStore(tmp_path / "s", SCHEMAS)
-
