@@ -441,9 +441,10 @@ class ReplicaHost:
             # Entries for followers leave before our own fsync, so theirs overlaps ours.
             self._ship(hold_acks=True)
             self._dirty = False
-            spent = self.durability.written(self.replica.config, now_ms())  # before anything is acknowledged
+            spent, marks = self.durability.written(self.replica.config, now_ms())  # before anything is acknowledged
             if self.timings is not None and spent:
                 self.timings.get("fsync", self.replica.role.value).observe(spent)
+                self.timings.get("marks_fsync", self.replica.role.value).observe(marks)
             self.stats["flushes"] += 1
             self._feed(LocalFlushed(self.log.end_offset))
 
