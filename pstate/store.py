@@ -41,6 +41,7 @@ from __future__ import annotations
 import gc
 import os
 import shutil
+import struct
 import threading
 import time
 import uuid
@@ -96,6 +97,8 @@ from pstate.view import PStateView as PStateView
 OUTBOX = "_outbox"
 _APPLIED = b"applied"
 _BATCH = b"b:"
+#: a depot record's key: partition (u32) + offset (u64), big-endian (pstate.depots)
+_RECORD_KEY = struct.Struct(">IQ")
 _U32 = 1 << 32
 _U64 = 1 << 64
 
@@ -600,7 +603,8 @@ class ChangeSetBuilder:
             run, last = time_run(depot, p, start, self.time_ms if time_ms is None else time_ms, last)
             if run is not None:
                 self.writes.put(META, *run)
-        self.writes.put_many(depot_cf(depot), [p + off.to_bytes(8, "big") for off in range(start, end)], records)
+        key = _RECORD_KEY.pack  # = p + offset's 8 bytes, one C call per record
+        self.writes.put_many(depot_cf(depot), [key(partition, off) for off in range(start, end)], records)
         added = info.appended_bytes + sum(map(len, records))
         self.writes.put(META, depot_meta_key(depot, p), partition_meta_value(PartitionInfo(info.start, end, added),
                                                                               last))

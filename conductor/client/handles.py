@@ -175,25 +175,29 @@ class Depot:
         pack = msgpack.Packer(use_bin_type=True).pack
         limit = max(1, c.max_batch_records)
         sticky = partitioner.sticky  # one task per request's worth of records (see Partitioner.sticky)
-        by_task: dict[int, tuple[list[int], list[bytes]]] = {}
-        n = 0
-        task = 0
-        for i, record in enumerate(records):
-            try:
-                data = pack(record)
-            except (TypeError, ValueError, OverflowError):
-                encode_record(record)  # raises the ClientError that says what can be encoded
-                raise
-            if not sticky or i % limit == 0:
-                task = self._task(partitioner, record, ntasks)
-            slot = by_task.get(task)
-            if slot is None:
-                slot = by_task[task] = ([], [])
-            slot[0].append(i)
-            slot[1].append(data)
-            n = i + 1
+        records = records if isinstance(records, list) else list(records)
+        n = len(records)
         if n == 0:
             return []
+        try:  # one comprehension: the batched path's records cost one C call each
+            datas = [pack(record) for record in records]
+        except (TypeError, ValueError, OverflowError):
+            for record in records:
+                encode_record(record)  # raises the ClientError that says what the first bad one is
+            raise
+        by_task: dict[int, tuple[list[int], list[bytes]]] = {}
+        if sticky:  # a task per request's worth of records: whole slices, no step per record
+            for start in range(0, n, limit):
+                slot = by_task.setdefault(self._task(partitioner, records[start], ntasks), ([], []))
+                slot[0].extend(range(start, min(n, start + limit)))
+                slot[1].extend(datas[start:start + limit])
+        else:
+            for i, task in enumerate([self._task(partitioner, record, ntasks) for record in records]):
+                found = by_task.get(task)
+                if found is None:
+                    found = by_task[task] = ([], [])
+                found[0].append(i)
+                found[1].append(datas[i])
         by_group: dict[int, list[int]] = {}
         for task in sorted(by_task):
             by_group.setdefault(meta.spec.group_of(task), []).append(task)
@@ -227,10 +231,13 @@ class Depot:
         out = [-1] * n
         for parts, firsts in done:  # offsets are filled here, in the caller's thread, not on the event loop
             for k, (_task, idx) in enumerate(parts):
-                if k < len(firsts):
+                if k < len(firsts) and idx:
                     base = firsts[k]
-                    for j, i in enumerate(idx):
-                        out[i] = base + j
+                    if idx[-1] - idx[0] == len(idx) - 1:  # a run of inputs (indexes only increase): one slice
+                        out[idx[0]:idx[-1] + 1] = range(base, base + len(idx))
+                    else:
+                        for j, i in enumerate(idx):
+                            out[i] = base + j
         return out
 
     def _group(self, task: int) -> int:

@@ -47,8 +47,9 @@ class LogDurability:
         #: interval mode: when written entries must be fsynced at the latest (None: nothing unsynced)
         self.next_sync_ms: int | None = None
 
-    def written(self, config: ReplicationConfig, now_ms: int) -> float:
-        """Make what the log holds acknowledgeable under ``config``'s mode; returns the seconds spent in fsync."""
+    def written(self, config: ReplicationConfig, now_ms: int) -> tuple[float, float]:
+        """Make what the log holds acknowledgeable under ``config``'s mode; returns the seconds spent in the
+        replog's fsync and then in the storage marks' (in series: docs/data-on-disk.md says why)."""
         marks = self._marks.current
         assert marks is not None, "marks are saved at open, before anything is written"
         acked = self._log.end_offset - 1
@@ -58,14 +59,15 @@ class LogDurability:
             self._marks.update(acked=acked, sync=False)
             if self.next_sync_ms is None:
                 self.next_sync_ms = now_ms + config.flush_ms
-            return 0.0
+            return 0.0, 0.0
         t0 = time.perf_counter()
         self._log.flush()
+        t1 = time.perf_counter()
         # Everything written so far is now on disk, page-cache acknowledgements of an earlier interval mode
         # included: the storage no longer depends on the page cache.
         self._marks.update(acked=acked, volatile=False)
         self.next_sync_ms = None
-        return time.perf_counter() - t0
+        return t1 - t0, time.perf_counter() - t1
 
     def sync_if_due(self, now_ms: int) -> bool:
         """Interval mode: fsync the log and the marks once the oldest unsynced write is ``flush.ms`` old."""

@@ -8,6 +8,8 @@ it, stay bounded whatever a drain appends.
 
 from __future__ import annotations
 
+from typing import Any
+
 from replog.batch import scan_frames, trim_frames
 from replog.log import Log
 from replog.messages import AppendLocal, RawReplicate, SendEntries
@@ -61,3 +63,31 @@ def replicate_messages(log: Log, src: str, a: SendEntries) -> list[RawReplicate]
         out.append(RawReplicate(src, a.epoch, frames[0].base_offset, raw, a.apply_offset))
         start = frames[-1].next_offset
     return out
+
+
+class ReplicateReads:
+    """A leader's reads of replog ranges for its followers until they are handed to the transport.
+
+    Followers in step are sent the same range in the same drain: they share one read here, and so one
+    encoding (``PeerTransport.send_many`` encodes a message object once, whatever number of followers it goes
+    to), instead of copying the range's frames out of the log and into a message once per follower. A
+    leader's log never changes below its end within its epoch, which the key holds (a replica truncates only
+    as a follower, and leads again only in a later epoch); the host ends the memo when it hands the drain's
+    messages over (:meth:`handed`), so it holds no frames longer than the outbox does.
+    """
+
+    def __init__(self) -> None:
+        self._last: tuple[tuple[int, int, int, int], list[RawReplicate]] | None = None
+
+    def messages(self, log: Log, src: str, a: SendEntries) -> list[RawReplicate]:
+        key = (a.epoch, a.start, a.end, a.apply_offset)
+        if self._last is not None and self._last[0] == key:
+            return self._last[1]
+        out = replicate_messages(log, src, a)
+        self._last = (key, out)
+        return out
+
+    def handed(self, out: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+        """``out`` (the drain's messages, now handed to the transport or held as beats): the memo is done."""
+        self._last = None
+        return out

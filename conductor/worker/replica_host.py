@@ -31,7 +31,7 @@ from conductor.worker.inbox import (
     Ordered,
     ReplicaInbox,
 )
-from conductor.worker.log_frames import append_local, replicate_messages
+from conductor.worker.log_frames import ReplicateReads, append_local
 from conductor.worker.pending_entry import PendingEntry
 from conductor.worker.replica_disk import open_disk
 from conductor.worker.replica_faults import REPLICA_FAULTS, Fault, describe, fault_kind
@@ -134,6 +134,7 @@ class ReplicaHost:
         self.log, self.epoch_file, self.marks = disk.log, disk.epoch_file, disk.marks
         #: where writes are fsynced: before every ack, or every replication.flush.ms (conductor.worker.durability)
         self.durability = LogDurability(self.log, self.marks, boot)
+        self.reads = ReplicateReads()  # the drain's log reads for its followers (shared by those in step)
         #: why this storage is not intact (it lost entries it acknowledged), None if it is
         self.storage_lost = disk.storage_lost
         #: this storage's incarnation (replog.eligibility): new with the directory, or after a loss
@@ -442,8 +443,8 @@ class ReplicaHost:
             self._ship(hold_acks=True)
             self._dirty = False
             spent = self.durability.written(self.replica.config, now_ms())  # before anything is acknowledged
-            if self.timings is not None and spent:
-                self.timings.get("fsync", self.replica.role.value).observe(spent)
+            if self.timings is not None and spent[0]:
+                self.timings.flushed(self.replica.role.value, *spent)
             self.stats["flushes"] += 1
             self._feed(LocalFlushed(self.log.end_offset))
 
@@ -457,7 +458,7 @@ class ReplicaHost:
             case SendEntries():
                 if self.timings is not None:
                     self.timings.peer_sent(a.dst, a.end, time.perf_counter())
-                for m in replicate_messages(self.log, self.node_id, a):
+                for m in self.reads.messages(self.log, self.node_id, a):
                     self.outbox.add(a.dst, m)
             case Send():
                 self.outbox.add(a.msg.dst, a.msg)
@@ -533,7 +534,7 @@ class ReplicaHost:
 
         What waits (acks before an fsync, a leader's beats) is :class:`replog.outbox.Outbox`'s decision.
         """
-        self._hand_over(self.outbox.take(now_ms(), self.replica.is_leader, hold_acks))
+        self._hand_over(self.reads.handed(self.outbox.take(now_ms(), self.replica.is_leader, hold_acks)))
 
     def _hand_over(self, out: list[tuple[str, Any]]) -> None:
         if not out:

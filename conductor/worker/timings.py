@@ -176,6 +176,11 @@ class ReplicaTimings:
             if p.received:  # (0: not a client's request, e.g. an inbound hops entry)
                 h.observe(now - p.received)
 
+    def flushed(self, role: str, replog_s: float, marks_s: float) -> None:
+        """A drain's writes were made durable: the replog's fsync, then the storage marks' (in series)."""
+        self.get("fsync", role).observe(replog_s)
+        self.get("marks_fsync", role).observe(marks_s)
+
     def peer_sent(self, follower: str, end: int, now: float) -> None:
         """Leader: entries up to ``end`` left for ``follower``; the round trip is timed from the oldest unacked."""
         if follower not in self._sent:

@@ -249,7 +249,13 @@ class PeerTransport:
         ``call_soon_threadsafe`` costs a self-pipe write and a loop iteration, so
         only the first message of a burst schedules one.
         """
-        encoded = [(dst, to_proto(module, group, m).SerializeToString()) for dst, m in msgs]
+        once: dict[int, bytes] = {}  # a message sent to several peers (the same entries) is encoded once
+        encoded = []
+        for dst, m in msgs:
+            raw = once.get(id(m))  # (every m is alive in msgs meanwhile, so ids are not reused)
+            if raw is None:
+                raw = once[id(m)] = to_proto(module, group, m).SerializeToString()
+            encoded.append((dst, raw))
         with self._outbox_lock:
             room = MAX_HANDOFF_MESSAGES - len(self._outbox)
             if len(encoded) > room:

@@ -114,6 +114,9 @@ def test_histograms_sizes_and_failures_count_the_appends_made(cluster: tuple[Dev
     assert grown("millrace_apply_duration_seconds_count", role="follower") >= 2 * (APPLIED + APPENDED)
     assert grown("millrace_replog_fsync_seconds_count", role="leader") >= 1
     assert grown("millrace_replog_fsync_seconds_count", role="follower") >= 1
+    # ... each followed by the storage marks' fsync (always mode)
+    assert grown("millrace_marks_fsync_seconds_count", role="leader") >= 1
+    assert grown("millrace_marks_fsync_seconds_count", role="follower") >= 1
     assert grown("millrace_peer_round_trip_seconds_count") >= 1
     assert grown("millrace_replicate_failures_total") == 0
     for error in ("StalledGroup", "Backpressure"):

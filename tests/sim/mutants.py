@@ -1,4 +1,4 @@
-"""Deliberately broken replicas: the simulator must catch each of them.
+"""Deliberately broken replicas (and drivers): the simulator must catch each of them.
 
 They live in test code (subclasses overriding one rule) so the product has no
 switch that could turn a rule off.
@@ -15,6 +15,7 @@ from replog.messages import EpochResponse, GroupState, RecordStorage
 from replog.reassignment import Step, advance_reassignment, min_isr_for
 from replog.replica import Replica
 from tests.sim.membership import PlanRules
+from tests.sim.sim import Node, Sim
 
 
 class TruncateToHighWatermark(Replica):
@@ -141,4 +142,38 @@ def ignores_page_cache_rule(marks: StorageMarks | None, *, log_end: int, applied
     page cache and lost it with the machine's power is judged by its (equally stale) marks alone."""
     if marks is not None:
         marks = replace(marks, volatile=False)
+    return check_storage(marks, log_end=log_end, applied=applied, boot=boot)
+
+
+# ----------------------------------------------------------------------- driver: where the marks' fsync goes
+# (issue 32 asked whether the storage marks' fsync could leave the path of every flush; docs/data-on-disk.md,
+# "Why the mark is synced after the log", says why not, and these are the two ways it could, as drivers)
+
+
+class MarksBesideTheLog(Sim):
+    """The marks fsynced in parallel with the replog, claiming the flush in flight: a crash before the replog's
+    fsync finishes leaves a mark ahead of the log, so an intact storage counts as lost; a group whose last ISR
+    member crashed so is left without an electable replica."""
+
+    def _flush_later(self, n: Node) -> None:
+        super()._flush_later(n)
+        if not n.replica.config.acks_from_page_cache:
+            n.disk.acked = n.disk.acked_synced = max(n.disk.acked, len(n.disk.entries) - 1)
+
+
+class MarksTrailingTheLog(Sim):
+    """The mark written for the flush before (overlapping the next flush's fsync): a storage that lost the
+    tail of its last acknowledged flush passes the open-time check."""
+
+    def _flushed(self, nid: str, inc: int, gen: int, end: int, synced: bool = True) -> None:
+        d = self.nodes[nid].disk
+        before, acked = d.durable_end, d.acked
+        super()._flushed(nid, inc, gen, end, synced)
+        if synced and d.durable_end == end > before:
+            d.acked = d.acked_synced = max(acked, before - 1)
+
+
+def trusts_the_driver(marks: StorageMarks | None, *, log_end: int, applied: int, boot: int = 0) -> str | None:
+    """replog's own check, under another name: the simulator then judges its verdicts by their consequences
+    only (it compares check_storage's verdicts with the storages it damaged)."""
     return check_storage(marks, log_end=log_end, applied=applied, boot=boot)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from replog.replica import Replica
+from tests.sim import sim
 from tests.sim.membership import PlanRules
 from tests.sim.mutants import (
     AppliesWhileElrHoldsBack,
@@ -14,8 +15,11 @@ from tests.sim.mutants import (
     CountsRemovingTowardMinIsr,
     ElectsEmptiedReplica,
     ForgetsAppliedFloor,
+    MarksBesideTheLog,
+    MarksTrailingTheLog,
     TruncateToHighWatermark,
     ignores_page_cache_rule,
+    trusts_the_driver,
 )
 from tests.sim.sim import INTERVAL_SEEDS_FROM, MEMBERSHIP_SEEDS_FROM, run_seed
 
@@ -59,3 +63,28 @@ def test_interval_seeds_catch_a_driver_without_the_page_cache_rule() -> None:
             assert "replay:" in result.error and "lacks applied entry" in result.error, result.error
             return
     pytest.fail(f"ignoring the page-cache rule survived {WITHIN} interval seeds: the checker is too weak")
+
+
+def test_marks_synced_beside_the_log_stall_a_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The storage marks' fsync in parallel with the replog's (docs/data-on-disk.md): a crash mid-flush makes
+    intact storage count as lost, and a group loses its last electable replica (caught at seed 2)."""
+    monkeypatch.setattr(sim, "Sim", MarksBesideTheLog)
+    for seed in range(WITHIN):
+        result = run_seed(seed, storage_rule=trusts_the_driver, interval=False)
+        if result.error is not None:
+            assert "replay:" in result.error and "no working leader" in result.error, result.error
+            return
+    pytest.fail(f"marks fsynced beside the log survived {WITHIN} seeds: the checker is too weak")
+
+
+def test_marks_trailing_the_log_miss_a_lost_tail(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mark one flush behind the replog (its fsync overlapping the next flush's): the open-time check no
+    longer finds a storage that lost the tail it acknowledged (caught at seed 3)."""
+    monkeypatch.setattr(sim, "Sim", MarksTrailingTheLog)
+    for seed in range(WITHIN):
+        result = run_seed(seed, interval=False)
+        if result.error is not None:
+            assert "replay:" in result.error and "says None of a storage that is damaged" in result.error, \
+                result.error
+            return
+    pytest.fail(f"marks trailing the log survived {WITHIN} seeds: the checker is too weak")

@@ -119,7 +119,7 @@ def build_client_append(store: TaskGroupStore, runner: StreamRunner | None,
     sends = Sends()
     for depot, task, records in appends:
         # Decoding validates each record (one msgpack object, nothing after it); the bytes are stored as sent.
-        values = [decode_record(depot, task, r) for r in records]
+        values = decode_client_records(depot, task, records)
         offsets = b.depot_append_encoded(depot, task, records, timestamp_ms)
         firsts.append(offsets[0] if offsets else 0)
         if runner is not None and depot in runner.by_depot:
@@ -132,6 +132,18 @@ def build_client_append(store: TaskGroupStore, runner: StreamRunner | None,
         check_room(b, runner, sends)
         sends.write(b)
     return b, firsts, acks
+
+
+def decode_client_records(depot: str, task: int, records: Sequence[bytes]) -> list[Any]:
+    """Every record as :func:`decode_record` decodes it, in one comprehension (no call frame per record: the
+    batched path's records cost one C call each); the first bad one raises as decode_record says."""
+    unpackb = msgpack.unpackb
+    try:
+        return [unpackb(r, raw=False, strict_map_key=False) for r in records]
+    except Exception:  # untrusted bytes: find the bad record and say why
+        for r in records:
+            decode_record(depot, task, r)
+        raise
 
 
 def decode_record(depot: str, task: int, raw: bytes) -> Any:
