@@ -10,12 +10,13 @@ appended since the partition's start (``PartitionInfo.appended_bytes`` minus the
 with its bound, and finds the cut between two marks by linear interpolation (exact at marks, estimated
 between them; the next mark corrects the estimate, so the error never accumulates).
 
-The promise rule (docs/replication.md, "Trims"): a trim entry deletes only records below the partition's
-*applied* end when the leader built it (:func:`trim_point`). Applied records are in every ISR member's
-log, so a trim never deletes a record whose append could still be truncated or retried, and what a reader
-was told is readable (``PartitionInfo``, answered from applied state) stays readable until a trim the
-leader built after it. Every replica deletes the same range (the entry holds a RocksDB range delete);
-disk space returns when each replica compacts the range in the background (conductor.worker.retention).
+The promise rule (docs/replication.md, "Depot trims"): a trim entry deletes only records below the
+partition's *applied* end when the leader built it (:func:`replog.trims.trim_point`: a replication rule, in
+replog/ with the simulator that checks it). Applied records are in every ISR member's log, so a trim never
+deletes a record whose append could still be truncated or retried, and what a reader was told is readable
+(``PartitionInfo``, answered from applied state) stays readable until a trim the leader built after it.
+Every replica deletes the same range (the entry holds a RocksDB range delete); disk space returns when each
+replica compacts the range in the background (conductor.worker.retention).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from pstate.depots import (
 )
 from pstate.engine import Reader
 from pstate.store import ChangeSetBuilder
+from replog.trims import trim_point
 
 _RETENTION = b"rt:"
 #: marks kept per partition; past it the older half is thinned (coarser, still correct: a mark stays exact)
@@ -127,16 +129,6 @@ def partition_sizes(reader: Reader) -> list[tuple[str, int, PartitionSize]]:
 
 def live_bytes(info: PartitionInfo, state: RetentionState) -> int:
     return max(0, info.appended_bytes - state.start_bytes - state.compacted_bytes)
-
-
-def trim_point(before: int, start: int, applied_end: int) -> int:
-    """The promise rule: the new start of a partition asked to drop records below ``before``.
-
-    Never below the start (a trim only removes a prefix) and never above the applied end (records not yet
-    applied are not trimmed: their append may still be truncated, and no reader was told of them).
-    """
-    assert start <= applied_end, (start, applied_end)
-    return min(max(before, start), applied_end)
 
 
 #: below this many trimmed bytes a partition's trimmed range is not worth a compaction of its own

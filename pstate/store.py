@@ -57,7 +57,7 @@ from pstate.depots import (
     check_offset,
     check_partition,
     depot_meta_key,
-    partition_meta_value,
+    encode_partition_meta,
     read_partition_meta,
     time_run,
     times_below,
@@ -602,7 +602,7 @@ class ChangeSetBuilder:
                 self.writes.put(META, *run)
         self.writes.put_many(depot_cf(depot), [p + off.to_bytes(8, "big") for off in range(start, end)], records)
         added = info.appended_bytes + sum(map(len, records))
-        self.writes.put(META, depot_meta_key(depot, p), partition_meta_value(PartitionInfo(info.start, end, added),
+        self.writes.put(META, depot_meta_key(depot, p), encode_partition_meta(PartitionInfo(info.start, end, added),
                                                                               last))
         return list(range(start, end))
 
@@ -621,7 +621,7 @@ class ChangeSetBuilder:
         if runs is not None:
             self.writes.delete_range(META, *runs)
         self.writes.put(META, depot_meta_key(depot, p),
-                        partition_meta_value(PartitionInfo(new_start, info.end, info.appended_bytes), last))
+                        encode_partition_meta(PartitionInfo(new_start, info.end, info.appended_bytes), last))
 
     def select(self, pstate: str, path: Path = P) -> list[Any]:
         """Read through this builder's pending writes (what a transform would see)."""
