@@ -214,10 +214,15 @@ def trim(builder: ChangeSetBuilder, depot: str, partition: int, before: int, app
     """
     info = read_partition_info(builder.reader, depot, partition)
     applied_end = read_partition_info(applied, depot, partition).end
+    return _trim(builder, depot, partition, before, info, applied_end, read_state(builder.reader, depot, partition))
+
+
+def _trim(builder: ChangeSetBuilder, depot: str, partition: int, before: int, info: PartitionInfo,
+          applied_end: int, state: RetentionState) -> int:
+    """:func:`trim` with the partition's bounds, applied end and retention state already read (a check has them)."""
     new_start = trim_point(before, info.start, max(applied_end, info.start))
     if new_start == info.start:
         return info.start
-    state = read_state(builder.reader, depot, partition)
     start_bytes = bytes_below(info, state, new_start)
     builder.depot_trim(depot, partition, new_start)
     marks = tuple(m for m in state.marks if m.offset > new_start)
@@ -243,4 +248,5 @@ def check(builder: ChangeSetBuilder, depot: str, partition: int, policy: Retenti
     cut = retention_cut(policy, info, marked, now_ms)
     if cut <= info.start:
         return 0
-    return trim(builder, depot, partition, cut, applied) - info.start
+    # the state as written above: the mark's write is staged in this builder, which _trim writes over
+    return _trim(builder, depot, partition, cut, info, applied_info.end, marked) - info.start
