@@ -24,10 +24,11 @@ worker writes only into a folder where:
   name (``.<name>.part``, then ``<crc32c>-<name>``), so a symlink planted in
   the folder cannot send a write elsewhere.
 
-Each copied file is read back through ``mmap`` and checked against the
-checkpoint's CRC32C (crc32c releases the GIL on large buffers, so groups
-copied at once use both cores), then fsynced (on a second thread, while the
-next file copies) and renamed: the same guarantees as a streamed file.
+Each copied file is read back through ``mmap`` (from the page cache) and
+checked against the checkpoint's CRC32C, fsynced and renamed on a second
+thread while the next file copies (crc32c releases the GIL on large
+buffers, so the two threads, and groups copied at once, use both cores):
+the same guarantees as a streamed file.
 """
 
 from __future__ import annotations
@@ -188,15 +189,12 @@ def copy_into(gdir: int, source: Path, files: Sequence[ManifestFile], on_bytes: 
             out = os.open(part, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644, dir_fd=gdir)
             try:
                 _copy(source / f.name, out, f.size, on_bytes, stop)
-                crc = _crc(out, f.size)
-                if crc != f.crc32c:
-                    raise ValueError(f"{f.name} copied into the backup folder reads back with CRC32C {crc:#010x}, "
-                                     f"the checkpoint's is {f.crc32c:#010x}")
             except BaseException:
                 os.close(out)
                 os.unlink(part, dir_fd=gdir)
                 raise
-            pending.append(flusher.submit(_store, gdir, out, part, pool_name(f)))
+            # checked, fsynced and renamed on the second thread while this one copies the next file
+            pending.append(flusher.submit(_store, gdir, out, part, f))
         for fut in pending:
             fut.result()
         os.fsync(gdir)
@@ -244,9 +242,15 @@ def _crc(fd: int, size: int) -> int:
         return int(crc32c.crc32c(m))
 
 
-def _store(gdir: int, fd: int, part: str, name: str) -> None:
+def _store(gdir: int, fd: int, part: str, f: ManifestFile) -> None:
+    """A copied file read back against the checkpoint's CRC32C, fsynced, renamed to its pool name (or removed)."""
     try:
+        crc = _crc(fd, f.size)
+        if crc != f.crc32c:
+            os.unlink(part, dir_fd=gdir)
+            raise ValueError(f"{f.name} copied into the backup folder reads back with CRC32C {crc:#010x}, "
+                             f"the checkpoint's is {f.crc32c:#010x}")
         os.fsync(fd)
     finally:
         os.close(fd)
-    os.rename(part, name, src_dir_fd=gdir, dst_dir_fd=gdir)
+    os.rename(part, pool_name(f), src_dir_fd=gdir, dst_dir_fd=gdir)
