@@ -73,6 +73,13 @@ class FolderUnusable(ValueError):
         super().__init__(f"this worker does not write into {folder}: {reason}")
 
 
+class CopyDamaged(ValueError):
+    """A copy that does not read back as the checkpoint's CRC32C: the CLI tries the group again (as a file
+    damaged in a stream)."""
+
+    grpc_code = "UNAVAILABLE"
+
+
 class Cancelled(Exception):
     """The CLI went away (the RPC was cancelled): the copy stops; ``.part`` files are left for the next backup."""
 
@@ -106,6 +113,7 @@ async def folder_round(request: pb.BackupToFolderRequest,
             os.close(gdir)
 
     job = asyncio.ensure_future(asyncio.to_thread(run))
+    job.add_done_callback(lambda f: f.cancelled() or f.exception())  # a stream closed early leaves it unread
     try:
         while not (await asyncio.wait({job}, timeout=PROGRESS_S))[0]:
             yield pb.BackupToFolderProgress(copied_bytes=copied[0])
@@ -172,8 +180,8 @@ def copy_into(gdir: int, source: Path, files: Sequence[ManifestFile], on_bytes: 
               stop: threading.Event) -> None:
     """Copy ``files`` from the checkpoint in ``source`` into the group folder ``gdir`` (module docstring).
 
-    Blocking: run it in a thread. A file whose copy does not match its CRC32C raises ValueError (the CLI
-    tries the group again); ``stop`` set raises :class:`Cancelled` between chunks.
+    Blocking: run it in a thread. A file whose copy does not match its CRC32C raises :class:`CopyDamaged` (the
+    CLI tries the group again); ``stop`` set raises :class:`Cancelled` between chunks.
     """
     flusher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="backup-fsync")
     pending: list[concurrent.futures.Future[None]] = []
@@ -248,8 +256,8 @@ def _store(gdir: int, fd: int, part: str, f: ManifestFile) -> None:
         crc = _crc(fd, f.size)
         if crc != f.crc32c:
             os.unlink(part, dir_fd=gdir)
-            raise ValueError(f"{f.name} copied into the backup folder reads back with CRC32C {crc:#010x}, "
-                             f"the checkpoint's is {f.crc32c:#010x}")
+            raise CopyDamaged(f"{f.name} copied into the backup folder reads back with CRC32C {crc:#010x}, "
+                              f"the checkpoint's is {f.crc32c:#010x}")
         os.fsync(fd)
     finally:
         os.close(fd)
