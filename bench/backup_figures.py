@@ -10,10 +10,14 @@ then on the stores' files are what a checkpoint holds). Each round, after an
 ``os.sync()``:
 
 * ``backup`` (the figure under test): :func:`conductor.backups.take.take_backup`
-  into an empty folder, the production path end to end: each leader's
-  ``BackupCheckpoint`` round (RocksDB checkpoint, streamed in 2 MiB chunks),
-  a CRC32C per file as it arrives, an fsync and a rename per file, the
-  manifest. MB/s are the checkpoint files' bytes over its wall time.
+  into an empty folder, the production path end to end. The worker runs on
+  this machine, so it sees the folder: each leader's ``BackupToFolder`` round
+  (RocksDB checkpoint, each file copied in by the kernel, read back against
+  its CRC32C, fsynced, renamed), then the manifest. MB/s are the checkpoint
+  files' bytes over its wall time.
+* ``stream`` (the fallback, a diagnostic): the same with ``leader_copies=False``,
+  every file streamed to this process in 2 MiB chunks (``BackupCheckpoint``),
+  checked as it arrives, fsynced and renamed here.
 * ``cp`` (the floor): ``cp -r`` of the leaders' store directories (the same
   files, read where the backup reads them) into an empty folder, then ``sync``.
 
@@ -80,7 +84,7 @@ def measure(megabytes: int, rounds: int, root: Path) -> dict[str, Any]:
     try:
         deploy(dc, "examples.clicks:Clicks", name=MODULE, tasks=4, threads=2, replication_factor=1)
         _fill(dc, megabytes)
-        backup_rates, cp_rates, ratios = [], [], []
+        backup_rates, cp_rates, ratios, stream_rates = [], [], [], []
         with Metastore(dc.hosts) as ms:
             stores = _leader_stores(dc, ms)
             # untimed: its checkpoint flushes the memtables, so the stores' files are the checkpoints' files
@@ -90,6 +94,10 @@ def measure(megabytes: int, rounds: int, root: Path) -> dict[str, Any]:
                 result = take_backup(ms, MODULE, root / f"backup-{r}")
                 mb = result.manifest.total_bytes() / 1e6
                 b_rate = mb / result.seconds
+                assert result.leader_copied, "the leaders on this machine did not copy into the folder themselves"
+                os.sync()
+                streamed = take_backup(ms, MODULE, root / f"stream-{r}", leader_copies=False)
+                stream_rates.append(streamed.manifest.total_bytes() / 1e6 / streamed.seconds)
                 dest = root / f"cp-{r}"
                 dest.mkdir()
                 c_rate = sum(p.stat().st_size for s in stores for p in s.rglob("*") if p.is_file()) / 1e6 \
@@ -98,7 +106,7 @@ def measure(megabytes: int, rounds: int, root: Path) -> dict[str, Any]:
                 cp_rates.append(c_rate)
                 ratios.append(b_rate / c_rate)
                 print(f"round {r + 1}: backup {mb:.1f} MB at {b_rate:.1f} MB/s, cp {c_rate:.1f} MB/s, "
-                      f"ratio {b_rate / c_rate:.2f}", flush=True)
+                      f"ratio {b_rate / c_rate:.2f} (streamed: {stream_rates[-1]:.1f} MB/s)", flush=True)
                 shutil.rmtree(dest)
             _fill(dc, max(1, megabytes // 16))
             again = take_backup(ms, MODULE, root / f"backup-{rounds - 1}")
@@ -107,6 +115,7 @@ def measure(megabytes: int, rounds: int, root: Path) -> dict[str, Any]:
             "backup_mb_per_s": round(statistics.median(backup_rates), 1),
             "cp_mb_per_s": round(statistics.median(cp_rates), 1),
             "ratio_backup_vs_cp": round(statistics.median(ratios), 3),
+            "stream_mb_per_s": round(statistics.median(stream_rates), 1),
             "incremental_copied_mb": round(again.copied_bytes / 1e6, 2),
             "incremental_of_mb": round(again.manifest.total_bytes() / 1e6, 1),
         }

@@ -72,9 +72,13 @@ class BackupCommands:
                module: str = typer.Argument(..., help="the module to back up"),
                to: Path = typer.Option(..., "--to", help="the backup folder (local or mounted; one per module: "
                                                          "later backups reuse the files it holds)"),
-               zk: str | None = typer.Option(None, "--zk", envvar=ZK_ENV, help=ZK_HELP)) -> None:
+               zk: str | None = typer.Option(None, "--zk", envvar=ZK_ENV, help=ZK_HELP),
+               stream: bool = typer.Option(False, "--stream", help="stream every file through this command even "
+                                                                   "where a group's leader sees the folder and "
+                                                                   "would copy its files in itself")) -> None:
         """Back up every task group of a running module: a checkpoint of each leader's applied state, its offset
-        and epoch, the spec and the code; only files the folder lacks are copied (writers keep running)."""
+        and epoch, the spec and the code; only files the folder lacks are copied (writers keep running). A leader
+        that sees the folder (same machine or mount) copies its group's files in itself."""
         with self.operator_errors():
             try:
                 with self.connect(zk) as conductor, _bars() as progress:
@@ -88,14 +92,16 @@ class BackupCommands:
                         progress.update(tasks[group], completed=done, total=total)
 
                     result = take_backup(conductor.ms, module, to, show,
-                                         lambda m: console.print(f"[dim]{m}[/dim]"))
+                                         lambda m: console.print(f"[dim]{m}[/dim]"), leader_copies=not stream)
             except BackupError as e:
                 raise self.cli_error(str(e)) from None
         m = result.manifest
         offsets = ", ".join(f"{g.group}: {g.applied_offset}@{g.leader_epoch}" for g in m.groups)
         console.print(f"[green]backed up {module}[/green] as [bold]{m.id}[/bold] in {to}: {len(m.groups)} task "
                       f"group(s) (group: applied offset@epoch {offsets}); copied {result.copied_bytes / 1e6:.1f} "
-                      f"of {m.total_bytes() / 1e6:.1f} MB in {result.seconds:.1f}s, the rest was there already")
+                      f"of {m.total_bytes() / 1e6:.1f} MB in {result.seconds:.1f}s, the rest was there already; "
+                      f"{len(result.leader_copied)} group(s) copied in by their leaders, "
+                      f"{len(m.groups) - len(result.leader_copied)} streamed here")
 
     def restore(self,
                 source: Path = typer.Option(..., "--from", help="a backup folder written by `conductor backup`"),

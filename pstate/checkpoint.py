@@ -20,7 +20,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import crc32c
@@ -80,6 +82,46 @@ def file_crc(path: str, *, fsync: bool = False) -> tuple[int, int]:
     return size, crc
 
 
+class SstChecksums:
+    """CRC32C of SST files by (device, inode, size, mtime): each is read once per process, not once per checkpoint.
+
+    SST files are immutable and a checkpoint hard-links the live ones (same inode), so every round of a
+    far-horizon copy and every backup would otherwise read the whole store again to describe it. Only ``.sst``
+    files are remembered (RocksDB appends to MANIFEST and rewrites OPTIONS and CURRENT). A copy of a file
+    whose bytes rotted on disk after it was described still fails its check where it lands (the follower's,
+    the backup folder's, a restore's). Bounded (least recently used first out) and thread-safe.
+    """
+
+    def __init__(self, capacity: int = 1 << 16) -> None:
+        assert capacity > 0, capacity
+        self.capacity = capacity
+        self._crcs: OrderedDict[tuple[int, int, int, int], int] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def describe(self, path: str) -> tuple[int, int]:
+        """(size, CRC32C) of the file at ``path``."""
+        if not path.endswith(".sst"):
+            return file_crc(path)
+        st = os.stat(path)
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        with self._lock:
+            crc = self._crcs.get(key)
+            if crc is not None:
+                self._crcs.move_to_end(key)
+                return st.st_size, crc
+        size, crc = file_crc(path)
+        if size == st.st_size:
+            with self._lock:
+                self._crcs[key] = crc
+                while len(self._crcs) > self.capacity:
+                    self._crcs.popitem(last=False)
+        return size, crc
+
+
+#: the process's SST checksums (every store's checkpoints)
+SST_CHECKSUMS = SstChecksums()
+
+
 def _link_or_copy(src: str, dest: str) -> tuple[int, int]:
     """Hard-link SST files (immutable: no second copy of a fetched checkpoint) and copy the rest; (size, CRC32C).
 
@@ -115,7 +157,7 @@ def take_checkpoint(directory: str, applied_offset: int, leader_epoch: int) -> M
         full = os.path.join(directory, name)
         if not os.path.isfile(full):
             raise StorageError("checkpoint", f"unexpected non-file {full} in checkpoint")
-        size, crc = file_crc(full)
+        size, crc = SST_CHECKSUMS.describe(full)
         files.append(ManifestFile(name, size, crc))
     m = Manifest(applied_offset, leader_epoch, tuple(files))
     mpath = os.path.join(directory, MANIFEST_NAME)

@@ -55,17 +55,13 @@ class PartitionInfo:
     """Offsets held by one depot partition: records ``start <= offset < end``.
 
     ``appended_bytes`` counts the bytes of every record ever appended (0 for partitions written before it was
-    kept); a trim leaves it as it is, so bytes between two offsets are a difference of two counts.
+    kept); a trim leaves it as it is, so bytes between two offsets are a difference of two counts. Stored in
+    the partition's ``_meta`` value by :func:`encode_partition_meta`, its one encoder.
     """
 
     start: int
     end: int
     appended_bytes: int = 0
-
-    def encode(self) -> bytes:
-        """The ``_meta`` value's head (24 bytes, big-endian; stores written before the byte count hold 16; record
-        times follow it: :func:`partition_meta_value`)."""
-        return self.start.to_bytes(8, "big") + self.end.to_bytes(8, "big") + self.appended_bytes.to_bytes(8, "big")
 
 
 def check_partition(partition: int) -> bytes:
@@ -204,35 +200,42 @@ def depot_meta_key(name: str, p: bytes) -> bytes:
 
 def read_partition_info(reader: Reader, name: str, partition: int) -> PartitionInfo:
     raw = reader.get(META, depot_meta_key(name, check_partition(partition)))
-    if raw is None:
-        return PartitionInfo(0, 0)
-    return PartitionInfo(int.from_bytes(raw[:8], "big"), int.from_bytes(raw[8:16], "big"),
-                         int.from_bytes(raw[16:24], "big"))
+    return PartitionInfo(0, 0) if raw is None else decode_partition_meta(raw)[0]
 
 
 def read_partition_meta(reader: Reader, name: str, partition: int) -> tuple[PartitionInfo, tuple[int, int] | None]:
     """The partition's bounds and its last time run (time, max-so-far time; None: no record has a time).
 
-    The partition's ``_meta`` value is :meth:`PartitionInfo.encode` (start, end,
-    bytes appended: u64 each), then the last run's time and max-so-far time
-    (i64 each) once a record has a time, so an append reads one key. A value
-    without them (written by older code: 16 or 24 bytes) is completed from the
-    time index.
+    A value written before it held the last run (16 or 24 bytes) is completed from the time index.
     """
     raw = reader.get(META, depot_meta_key(name, check_partition(partition)))
     if raw is None:
         return PartitionInfo(0, 0), None
+    info, last, complete = decode_partition_meta(raw)
+    return (info, last) if complete else (info, last_time(reader, name, partition, info.end))
+
+
+def encode_partition_meta(info: PartitionInfo, last: tuple[int, int] | None) -> bytes:
+    """The partition's ``_meta`` value, every field of it (the only writer; :func:`decode_partition_meta` reads it).
+
+    ``start``, ``end``, ``appended_bytes`` (u64 each, big-endian), then, once a record has a time, the last
+    time run's time and max-so-far time (i64 each), so an append reads one key.
+    """
+    head = info.start.to_bytes(8, "big") + info.end.to_bytes(8, "big") + info.appended_bytes.to_bytes(8, "big")
+    return head if last is None else head + last[0].to_bytes(8, "big") + last[1].to_bytes(8, "big")
+
+
+def decode_partition_meta(raw: bytes) -> tuple[PartitionInfo, tuple[int, int] | None, bool]:
+    """(bounds, last time run, whether the value holds the run): :func:`encode_partition_meta`'s inverse.
+
+    Older stores wrote 16 bytes (no byte count: 0) or 24 (no time run: the caller reads the time index).
+    """
+    assert len(raw) in (16, 24, 40), len(raw)
     info = PartitionInfo(int.from_bytes(raw[:8], "big"), int.from_bytes(raw[8:16], "big"),
                          int.from_bytes(raw[16:24], "big"))
-    if len(raw) >= 40:
-        return info, (int.from_bytes(raw[24:32], "big"), int.from_bytes(raw[32:40], "big"))
-    return info, last_time(reader, name, partition, info.end)
-
-
-def partition_meta_value(info: PartitionInfo, last: tuple[int, int] | None) -> bytes:
-    """The partition's ``_meta`` value (:func:`read_partition_meta`)."""
-    head = info.encode()
-    return head if last is None else head + last[0].to_bytes(8, "big") + last[1].to_bytes(8, "big")
+    if len(raw) == 40:
+        return info, (int.from_bytes(raw[24:32], "big"), int.from_bytes(raw[32:40], "big")), True
+    return info, None, False
 
 
 # ------------------------------------------------------------------------------------ record times

@@ -10,12 +10,13 @@ appended since the partition's start (``PartitionInfo.appended_bytes`` minus the
 with its bound, and finds the cut between two marks by linear interpolation (exact at marks, estimated
 between them; the next mark corrects the estimate, so the error never accumulates).
 
-The promise rule (docs/replication.md, "Trims"): a trim entry deletes only records below the partition's
-*applied* end when the leader built it (:func:`trim_point`). Applied records are in every ISR member's
-log, so a trim never deletes a record whose append could still be truncated or retried, and what a reader
-was told is readable (``PartitionInfo``, answered from applied state) stays readable until a trim the
-leader built after it. Every replica deletes the same range (the entry holds a RocksDB range delete);
-disk space returns when each replica compacts the range in the background (conductor.worker.retention).
+The promise rule (docs/replication.md, "Depot trims"): a trim entry deletes only records below the
+partition's *applied* end when the leader built it (:func:`replog.trims.trim_point`: a replication rule, in
+replog/ with the simulator that checks it). Applied records are in every ISR member's log, so a trim never
+deletes a record whose append could still be truncated or retried, and what a reader was told is readable
+(``PartitionInfo``, answered from applied state) stays readable until a trim the leader built after it.
+Every replica deletes the same range (the entry holds a RocksDB range delete); disk space returns when each
+replica compacts the range in the background (conductor.worker.retention).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from pstate.depots import (
 )
 from pstate.engine import Reader
 from pstate.store import ChangeSetBuilder
+from replog.trims import trim_point
 
 _RETENTION = b"rt:"
 #: marks kept per partition; past it the older half is thinned (coarser, still correct: a mark stays exact)
@@ -129,16 +131,6 @@ def live_bytes(info: PartitionInfo, state: RetentionState) -> int:
     return max(0, info.appended_bytes - state.start_bytes - state.compacted_bytes)
 
 
-def trim_point(before: int, start: int, applied_end: int) -> int:
-    """The promise rule: the new start of a partition asked to drop records below ``before``.
-
-    Never below the start (a trim only removes a prefix) and never above the applied end (records not yet
-    applied are not trimmed: their append may still be truncated, and no reader was told of them).
-    """
-    assert start <= applied_end, (start, applied_end)
-    return min(max(before, start), applied_end)
-
-
 #: below this many trimmed bytes a partition's trimmed range is not worth a compaction of its own
 MIN_COMPACTION_BYTES = 1 << 20
 
@@ -222,10 +214,15 @@ def trim(builder: ChangeSetBuilder, depot: str, partition: int, before: int, app
     """
     info = read_partition_info(builder.reader, depot, partition)
     applied_end = read_partition_info(applied, depot, partition).end
+    return _trim(builder, depot, partition, before, info, applied_end, read_state(builder.reader, depot, partition))
+
+
+def _trim(builder: ChangeSetBuilder, depot: str, partition: int, before: int, info: PartitionInfo,
+          applied_end: int, state: RetentionState) -> int:
+    """:func:`trim` with the partition's bounds, applied end and retention state already read (a check has them)."""
     new_start = trim_point(before, info.start, max(applied_end, info.start))
     if new_start == info.start:
         return info.start
-    state = read_state(builder.reader, depot, partition)
     start_bytes = bytes_below(info, state, new_start)
     builder.depot_trim(depot, partition, new_start)
     marks = tuple(m for m in state.marks if m.offset > new_start)
@@ -251,4 +248,5 @@ def check(builder: ChangeSetBuilder, depot: str, partition: int, policy: Retenti
     cut = retention_cut(policy, info, marked, now_ms)
     if cut <= info.start:
         return 0
-    return trim(builder, depot, partition, cut, applied) - info.start
+    # the state as written above: the mark's write is staged in this builder, which _trim writes over
+    return _trim(builder, depot, partition, cut, info, applied_info.end, marked) - info.start

@@ -58,7 +58,7 @@ from pstate.depots import (
     check_offset,
     check_partition,
     depot_meta_key,
-    partition_meta_value,
+    encode_partition_meta,
     read_partition_meta,
     time_run,
     times_below,
@@ -606,7 +606,7 @@ class ChangeSetBuilder:
         key = _RECORD_KEY.pack  # = p + offset's 8 bytes, one C call per record
         self.writes.put_many(depot_cf(depot), [key(partition, off) for off in range(start, end)], records)
         added = info.appended_bytes + sum(map(len, records))
-        self.writes.put(META, depot_meta_key(depot, p), partition_meta_value(PartitionInfo(info.start, end, added),
+        self.writes.put(META, depot_meta_key(depot, p), encode_partition_meta(PartitionInfo(info.start, end, added),
                                                                               last))
         return list(range(start, end))
 
@@ -625,7 +625,7 @@ class ChangeSetBuilder:
         if runs is not None:
             self.writes.delete_range(META, *runs)
         self.writes.put(META, depot_meta_key(depot, p),
-                        partition_meta_value(PartitionInfo(new_start, info.end, info.appended_bytes), last))
+                        encode_partition_meta(PartitionInfo(new_start, info.end, info.appended_bytes), last))
 
     def select(self, pstate: str, path: Path = P) -> list[Any]:
         """Read through this builder's pending writes (what a transform would see)."""

@@ -10,6 +10,12 @@ copies what was flushed or compacted since the first. Every file is checked
 against the leader's CRC32C as it arrives and stored by rename; the backup's
 manifest is written last (:mod:`conductor.backups.layout`).
 
+When the leader's worker sees ``DIR`` itself (the same machine or mount),
+it copies the files in with the kernel instead (``BackupToFolder``,
+:mod:`conductor.backups.leader_copy`): the same checkpoint, the same checks
+and names, without every byte crossing this process; a worker that cannot
+answers so and the group is streamed.
+
 Groups are copied in parallel (each at its own applied offset: a backup is
 consistent group by group, as a group is the unit of replication). A leader
 that changes mid-copy refuses the round (NotLeader); the group is copied
@@ -39,6 +45,7 @@ from conductor.backups.layout import (
     StoredFile,
     new_backup_id,
 )
+from conductor.backups.leader_copy import LeaderCannotCopy, Probe, leader_round, probe
 from conductor.client.code import CodeCache, code_sources
 from conductor.metastore import Metastore, ModuleSpec
 from conductor.wire import millrace_pb2 as pb
@@ -67,38 +74,43 @@ class BackupResult:
     path: Path
     copied_bytes: int  #: bytes this run transferred (the rest was in the folder already)
     seconds: float
+    leader_copied: tuple[int, ...] = ()  #: groups whose leader copied the files into the folder itself
 
 
 def take_backup(ms: Metastore, module: str, root: Path, on_progress: Progress | None = None,
-                on_step: Callable[[str], None] | None = None) -> BackupResult:
-    """Back ``module`` up into the folder ``root`` (see the module docstring)."""
+                on_step: Callable[[str], None] | None = None, leader_copies: bool = True) -> BackupResult:
+    """Back ``module`` up into the folder ``root`` (see the module docstring); ``leader_copies=False`` streams
+    every group through this process even where its leader could copy into the folder itself."""
     step = on_step or (lambda _m: None)
     started = time.monotonic()
     spec, _ = ms.modules.get(module)
     folder = BackupFolder(root)
     folder.claim(module)
     bid = new_backup_id()
-    code, kind, origin = _store_code(ms, spec, folder, step)
     step(f"copying the checkpoints of {spec.threads} task group(s) from their leaders")
     copied = [0] * spec.threads
+    by_leader: list[int] = []
 
-    def one(g: int) -> GroupBackup:
-        def progress(done: int, total: int) -> None:
-            copied[g] = done
-            if on_progress is not None:
-                on_progress(g, done, total)
-        return _backup_group(ms, folder, module, g, bid, progress)
+    # one thread more than the groups copied at once: the code artifact is stored beside them
+    with probe(folder) as p, concurrent.futures.ThreadPoolExecutor(min(PARALLEL_GROUPS, spec.threads) + 1,
+                                                                     thread_name_prefix="backup") as pool:
+        def one(g: int) -> GroupBackup:
+            def progress(done: int, total: int) -> None:
+                copied[g] = done
+                if on_progress is not None:
+                    on_progress(g, done, total)
+            return _backup_group(ms, folder, module, g, bid, progress, p if leader_copies else None, step, by_leader)
 
-    with concurrent.futures.ThreadPoolExecutor(min(PARALLEL_GROUPS, spec.threads),
-                                               thread_name_prefix="backup") as pool:
+        code_stored = pool.submit(_store_code, ms, spec, folder, step)  # beside the groups: it needs none of them
         groups = tuple(pool.map(one, range(spec.threads)))
+        code, kind, origin = code_stored.result()
     after, _ = ms.modules.get(module)
     if after.code != spec.code:
         raise BackupError(f"{module} switched code version during the backup ({spec.code} -> {after.code}); "
                           "its groups may hold different versions: run the backup again")
     manifest = BackupManifest(bid, module, time.time(), __version__, _spec_dict(spec), code, kind, origin, groups)
     path = folder.commit(manifest)
-    return BackupResult(manifest, path, sum(copied), time.monotonic() - started)
+    return BackupResult(manifest, path, sum(copied), time.monotonic() - started, tuple(sorted(by_leader)))
 
 
 def _spec_dict(spec: ModuleSpec) -> dict[str, object]:
@@ -123,8 +135,10 @@ def _store_code(ms: Metastore, spec: ModuleSpec, folder: BackupFolder,
 
 
 def _backup_group(ms: Metastore, folder: BackupFolder, module: str, group: int, bid: str,
-                  progress: Callable[[int, int], None]) -> GroupBackup:
-    """One group's checkpoint from its current leader, retried when the leader changes."""
+                  progress: Callable[[int, int], None], p: Probe | None,
+                  step: Callable[[str], None], by_leader: list[int]) -> GroupBackup:
+    """One group's checkpoint from its current leader, retried when the leader changes: copied into the folder
+    by the leader itself when it can (``p``: the backup's probe), else streamed here."""
     why = "no attempt"
     for attempt in range(ATTEMPTS):
         if attempt:
@@ -135,6 +149,14 @@ def _backup_group(ms: Metastore, folder: BackupFolder, module: str, group: int, 
             why = f"group {group} has no live leader"
             continue
         try:
+            if p is not None:
+                try:
+                    manifest = leader_round(folder, p, info.address, module, group, st.epoch, bid, progress)
+                    by_leader.append(group)
+                    return _group_backup(folder, manifest, module, group, st.leader or "")
+                except LeaderCannotCopy as e:
+                    step(f"group {group}: its leader {st.leader} does not copy into the folder ({e}); streaming it")
+                    p = None
             return _copy_round(folder, info.address, module, group, st.leader or "", st.epoch, bid, progress)
         except grpc.RpcError as e:
             why = f"leader {st.leader}: {e.code().name} {e.details()}"
@@ -203,12 +225,17 @@ def _copy_round(folder: BackupFolder, address: str, module: str, group: int, lea
     if manifest is None:
         raise BackupError(f"leader {leader} of {module}/{group} sent no checkpoint description")
     fsync_dir(gdir)
+    return _group_backup(folder, manifest, module, group, leader)
+
+
+def _group_backup(folder: BackupFolder, manifest: Manifest, module: str, group: int, leader: str) -> GroupBackup:
+    """The group's entry in the backup's manifest: every file of its checkpoint, each found in the folder."""
     stored = folder.stored(group)
     files = []
     for f in manifest.files:
         s = stored.get((f.name, f.size, f.crc32c))
         if s is None:
-            raise BackupError(f"{module}/{group}: {f.name} is neither in {gdir} nor was it sent")
+            raise BackupError(f"{module}/{group}: {f.name} is neither in {folder.group_dir(group)} nor was it sent")
         files.append(s)
     return GroupBackup(group, manifest.applied_offset, manifest.leader_epoch, leader, tuple(files))
 

@@ -103,6 +103,9 @@ RULES: dict[str, Rule] = {
     # conductor backup: the same copy, for an operator; the module's whole state leaves the cluster to wherever the
     # operator points, so it takes admin on the module (the operator's role), not query (an app's reads)
     "/millrace.Replication/BackupCheckpoint": Rule(ADMIN),
+    # the same backup written by the leader's worker into the folder the admin named (conductor.worker.backup_folder
+    # checks that the admin's CLI wrote a probe there and writes nowhere else): admin too
+    "/millrace.Replication/BackupToFolder": Rule(ADMIN),
     # conductor restore: writes a new module's whole state, as a deploy writes its code, so deploy on the module it
     # names (the receiver refuses a module that exists: a restore only creates)
     "/millrace.Replication/RestoreCheckpoint": Rule(DEPLOY),

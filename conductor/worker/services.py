@@ -30,6 +30,7 @@ from conductor.wire import millrace_pb2 as pb
 from conductor.wire import millrace_pb2_grpc as pbg
 from conductor.wire.errors import InvalidRequest, error_json, status_of
 from conductor.wire.packing import pack_lengths
+from conductor.worker.backup_folder import check_folder, folder_round
 from conductor.worker.far_horizon import CheckpointShelf, Shelved, read_chunk_into, stream_checkpoint
 from conductor.worker.hooks import ChunkFilter
 from conductor.worker.lifecycle import code_status
@@ -146,6 +147,21 @@ class ReplicationService(pbg.ReplicationServicer):
 
     # conductor backup: the same rounds, shelved under the backup's id (the interceptor's rule differs: admin)
     BackupCheckpoint = FetchCheckpoint
+
+    @maps_errors
+    async def BackupToFolder(self, request: pb.BackupToFolderRequest,
+                             context: Any) -> AsyncIterator[pb.BackupToFolderProgress]:
+        """conductor backup into a folder this worker sees: it copies the checkpoint's files there itself
+        (conductor.worker.backup_folder; UNIMPLEMENTED when it may not: the CLI streams them instead)."""
+        await asyncio.to_thread(check_folder, request)
+        key = (request.module, request.group, f"backup-{request.backup}-{request.group}")
+        shelved = await asyncio.to_thread(self.checkpoint_round, pb.FetchCheckpointRequest(
+            module=request.module, group=request.group, follower=key[2], epoch=request.epoch))
+        try:
+            async for progress in folder_round(request, shelved):
+                yield progress
+        finally:
+            self.shelf.release(key)
 
     @maps_errors
     async def RestoreCheckpoint(self, requests: AsyncIterator[pb.RestoreChunk], context: Any) -> pb.RestoreReply:

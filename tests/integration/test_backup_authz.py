@@ -3,6 +3,8 @@ module, a restore push deploy on the module it creates, and a restore never writ
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 import grpc
@@ -77,6 +79,8 @@ def test_backup_takes_admin_and_restore_deploy_on_the_new_module(zk_hosts: str, 
             manifest, files = _backup(admin_ch, module)
             assert manifest and files
 
+            _backup_to_folder(app_ch, admin_ch, module, tmp_path / "backups")
+
             e = refused(lambda: _push(app_ch, copy, manifest, files))
             assert e.code() == grpc.StatusCode.PERMISSION_DENIED and "'deploy'" in e.details(), e
             assert not (tmp_path / worker_tls.identity.name / copy).exists()
@@ -100,3 +104,25 @@ def _granted(ch: grpc.Channel, module: str, manifest: str, files: dict[str, byte
             return False
         raise
     return True
+
+
+def _backup_to_folder(app_ch: grpc.Channel, admin_ch: grpc.Channel, module: str, root: Path) -> None:
+    """BackupToFolder takes admin; the worker writes only into a folder holding the request's probe token."""
+    (root / "files" / "0").mkdir(parents=True)
+    (root / "millrace-backups.json").write_text(json.dumps({"format": 1, "module": module}))
+    probe, token = ".probe-" + "0f" * 16, os.urandom(16)
+    (root / probe).write_bytes(token)
+
+    def copy(ch: grpc.Channel, token: bytes) -> list[pb.BackupToFolderProgress]:
+        req = pb.BackupToFolderRequest(module=module, group=0, backup="t", epoch=1, folder=str(root), probe=probe,
+                                       token=token)
+        return list(pbg.ReplicationStub(ch).BackupToFolder(req, timeout=30))
+
+    e = refused(lambda: copy(app_ch, token))
+    assert e.code() == grpc.StatusCode.PERMISSION_DENIED and "'admin'" in e.details(), e
+    e = refused(lambda: copy(admin_ch, b"x" * 16))  # not the folder the admin's CLI wrote: the CLI streams
+    assert e.code() == grpc.StatusCode.UNIMPLEMENTED and "another token" in e.details(), e
+    assert list((root / "files" / "0").iterdir()) == []
+    replies = copy(admin_ch, token)
+    assert replies[-1].done and replies[0].info.manifest_json
+    assert len(list((root / "files" / "0").iterdir())) == len(json.loads(replies[0].info.manifest_json)["files"])

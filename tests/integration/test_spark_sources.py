@@ -402,6 +402,50 @@ def test_record_times_reach_the_client_and_bound_spark_reads(spark: Any, dc: Dev
 # ------------------------------------------------------------------------------------------- retention
 
 
+def test_a_key_compacted_depot_reads_with_its_gaps(spark: Any, dc: DevCluster, tmp_path: Path) -> None:
+    """A depot with key compaction (examples.audit's *events, by user, `depot.compaction.*events=1`: the latest
+    record per user)
+    has gaps in its offsets; batch and streaming reads return exactly the records it holds, each at its own
+    offset (offsets never change), with and without valueSchema."""
+    deploy(dc, "Audit", tasks=4, threads=2, module_ref="examples.audit:Audit",
+           options={"depot.retention.check.interval.ms": "300", "depot.compaction.*events": "1"})
+    with Cluster.connect(dc.hosts) as c:
+        clicks = c.depot("Audit", "*events")
+        for rnd in range(4):
+            clicks.append_many([{"user": f"k{i}", "n": rnd * 100 + i, "id": f"{rnd}-{i}"} for i in range(30)],
+                               ack="applied")
+
+        def held() -> dict[tuple[int, int], dict[str, Any]] | None:
+            out = {}
+            for t in range(4):
+                b = clicks.read_batch(t, 0, max_bytes=1 << 24)
+                if b.offsets is None or len({r["user"] for r in b.records}) != len(b.records):
+                    return None  # not compacted yet
+                out.update({(t, o): r for o, r in zip(b.offsets, b.records, strict=True)})
+            return out
+        wait_for(lambda: held() is not None, 30, "each partition to keep only the latest record of each user")
+        want = held()
+    assert want is not None and len(want) == 30 and {r["n"] // 100 for r in want.values()} == {3}
+    register(spark)
+
+    def reader(r: Any, **options: str) -> Any:
+        r = r.format("millrace.depot").option("cluster", dc.hosts).option("module", "Audit")
+        r = r.option("depot", "*events").option("recordsPerRequest", "7")  # requests that start and end in gaps
+        for k, v in options.items():
+            r = r.option(k, v)
+        return r.load()
+
+    typed = reader(spark.read, valueSchema="user string, n long, id string").collect()
+    assert {(r["task"], r["offset"]): {"user": r["user"], "n": r["n"], "id": r["id"]} for r in typed} == want
+    as_json = reader(spark.read).collect()
+    assert {(r["task"], r["offset"]): json.loads(r["value"]) for r in as_json} == want
+    streamed = [r for b in run_available_now(reader(spark.readStream, valueSchema="user string, n long"),
+                                             tmp_path / "compacted") for r in b]
+    assert sorted((r["task"], r["offset"]) for r in streamed) == sorted(want)
+
+
+
+
 @pytest.mark.slow
 def test_a_stream_whose_committed_offsets_were_trimmed_fails_with_the_truncation_error(
         spark: Any, dc: DevCluster, client: Cluster, tmp_path: Path) -> None:

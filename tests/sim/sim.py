@@ -29,7 +29,6 @@ from collections.abc import Callable
 from dataclasses import astuple, dataclass, field, replace
 from typing import Any
 
-from pstate.retention import trim_point
 from replog.catchup import round_is_last
 from replog.config import FSYNC_INTERVAL, ReplicationConfig
 from replog.election import next_leadership
@@ -69,6 +68,7 @@ from replog.messages import (
 from replog.outbox import Outbox
 from replog.reassignment import min_isr_for, min_isr_met
 from replog.replica import Replica
+from replog.trims import trim_point
 from tests.sim.membership import PlanRules, Reassigner
 
 Entry = tuple[int, str]  # (epoch, payload)
@@ -229,7 +229,7 @@ class Sim:
       storage ever applied (its applied floor), also right after a crash lost the
       store's un-flushed state and whatever the ISR's size;
     * depot trims (seeds from ``TRIM_SEEDS_FROM``): a committed trim drops only records
-      applied where the leader built it (the promise rule, ``pstate.retention.trim_point``).
+      applied where the leader built it (the promise rule, ``replog.trims.trim_point``).
     """
 
     def __init__(self, seed: int, *, nodes: int = 3, config: ReplicationConfig | None = None,

@@ -60,7 +60,7 @@ def test_random_seeds_with_membership_changes() -> None:
 
 def test_random_seeds_with_depot_trims() -> None:
     """Seeds from TRIM_SEEDS_FROM append depot trims too, built by the leader from its applied state (the
-    promise rule, pstate.retention.trim_point); the simulator checks that every committed trim drops only
+    promise rule, replog.trims.trim_point); the simulator checks that every committed trim drops only
     records applied where it was built. Sweep more with SIM_SEED_START=20000000."""
     results = _run_seeds(range(TRIM_SEEDS_FROM, TRIM_SEEDS_FROM + 200))
     assert sum(r.trims for r in results) > 200

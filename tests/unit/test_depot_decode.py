@@ -192,3 +192,14 @@ def test_packed_replies_decode_like_lists_on_the_json_path_and_check_their_lengt
     with pytest.raises(MillraceSourceError, match="disagree on the protocol"):
         unpack_reply(bad)
     assert list(unpack_reply(pb.DepotReadReply(records=[b"\x01", b"\x02"]))) == [b"\x01", b"\x02"]
+
+
+def test_a_compacted_reply_carries_each_records_own_offset() -> None:
+    """A key-compacted partition's reply has gaps: rows get the offsets it lists, and errors name them."""
+    rb = RowBuilder(SCHEMA, json_value=False)
+    raw = [msgpack.packb({"s": f"u{i}", "i": i}) for i in range(3)]
+    batch = rb.batch(2, 10, 7, raw, np.array([10, 14, 15], dtype=np.int64))
+    assert batch.column("offset").to_pylist() == [10, 14, 15]
+    assert batch.column("i").to_pylist() == [0, 1, 2]
+    with pytest.raises(ValueSchemaMismatch, match="offset 14"):
+        rb.batch(2, 10, 7, [raw[0], msgpack.packb({"j": 2**40})], np.array([10, 14], dtype=np.int64))

@@ -16,7 +16,6 @@ from pstate.retention import (
     partition_sizes,
     read_state,
     trim,
-    trim_point,
 )
 from pstate.store import TaskGroupStore
 
@@ -40,12 +39,6 @@ class Applier:
 def store(tmp_path: Any) -> Any:
     with TaskGroupStore(tmp_path / "s", {}, [D]) as s:
         yield s
-
-
-def test_trim_point_is_the_promise_rule() -> None:
-    assert trim_point(5, 10, 20) == 10  # never below the start
-    assert trim_point(15, 10, 20) == 15
-    assert trim_point(99, 10, 20) == 20  # never above the applied end
 
 
 def test_trim_never_passes_the_applied_end(store: TaskGroupStore) -> None:

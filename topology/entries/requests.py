@@ -93,7 +93,7 @@ class OutboxTrim:
 @dataclass(frozen=True)
 class DepotTrim:
     """A client's or operator's trim of ``depot``'s partition ``task`` below ``before`` (clamped by the promise
-    rule, :func:`pstate.retention.trim_point`); result: the partition's new start offset."""
+    rule, :func:`replog.trims.trim_point`); result: the partition's new start offset."""
 
     depot: str
     task: int

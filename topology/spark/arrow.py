@@ -494,23 +494,26 @@ class RowBuilder:
         self.struct = pa.struct([self.arrow_schema.field(n) for n in self.fields]) if self.fields else None
         self.flat = FlatDecoder([self.arrow_schema.field(n) for n in self.fields])
 
-    def batch(self, task: int, first: int, epoch: int, raw: Raw) -> pa.RecordBatch:
+    def batch(self, task: int, first: int, epoch: int, raw: Raw, offsets: np.ndarray | None = None) -> pa.RecordBatch:
+        """The rows of one reply: records dense from ``first``, or at ``offsets`` (a key-compacted partition)."""
         n = len(raw)
+        assert offsets is None or len(offsets) == n, (n, offsets)
+        at = np.arange(first, first + n, dtype=np.int64) if offsets is None else offsets
         cols: dict[str, pa.Array] = {
             "task": pa.array(np.full(n, task, dtype=np.int32)),
-            "offset": pa.array(np.arange(first, first + n, dtype=np.int64)),
+            "offset": pa.array(at),
             "epoch": pa.array(np.full(n, epoch, dtype=np.int64)),
         }
         flat = None if self.json_value else self.flat.decode(raw)
         if flat is not None:
             cols.update(zip(self.fields, flat, strict=True))
         else:
-            cols.update(self._general(task, first, raw))
+            cols.update(self._general(task, at, raw))
         arrays = [cols[name] if name in cols else pa.nulls(n, self.arrow_schema.field(name).type)
                   for name in self.names]
         return pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)
 
-    def _general(self, task: int, first: int, raw: Raw) -> dict[str, pa.Array]:
+    def _general(self, task: int, at: np.ndarray, raw: Raw) -> dict[str, pa.Array]:
         """Every record decoded to Python objects, then converted by pyarrow (JSON, or what FlatDecoder skips)."""
         cols: dict[str, pa.Array] = {}
         records = decode_records(raw)
@@ -521,27 +524,28 @@ class RowBuilder:
             try:
                 structs = pa.array(records, type=self.struct)
             except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
-                raise self._mismatch(task, first, records) from None
+                raise self._mismatch(task, at, records) from None
             for f, arr in zip(self.fields, _children(structs), strict=True):
                 cols[f] = arr
         return cols
 
-    def _mismatch(self, task: int, first: int, records: list[Any]) -> ValueSchemaMismatch:
+    def _mismatch(self, task: int, at: np.ndarray, records: list[Any]) -> ValueSchemaMismatch:
         """Find the first record that does not convert, to name it (slow path, only on error)."""
         assert self.struct is not None
         for i, r in enumerate(records):
             if not isinstance(r, dict):
                 return ValueSchemaMismatch(
-                    f"record at task {task} offset {first + i} is a {type(r).__name__} ({_short(r)}), but option "
+                    f"record at task {task} offset {at[i]} is a {type(r).__name__} ({_short(r)}), but option "
                     f"valueSchema needs dict records; drop valueSchema to read it as JSON in column `value`")
             try:
                 pa.array([r], type=self.struct)
             except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as e:
                 bad = [f.name for f in self.struct if not _fits(r.get(f.name), f.type)]
                 return ValueSchemaMismatch(
-                    f"record at task {task} offset {first + i} does not fit valueSchema {self.struct}: field(s) "
+                    f"record at task {task} offset {at[i]} does not fit valueSchema {self.struct}: field(s) "
                     f"{bad} of {_short(r)} ({e}); fix valueSchema, or read `value` as JSON without it")
-        return ValueSchemaMismatch(f"records of task {task} from offset {first} do not fit valueSchema {self.struct}")
+        return ValueSchemaMismatch(f"records of task {task} from offset {at[0] if len(at) else '-'} do not fit "
+                                   f"valueSchema {self.struct}")
 
 
 def _children(structs: pa.StructArray) -> list[pa.Array]:

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import grpc
+import numpy as np
 import pyarrow as pa
 
 from conductor.client.handles import PartitionStatus
@@ -16,7 +17,7 @@ from conductor.client.retry import retryable
 from conductor.wire import millrace_pb2 as pb
 from conductor.wire.errors import error_from_rpc
 from pstate.errors import DepotNotFound
-from replog.errors import NotLeader
+from replog.errors import NotLeader, OffsetOutOfRange
 from topology.spark.arrow import Raw, RowBuilder, unpack_reply
 from topology.spark.errors import MillraceSourceError, SourceOptionError
 from topology.spark.planning import (
@@ -47,13 +48,21 @@ ARROW_BATCH_ROWS = 8192
 class Fetcher:
     """Reads the ranges of one Spark partition from their group's leader, several requests in flight.
 
-    Offsets are dense, so request boundaries are known before any reply comes
-    back: up to ``READ_WINDOW`` requests travel while the caller decodes. A
-    reply cut short by ``max_bytes`` is continued at once. Each reply is
-    checked: it must start where asked (else the start was trimmed), it must
-    not come from an epoch older than planned (a zombie leader), and an empty
-    reply before ``end`` means the leader lost applied records (truncation);
-    the first two make it look the leader up again, the last fails the read.
+    Offsets never change, so request boundaries are known before any reply
+    comes back: up to ``READ_WINDOW`` requests travel while the caller
+    decodes. A reply cut short by ``max_bytes`` is continued at once. Requests
+    are strict (a start below the partition's start, trimmed, fails with
+    OffsetOutOfRange rather than reading on from the start), and each reply is
+    checked: it must not come from an epoch older than planned (a zombie
+    leader), and one that makes no progress before ``end`` means the leader
+    lost applied records (truncation); the first makes it look the leader up
+    again, trims and truncations fail the read with DepotOffsetOutOfRange.
+
+    A key-compacted partition has gaps (pstate.compaction: deleted records
+    keep their offsets free): its replies list each record's offset
+    (``offsets``), may start past the requested start, and a stretch of gaps
+    comes back empty with ``next`` past it. Those are read as they are; the
+    rows carry the records' own offsets.
     """
 
     def __init__(self, p: DepotPartition) -> None:
@@ -69,7 +78,7 @@ class Fetcher:
     def _request(self, r: TaskRange) -> Any:
         p = self.p
         req = pb.DepotReadRequest(module=p.module, depot=p.depot, task=r.task, start=r.start, end=r.end,
-                                  max_bytes=p.max_bytes, packed=True)
+                                  max_bytes=p.max_bytes, packed=True, strict=True)
         return client_stub(self.address, p.tls).DepotRead.future(req, timeout=RPC_TIMEOUT_S)
 
     def _relocate(self, why: Exception | str, deadline: float) -> None:
@@ -91,8 +100,9 @@ class Fetcher:
             pb.PartitionInfoRequest(module=self.p.module, depot=self.p.depot, task=task), timeout=RPC_TIMEOUT_S)
         return PartitionStatus(task, int(r.start), int(r.end), int(r.epoch))
 
-    def chunks(self) -> Iterator[tuple[int, int, int, Raw]]:
-        """(task, first offset, epoch, msgpack records) per reply, in plan order."""
+    def chunks(self) -> Iterator[tuple[int, int, int, Raw, np.ndarray | None]]:
+        """(task, first offset, epoch, msgpack records, each record's offset or None: dense from the first) per
+        reply with records, in plan order."""
         p = self.p
         deadline = time.monotonic() + RETRY_S
         todo: deque[TaskRange] = deque()
@@ -128,22 +138,26 @@ class Fetcher:
                     requeue(r)
                     if isinstance(err, DepotNotFound):
                         raise SourceOptionError(f"module {p.module} has no depot {p.depot!r} (any more)") from None
+                    if isinstance(err, OffsetOutOfRange):  # trimmed below the planned start: names it, fails
+                        self._check_range(r, None, deadline)
+                        continue
                     if not retryable(err):
                         raise err from None
                     self._relocate(err, deadline)
                     continue
                 raw = unpack_reply(reply)
-                got = len(raw)
-                if got == 0 or reply.start != r.start:
+                if not reply.offsets and len(raw) and reply.start != r.start:  # dense, yet not where asked
                     requeue(r)
                     self._check_range(r, reply, deadline)
                     continue
-                if reply.next != reply.start + got:
-                    raise MillraceSourceError(
-                        f"depot {p.module}/{p.depot} partition {r.task}: reply for [{r.start}, {r.end}) holds {got} "
-                        f"records but spans [{reply.start}, {reply.next}); depot partitions never have gaps")
+                offsets = self._offsets(r, reply, len(raw))
+                if reply.next <= r.start:  # no progress before the planned end: truncated, or a stale leader
+                    requeue(r)
+                    self._check_range(r, reply, deadline)
+                    continue
                 self.min_epoch = max(self.min_epoch, int(reply.epoch))
-                yield r.task, r.start, int(reply.epoch), raw
+                if len(raw):
+                    yield r.task, int(reply.start), int(reply.epoch), raw, offsets
                 deadline = time.monotonic() + RETRY_S  # progress: the retry budget is per stall, not per read
                 if reply.next < r.end:  # cut by max_bytes: continue this range before the ones in flight
                     rest = TaskRange(r.task, int(reply.next), r.end, r.epoch)
@@ -152,6 +166,21 @@ class Fetcher:
             for _r, f in pending:
                 f.cancel()
             self.close()
+
+    def _offsets(self, r: TaskRange, reply: Any, got: int) -> np.ndarray | None:
+        """A reply's record offsets (None: dense from ``reply.start``), checked against the request's range."""
+        p = self.p
+        where = f"depot {p.module}/{p.depot} partition {r.task}: reply for [{r.start}, {r.end})"
+        if not reply.offsets:  # dense: exactly the records from the start asked for
+            if got and reply.next != reply.start + got:
+                raise MillraceSourceError(f"{where} holds {got} records but spans [{reply.start}, {reply.next})")
+            return None
+        offsets = np.array(reply.offsets, dtype=np.int64)
+        if (len(offsets) != got or offsets[0] != reply.start or offsets[0] < r.start or offsets[-1] >= reply.next
+                or reply.next > r.end or (len(offsets) > 1 and not (np.diff(offsets) > 0).all())):
+            raise MillraceSourceError(f"{where} holds {got} records at offsets out of order or outside "
+                                      f"[{r.start}, {reply.next})")
+        return offsets
 
     def _check_range(self, r: TaskRange, reply: Any, deadline: float) -> None:
         """An empty or misplaced reply: trimmed start or truncated end fails the read; anything else retries."""
@@ -164,9 +193,9 @@ class Fetcher:
         if st.start > r.start or st.end < r.end:
             validate_offsets(p.module, p.depot, {r.task: (r.start if st.start > r.start else r.end, r.epoch)},
                              {r.task: st})
-        self._relocate(f"reply [{reply.start}, {reply.next}) at epoch {reply.epoch} for requested "
-                       f"[{r.start}, {r.end}) while the partition holds [{st.start}, {st.end}) at epoch {st.epoch}",
-                       deadline)
+        got = "OffsetOutOfRange" if reply is None else f"reply [{reply.start}, {reply.next}) at epoch {reply.epoch}"
+        self._relocate(f"{got} for requested [{r.start}, {r.end}) while the partition holds [{st.start}, {st.end}) "
+                       f"at epoch {st.epoch}", deadline)
 
 
 def read_partition(p: DepotPartition, rows: RowBuilder) -> Iterator[pa.RecordBatch]:
@@ -176,8 +205,8 @@ def read_partition(p: DepotPartition, rows: RowBuilder) -> Iterator[pa.RecordBat
     processed the one before, so smaller batches keep it busy while this
     process decodes the next reply, and leave it less to do once we are done.
     """
-    for task, first, epoch, raw in Fetcher(p).chunks():
-        batch = rows.batch(task, first, epoch, raw)
+    for task, first, epoch, raw, offsets in Fetcher(p).chunks():
+        batch = rows.batch(task, first, epoch, raw, offsets)
         if batch.num_rows <= ARROW_BATCH_ROWS:
             yield batch
         else:
