@@ -36,6 +36,7 @@ import msgpack
 from rich.console import Console
 from rich.table import Table
 
+from bench.backup_figures import QUICK_MB
 from bench.backup_figures import measure as backup_measure
 from conductor.worker.replica_store import ReplicaStore
 from pstate import TaskGroupStore
@@ -135,7 +136,7 @@ def backup_figures(quick: bool) -> dict[str, Any]:
     """``bench.backup_figures``' measurement in this run: ``backup_mb_per_s`` and ``ratio_backup_vs_cp`` (the same
     files copied with ``cp``, same run; goal >= 0.7), and what an incremental backup copied."""
     with tempfile.TemporaryDirectory(prefix="millrace-bench-backup-") as tmp:
-        return backup_measure(48 if quick else 256, 3 if quick else 5, Path(tmp))
+        return backup_measure(QUICK_MB if quick else 256, 3 if quick else 5, Path(tmp))
 
 
 def main() -> None:

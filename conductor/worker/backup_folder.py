@@ -56,6 +56,8 @@ from pstate.checkpoint import ManifestFile
 PROBE_RE = re.compile(r"^\.probe-[0-9a-f]{32}$")
 #: bytes per copy_file_range / sendfile call (progress and cancellation are checked between calls)
 COPY_CHUNK = 16 * 1024 * 1024
+#: copies checked, fsynced and renamed at once: fsyncs in flight together share the file system's journal commits
+FSYNC_THREADS = 4
 MARKER = "millrace-backups.json"  # conductor.backups.layout.MARKER (the worker does not import the CLI's package)
 _NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 #: seconds between two progress messages of a round
@@ -183,7 +185,7 @@ def copy_into(gdir: int, source: Path, files: Sequence[ManifestFile], on_bytes: 
     Blocking: run it in a thread. A file whose copy does not match its CRC32C raises :class:`CopyDamaged` (the
     CLI tries the group again); ``stop`` set raises :class:`Cancelled` between chunks.
     """
-    flusher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="backup-fsync")
+    flusher = concurrent.futures.ThreadPoolExecutor(FSYNC_THREADS, thread_name_prefix="backup-fsync")
     pending: list[concurrent.futures.Future[None]] = []
     try:
         for f in files:
