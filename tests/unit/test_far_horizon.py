@@ -15,7 +15,6 @@ from conductor.worker.far_horizon import (
     Shelved,
     decode_chunk,
     encode_data_chunk,
-    read_chunk_into,
     stream_checkpoint,
 )
 from pstate.checkpoint import take_checkpoint
@@ -54,13 +53,10 @@ def test_round_streams_only_missing_files_in_order(tmp_path: Path) -> None:
     held = next(f for f in shelved.manifest.files if f.name == "held.sst")
     have = [pb.CheckpointFile(name=held.name, size=held.size, crc32c=held.crc32c)]
 
-    async def read_into(path: Path, offset: int, buf: bytearray) -> int:
-        return read_chunk_into(path, offset, buf)
-
     async def collect() -> list[pb.CheckpointChunk]:
         # Data chunks come pre-encoded: protobuf must read them as the message they claim to be.
         return [c if isinstance(c, pb.CheckpointChunk) else pb.CheckpointChunk.FromString(c)
-                async for c in stream_checkpoint(shelved, have, read_into)]
+                async for c in stream_checkpoint(shelved, have)]
 
     chunks = asyncio.run(collect())
     info = chunks[0].info
@@ -100,12 +96,9 @@ def test_the_chunk_hook_sees_every_data_chunk_and_what_it_returns_is_sent(tmp_pa
     shelved = CheckpointShelf(tmp_path / "shelf").take(("M", 0, "n2"), _make({"a.sst": data}))
     damage = DamageChunks(1)
 
-    async def read_into(path: Path, offset: int, buf: bytearray) -> int:
-        return read_chunk_into(path, offset, buf)
-
     async def collect() -> list[pb.CheckpointChunk]:
         return [c if isinstance(c, pb.CheckpointChunk) else pb.CheckpointChunk.FromString(c)
-                async for c in stream_checkpoint(shelved, [], read_into, damage)]
+                async for c in stream_checkpoint(shelved, [], damage)]
 
     chunks = [c for c in asyncio.run(collect())[1:] if c.file == "a.sst"]
     assert [len(c.data) for c in chunks] == [CHUNK_BYTES, 10] and damage.left == 0
