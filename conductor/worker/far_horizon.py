@@ -401,16 +401,21 @@ class Catchup:
             chunk_bytes=chunk_for_rate(self._throttle.limit()))
 
     def _rounds(self, fetch: grpc.UnaryStreamMultiCallable, verified: dict[str, ManifestFile]) -> str:
+        previous: tuple[float, int] | None = None  # (when the previous round started, the leader's log end then)
         for rnd in range(1, MAX_ROUNDS + 1):
             if self._stop.is_set():
                 return "stopped"
             manifest, pairs, leader_end = self._round(rnd, fetch, verified)
+            started = self.progress.round_started
+            rate = None if previous is None else (leader_end - previous[1]) / max(started - previous[0], 1e-3)
+            previous = (started, leader_end)
             wanted = {f.name for f in manifest.files}
             for name in [n for n in verified if n not in wanted]:  # compacted away on the leader
                 del verified[name]
                 (self.staging / name).unlink(missing_ok=True)
             complete = all(verified.get(f.name) == f for f in manifest.files)
-            behind = leader_end - 1 - manifest.applied_offset
+            behind = behind_at_install(leader_end - 1 - manifest.applied_offset, time.monotonic() - started, rate,
+                                       self.near_lag)
             if complete and round_is_last(behind, self.near_lag, rnd):
                 self.progress.state = "installing"
                 for fut in self._flushing.values():
@@ -488,6 +493,23 @@ class Catchup:
             return
         self._last_log = now
         log.info("%s: %s", self.name, describe(self.progress))
+
+
+#: a first round that lasted longer than this is followed by another (see behind_at_install)
+QUICK_ROUND_S = 1.0
+
+
+def behind_at_install(behind: int, round_s: float, rate: float | None, near_lag: int) -> int:
+    """How many entries short of the leader a checkpoint is by the end of its round (what
+    :func:`replog.catchup.round_is_last` judges), not when it was taken: a round that lasted a while (a big
+    store, a throttled copy) left the leader ``rate x round_s`` entries further on, and a replica installed that
+    far behind would be offered a far-horizon copy again at once, for ever under steady appends (a throttled
+    bench copy did). ``rate`` (entries/s) comes from two rounds' log ends; after the first round it is unknown,
+    so a first round longer than :data:`QUICK_ROUND_S` counts as a whole near-horizon window behind (another
+    round, which copies only the files flushed or compacted meanwhile)."""
+    if rate is None:
+        return behind if round_s <= QUICK_ROUND_S else max(behind, near_lag)
+    return behind + int(max(rate, 0.0) * round_s)
 
 
 class _Stopped(Exception):

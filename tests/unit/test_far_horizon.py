@@ -104,3 +104,16 @@ def test_the_chunk_hook_sees_every_data_chunk_and_what_it_returns_is_sent(tmp_pa
     assert [len(c.data) for c in chunks] == [CHUNK_BYTES, 10] and damage.left == 0
     assert chunks[0].data[0] == data[0] ^ 0xFF and chunks[0].data[1:] == data[1:CHUNK_BYTES]
     assert chunks[1].data == data[CHUNK_BYTES:], "only the first chunk was damaged"
+
+
+def test_a_long_round_counts_the_entries_the_leader_appended_meanwhile() -> None:
+    from conductor.worker.far_horizon import QUICK_ROUND_S, behind_at_install
+    from replog.catchup import round_is_last
+
+    # a quick first round: judged by its checkpoint's own distance, as before
+    assert behind_at_install(10, QUICK_ROUND_S / 2, None, near_lag=100) == 10
+    # a long first round (a throttled copy): the append rate is unknown yet, so another round
+    assert not round_is_last(behind_at_install(10, 5.0, None, near_lag=100), 100, 1)
+    # later rounds know the leader's append rate: 100 entries/s for 2 s put the replica 200 + 10 behind
+    assert behind_at_install(10, 2.0, 100.0, near_lag=100) == 210
+    assert round_is_last(behind_at_install(10, 0.2, 100.0, near_lag=100), 100, 2)  # a short diff round: install
