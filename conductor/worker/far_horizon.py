@@ -49,7 +49,7 @@ from conductor.wire.packing import varint
 from conductor.worker.hooks import ChunkFilter
 from conductor.worker.throttle import CopyThrottle, node_budget
 from pstate.checkpoint import Manifest, ManifestFile
-from replog.catchup import MAX_ROUNDS, round_is_last
+from replog.catchup import MAX_ROUNDS, behind_at_install, round_is_last
 
 log = logging.getLogger("millrace.far_horizon")
 
@@ -493,23 +493,6 @@ class Catchup:
             return
         self._last_log = now
         log.info("%s: %s", self.name, describe(self.progress))
-
-
-#: a first round that lasted longer than this is followed by another (see behind_at_install)
-QUICK_ROUND_S = 1.0
-
-
-def behind_at_install(behind: int, round_s: float, rate: float | None, near_lag: int) -> int:
-    """How many entries short of the leader a checkpoint is by the end of its round (what
-    :func:`replog.catchup.round_is_last` judges), not when it was taken: a round that lasted a while (a big
-    store, a throttled copy) left the leader ``rate x round_s`` entries further on, and a replica installed that
-    far behind would be offered a far-horizon copy again at once, for ever under steady appends (a throttled
-    bench copy did). ``rate`` (entries/s) comes from two rounds' log ends; after the first round it is unknown,
-    so a first round longer than :data:`QUICK_ROUND_S` counts as a whole near-horizon window behind (another
-    round, which copies only the files flushed or compacted meanwhile)."""
-    if rate is None:
-        return behind if round_s <= QUICK_ROUND_S else max(behind, near_lag)
-    return behind + int(max(rate, 0.0) * round_s)
 
 
 class _Stopped(Exception):

@@ -107,8 +107,7 @@ def test_the_chunk_hook_sees_every_data_chunk_and_what_it_returns_is_sent(tmp_pa
 
 
 def test_a_long_round_counts_the_entries_the_leader_appended_meanwhile() -> None:
-    from conductor.worker.far_horizon import QUICK_ROUND_S, behind_at_install
-    from replog.catchup import round_is_last
+    from replog.catchup import QUICK_ROUND_S, behind_at_install, round_is_last
 
     # a quick first round: judged by its checkpoint's own distance, as before
     assert behind_at_install(10, QUICK_ROUND_S / 2, None, near_lag=100) == 10
