@@ -91,6 +91,8 @@ PAD_BYTES = 2000  #: random bytes (hex: twice as many characters) per filler rec
 FILL_BATCH = 20
 #: the near-horizon window: a replica further behind copies the leader's store
 NEAR_LAG = 100
+#: the seconds after the plan's end in which its leader rebalancing falls (max_gap_after_plan_ms)
+HANDOFF_WINDOW_S = 3.0
 PROBE = "bench-probe"  #: the follower id the copy-path probe asks the leader's checkpoints for
 
 
@@ -141,6 +143,7 @@ def scale_under_writer(dc: DevCluster, megabytes: int, steady_s: float) -> dict[
     replica joins the ISR, appends wait for it, so part of the window runs at RF 3's own cost
     (``writer_p99_during_vs_rf3_after``); ``copying_p99_ms`` is the p99 while the far-horizon copies ran (from
     the first one's start to the last one's install, as the workers' logs date them), the throttle's own window.
+    ``max_gap_after_plan_ms``: the largest gap in the seconds after the plan, when its leaders are rebalanced.
     """
     with Cluster.connect(dc.hosts, timeout_s=30) as client:
         filled = fill(client, megabytes)
@@ -164,7 +167,10 @@ def scale_under_writer(dc: DevCluster, megabytes: int, steady_s: float) -> dict[
     _copied, (first, last) = copies(dc.root / "logs")
     copying = sorted(writer.gaps_ms(first - wall, last - wall))
     p99_steady, p99_during, p99_after = percentile(steady, 99), percentile(during, 99), percentile(after, 99)
+    # once the plan is deleted the conductor rebalances leaders: a hand-off the writer sees as one long gap
+    handoff = writer.gaps_ms(done, done + HANDOFF_WINDOW_S)
     return {"filler_records": filled, "rf1_to_rf3_s": round(done - steady_to, 2),
+            "max_gap_after_plan_ms": round(max(handoff), 1) if handoff else float("nan"),
             "steady_p99_ms": round(p99_steady, 2), "reassign_p99_ms": round(p99_during, 2),
             "rf3_after_p99_ms": round(p99_after, 2), "reassign_appends": len(during),
             "copying_p99_ms": round(percentile(copying, 99), 2) if copying else float("nan"),
