@@ -14,8 +14,8 @@ page cache:
   nodes) whose ``FetchCheckpoint`` is :class:`conductor.worker.services.ReplicationService`'s
   handler minus the cluster: a :class:`~conductor.worker.far_horizon.CheckpointShelf`
   round (hard links of the checkpoint's files, as RocksDB's checkpoint makes),
-  :func:`~conductor.worker.far_horizon.stream_checkpoint` with ``read_chunk_into`` offloaded
-  to a thread per chunk, served through ``replication_handler`` (data chunks
+  :func:`~conductor.worker.far_horizon.stream_checkpoint` (each chunk read and
+  encoded in a thread, the next read while this one is sent), served through ``replication_handler`` (data chunks
   pre-encoded). The client is the production
   :class:`~conductor.worker.far_horizon.Catchup` thread (CRC32C per file as it
   arrives), whose ``install`` callback runs the production
@@ -71,8 +71,8 @@ from conductor.worker.far_horizon import (
     Catchup,
     CheckpointShelf,
     Shelved,
-    read_chunk_into,
     replication_handler,
+    served_chunk_bytes,
     stream_checkpoint,
 )
 from pstate import Map, TaskGroupStore
@@ -156,10 +156,7 @@ class _FarHorizonServicer(pbg.ReplicationServicer):
             self.shelf.release(key)
             return
         shelved = await asyncio.to_thread(self._round, request)
-
-        async def read_into(path: Path, offset: int, buf: bytearray) -> int:
-            return await asyncio.to_thread(read_chunk_into, path, offset, buf)
-        async for chunk in stream_checkpoint(shelved, list(request.have), read_into):
+        async for chunk in stream_checkpoint(shelved, list(request.have), None, served_chunk_bytes(request.chunk_bytes)):
             yield chunk
 
     #: the service's backup rounds are the same rounds (the worker's ReplicationService does the same)

@@ -36,7 +36,8 @@ The same run's floors:
 
 Then :mod:`bench.reassign` (a scale from replication factor 1 to 3 under a
 writer) runs on its own cluster; its ``rf1_to_rf3_s``,
-``reassign_copy_mb_per_s``, ``ratio_copy_vs_plain_grpc`` and
+``reassign_copy_mb_per_s`` (the throttled copies' rate), ``ratio_copy_vs_plain_grpc``
+(the copy path unthrottled against a plain gRPC stream of the same files) and
 ``writer_p99_during_reassign_vs_steady`` join the last line (all its figures
 under ``reassign``).
 
@@ -236,7 +237,8 @@ def main() -> None:
                 "gap_vs_noop_update": round(gap / r["noop_update_max_gap_ms"], 3),
                 "goal_ratio": GOAL_RATIO, "goal_met": ratio <= GOAL_RATIO})
     console.print(f"reassignment RF 1 -> 3: {moved['rf1_to_rf3_s']} s, copies {moved['reassign_copy_mb_per_s']} MB/s "
-                  f"(plain gRPC {moved['plain_grpc_mb_per_s']} MB/s), writer p99 x"
+                  f"(throttled); copy path {moved['copy_path_mb_per_s']} MB/s unthrottled vs plain gRPC "
+                  f"{moved['plain_grpc_mb_per_s']} MB/s, writer p99 x"
                   f"{moved['writer_p99_during_reassign_vs_steady']} of steady (bench.reassign)")
     out.update({k: moved[k] for k in REASSIGN_FIGURES})
     out["reassign"] = moved

@@ -1,11 +1,13 @@
 """A reassignment under load: replication factor 1 -> 3 while an ``ack="applied"`` writer appends (issue 27).
 
-    python -m bench.reassign [--quick] [--dir PATH]      (bench.lifecycle runs it too and reports its figures)
+    python -m bench.reassign [--quick] [--dir PATH] [--copy-rate BYTES_PER_S] [--rounds N]
+    (bench.lifecycle runs it too and reports its figures)
 
-One :class:`~conductor.devcluster.DevCluster` (three workers) and the module of
-:mod:`bench.lifecycle_app` at ``v1``, deployed with replication factor 1 and
-filled with incompressible records (``--quick``: about 24 MB, else 96 MB) so
-the two replicas the scale adds copy the leader's store by far horizon
+One :class:`~conductor.devcluster.DevCluster` (three workers, plaintext) and the
+module of :mod:`bench.lifecycle_app` at ``v1``, deployed with replication
+factor 1 and filled with incompressible records (``--quick``: 24 MB of random bytes,
+hex-encoded: about 24 MB in each of the two task groups; else four times as
+much) so the two replicas the scale adds copy the leader's store by far horizon
 (``replication.max.near.sync.message.lag`` is lowered so that they do). Then:
 
 * ``steady``: one writer appends one record at a time; ``steady_p99_ms`` is the
@@ -14,15 +16,28 @@ the two replicas the scale adds copy the leader's store by far horizon
 * the reassignment: a plan to replication factor 3 (what `conductor scale
   --replicationFactor 3` stores), timed until the conductor deleted it
   (``rf1_to_rf3_s``), with the copy throttle at its default
-  (``reassignment.copy.bytes.per.second``, 64 MiB/s);
+  (``reassignment.copy.bytes.per.second``, a budget each worker's copies of
+  the module share; ``--copy-rate`` sets it instead);
   ``writer_p99_during_reassign_vs_steady`` is the writer's p99 during it over
   the steady one (goal <= 2.0);
-* ``reassign_copy_mb_per_s``: the far-horizon copies' bytes over their
-  seconds, from the workers' logs (each copy's own line: round, MB, seconds);
-* the peer, same run: the same bytes (the files of an added replica's store,
-  after the cluster stopped) through a plain gRPC file stream
-  (:func:`bench.catchup.grpc_copy`: raw 2 MiB messages, fsync per file, no
-  manifest, no checksum, no install); ``ratio_copy_vs_plain_grpc`` (goal >= 0.8).
+* ``reassign_copy_mb_per_s``: what the reassignment's far-horizon copies moved
+  (every copy's MB, from the workers' logs) over the wall time from the first
+  copy's start to the last one's install: throttled, and several at once
+  (``reassign_copy_per_copy_mb_per_s``: each copy's MB over its own seconds);
+* the copy path against its peer, same run, same cluster (writer stopped),
+  alternately ``--rounds`` times: a far-horizon copy of group 0 through the
+  leader worker's own ``FetchCheckpoint`` (a fresh checkpoint, the chunk
+  stream) into the production :class:`~conductor.worker.far_horizon.Catchup`
+  (CRC32C per file, fsync) and :func:`pstate.checkpoint.install`, **unthrottled**
+  (``copy_path_mb_per_s``), then exactly the files of that checkpoint through
+  a plain gRPC file stream (:func:`bench.catchup.grpc_copy`: raw messages of the
+  same 2 MiB, the same plaintext channel options, fsync per file; no manifest,
+  no checksum, no install) from a server process on the same machine
+  (``plain_grpc_mb_per_s``); ``ratio_copy_vs_plain_grpc`` is the median of
+  the per-round ratios (goal >= 0.8). Throttled copies are not compared with
+  an unthrottled stream: the throttle's rate is the operator's choice, so
+  ``ratio_reassign_copy_vs_plain_grpc`` (the reassignment's own rate over the
+  plain one) is shown for context only.
 
 Prints a table and, as the last line, one JSON object.
 """
@@ -31,15 +46,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import re
 import shutil
+import statistics
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.table import Table
 
 from bench.catchup import ServerProcess, grpc_copy
 from bench.floor import percentile
@@ -48,27 +67,44 @@ from conductor.client import Cluster
 from conductor.controller import Conductor
 from conductor.devcluster import DevCluster
 from conductor.metastore import Metastore
-from conductor.metastore.module_spec import MAX_NEAR_SYNC_MESSAGE_LAG, ModuleSpec
+from conductor.metastore.module_spec import (
+    DEFAULT_REASSIGN_COPY_BYTES_PER_S,
+    MAX_NEAR_SYNC_MESSAGE_LAG,
+    REASSIGN_COPY_BYTES_PER_S,
+    ModuleSpec,
+)
 from conductor.plan_builder import scale_plan
 from conductor.shipping import deploy_code
 from conductor.status import wait_serving
+from conductor.wire.options import GRPC_OPTIONS
+from conductor.worker.far_horizon import Catchup
+from pstate.checkpoint import Manifest, install
 
 GOAL_P99_RATIO = 2.0
 GOAL_COPY_RATIO = 0.8
-COPY_LINE = re.compile(r"far-horizon catchup from \w+: installed after \d+ round\(s\), ([\d.]+) MB in ([\d.]+) s")
+_STAMP = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) (\w+) WARNING millrace\.far_horizon: [\w$]+/(\d+): "
+COPY_START = re.compile(_STAMP + r"far-horizon catchup from \w+ \(.*\) started$", re.M)
+COPY_LINE = re.compile(_STAMP + r"far-horizon catchup from \w+: installed after \d+ round\(s\), ([\d.]+) MB in ([\d.]+) s",
+                       re.M)
 PAD_BYTES = 2000  #: random bytes (hex: twice as many characters) per filler record
 #: filler records per request (one replog entry per group each): enough entries for a far-horizon copy
 FILL_BATCH = 20
 #: the near-horizon window: a replica further behind copies the leader's store
 NEAR_LAG = 100
+#: the seconds after the plan's end in which its leader rebalancing falls (max_gap_after_plan_ms)
+HANDOFF_WINDOW_S = 3.0
+PROBE = "bench-probe"  #: the follower id the copy-path probe asks the leader's checkpoints for
 
 
-def deploy_rf1(hosts: str) -> None:
+def deploy_rf1(hosts: str, copy_rate: int | None) -> None:
     c = Conductor(hosts, "bench-reassign")
     c.ms.start()
     try:
+        options = {MAX_NEAR_SYNC_MESSAGE_LAG: str(NEAR_LAG)}
+        if copy_rate is not None:
+            options[REASSIGN_COPY_BYTES_PER_S] = str(copy_rate)
         spec = ModuleSpec(name=MODULE, module_ref=REF, tasks=4, threads=2, workers=1, replication_factor=1,
-                          options={MAX_NEAR_SYNC_MESSAGE_LAG: str(NEAR_LAG)})
+                          options=options)
         deploy_code(c, spec, artifact("v1"))
         wait_serving(c.ms, MODULE, timeout_s=60)
     finally:
@@ -86,88 +122,181 @@ def fill(client: Cluster, megabytes: int) -> int:
     return n
 
 
-def copies(logs: Path) -> list[tuple[float, float]]:
-    """(MB, seconds) of every far-horizon copy the workers' logs report installed."""
-    return [(float(mb), float(s)) for p in logs.glob("node-*.log") for mb, s in COPY_LINE.findall(p.read_text())]
+def _stamp(text: str) -> float:
+    return datetime.strptime(text, "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
-def plain_grpc_mb_per_s(store: Path, work: Path) -> tuple[float, float]:
-    """(MB, MB/s) of a store's files (flattened into one folder) through the plain gRPC file stream."""
-    flat = work / "flat"
-    flat.mkdir(parents=True)
-    for i, f in enumerate(sorted(p for p in store.rglob("*") if p.is_file() and not p.is_symlink())):
-        os.link(f, flat / f"{i:05d}-{f.name}")
-    mb = sum(p.stat().st_size for p in flat.iterdir()) / 1e6
-    server = ServerProcess("raw", flat, work / "shelf")
-    try:
-        os.sync()
-        seconds = grpc_copy(server.address, work / "copy")
-    finally:
-        server.stop()
-    return mb, mb / seconds
+def copies(logs: Path) -> tuple[list[tuple[float, float]], tuple[float, float]]:
+    """(MB, seconds) of every far-horizon copy the workers' logs report installed, and the wall-clock times of
+    the first copy's start and the last one's install."""
+    text = "\n".join(p.read_text() for p in logs.glob("node-*.log"))
+    done = COPY_LINE.findall(text)
+    starts = [_stamp(t) for t, _node, _g in COPY_START.findall(text)]
+    span = (min(starts), max(_stamp(t) for t, *_ in done)) if done and starts else (float("nan"), float("nan"))
+    return [(float(mb), float(s)) for _t, _node, _g, mb, s in done], span
 
 
-def measure(root: Path, quick: bool) -> dict[str, Any]:
+def scale_under_writer(dc: DevCluster, megabytes: int, steady_s: float) -> dict[str, Any]:
+    """Fill at RF 1, then steady / scale to RF 3 / after, one writer throughout; the writer's figures.
+
+    Context for the goal's figure (the p99 of the whole reassignment over the steady one at RF 1): once an added
+    replica joins the ISR, appends wait for it, so part of the window runs at RF 3's own cost
+    (``writer_p99_during_vs_rf3_after``); ``copying_p99_ms`` is the p99 while the far-horizon copies ran (from
+    the first one's start to the last one's install, as the workers' logs date them), the throttle's own window.
+    ``max_gap_after_plan_ms``: the largest gap in the seconds after the plan, when its leaders are rebalanced.
+    """
+    with Cluster.connect(dc.hosts, timeout_s=30) as client:
+        filled = fill(client, megabytes)
+        writer = Writer(client.depot(MODULE, "*events")).start()
+        time.sleep(1.0)
+        steady_from = time.monotonic()
+        time.sleep(steady_s)
+        steady_to = time.monotonic()
+        with Metastore(dc.hosts) as ms:
+            ms.plans.create(MODULE, scale_plan(ms, MODULE, replication_factor=3))
+            while ms.plans.get(MODULE) is not None:
+                time.sleep(0.05)
+            done = time.monotonic()
+        time.sleep(steady_s)  # the writer at RF 3 (context: the append path itself now waits for followers)
+        after_to = time.monotonic()
+        writer.stop()
+    steady = sorted(writer.gaps_ms(steady_from, steady_to))
+    during = sorted(writer.gaps_ms(steady_to, done))
+    after = sorted(writer.gaps_ms(done + 0.5, after_to))
+    wall = time.time() - time.monotonic()  # the logs' clock minus the writer's
+    _copied, (first, last) = copies(dc.root / "logs")
+    copying = sorted(writer.gaps_ms(first - wall, last - wall))
+    p99_steady, p99_during, p99_after = percentile(steady, 99), percentile(during, 99), percentile(after, 99)
+    # once the plan is deleted the conductor rebalances leaders: a hand-off the writer sees as one long gap
+    handoff = writer.gaps_ms(done, done + HANDOFF_WINDOW_S)
+    return {"filler_records": filled, "rf1_to_rf3_s": round(done - steady_to, 2),
+            "max_gap_after_plan_ms": round(max(handoff), 1) if handoff else float("nan"),
+            "steady_p99_ms": round(p99_steady, 2), "reassign_p99_ms": round(p99_during, 2),
+            "rf3_after_p99_ms": round(p99_after, 2), "reassign_appends": len(during),
+            "copying_p99_ms": round(percentile(copying, 99), 2) if copying else float("nan"),
+            "failed_appends": len(writer.errors),
+            "writer_p99_during_reassign_vs_steady": round(p99_during / p99_steady, 3),
+            "writer_p99_during_vs_rf3_after": round(p99_during / p99_after, 3)}
+
+
+def probe_copy(ms: Metastore, work: Path) -> tuple[float, Manifest, Path]:
+    """One unthrottled far-horizon copy of group 0 from its leader worker into ``work``: seconds (start to
+    installed), the checkpoint's manifest, and the installed directory."""
+    st, _version = ms.groups.all(MODULE)[0]
+    assert st.leader is not None, st
+    info = ms.nodes.get(st.leader)
+    assert info is not None, st.leader
+    got: dict[str, Any] = {}
+
+    def install_fn(staging: Path, m: Manifest, pairs: list[tuple[int, int]]) -> str | None:
+        got["manifest"], got["dir"] = m, Path(install(staging, m, work / "store"))
+        got["end"] = time.perf_counter()
+        return None
+
+    c = Catchup(PROBE, MODULE, 0, PROBE, st.leader, info.address, st.epoch, work / "staging", NEAR_LAG, install_fn,
+                channel_options=GRPC_OPTIONS)
+    t0 = time.perf_counter()
+    c.start()
+    c.thread.join(300)
+    if c.outcome != "installed":
+        raise RuntimeError(f"the probe's far-horizon copy ended {c.outcome!r}")
+    return got["end"] - t0, got["manifest"], got["dir"]
+
+
+def copy_path_vs_plain(dc: DevCluster, work: Path, rounds: int) -> dict[str, Any]:
+    """``rounds`` times: the production copy path (unthrottled), then the plain stream of the same files."""
+    logging.getLogger("millrace.far_horizon").setLevel(logging.ERROR)  # (its start/end lines, per round)
+    probe_s: list[float] = []
+    plain_s: list[float] = []
+    mb = 0.0
+    with Metastore(dc.hosts) as ms:
+        for r in range(rounds):
+            os.sync()  # no writeback left over from the previous copy inside this one
+            seconds, manifest, installed = probe_copy(ms, work / f"probe-{r}")
+            probe_s.append(seconds)
+            flat = work / f"flat-{r}"  # exactly the checkpoint's files, nothing else
+            flat.mkdir()
+            for f in manifest.files:
+                os.link(installed / f.name, flat / f.name)
+            mb = manifest.total_bytes() / 1e6
+            server = ServerProcess("raw", flat, work / f"shelf-{r}")
+            try:
+                os.sync()
+                plain_s.append(grpc_copy(server.address, work / f"plain-{r}"))
+            finally:
+                server.stop()
+            shutil.rmtree(work / f"probe-{r}")
+            shutil.rmtree(work / f"plain-{r}")
+            shutil.rmtree(flat)
+    return {"probe_mb": round(mb, 1),
+            "copy_path_mb_per_s": round(mb / statistics.median(probe_s), 1),
+            "plain_grpc_mb_per_s": round(mb / statistics.median(plain_s), 1),
+            "ratio_copy_vs_plain_grpc": round(statistics.median(p / c for c, p in zip(probe_s, plain_s, strict=True)),
+                                              3),
+            "probe_rounds": rounds}
+
+
+def measure(root: Path, quick: bool, copy_rate: int | None = None, rounds: int | None = None) -> dict[str, Any]:
     steady_s, megabytes = (4.0, 24) if quick else (15.0, 96)
     dc = DevCluster(root / "cluster", nodes=3, session_timeout=6.0, balance_interval=0)
     dc.start()
     try:
-        deploy_rf1(dc.hosts)
-        with Cluster.connect(dc.hosts, timeout_s=30) as client:
-            filled = fill(client, megabytes)
-            writer = Writer(client.depot(MODULE, "*events")).start()
-            time.sleep(1.0)
-            steady_from = time.monotonic()
-            time.sleep(steady_s)
-            steady_to = time.monotonic()
-            with Metastore(dc.hosts) as ms:
-                ms.plans.create(MODULE, scale_plan(ms, MODULE, replication_factor=3))
-                while ms.plans.get(MODULE) is not None:
-                    time.sleep(0.05)
-                done = time.monotonic()
-                groups = {g: st for g, (st, _v) in ms.groups.all(MODULE).items()}
-            time.sleep(steady_s)  # the writer at RF 3 (context: the append path itself now waits for followers)
-            after_to = time.monotonic()
-            writer.stop()
-        steady = sorted(writer.gaps_ms(steady_from, steady_to))
-        during = sorted(writer.gaps_ms(steady_to, done))
-        after = sorted(writer.gaps_ms(done + 0.5, after_to))
-        copied = copies(dc.root / "logs")
-        added = next(r for r in groups[0].replicas if r != groups[0].leader)
+        deploy_rf1(dc.hosts, copy_rate)
+        out = scale_under_writer(dc, megabytes, steady_s)
+        copied, (first, last) = copies(dc.root / "logs")
+        out |= copy_path_vs_plain(dc, root / "probe", rounds or (3 if quick else 5))
     finally:
         dc.stop()
-    mb, grpc_rate = plain_grpc_mb_per_s(dc.node_dir(added) / MODULE / "0" / "state", root / "grpc")
     copy_mb, copy_s = sum(m for m, _ in copied), sum(s for _, s in copied)
-    copy_rate = copy_mb / copy_s if copy_s else float("nan")
-    p99_steady, p99_during = percentile(steady, 99), percentile(during, 99)
-    return {
-        "filler_records": filled, "rf1_to_rf3_s": round(done - steady_to, 2), "far_horizon_copies": len(copied),
-        "reassign_copy_mb": round(copy_mb, 1), "reassign_copy_mb_per_s": round(copy_rate, 1),
-        "plain_grpc_mb": round(mb, 1), "plain_grpc_mb_per_s": round(grpc_rate, 1),
-        "ratio_copy_vs_plain_grpc": round(copy_rate / grpc_rate, 3),
-        "steady_p99_ms": round(p99_steady, 2), "reassign_p99_ms": round(p99_during, 2),
-        "rf3_after_p99_ms": round(percentile(after, 99), 2),
-        "reassign_appends": len(during), "failed_appends": len(writer.errors),
-        "writer_p99_during_reassign_vs_steady": round(p99_during / p99_steady, 3),
-        "goal_met": p99_during / p99_steady <= GOAL_P99_RATIO and copy_rate / grpc_rate >= GOAL_COPY_RATIO,
+    span = last - first
+    rate = copy_mb / span if span > 0 else float("nan")
+    out |= {
+        "copy_rate_option": copy_rate or DEFAULT_REASSIGN_COPY_BYTES_PER_S, "far_horizon_copies": len(copied),
+        "reassign_copy_mb": round(copy_mb, 1), "reassign_copy_s": round(span, 3),
+        "reassign_copy_mb_per_s": round(rate, 1),
+        "reassign_copy_per_copy_mb_per_s": round(copy_mb / copy_s, 1) if copy_s else float("nan"),
+        "ratio_reassign_copy_vs_plain_grpc": round(rate / out["plain_grpc_mb_per_s"], 3),
     }
+    out["goal_met"] = (out["writer_p99_during_reassign_vs_steady"] <= GOAL_P99_RATIO
+                       and out["ratio_copy_vs_plain_grpc"] >= GOAL_COPY_RATIO and out["failed_appends"] == 0)
+    return out
+
+
+def table(r: dict[str, Any]) -> Table:
+    t = Table(title=f"RF 1 -> 3 under an ack=applied writer: {r['rf1_to_rf3_s']} s, {r['failed_appends']} failed "
+                    f"appends", title_justify="left")
+    t.add_column("figure")
+    t.add_column("value", justify="right")
+    t.add_column("goal")
+    t.add_row("writer p99 steady (RF 1) / during / after (RF 3), ms",
+              f"{r['steady_p99_ms']} / {r['reassign_p99_ms']} / {r['rf3_after_p99_ms']}", "")
+    t.add_row("writer p99 during / steady", str(r["writer_p99_during_reassign_vs_steady"]), f"<= {GOAL_P99_RATIO}")
+    t.add_row("writer p99 while copying, ms; during / after (RF 3's own cost)",
+              f"{r['copying_p99_ms']}; {r['writer_p99_during_vs_rf3_after']}", "")
+    t.add_row(f"reassignment's {r['far_horizon_copies']} copies at the throttle "
+              f"({r['copy_rate_option'] / 2**20:g} MiB/s per worker), MB/s",
+              f"{r['reassign_copy_mb_per_s']} ({r['reassign_copy_mb']} MB in {r['reassign_copy_s']} s)", "")
+    t.add_row(f"copy path unthrottled / plain gRPC, MB/s ({r['probe_mb']} MB, median of {r['probe_rounds']})",
+              f"{r['copy_path_mb_per_s']} / {r['plain_grpc_mb_per_s']}", "")
+    t.add_row("copy path / plain gRPC", str(r["ratio_copy_vs_plain_grpc"]), f">= {GOAL_COPY_RATIO}")
+    return t
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="a 24 MB store and a short steady phase")
     ap.add_argument("--dir", type=Path, default=None, help="where the cluster lives (default: a temp dir)")
+    ap.add_argument("--copy-rate", type=int, default=None,
+                    help=f"the module's {REASSIGN_COPY_BYTES_PER_S} (default: the option's default)")
+    ap.add_argument("--rounds", type=int, default=None, help="copy path / plain gRPC rounds (3 quick, else 5)")
     args = ap.parse_args()
     root = args.dir or Path(tempfile.mkdtemp(prefix="bench-reassign-"))
     try:
-        r = measure(root, args.quick)
+        r = measure(root, args.quick, args.copy_rate, args.rounds)
     finally:
         if args.dir is None:
             shutil.rmtree(root, ignore_errors=True)
-    Console().print(f"RF 1 -> 3 in {r['rf1_to_rf3_s']} s; {r['far_horizon_copies']} far-horizon copies, "
-                    f"{r['reassign_copy_mb']} MB at {r['reassign_copy_mb_per_s']} MB/s (plain gRPC: "
-                    f"{r['plain_grpc_mb_per_s']} MB/s); writer p99 {r['steady_p99_ms']} ms steady, "
-                    f"{r['reassign_p99_ms']} ms during; {r['failed_appends']} failed appends")
+    Console().print(table(r))
     print(json.dumps(r))
 
 

@@ -182,6 +182,29 @@ def catchup_bar(group: int, c: dict[str, Any]) -> RenderableType:
     return bar
 
 
+def plan_bar(plan: dict[str, Any]) -> RenderableType:
+    """A reassignment in progress (:func:`conductor.status.plan_overview`): groups done of the plan's, the
+    others by phase, and the running copies' bytes, rate and ETA against the throttle."""
+    goal = ", ".join(f"{k} {v}" for k, v in (("RF", plan["replication_factor"]), ("workers", plan["workers"]))
+                     if v is not None)
+    phases = " · ".join(f"{p} {n}" for p, n in plan["phases"].items())
+    line = Text.assemble(("cancelling " if plan["cancel"] else "", "yellow"),
+                         (f"reassignment ({plan['kind']}{': ' + goal if goal else ''})", "bold cyan"))
+    done, total, rate = plan["bytes_done"], plan["bytes_total"], plan["bytes_per_s"]
+    copying = Text()
+    if plan["copies"]:
+        eta = "-" if plan["eta_s"] is None else f"{max(0.0, plan['eta_s']):.0f}s"
+        copying.append(f"{plan['copies']} cop{'y' if plan['copies'] == 1 else 'ies'}: {filesize.decimal(done)}/"
+                       f"{filesize.decimal(total)}  {filesize.decimal(int(rate))}/s  ETA {eta}")
+    limit = plan["copy_limit_bytes_per_s"]
+    copying.append(f"  (throttle {filesize.decimal(limit)}/s per worker)" if limit else "", style="dim")
+    bar = Table.grid(padding=(0, 1))
+    bar.add_row(line, ProgressBar(total=max(plan["groups"], 1), completed=plan["done"], width=20),
+                Text(f"{plan['done']}/{plan['groups']} groups done" + (f"; {phases}" if phases else "")), copying)
+    waits = [Text(f"  waiting: {w}", style="yellow") for w in plan["waiting"]]
+    return Group(bar, *waits) if waits else bar
+
+
 def module_view(st: dict[str, Any]) -> RenderableType:
     opts = " ".join(f"{k}={v}" for k, v in st["options"].items())
     head = Text.assemble(
@@ -197,7 +220,7 @@ def module_view(st: dict[str, Any]) -> RenderableType:
                       ("follower lag", "left")):
         table.add_column(col, justify=just, overflow="fold",  # type: ignore[arg-type]
                          min_width=len("unreachable") if col == "log end" else None)
-    notes: list[RenderableType] = []
+    notes: list[RenderableType] = [plan_bar(st["plan"])] if st.get("plan") else []
     for g in st["groups"]:
         replica = g["replica"]
         if replica and replica["reachable"]:

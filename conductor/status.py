@@ -19,14 +19,17 @@ Prometheus or a table without translation.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
 
 from conductor.metastore import GroupState, Metastore, ModuleNotFound
-from conductor.metastore.module_spec import MIN_ISR, ModuleSpec
+from conductor.metastore.module_spec import MIN_ISR, REASSIGN_COPY_BYTES_PER_S, ModuleSpec
+from conductor.metastore.plans import ReassignmentPlan
+from conductor.reassigning import plan_progress
 from conductor.wire import channels as wire_channels
 from conductor.wire import millrace_pb2 as pb
 from conductor.wire import millrace_pb2_grpc as pbg
@@ -120,6 +123,28 @@ def _spec_summary(spec: ModuleSpec) -> dict[str, Any]:
 #: module states shown by `conductor status`
 RUNNING = "running"
 LEADERSHIP_BALANCING = "leadership-balancing"
+
+
+def plan_overview(plan: ReassignmentPlan, groups: Mapping[int, tuple[GroupState, int]], live: Mapping[str, int],
+                  catchups: Mapping[int, list[dict[str, Any]]], copy_limit: int) -> dict[str, Any]:
+    """A module's reassignment in progress: its groups by phase, and the far-horizon copies of the groups
+    copying summed up (bytes of their current rounds, their rates, the time left at those rates).
+
+    ``catchups`` are what the added replicas report (:func:`module_status`); ``copy_limit`` the module's
+    ``reassignment.copy.bytes.per.second`` (a budget each worker's copies of the module share). Groups still
+    queued copy later: the ETA is the running copies', not the plan's.
+    """
+    rows = plan_progress(plan, groups, live)
+    phases = Counter(r.phase for r in rows)
+    copies = [c for r in rows if r.phase == "copying" for c in catchups.get(r.group, []) if c["state"] == "copying"]
+    done, total = sum(c["bytes_done"] for c in copies), sum(c["bytes_total"] for c in copies)
+    rate = sum(c["bytes_per_s"] for c in copies)
+    return {"kind": plan.kind, "replication_factor": plan.replication_factor, "workers": plan.workers,
+            "cancel": plan.cancel, "requested": plan.requested, "groups": len(rows), "done": phases["done"],
+            "phases": {p: n for p, n in sorted(phases.items()) if p != "done"},
+            "waiting": sorted({r.detail for r in rows if r.phase in ("waiting", "handing-off") and r.detail}),
+            "copies": len(copies), "bytes_done": done, "bytes_total": total, "bytes_per_s": rate,
+            "eta_s": (total - done) / rate if rate > 0 else None, "copy_limit_bytes_per_s": copy_limit}
 
 
 def resigning_groups(ms: Metastore, module: str, groups: dict[int, tuple[GroupState, int]]) -> dict[int, str]:
@@ -285,11 +310,14 @@ def module_status(ms: Metastore, module: str, rpc_timeout_s: float = RPC_TIMEOUT
     resigning = resigning_groups(ms, module, groups)
     for row in rows:
         row["handing_off_to"] = resigning.get(row["group"])
+    found = ms.plans.get(module)
+    plan = None if found is None else plan_overview(found[0], groups, live, catchups,
+                                                    spec.option(REASSIGN_COPY_BYTES_PER_S))
     return {**_spec_summary(spec), "code": code_overview(spec, rows), "depots": depot_overview(rows),
             "live_nodes": sorted(live), "groups": rows,
             "serving": sum(1 for r in rows if r["serving"]), "checked_at": time.time(),
             "state": LEADERSHIP_BALANCING if resigning else RUNNING,
-            "disallowed_leaders": sorted(ms.drains.nodes())}
+            "disallowed_leaders": sorted(ms.drains.nodes()), "plan": plan}
 
 
 def code_overview(spec: ModuleSpec, rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -450,14 +450,23 @@ class TaskGroupStore:
 
     # -- checkpoints ---------------------------------------------------------
     def checkpoint(self, directory: str | os.PathLike[str], leader_epoch: int) -> Any:
-        """Immutable file set of the current applied state for far-horizon catchup; see :mod:`pstate.checkpoint`."""
+        """Immutable file set of the current applied state for far-horizon catchup; see :mod:`pstate.checkpoint`.
+
+        Made under the store's lock (it pairs the files with the applied
+        offset), which holds back applies; the manifest (a CRC32C pass over
+        every file, then two fsyncs) is written after the lock is released:
+        the files are immutable, and a leader's writers need not wait for it.
+        (RocksDB's checkpoint itself flushes the memtables holding the GIL:
+        that part stalls the whole process, whichever lock is held.)
+        """
         from pstate.checkpoint import take_checkpoint
 
         with self._lock:
             self._check_open()
             with rocks_errors("checkpoint", self.path):
                 rocksdict.Checkpoint(self._db).create_checkpoint(os.fspath(directory))
-            return take_checkpoint(os.fspath(directory), self._applied, leader_epoch)
+            applied = self._applied
+        return take_checkpoint(os.fspath(directory), applied, leader_epoch)
 
 
 class ChangeSetBuilder:

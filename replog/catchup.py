@@ -24,3 +24,20 @@ def round_is_last(behind: int, near_lag: int, rnd: int, max_rounds: int = MAX_RO
     """
     assert rnd >= 1 and near_lag >= 1 and max_rounds >= 1, (rnd, near_lag, max_rounds)
     return behind <= near_lag // 2 or rnd >= max_rounds
+
+
+#: a first round that lasted longer than this is followed by another (see behind_at_install)
+QUICK_ROUND_S = 1.0
+
+
+def behind_at_install(behind: int, round_s: float, rate: float | None, near_lag: int) -> int:
+    """How many entries short of the leader a checkpoint is by the end of its round (what
+    :func:`replog.catchup.round_is_last` judges), not when it was taken: a round that lasted a while (a big
+    store, a throttled copy) left the leader ``rate x round_s`` entries further on, and a replica installed that
+    far behind would be offered a far-horizon copy again at once, for ever under steady appends (a throttled
+    bench copy did). ``rate`` (entries/s) comes from two rounds' log ends; after the first round it is unknown,
+    so a first round longer than :data:`QUICK_ROUND_S` counts as a whole near-horizon window behind (another
+    round, which copies only the files flushed or compacted meanwhile)."""
+    if rate is None:
+        return behind if round_s <= QUICK_ROUND_S else max(behind, near_lag)
+    return behind + int(max(rate, 0.0) * round_s)

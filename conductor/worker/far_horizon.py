@@ -26,13 +26,14 @@ log): :meth:`conductor.worker.replica_host.ReplicaHost.install_checkpoint`.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import logging
 import os
 import shutil
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,14 +47,19 @@ from conductor.wire.channels import open_channel
 from conductor.wire.checked import checked_handler
 from conductor.wire.packing import varint
 from conductor.worker.hooks import ChunkFilter
-from conductor.worker.throttle import CopyThrottle
+from conductor.worker.throttle import CopyThrottle, node_budget
 from pstate.checkpoint import Manifest, ManifestFile
-from replog.catchup import MAX_ROUNDS, round_is_last
+from replog.catchup import MAX_ROUNDS, behind_at_install, round_is_last
 
 log = logging.getLogger("millrace.far_horizon")
 
 #: bytes per streamed message: large, since gRPC Python pays ~160 us per message, yet far below the 64 MiB limit
 CHUNK_BYTES = 2 * 1024 * 1024
+#: the smallest chunk a throttled follower may ask for (per-message costs stay a few percent of a copy)
+MIN_CHUNK_BYTES = 128 * 1024
+#: a throttled copy asks for chunks of this many seconds at its rate: the leader's work on one chunk (read,
+#: encode, send) is a short burst between writers' appends, not 2 MiB at once every few hundred milliseconds
+CHUNK_PACE_S = 1 / 64
 #: a checkpoint kept for a follower that has not come back for this long is released
 IDLE_TTL_S = 300.0
 #: how long the follower's install may wait for its task thread
@@ -131,15 +137,35 @@ class CheckpointShelf:
 # ---------------------------------------------------------------------------------------- leader side
 
 
-def read_chunk_into(path: Path, offset: int, buf: bytearray) -> int:
-    """Fill ``buf`` from ``path`` at ``offset``; bytes read.
+def read_chunk(path: Path, name: str, offset: int, size: int, buf: bytearray,
+               chunk_sent: ChunkFilter | None = None) -> bytes:
+    """Data chunk ``name`` at ``offset`` (``size`` bytes, from the manifest) read and encoded as its message.
 
-    One buffer per stream, reused: a worker thread allocating a fresh 2 MiB
-    per chunk page-faults new memory of its malloc arena every time.
+    Blocking: :func:`stream_checkpoint` runs it in a thread, so neither the
+    read nor the copy into the message holds the event loop (which serves the
+    writers' appends on the same leader). ``buf`` is reused by the stream: a
+    thread allocating a fresh 2 MiB per read page-faults new memory of its
+    malloc arena every time; the encoded message is the only fresh copy.
     """
+    view = memoryview(buf)[:size]
     with open(path, "rb", buffering=0) as fh:
         fh.seek(offset)
-        return fh.readinto(buf)
+        n = fh.readinto(view)
+    if n != size:
+        raise FileNotFoundError(f"{path} ended at {offset + (n or 0)} of at least {offset + size} bytes")
+    return encode_data_chunk(name, offset, view if chunk_sent is None else chunk_sent(view))
+
+
+def chunk_for_rate(rate: int) -> int:
+    """The chunk a follower copying at ``rate`` B/s asks for (0: unpaced, the leader's own size)."""
+    if rate <= 0:
+        return 0
+    return max(MIN_CHUNK_BYTES, min(CHUNK_BYTES, int(rate * CHUNK_PACE_S)))
+
+
+def served_chunk_bytes(asked: int) -> int:
+    """The chunk size a leader streams for a request that asked for ``asked`` (0: :data:`CHUNK_BYTES`)."""
+    return CHUNK_BYTES if asked <= 0 else max(MIN_CHUNK_BYTES, min(CHUNK_BYTES, asked))
 
 
 def encode_data_chunk(name: str, offset: int, data: bytes | memoryview) -> bytes:
@@ -217,40 +243,46 @@ def replication_handler(servicer: pbg.ReplicationServicer) -> grpc.GenericRpcHan
                            {"FetchCheckpoint": serialize_chunk, "BackupCheckpoint": serialize_chunk})
 
 
-ReadInto = Callable[[Path, int, bytearray], Awaitable[int]]
-
-
-async def stream_checkpoint(shelved: Shelved, have: list[pb.CheckpointFile], read_into: ReadInto,
-                            chunk_sent: ChunkFilter | None = None) -> AsyncIterator[pb.CheckpointChunk | bytes]:
+async def stream_checkpoint(shelved: Shelved, have: list[pb.CheckpointFile], chunk_sent: ChunkFilter | None = None,
+                            chunk_bytes: int = CHUNK_BYTES) -> AsyncIterator[pb.CheckpointChunk | bytes]:
     """The messages of one round: the checkpoint's description, then every file the follower lacks, chunked.
 
-    ``read_into(path, offset, buffer)`` is awaited per chunk (the node passes a
-    thread offload, so disk reads do not stall replication on the event loop).
+    Each data chunk is read and encoded in a thread (:func:`read_chunk`); the
+    next one is read while this one is sent, so the disk read and gRPC's send
+    overlap, and the event loop only hands finished messages to gRPC. Two
+    chunk buffers per stream, never more: memory per transfer is bounded.
     Data chunks come pre-encoded (:func:`encode_data_chunk`); serve them
     through :func:`replication_handler`. ``chunk_sent`` is a test's hook on each data chunk (see
-    :class:`~conductor.worker.hooks.WorkerHooks`).
+    :class:`~conductor.worker.hooks.WorkerHooks`), called in that thread.
     """
+    assert chunk_bytes > 0, chunk_bytes
     held = {(f.name, f.size, f.crc32c) for f in have}
     send = [f for f in shelved.manifest.files if (f.name, f.size, f.crc32c) not in held]
     pairs = shelved.epoch_pairs
     yield pb.CheckpointChunk(info=pb.CheckpointInfo(
         manifest_json=shelved.manifest.to_json(), epochs=[e for e, _s in pairs], epoch_starts=[s for _e, s in pairs],
         leader_log_end=shelved.leader_log_end, send_bytes=sum(f.size for f in send)))
-    buf = bytearray(CHUNK_BYTES)
-    for f in send:
-        path = shelved.directory / f.name
-        offset = 0
-        while True:
-            n = await read_into(path, offset, buf)
-            if n == 0 and offset < f.size:
-                raise FileNotFoundError(f"{path} ended at {offset} of {f.size} bytes")
-            if n or offset == 0:  # an empty file still gets one (empty) chunk, so the follower creates it
-                data = memoryview(buf)[:n]
-                yield encode_data_chunk(f.name, offset, data if chunk_sent is None else chunk_sent(data))
-            offset += n
+    # an empty file still gets one (empty) chunk, so the follower creates it
+    chunks = [(f.name, offset, min(chunk_bytes, f.size - offset)) for f in send
+              for offset in range(0, max(f.size, 1), chunk_bytes)]
+    buffers = (bytearray(chunk_bytes), bytearray(chunk_bytes))
+
+    def read(i: int) -> asyncio.Future[bytes]:
+        name, offset, size = chunks[i]
+        return asyncio.ensure_future(asyncio.to_thread(
+            read_chunk, shelved.directory / name, name, offset, size, buffers[i % 2], chunk_sent))
+
+    ahead = read(0) if chunks else None
+    try:
+        for i in range(len(chunks)):
+            assert ahead is not None
+            current, ahead = ahead, (read(i + 1) if i + 1 < len(chunks) else None)
+            message = await current  # (chunk i + 1 reads into the other buffer meanwhile)
             shelved.last_used = time.monotonic()
-            if offset >= f.size:
-                break
+            yield message
+    finally:
+        if ahead is not None:  # the follower went away mid-round: the read in flight is not wanted
+            ahead.cancel()
 
 
 # -------------------------------------------------------------------------------------- follower side
@@ -312,8 +344,9 @@ class Catchup:
         self._flushing: dict[str, concurrent.futures.Future[None]] = {}
         self._stop = threading.Event()
         self._last_log = 0.0
-        #: paces the copy to ``copy_limit()`` bytes per second, read live (a reassignment's copies; 0: unpaced)
-        self._throttle = CopyThrottle(copy_limit or (lambda: 0), wait=self._stop.wait)
+        #: paces the copy to ``copy_limit()`` bytes per second, read live (a reassignment's copies; 0: unpaced),
+        #: a rate this worker's copies of the module share (conductor.worker.throttle)
+        self._throttle = CopyThrottle(copy_limit or (lambda: 0), wait=self._stop.wait, budget=node_budget(module))
 
     def start(self) -> None:
         self.thread.start()
@@ -357,26 +390,32 @@ class Catchup:
         if self._on_done is not None:
             self._on_done(p)
         elapsed = time.monotonic() - p.started
-        log.warning("%s: far-horizon catchup from %s: %s after %d round(s), %.1f MB in %.1f s (%.1f MB/s), "
+        log.warning("%s: far-horizon catchup from %s: %s after %d round(s), %.1f MB in %.3f s (%.1f MB/s), "
                     "%d file(s) re-fetched", self.name, self.leader, self.outcome, p.round, p.copied_total / 1e6,
                     elapsed, p.copied_total / 1e6 / max(elapsed, 1e-9), p.refetched)
 
     def _request(self, have: list[ManifestFile], release: bool = False) -> pb.FetchCheckpointRequest:
         return pb.FetchCheckpointRequest(
             module=self.module, group=self.group, follower=self.follower, epoch=self.epoch, release=release,
-            have=[pb.CheckpointFile(name=f.name, size=f.size, crc32c=f.crc32c) for f in have])
+            have=[pb.CheckpointFile(name=f.name, size=f.size, crc32c=f.crc32c) for f in have],
+            chunk_bytes=chunk_for_rate(self._throttle.limit()))
 
     def _rounds(self, fetch: grpc.UnaryStreamMultiCallable, verified: dict[str, ManifestFile]) -> str:
+        previous: tuple[float, int] | None = None  # (when the previous round started, the leader's log end then)
         for rnd in range(1, MAX_ROUNDS + 1):
             if self._stop.is_set():
                 return "stopped"
             manifest, pairs, leader_end = self._round(rnd, fetch, verified)
+            started = self.progress.round_started
+            rate = None if previous is None else (leader_end - previous[1]) / max(started - previous[0], 1e-3)
+            previous = (started, leader_end)
             wanted = {f.name for f in manifest.files}
             for name in [n for n in verified if n not in wanted]:  # compacted away on the leader
                 del verified[name]
                 (self.staging / name).unlink(missing_ok=True)
             complete = all(verified.get(f.name) == f for f in manifest.files)
-            behind = leader_end - 1 - manifest.applied_offset
+            behind = behind_at_install(leader_end - 1 - manifest.applied_offset, time.monotonic() - started, rate,
+                                       self.near_lag)
             if complete and round_is_last(behind, self.near_lag, rnd):
                 self.progress.state = "installing"
                 for fut in self._flushing.values():

@@ -18,7 +18,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import grpc
@@ -31,7 +30,7 @@ from conductor.wire import millrace_pb2_grpc as pbg
 from conductor.wire.errors import InvalidRequest, error_json, status_of
 from conductor.wire.packing import pack_lengths
 from conductor.worker.backup_folder import check_folder, folder_round
-from conductor.worker.far_horizon import CheckpointShelf, Shelved, read_chunk_into, stream_checkpoint
+from conductor.worker.far_horizon import CheckpointShelf, Shelved, served_chunk_bytes, stream_checkpoint
 from conductor.worker.hooks import ChunkFilter
 from conductor.worker.lifecycle import code_status
 from conductor.worker.pending_entry import PendingEntry
@@ -139,10 +138,8 @@ class ReplicationService(pbg.ReplicationServicer):
             self.shelf.release(key)
             return
         shelved = await asyncio.to_thread(self.checkpoint_round, request)
-
-        async def read_into(path: Path, offset: int, buf: bytearray) -> int:
-            return await asyncio.to_thread(read_chunk_into, path, offset, buf)
-        async for chunk in stream_checkpoint(shelved, list(request.have), read_into, self.chunk_sent):
+        async for chunk in stream_checkpoint(shelved, list(request.have), self.chunk_sent,
+                                             served_chunk_bytes(request.chunk_bytes)):
             yield chunk
 
     # conductor backup: the same rounds, shelved under the backup's id (the interceptor's rule differs: admin)

@@ -15,7 +15,6 @@ from conductor.worker.far_horizon import (
     Shelved,
     decode_chunk,
     encode_data_chunk,
-    read_chunk_into,
     stream_checkpoint,
 )
 from pstate.checkpoint import take_checkpoint
@@ -54,13 +53,10 @@ def test_round_streams_only_missing_files_in_order(tmp_path: Path) -> None:
     held = next(f for f in shelved.manifest.files if f.name == "held.sst")
     have = [pb.CheckpointFile(name=held.name, size=held.size, crc32c=held.crc32c)]
 
-    async def read_into(path: Path, offset: int, buf: bytearray) -> int:
-        return read_chunk_into(path, offset, buf)
-
     async def collect() -> list[pb.CheckpointChunk]:
         # Data chunks come pre-encoded: protobuf must read them as the message they claim to be.
         return [c if isinstance(c, pb.CheckpointChunk) else pb.CheckpointChunk.FromString(c)
-                async for c in stream_checkpoint(shelved, have, read_into)]
+                async for c in stream_checkpoint(shelved, have)]
 
     chunks = asyncio.run(collect())
     info = chunks[0].info
@@ -100,14 +96,23 @@ def test_the_chunk_hook_sees_every_data_chunk_and_what_it_returns_is_sent(tmp_pa
     shelved = CheckpointShelf(tmp_path / "shelf").take(("M", 0, "n2"), _make({"a.sst": data}))
     damage = DamageChunks(1)
 
-    async def read_into(path: Path, offset: int, buf: bytearray) -> int:
-        return read_chunk_into(path, offset, buf)
-
     async def collect() -> list[pb.CheckpointChunk]:
         return [c if isinstance(c, pb.CheckpointChunk) else pb.CheckpointChunk.FromString(c)
-                async for c in stream_checkpoint(shelved, [], read_into, damage)]
+                async for c in stream_checkpoint(shelved, [], damage)]
 
     chunks = [c for c in asyncio.run(collect())[1:] if c.file == "a.sst"]
     assert [len(c.data) for c in chunks] == [CHUNK_BYTES, 10] and damage.left == 0
     assert chunks[0].data[0] == data[0] ^ 0xFF and chunks[0].data[1:] == data[1:CHUNK_BYTES]
     assert chunks[1].data == data[CHUNK_BYTES:], "only the first chunk was damaged"
+
+
+def test_a_long_round_counts_the_entries_the_leader_appended_meanwhile() -> None:
+    from replog.catchup import QUICK_ROUND_S, behind_at_install, round_is_last
+
+    # a quick first round: judged by its checkpoint's own distance, as before
+    assert behind_at_install(10, QUICK_ROUND_S / 2, None, near_lag=100) == 10
+    # a long first round (a throttled copy): the append rate is unknown yet, so another round
+    assert not round_is_last(behind_at_install(10, 5.0, None, near_lag=100), 100, 1)
+    # later rounds know the leader's append rate: 100 entries/s for 2 s put the replica 200 + 10 behind
+    assert behind_at_install(10, 2.0, 100.0, near_lag=100) == 210
+    assert round_is_last(behind_at_install(10, 0.2, 100.0, near_lag=100), 100, 2)  # a short diff round: install

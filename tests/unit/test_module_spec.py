@@ -62,7 +62,7 @@ def test_defaults_follow_replication_factor() -> None:
                                           MAX_NEAR_SYNC_MESSAGE_LAG: 20_000, SEGMENT_BYTES: 64 * 1024 * 1024,
                                           MIGRATION_BATCH_KEYS: 200, MIGRATION_BATCH_INTERVAL_MS: 50,
                                           MAX_RECORD_BYTES: 4 * 1024 * 1024, MAX_ENTRY_BYTES: 16 * 1024 * 1024,
-                                          REASSIGN_COPY_BYTES_PER_S: 64 * 1024 * 1024,
+                                          REASSIGN_COPY_BYTES_PER_S: 16 * 1024 * 1024,
                                           RETENTION_MS: 0, RETENTION_BYTES: 0, COMPACTION: 0,
                                           DELETE_RETENTION_MS: 86_400_000, CHECK_INTERVAL_MS: 5000,
                                           FSYNC: FSYNC_ALWAYS, FLUSH_MS: 100}
