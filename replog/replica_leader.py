@@ -342,8 +342,11 @@ class LeaderRules(ReplicaState):
         ls = self._ls
         if ls is None or not self.session_ok or ev.epoch != self.epoch:
             return  # stale: leadership changed since the conductor asked (or we never had it)
-        if ev.to == self.node_id or ev.to not in ls.isr:
+        joining = ls.pending_change is not None and ev.to in ls.pending_change.isr
+        if ev.to == self.node_id or (ev.to not in ls.isr and not joining):
             return  # only an in-sync replica can take over without losing applied entries
+        # (one this leader's CAS in flight admits counts: the conductor asked after reading that CAS's znode, and
+        # is not told again; _maybe_hand_off waits for the CAS and gives up if it failed. Sim seed 14013316.)
         if ls.resign is not None and ls.resign.to == ev.to:
             return  # a repeated notification keeps the original deadline
         if ls.resign is not None and ls.pending_change is not None and ls.pending_change.epoch > self.epoch:

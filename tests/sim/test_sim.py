@@ -282,11 +282,15 @@ def test_regression_seed_no_leader_after_a_plan_to_one_replica_with_storage_faul
     assert result.error is None, result.error
 
 
-@pytest.mark.xfail(strict=True, reason="open: a plan moving a one-replica group to a spare never completes")
 def test_regression_seed_a_plan_to_a_spare_still_in_progress_after_healing() -> None:
     """Seed 14013316 (sweep 14,005,000-14,014,999, session 10, final main): one node plus two spares, storage
-    faults; after healing, a plan moving the group from a to b still waits (b in the ISR, leader a being removed),
-    so the hand-off to b never happened. Not diagnosed yet (a liveness failure, not a loss)."""
+    faults; after healing, a plan moving the group from a to b still waited (b in the ISR, leader a being removed).
+    Diagnosed (session 11): a liveness bug in the hand-off. The joint min-ISR holds a's applies until b is in the
+    ISR (moving a group of one); a admits b at t=2500 by its own ISR CAS, the conductor reads that znode and asks
+    a to hand off to b, and the request reaches a (t=2508) before a's CAS answer (t=2532): a ignored it, since b
+    was not in its ISR yet, and the conductor asks again only after the append timeout here (15 s in
+    conductor/reassigning.py), past the quiet period. A leader now accepts a request naming the successor its CAS
+    in flight admits, and hands off once that CAS lands (replog/replica_leader.py, _on_resign_requested)."""
     result = run_seed(14013316)
     assert result.error is None, result.error
 
