@@ -76,7 +76,7 @@ def group_step(state: GroupState, target: Sequence[str], live: Mapping[str, int]
 @dataclass(frozen=True)
 class GroupProgress:
     """Where one group of a plan is: ``phase`` is done, queued, copying (added replicas catching up),
-    handing-off, or waiting; ``detail`` says why it waits."""
+    handing-off, releasing (its retired copies), or waiting; ``detail`` says why it waits."""
 
     group: int
     phase: str
@@ -92,12 +92,12 @@ def plan_progress(plan: ReassignmentPlan, groups: Mapping[int, tuple[GroupState,
         step = None if st is None else group_step(st, target, live, plan.cancel)
         if st is None or step is None:
             out.append(GroupProgress(g, "done"))
+        elif st.retired:
+            out.append(GroupProgress(g, "releasing", step.waiting or "releasing or taking back the retired copies"))
         elif step.new is not None and not st.reassigning:
             out.append(GroupProgress(g, "queued"))
         elif step.resign_to is not None:
             out.append(GroupProgress(g, "handing-off", f"leader {st.leader} -> {step.resign_to}"))
-        elif st.retired:
-            out.append(GroupProgress(g, "releasing", step.waiting or "releasing or taking back the retired copies"))
         elif step.waiting is not None and any(r not in st.isr for r in st.target):
             out.append(GroupProgress(g, "copying", f"{[r for r in st.target if r not in st.isr]} catching up"))
         else:
