@@ -30,7 +30,9 @@ asynchronously. So the write that ends a plan does not delete them:
    after the plan ended. The retired replicas' workers then delete their data,
    and the leader applies again. (A kept replica that is down does not hold
    the release up once its leader moved it to the OSR: it rejoins only by
-   catching up.)
+   catching up.) A replica's confirmation is the boundary: damage it finds
+   after it has recorded its storage again is a fault after the plan, which
+   the group survives only with another intact in-sync copy.
 5. **Take back** (:func:`take_back`). If instead every ISR member lost its
    storage (marked lost; no ELR member left), the retired copies become ISR
    members again, leaderless, so the conductor's election picks one of them;

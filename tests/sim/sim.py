@@ -997,10 +997,14 @@ class Sim:
         a bug)."""
         z = self.znode
         survivors = [z.target, z.original] if z.reassigning else [z.replicas]
-        # A retired copy holds every applied entry while it is kept (nothing is applied meanwhile): taken back if
-        # the kept replicas lost theirs (replog.retirement).
-        kept = any(m != nid and not self.nodes[m].disk.damaged and self.nodes[m].disk.incarnation == inc
-                   for m, inc, _ in z.retired)
+        # A retired copy holds every applied entry while it is kept (nothing is applied meanwhile): it is taken back
+        # if the kept replicas lost theirs (replog.retirement). It counts until the first of them reconfirms: a
+        # kept replica's confirmation may release it, so a fault after that one is a fault after the plan, which
+        # the group survives only with an intact ISR or ELR member (seed 15000099: c reconfirmed, then lost power;
+        # a's new storage record released b's copy while c was down).
+        kept = all(m in z.reconfirming for m in z.isr + z.elr) and any(
+            m != nid and not self.nodes[m].disk.damaged and self.nodes[m].disk.incarnation == inc
+            for m, inc, _ in z.retired)
         return kept or all(any(self.intact(m) for m in z.isr + z.elr if m != nid and m in keep) for keep in survivors)
 
     def power_loss(self, nid: str, restart_after_ms: int) -> None:

@@ -315,3 +315,15 @@ def test_regression_seed_plan_completes_on_a_replica_that_just_found_damage() ->
     window seeds fail when the completion deletes instead.)"""
     result = run_seed(11042720)
     assert result.error is None, result.error
+
+
+def test_regression_seed_a_fault_after_a_kept_replica_reconfirmed() -> None:
+    """Seed 15000099 (sweep 15,000,000+, session 11, on the first version of retired copies): a plan (a, b) ->
+    (a, c) retired b's copy; c reconfirmed its storage, a lost power, c became leader, then c lost power too; the
+    storage nemesis had counted b's kept copy as a survivor. a's new storage record (leaving the ELR) then
+    released b's copy while c was down, and c came back with its page cache gone: no copy left. The rule is
+    right (a kept replica's confirmation is the boundary: a fault after it is a fault after the plan, which the
+    group survives only with an intact ISR or ELR member); the nemesis now counts a retired copy only until the
+    first kept replica has reconfirmed (Sim.survivable)."""
+    result = run_seed(15000099)
+    assert result.error is None, result.error
