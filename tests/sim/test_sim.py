@@ -317,7 +317,7 @@ def test_regression_seed_plan_completes_on_a_replica_that_just_found_damage() ->
     assert result.error is None, result.error
 
 
-@pytest.mark.parametrize("seed", [15000099, 15002512, 15003455])
+@pytest.mark.parametrize("seed", [15000099, 15002512, 15003455, 15007307])
 def test_regression_seeds_a_fault_after_a_kept_replica_reconfirmed(seed: int) -> None:
     """Seed 15000099 (sweep 15,000,000+, session 11, on the first version of retired copies): a plan (a, b) ->
     (a, c) retired b's copy; c reconfirmed its storage, a lost power, c became leader, then c lost power too; the
@@ -325,7 +325,7 @@ def test_regression_seeds_a_fault_after_a_kept_replica_reconfirmed(seed: int) ->
     released b's copy while c was down, and c came back with its page cache gone: no copy left. The rule is
     right (a kept replica's confirmation is the boundary: a fault after it is a fault after the plan, which the
     group survives only with an intact ISR or ELR member); the nemesis now counts a retired copy only until the
-    first kept replica has reconfirmed (Sim.survivable). 15002512 and 15003455 (same sweep) are the same class:
+    first kept replica has reconfirmed (Sim.survivable). 15002512, 15003455, 15007307 (same sweep) are that class:
     both kept replicas lost power, the second one counted on the retired copy, which a write released while the
     second was down."""
     result = run_seed(seed)
