@@ -106,7 +106,10 @@ class ReplicaMembership:
         if old is not None and old.host is not None and not old.host.closed.is_set():
             self._look_again(rt, g)  # its directory is deleted (or kept, retired) once its disk closed
             return
-        kept = (self.data_dir / module / str(g)).is_dir()
+        gdir = self.data_dir / module / str(g)
+        if st.incarnation_of(self.node_id) is None:
+            shutil.rmtree(gdir, ignore_errors=True)  # a retired copy left here, and then a plan added this worker anew
+        kept = gdir.is_dir()  # (a retired copy taken back: the znode records its storage again)
         rec = HostedReplica(module, g, tuple(st.replicas))
         try:
             host = self._open_replica(rt, rec)

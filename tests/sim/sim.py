@@ -1159,11 +1159,13 @@ class Sim:
         """The worker opens a replica of the group, which a reassignment added to it: empty, new storage; or from
         the retired copy it kept, which the group takes back (checked at open like any storage)."""
         n.hosting = True
-        if n.retained:
+        if n.retained and self.znode.incarnation_of(n.id) is not None:  # (re-added by a later plan: empty)
             self.note(f"{n.id} reopens its retired copy: taken back")
             n.retained = False
             self._open_storage(n)
         else:
+            if n.retained:
+                n.retained, n.deleted[:] = False, [n.disk]
             self.note(f"{n.id} opens a new replica")
             n.disk = self.new_disk()
         n.incarnation += 1

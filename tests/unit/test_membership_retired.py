@@ -78,3 +78,12 @@ def test_the_sweep_at_start_deletes_what_is_neither_a_replica_nor_retired(tmp_pa
     membership, _, _, _ = setup(tmp_path, retired_host=False)
     membership.sweep_unlisted("M", {0: RELEASED})
     assert not (tmp_path / "M" / "0").exists()
+
+
+def test_a_kept_copy_is_not_reused_by_a_later_plan_adding_the_worker_anew(tmp_path: Path) -> None:
+    """Released and re-added before the release was seen here: the znode records no storage for a, so the replica
+    starts empty, as every added replica does."""
+    membership, ms, rt, opened = setup(tmp_path, retired_host=True)
+    ms.state = GroupState("b", 4, ("b",), ("a",), 11, placement=("b", "a"), storage=(("b", 2, 2),), adding=("a",))
+    membership.on_group(rt, 0, ms.state)
+    assert opened == [tmp_path / "M" / "0"] and not (tmp_path / "M" / "0" / "replog").exists()
