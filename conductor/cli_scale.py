@@ -172,7 +172,7 @@ class ScaleCommands:
                     phases = Counter(r.phase for r in rows)
                     copying = [r.group for r in rows if r.phase == "copying"]
                     waits = [copy_progress(ms, channels, m, copying[0], groups[copying[0]][0])] if copying else []
-                    waits += sorted({r.detail for r in rows if r.phase in ("waiting", "handing-off")})
+                    waits += sorted({r.detail for r in rows if r.phase in ("waiting", "handing-off", "releasing")})
                     progress.update(tasks[m], total=len(rows), completed=phases["done"], description=(
                         ("[yellow]cancelling[/yellow] " if plan.cancel else "")
                         + " · ".join(f"{p} {c}" for p, c in sorted(phases.items()) if p != "done")

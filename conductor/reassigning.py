@@ -12,7 +12,12 @@ which composes ``replog.reassignment``'s pure steps (Kafka's KIP-455 order):
    near-horizon replay) until the leader admits them to the ISR;
 2. a leader being removed hands leadership to an in-sync target replica (a
    resign request: the coordinated hand-off, no accepted append fails);
-3. complete: the removed replicas leave the znode, then stop and delete their data.
+3. complete: the removed replicas leave the znode and stop; the copies of
+   those that were in sync are *retired* (``replog/retirement.py``), kept
+   until the replicas the plan kept record their storage again after that
+   write (nothing is applied meanwhile), then deleted (released); if those
+   turn out to have lost their storage instead, the retired copies are taken
+   back as members and the group's plan starts again from there.
 
 Every write is a versioned compare-and-set of the group znode (a lost race is
 re-decided on the next pass), and nothing is kept in memory between passes:
@@ -34,7 +39,13 @@ from dataclasses import dataclass
 from conductor.metastore import GroupNotFound, GroupState, Metastore, ModuleNotFound, VersionConflict
 from conductor.metastore.plans import PlanChanged, ReassignmentPlan
 from conductor.ui.metrics import ConductorMetrics
-from replog.reassignment import Step, advance_reassignment, cancel_reassignment, start_reassignment
+from replog.reassignment import (
+    Step,
+    advance_reassignment,
+    cancel_reassignment,
+    settle_retired,
+    start_reassignment,
+)
 
 log = logging.getLogger("millrace.conductor")
 
@@ -45,9 +56,12 @@ RESIGN_RETRY_S = 15.0
 def group_step(state: GroupState, target: Sequence[str], live: Mapping[str, int], cancel: bool) -> Step | None:
     """The next step of one group of a plan (None: this group is done).
 
-    A group whose replicas already are the target (in any order) is done; one
-    reassigning towards another target (not this plan's) waits.
+    A group whose replicas already are the target (in any order) is done once
+    the copies its last step retired are released; one reassigning towards
+    another target (not this plan's) waits.
     """
+    if state.retired:
+        return settle_retired(state)
     if cancel:
         return cancel_reassignment(state, live) if state.reassigning else None
     if not state.reassigning:
@@ -62,7 +76,7 @@ def group_step(state: GroupState, target: Sequence[str], live: Mapping[str, int]
 @dataclass(frozen=True)
 class GroupProgress:
     """Where one group of a plan is: ``phase`` is done, queued, copying (added replicas catching up),
-    handing-off, or waiting; ``detail`` says why it waits."""
+    handing-off, releasing (its retired copies), or waiting; ``detail`` says why it waits."""
 
     group: int
     phase: str
@@ -78,6 +92,8 @@ def plan_progress(plan: ReassignmentPlan, groups: Mapping[int, tuple[GroupState,
         step = None if st is None else group_step(st, target, live, plan.cancel)
         if st is None or step is None:
             out.append(GroupProgress(g, "done"))
+        elif st.retired:
+            out.append(GroupProgress(g, "releasing", step.waiting or "releasing or taking back the retired copies"))
         elif step.new is not None and not st.reassigning:
             out.append(GroupProgress(g, "queued"))
         elif step.resign_to is not None:
@@ -165,10 +181,9 @@ class PlanExecutor:
                 self.ms.groups.cas(module, g, step.new, version)
             except (VersionConflict, GroupNotFound):
                 return  # re-decided on the next pass from what is there
-            what = (f"started: adding {list(step.new.adding)}, removing {list(step.new.removing)}"
-                    if step.new.reassigning else f"done: replicas {list(step.new.replicas)}")
+            what, kind = _describe(st, step.new)
             if self._metrics is not None:
-                self._metrics.reassignment_step(module, "start" if step.new.reassigning else "complete")
+                self._metrics.reassignment_step(module, kind)
             log.warning("reassignment of %s/%d %s (epoch %d, ISR %s)", module, g, what, step.new.epoch,
                         list(step.new.isr))
         elif step.resign_to is not None:
@@ -181,3 +196,16 @@ class PlanExecutor:
                 self._metrics.reassignment_step(module, "hand_off")
             log.warning("reassignment of %s/%d: asked %s (being removed) to hand leadership to %s", module, g,
                         st.leader, step.resign_to)
+
+
+def _describe(old: GroupState, new: GroupState) -> tuple[str, str]:
+    """What a plan's write ``old`` -> ``new`` did, and its step's metric label."""
+    if new.reassigning:
+        return f"started: adding {list(new.adding)}, removing {list(new.removing)}", "start"
+    if old.retired and set(new.replicas) != set(old.replicas):
+        return (f"took back the retired copies of {[r[0] for r in old.retired]}: a replica it kept lost its storage "
+                f"(replicas {list(new.replicas)}; the plan starts again)", "take_back")
+    if old.retired:
+        return f"released the retired copies of {[r[0] for r in old.retired]}", "release"
+    retired = f"; retired copies {[r[0] for r in new.retired]} kept until they reconfirm" if new.retired else ""
+    return f"done: replicas {list(new.replicas)}{retired}", "complete"

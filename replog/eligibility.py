@@ -39,6 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from replog.messages import STORAGE_LOST, GroupState
+from replog.retirement import confirmed
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,15 +126,20 @@ def record_storage(state: GroupState, node: str, incarnation: int, session: int)
     * the same, but ``node`` is the last ISR member: it stays (the ISR never
       empties) marked STORAGE_LOST, leaderless, never elected; None if it is
       marked so already.
+
+    While a plan's retired copies are kept (:mod:`replog.retirement`), a
+    replica on the znode's ``reconfirming`` list records its storage again
+    even if recorded under this session: the write takes it off the list
+    (unless it marks it lost), and releases the copies if it was the last.
     """
     assert incarnation > STORAGE_LOST, incarnation
     recorded = state.incarnation_of(node)
-    if recorded == incarnation and state.storage_session(node) == session:
+    if recorded == incarnation and state.storage_session(node) == session and node not in state.reconfirming:
         return None
     if recorded in (None, incarnation) or node not in state.isr:
         elr = state.elr if recorded == incarnation else tuple(x for x in state.elr if x != node)
-        return replace(state, version=state.version + 1, storage=state.with_storage(node, incarnation, session),
-                       elr=elr)
+        return confirmed(replace(state, version=state.version + 1, elr=elr,
+                                 storage=state.with_storage(node, incarnation, session)), node)
     others = tuple(x for x in state.isr if x != node)
     if not others and recorded == STORAGE_LOST and state.leader != node:
         return None
@@ -145,7 +151,7 @@ def record_storage(state: GroupState, node: str, incarnation: int, session: int)
         change.update(storage=state.with_storage(node, STORAGE_LOST, session))
     if state.leader == node:
         change.update(leader=None, leader_session=0, epoch=state.epoch + 1)
-    return replace(state, **change)  # type: ignore[arg-type]
+    return confirmed(replace(state, **change), node)  # type: ignore[arg-type]
 
 
 def eligible(state: GroupState, node: str, session: int = 0) -> bool:

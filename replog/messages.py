@@ -42,8 +42,10 @@ Driver contract (what the state machine relies on):
   comes back like a ChangeIsr's, as :class:`IsrChanged` or :class:`IsrChangeFailed`.
 * :class:`Removed`: the znode no longer lists this replica (a reassignment,
   :mod:`replog.reassignment`, removed it). The driver closes the replica and
-  deletes its data; the replica ignores every later event. If the group takes
-  the node back later, the driver opens a new, empty replica.
+  deletes its data, unless ``retired`` (kept until a znode no longer lists it
+  among the retired copies); the replica ignores every later event. If the group
+  takes the node back, the driver opens a replica from the data it kept, else
+  a new, empty one.
 * :class:`Reply` answers one client append.
 * Retention: the driver asks :meth:`Replica.retention_point` with the applied
   offset its store holds *durably*, deletes whole log segments below the answer
@@ -86,7 +88,7 @@ HandOff                      CAS on the group znode + delete of its resign reque
 StartFarHorizon              checkpoint + file copy in rounds to the follower
 Reply                        answer the client (error -> gRPC status via ``grpc_code``)
 RoleChanged                  start/stop stream topologies, refresh client routing
-Removed                      close the replica, delete its data (a reassignment removed it)
+Removed                      close the replica, delete its data unless retired (a reassignment removed it)
 ==========================  =================================================================
 
 A restarted replica is rebuilt with ``Replica(node, group, config, session=...,
@@ -171,6 +173,10 @@ class GroupState:
     only when no other in-sync replica can lead, until the last step drops
     them). Both empty: no reassignment (the znode of a group never reassigned
     has neither field).
+    ``retired`` are the storage records (name, incarnation, session) of *retired
+    copies*: removed from the ISR by the write that ended a plan, kept on disk
+    (no longer replicas) until every replica in ``reconfirming`` that is in the
+    ISR or ELR recorded its storage again after that write (:mod:`replog.retirement`).
     Construction validates, so no process can store or act on a broken state.
     """
 
@@ -185,16 +191,17 @@ class GroupState:
     elr: tuple[str, ...] = ()
     adding: tuple[str, ...] = ()
     removing: tuple[str, ...] = ()
+    retired: tuple[tuple[str, int, int], ...] = ()
+    reconfirming: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # Accept lists from callers but store tuples, so states are hashable and immutable.
-        for name in ("isr", "osr", "placement", "elr", "adding", "removing"):
+        for name in ("isr", "osr", "placement", "elr", "adding", "removing", "reconfirming"):
             value = getattr(self, name)
             if not isinstance(value, tuple):
                 object.__setattr__(self, name, tuple(value))
-        if not isinstance(self.storage, tuple) or any(not isinstance(r, tuple) for r in self.storage):
-            object.__setattr__(self, "storage", tuple(tuple(r) for r in self.storage))
-        object.__setattr__(self, "storage", tuple(sorted(self.storage)))
+        for name in ("storage", "retired"):
+            object.__setattr__(self, name, tuple(sorted(tuple(r) for r in getattr(self, name))))
         self.validate()
 
     def incarnation_of(self, node: str) -> int | None:
@@ -280,6 +287,13 @@ class GroupState:
         if not self.target or not self.original:
             raise InvalidGroupState(f"a reassignment needs replicas before and after it: replicas "
                                     f"{list(replicas)}, adding {list(self.adding)}, removing {list(self.removing)}")
+        gone = [r[0] for r in self.retired]
+        if (len(set(gone)) != len(gone) or set(gone) & set(replicas) or (self.retired and self.reassigning)
+                or any(len(r) != 3 or r[1] <= STORAGE_LOST or r[2] < 0 for r in self.retired)
+                or len(set(self.reconfirming)) != len(self.reconfirming) or not set(self.reconfirming) <= set(replicas)
+                or (self.reconfirming and not self.retired)):
+            raise InvalidGroupState(f"retired copies {list(self.retired)} must be distinct non-replicas with their "
+                                    f"storage, kept only after a plan, reconfirming {list(self.reconfirming)} replicas")
 
     def to_dict(self) -> dict[str, Any]:
         """The znode's document (the version is the znode's own, not part of it)."""
@@ -294,6 +308,9 @@ class GroupState:
             doc["adding"] = list(self.adding)
         if self.removing:
             doc["removing"] = list(self.removing)
+        if self.retired:
+            doc["retired"] = {name: [inc, session] for name, inc, session in self.retired}
+            doc["reconfirming"] = list(self.reconfirming)
         return doc
 
     def to_json(self) -> bytes:
@@ -311,7 +328,10 @@ class GroupState:
                                                                   dict(doc.get("storage", {})).items()),
                        elr=tuple(str(x) for x in doc.get("elr", ())),
                        adding=tuple(str(x) for x in doc.get("adding", ())),
-                       removing=tuple(str(x) for x in doc.get("removing", ())))
+                       removing=tuple(str(x) for x in doc.get("removing", ())),
+                       retired=tuple((str(name), int(inc), int(session))
+                                     for name, (inc, session) in dict(doc.get("retired", {})).items()),
+                       reconfirming=tuple(str(x) for x in doc.get("reconfirming", ())))
         except (ValueError, KeyError, TypeError) as e:
             raise InvalidGroupState(f"malformed group state {raw!r}: {e}") from None
 
@@ -654,14 +674,14 @@ class Reply:
 class Removed:
     """This replica is no longer one of the group's replicas: the znode of ``version`` does not list it.
 
-    A reassignment removed it (or cancelled its addition). It has stepped
-    down and serves nothing more (every later event is dropped, appends are
-    refused); the driver closes it and deletes its data (log, epoch file,
-    storage marks, store). Should the group take this node back later, the
-    driver opens a new, empty replica for it.
+    A reassignment removed it (or cancelled its addition). It has stepped down and serves nothing more (every
+    later event is dropped, appends are refused); the driver closes it and deletes its data (log, epoch file,
+    storage marks, store), unless ``retired``: that znode keeps it as a retired copy (replog.retirement), deleted
+    once a znode lists it neither as a replica nor as retired, reopened if the group takes it back.
     """
 
     version: int
+    retired: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,12 +24,18 @@ A plan moves a group from its *original* replicas to a *target* list:
    (one that is down or restarting may have lost its disk without the znode
    knowing yet); then it drops the removing replicas from the replicas, the ISR,
    the OSR, the ELR and the storage records. Those replicas learn it from the
-   znode, stop serving and delete their data (the ``Removed`` action).
+   znode and stop serving (the ``Removed`` action).
 3. :func:`cancel_reassignment` instead goes back to the original replicas,
    dropping the added ones (after moving leadership off an added replica
    that leads), as long as an original replica is still in the ISR: an
    added replica's copy is then redundant, since every ISR member holds
    every applied entry.
+4. The write that ends a plan either way *retires* the copies it drops from
+   the ISR or ELR instead of deleting them (:mod:`replog.retirement`): they
+   are deleted once the kept replicas recorded their storage again after
+   that write, and taken back if those turn out to have lost it. Until then
+   nothing is applied, no other plan starts, and :func:`settle_retired` (which
+   advancing or cancelling returns) releases or takes them back.
 
 **The joint min-ISR rule** (:func:`min_isr_met`). With the all-ISR apply rule
 every ISR member, an added replica that joined or a replica being removed
@@ -73,6 +79,7 @@ from dataclasses import dataclass, replace
 from replog.config import ReplicationConfig
 from replog.eligibility import eligible
 from replog.messages import GroupState, InvalidGroupState
+from replog.retirement import released, retire, take_back, waiting_reason
 
 
 class ReassignmentRefused(InvalidGroupState):
@@ -142,6 +149,8 @@ def start_reassignment(state: GroupState, target: Sequence[str]) -> GroupState:
     if state.reassigning:
         raise ReassignmentRefused(f"a reassignment is in progress (adding {list(state.adding)}, removing "
                                   f"{list(state.removing)}): complete or cancel it first")
+    if state.retired:
+        raise ReassignmentRefused(f"the last plan's retired copies are still kept: {waiting_reason(state)}")
     target = tuple(target)
     if not target or len(set(target)) != len(target):
         raise ReassignmentRefused(f"a target needs distinct replicas, got {list(target)}")
@@ -168,7 +177,7 @@ def advance_reassignment(state: GroupState, live_nodes: Mapping[str, int] | Iter
     target's).
     """
     if not state.reassigning:
-        return Step(waiting="no reassignment in progress")
+        return settle_retired(state) if state.retired else Step(waiting="no reassignment in progress")
     behind = [r for r in state.target if r not in state.isr]
     if behind:
         return Step(waiting=f"target replica(s) {behind} not in sync yet (catching up to join the ISR)")
@@ -194,7 +203,7 @@ def cancel_reassignment(state: GroupState, live_nodes: Mapping[str, int] | Itera
     their data.
     """
     if not state.reassigning:
-        return Step(waiting="no reassignment in progress")
+        return settle_retired(state) if state.retired else Step(waiting="no reassignment in progress")
     live = _live(live_nodes)
     if not any(r in state.isr and r in live and eligible(state, r, live[r]) for r in state.original):
         return Step(waiting=f"no original replica of {list(state.original)} is in sync, live and confirmed: "
@@ -202,6 +211,17 @@ def cancel_reassignment(state: GroupState, live_nodes: Mapping[str, int] | Itera
     if state.leader is not None and state.leader in state.adding:
         return _move_leadership(state, state.original, live_nodes, order)
     return Step(new=_keep_only(state, state.original))
+
+
+def settle_retired(state: GroupState) -> Step:
+    """The next step for the copies the last write of a plan retired (:mod:`replog.retirement`): release them once
+    no ISR or ELR member is left to reconfirm (a leader moved it out), take them back if every ISR member lost its
+    storage, else wait for the kept replicas to record their storage again."""
+    assert state.retired, state
+    if released(state) != state:
+        return Step(new=replace(released(state), version=state.version + 1))
+    back = take_back(state)
+    return Step(new=back) if back is not None else Step(waiting=waiting_reason(state))
 
 
 def _move_leadership(state: GroupState, pool: Sequence[str], live_nodes: Mapping[str, int] | Iterable[str],
@@ -219,11 +239,12 @@ def _live(live_nodes: Mapping[str, int] | Iterable[str]) -> dict[str, int]:
 
 
 def _keep_only(state: GroupState, keep: Sequence[str]) -> GroupState:
-    """``state`` with only ``keep`` as replicas (preference order kept) and no plan."""
+    """``state`` with only ``keep`` as replicas (preference order kept) and no plan; the copies it drops from the
+    ISR or ELR retired (replog.retirement)."""
     kept = set(keep)
     new = replace(state, version=state.version + 1, placement=tuple(keep),
                   isr=tuple(r for r in state.isr if r in kept), osr=tuple(r for r in state.osr if r in kept),
                   elr=tuple(r for r in state.elr if r in kept),
                   storage=tuple(rec for rec in state.storage if rec[0] in kept), adding=(), removing=())
     assert new.leader is None or new.leader in kept, new
-    return new
+    return retire(state, new)

@@ -293,7 +293,8 @@ class Replica(LeaderRules, FollowerRules):
         """A znode newer than the last one listing this replica does not list it: a reassignment removed it.
 
         The replica steps down, says so with :class:`Removed` (the driver
-        closes it and deletes its data) and serves nothing more: it is
+        closes it and deletes its data, or keeps it if the znode retired this
+        copy: replog.retirement) and serves nothing more: it is
         terminal, and a node the group takes back later gets a new replica. A
         replica that has never seen a znode listing it (restarted after being
         removed while down) is removed by the first one it reads. An older
@@ -310,7 +311,7 @@ class Replica(LeaderRules, FollowerRules):
             f"{self.node_id} removed from {self.group} while it leads epoch {self.epoch}: {st}")
         self._step_down(max(self.epoch, st.epoch), st.leader if st.epoch >= self.epoch else None)
         self.removed = True
-        self._out.append(Removed(st.version))
+        self._out.append(Removed(st.version, retired=any(rec[0] == self.node_id for rec in st.retired)))
         return True
 
     # ------------------------------------------------------------------------------- storage
@@ -411,7 +412,8 @@ class Replica(LeaderRules, FollowerRules):
             self._persist_epochs()
         peers = {r: Peer(last_progress_ms=self._now, last_heard_ms=self._now) for r in st.replicas if r != self.node_id}
         self._ls = LeaderState(isr=st.isr, osr=st.osr, version=st.version, peers=peers, storage=st.storage,
-                                elr=st.elr, adding=st.adding, removing=st.removing, batch_ends=[self.log_end], batch_times=[self._now],
+                                elr=st.elr, adding=st.adding, removing=st.removing, retired=st.retired,
+                                reconfirming=st.reconfirming, batch_ends=[self.log_end], batch_times=[self._now],
                                 bytes_base=self.log_end)
         # The apply offset learnt from the previous leader is group-wide: every ISR
         # member (this one included) holds it durably.

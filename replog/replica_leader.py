@@ -30,6 +30,7 @@ from replog.messages import (
 )
 from replog.reassignment import min_isr_for, min_isr_met
 from replog.replica_state import Peer, PendingAppend, ReplicaState, Resign
+from replog.retirement import released
 
 
 class LeaderRules(ReplicaState):
@@ -127,9 +128,10 @@ class LeaderRules(ReplicaState):
         # data the end of the plan deletes).
         if not self._min_isr_met(ls.isr):
             return
-        if ls.elr:
+        if ls.elr or ls.retired:
             # An ELR member is electable because it holds every applied entry: applying more first would
-            # break that promise. The leader's first CAS empties the ELR (_maybe_change_isr).
+            # break that promise. The leader's first CAS empties the ELR (_maybe_change_isr). Likewise a copy
+            # the last plan retired may be taken back until the kept replicas reconfirm (replog.retirement).
             return
         candidate = self._apply_candidate()
         if candidate is None or candidate <= self.apply_offset:
@@ -240,8 +242,9 @@ class LeaderRules(ReplicaState):
         every applied entry."""
         ls = self._ls
         assert ls is not None and self.node_id in isr
-        new = GroupState(self.node_id, self.epoch, isr, osr, ls.version + 1, self.session,
-                         storage=ls.storage, adding=ls.adding, removing=ls.removing)
+        new = released(GroupState(self.node_id, self.epoch, isr, osr, ls.version + 1, self.session,
+                                  storage=ls.storage, adding=ls.adding, removing=ls.removing, retired=ls.retired,
+                                  reconfirming=ls.reconfirming))  # (moving the last unconfirmed one out releases)
         ls.pending_change = new
         self._out.append(ChangeIsr(ls.version, new))
 
@@ -333,7 +336,7 @@ class LeaderRules(ReplicaState):
         ls = self._ls
         assert ls is not None and st.epoch == self.epoch and st.leader == self.node_id
         ls.isr, ls.osr, ls.version, ls.elr = st.isr, st.osr, st.version, st.elr
-        ls.adding, ls.removing = st.adding, st.removing
+        ls.adding, ls.removing, ls.retired, ls.reconfirming = st.adding, st.removing, st.retired, st.reconfirming
         assert self.node_id in ls.isr, f"leader {self.node_id} removed from its own ISR {st.isr}"
         for r in [r for r in ls.peers if r not in st.replicas]:
             del ls.peers[r]  # removed by a reassignment: nothing more is sent to it, nothing it sends counts
@@ -350,8 +353,11 @@ class LeaderRules(ReplicaState):
         ls = self._ls
         if ls is None or not self.session_ok or ev.epoch != self.epoch:
             return  # stale: leadership changed since the conductor asked (or we never had it)
-        if ev.to == self.node_id or ev.to not in ls.isr:
+        joining = ls.pending_change is not None and ev.to in ls.pending_change.isr
+        if ev.to == self.node_id or (ev.to not in ls.isr and not joining):
             return  # only an in-sync replica can take over without losing applied entries
+        # (one this leader's CAS in flight admits counts: the conductor asked after reading that CAS's znode, and
+        # is not told again; _maybe_hand_off waits for the CAS and gives up if it failed. Sim seed 14013316.)
         if ls.resign is not None and ls.resign.to == ev.to:
             return  # a repeated notification keeps the original deadline
         if ls.resign is not None and ls.pending_change is not None and ls.pending_change.epoch > self.epoch:
@@ -375,7 +381,8 @@ class LeaderRules(ReplicaState):
             f"{self.node_id} hands off {self.group} with clients waiting: every accepted append must be answered"
         )
         new = GroupState(rs.to, self.epoch + 1, ls.isr, ls.osr, ls.version + 1, rs.to_session,
-                         storage=ls.storage, adding=ls.adding, removing=ls.removing)
+                         storage=ls.storage, adding=ls.adding, removing=ls.removing, retired=ls.retired,
+                         reconfirming=ls.reconfirming)
         ls.pending_change = new
         self._out.append(HandOff(ls.version, new))
 

@@ -69,6 +69,10 @@ class LeaderState:
     #: the reassignment in progress in the znode (replog.reassignment): replicas being added and removed
     adding: tuple[str, ...] = ()
     removing: tuple[str, ...] = ()
+    #: the copies the last plan retired and the replicas still to reconfirm (replog.retirement): nothing is
+    #: applied while any copy is retired
+    retired: tuple[tuple[str, int, int], ...] = ()
+    reconfirming: tuple[str, ...] = ()
     #: proposed znode of an in-flight ChangeIsr (at most one at a time)
     pending_change: GroupState | None = None
     #: ends and append times of batches not yet applied, for the time-lag rule

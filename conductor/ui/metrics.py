@@ -37,8 +37,8 @@ class ConductorMetrics(Collector):
         self.balancing_moves = Counter("millrace_conductor_balancing_moves", "leader switches requested by "
                                        "leadership balancing", labels, registry=self.registry)
         self.reassignment_steps = Counter("millrace_conductor_reassignment_steps", "reassignment steps the "
-                                          "conductor wrote (step: start, hand_off, complete)", ["module", "step"],
-                                          registry=self.registry)
+                                          "conductor wrote (step: start, hand_off, complete, release, take_back)",
+                                          ["module", "step"], registry=self.registry)
         self.reassignments = Counter("millrace_conductor_reassignments", "reassignment plans finished (outcome: "
                                      "completed, cancelled)", ["module", "outcome"], registry=self.registry)
         self.leaderless_seconds = Counter("millrace_conductor_leaderless_seconds", "seconds task groups spent "

@@ -10,10 +10,18 @@ usual rejoin rule. A replica the znode stops listing says ``Removed`` itself
 (the state machine's action): its host stops and deletes its directory, and
 a later plan that adds the worker back gets a new, empty replica here.
 
+A replica the plan's last write *retired* instead (``replog/retirement.py``:
+the znode lists it among the retired copies) stops but keeps its directory.
+Once a znode lists this worker neither as a replica nor as retired (the kept
+replicas reconfirmed their storage: released), the directory is deleted here;
+if the group takes the copy back (a replica again), the replica is opened
+from that directory, checked at open like any storage.
+
 A worker that was down while a plan removed it finds, at its next start,
-directories of groups whose znode no longer lists it: they are deleted
-(:meth:`ReplicaMembership.sweep_unlisted`); their data is of an incarnation
-the group forgot, and a re-added replica must start empty.
+directories of groups whose znode no longer lists it (as a replica, or as a
+retired copy): they are deleted (:meth:`ReplicaMembership.sweep_unlisted`);
+their data is of an incarnation the group forgot, and a re-added replica must
+start empty.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from conductor.worker.replica_faults import describe
 from conductor.worker.replica_host import ReplicaHost
 from conductor.worker.runtime import LocalModules, ModuleRuntime
 from replog.messages import GroupState, MetastoreChanged
+from replog.retirement import retired_names
 
 log = logging.getLogger("millrace.node")
 
@@ -59,34 +68,48 @@ class ReplicaMembership:
         else:
             self._adding.discard((rt.spec.name, g))
         if self.node_id not in st.replicas:
-            return  # (a local replica learns it was removed from the same znode, posted to it by the worker)
-        if rec is not None and (rec.host is None or not rec.host.removed):
+            # (a local replica learns it was removed from the same znode, posted to it by the worker; a retired
+            # copy it kept goes once released)
+            if self.node_id in retired_names(st) or not self._may_keep_retired(rt, g):
+                return
+        elif rec is not None and (rec.host is None or not rec.host.removed):
             rec.replicas = tuple(st.replicas)  # (the ISR CASes write this placement)
             return
-        # keyed: one open per group at a time; a later znode of the same group replaces a waiting one
+        # keyed: one open (or release) per group at a time; a later znode of the same group replaces a waiting one
         self.metastore.submit(lambda: self._open_added(rt, g), key=("add-replica", rt.spec.name, g))
 
+    def _may_keep_retired(self, rt: ModuleRuntime, g: int) -> bool:
+        """This worker may keep a retired copy of ``g``: its replica said so, or may yet (it has not closed: it
+        reads the znodes in order), or (restarted since) the directory is there with no replica."""
+        rec = rt.hosted.get(g)
+        if rec is None:
+            return (self.data_dir / rt.spec.name / str(g)).is_dir()
+        return rec.host is not None and (rec.host.retired or not rec.host.closed.is_set())
+
     def _open_added(self, rt: ModuleRuntime, g: int) -> None:
-        """Metastore thread: open an empty replica of ``g`` if the group still lists this worker."""
+        """Metastore thread: open a replica of ``g`` (empty, or from the retired copy kept here) if the group still
+        lists this worker; delete a retired copy the group released."""
         module = rt.spec.name
         try:
             st, _ = self.metastore.groups.get(module, g)
         except (GroupNotFound, MetastoreError):
             return  # destroyed, or ZooKeeper is away: the group watch calls again with the next znode
         old = rt.hosted.get(g)
-        if self.node_id not in st.replicas or not self.modules.is_open(rt):
+        if not self.modules.is_open(rt):
+            return
+        if self.node_id not in st.replicas:
+            if self.node_id not in retired_names(st) and self._may_keep_retired(rt, g):
+                self._release(rt, g, old)
             return
         if old is not None and (old.host is None or not old.host.removed):
             return  # hosted already (opened by an earlier call)
         if old is not None and old.host is not None and not old.host.closed.is_set():
-            # Its directory is deleted once its disk closed. Look again shortly instead of blocking the
-            # metastore's dispatcher (every watch of this worker waits behind it): one timer per group at a
-            # time, since the keyed submit replaces a waiting call.
-            timer = threading.Timer(REMOVED_CLOSE_POLL_S, lambda: self.metastore.submit(
-                lambda: self._open_added(rt, g), key=("add-replica", module, g)))
-            timer.daemon = True
-            timer.start()
+            self._look_again(rt, g)  # its directory is deleted (or kept, retired) once its disk closed
             return
+        gdir = self.data_dir / module / str(g)
+        if st.incarnation_of(self.node_id) is None:
+            shutil.rmtree(gdir, ignore_errors=True)  # a retired copy left here, and then a plan added this worker anew
+        kept = gdir.is_dir()  # (a retired copy taken back: the znode records its storage again)
         rec = HostedReplica(module, g, tuple(st.replicas))
         try:
             host = self._open_replica(rt, rec)
@@ -101,8 +124,29 @@ class ReplicaMembership:
             return
         host.start()
         host.post(MetastoreChanged(st))
-        log.warning("%s/%d: a reassignment added a replica here (replicas %s, adding %s): it opened empty and "
-                    "catches up from leader %s", module, g, list(st.replicas), list(st.adding), st.leader)
+        log.warning("%s/%d: a reassignment added a replica here (replicas %s, adding %s): it opened %s and "
+                    "catches up from leader %s", module, g, list(st.replicas), list(st.adding),
+                    "from the retired copy kept here (taken back)" if kept else "empty", st.leader)
+
+    def _release(self, rt: ModuleRuntime, g: int, old: HostedReplica | None) -> None:
+        """Metastore thread: delete the retired copy of ``g`` kept here, once its replica closed."""
+        if old is not None and old.host is not None and not old.host.closed.is_set():
+            self._look_again(rt, g)
+            return
+        if old is not None and (old.host is None or not old.host.retired):
+            return  # (a replica removed without retiring deleted its directory itself)
+        shutil.rmtree(self.data_dir / rt.spec.name / str(g), ignore_errors=True)
+        log.warning("node %s deleted its retired copy of %s/%d: the replicas the plan kept reconfirmed their "
+                    "storage", self.node_id, rt.spec.name, g)
+
+    def _look_again(self, rt: ModuleRuntime, g: int) -> None:
+        """Call :meth:`_open_added` again shortly instead of blocking the metastore's dispatcher (every watch of
+        this worker waits behind it): one timer per group at a time, since the keyed submit replaces a waiting
+        call."""
+        timer = threading.Timer(REMOVED_CLOSE_POLL_S, lambda: self.metastore.submit(
+            lambda: self._open_added(rt, g), key=("add-replica", rt.spec.name, g)))
+        timer.daemon = True
+        timer.start()
 
     def copy_limit(self, module: str, group: int) -> int:
         """Bytes per second the local replica of ``group`` may copy from its leader: the module's
@@ -113,12 +157,14 @@ class ReplicaMembership:
         return rt.spec.option(REASSIGN_COPY_BYTES_PER_S)
 
     def sweep_unlisted(self, module: str, groups: Mapping[int, GroupState]) -> None:
-        """Delete local directories of ``module``'s groups whose znode does not list this worker."""
+        """Delete local directories of ``module``'s groups whose znode does not list this worker (as a replica or
+        a retired copy)."""
         root = self.data_dir / module
         if not root.is_dir():
             return
         for child in root.iterdir():
-            if child.name.isdigit() and int(child.name) in groups and self.node_id not in groups[int(child.name)].replicas:
+            st = groups.get(int(child.name)) if child.name.isdigit() else None
+            if st is not None and self.node_id not in st.replicas + retired_names(st):
                 shutil.rmtree(child, ignore_errors=True)
                 log.warning("node %s deleted its data of %s/%s: the group no longer lists it (a reassignment "
                             "removed it while it was down)", self.node_id, module, child.name)

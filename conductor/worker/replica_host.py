@@ -185,8 +185,8 @@ class ReplicaHost:
         self.stats = replica_counters() if stats is None else stats
         self.timings = timings
         self.last_error: str | None = None
-        #: a reassignment removed this replica: its data goes once its disk is closed
-        self.removed = False
+        #: a reassignment removed this replica: its data goes once its disk is closed, unless retired (kept)
+        self.removed = self.retired = False
         log.info("%s: opened replica on %s (log [%d, %d), applied %d)", self.name, node_id,
                  self.log.start_offset, self.log.end_offset, applied)
 
@@ -506,9 +506,9 @@ class ReplicaHost:
                             self.name, a.follower)
                 self.outbox.add(a.follower, FarHorizonOffer(self.node_id, a.epoch))
             case Removed():
-                log.warning("%s: no longer a replica of the group (znode version %d): closing it and deleting "
-                            "its data", self.name, a.version)
-                self.removed = True
+                log.warning("%s: no longer a replica of the group (znode version %d): closing it and %s", self.name,
+                            a.version, "keeping its data (a retired copy)" if a.retired else "deleting its data")
+                self.removed, self.retired = True, a.retired
                 self._stop.set()
             case _:
                 assert_never(a)
@@ -610,7 +610,7 @@ class ReplicaHost:
                     else:  # (its flush may be what failed; the replog replays what the memtables held)
                         self.store.abandon()
                 finally:
-                    if self.removed:
+                    if self.removed and not self.retired:  # (a retired copy: ReplicaMembership deletes it)
                         shutil.rmtree(self.dir, ignore_errors=True)
                     self.closed.set()
 

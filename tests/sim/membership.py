@@ -8,7 +8,9 @@ still at it; otherwise the next round reads again), and asks leaders to hand
 off with resign requests, as the conductor's balancer does. On each write it
 checks what a removal promises: every target replica is in the ISR and holds
 every applied entry durably, so the group has its new replication factor
-before any copy is deleted.
+before any copy is deleted. The write that ends a plan retires the copies it
+drops (replog.retirement); the loop goes on until they are released, or taken
+back, after which it starts the plan again towards the same target.
 
 :class:`PlanRules` names the functions the simulator calls, so a mutant
 (``tests/sim/mutants.py``) can break one rule without a switch in the product.
@@ -63,7 +65,8 @@ class Reassigner:
         self.rules = rules
         self.period_ms = period_ms
         self.cancelling = False
-        self.started = self.completed = self.cancelled = 0
+        self.started = self.completed = self.cancelled = self.taken_back = 0
+        self.target: tuple[str, ...] = ()  #: the target of the last plan started
         self._looping = False
         self._asked: tuple[str, int, int] | None = None  #: the last hand-off asked for: (to, epoch, when)
 
@@ -75,6 +78,7 @@ class Reassigner:
         except ReassignmentRefused:
             return False
         sim.note(f"reassign {sim.znode.replicas} -> {tuple(target)}" + (" (to be cancelled)" if cancel else ""))
+        self.target = tuple(target)
         self._write_later(new, "start")
         self.cancelling = cancel
         self._loop_later()
@@ -94,7 +98,7 @@ class Reassigner:
         self._looping = False
         sim = self.sim
         z = sim.znode
-        if not z.reassigning:
+        if not z.reassigning and not z.retired:
             self.cancelling = False
             return
         live = {m: n.session for m, n in sim.nodes.items() if n.alive and n.session_live}
@@ -130,8 +134,16 @@ class Reassigner:
                 self.completed += 1
         elif new.reassigning and not z.reassigning:
             self.started += 1
+        taken_back = z.retired and not new.retired and set(new.replicas) != set(z.replicas)
         sim._write_znode(new)
-        if new.reassigning:
+        if taken_back:
+            # The retired copies are members again: the plan (not a cancelled one) is started anew, as the
+            # conductor's PlanExecutor does from its stored plan.
+            self.taken_back += 1
+            sim.note(f"retired copies {[r[0] for r in z.retired]} taken back")
+            if not self.cancelling and self.target:
+                self.start(self.target)
+        if new.reassigning or new.retired:
             self._loop_later()
 
     def _check_completion(self, old: GroupState, new: GroupState, why: str) -> None:

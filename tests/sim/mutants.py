@@ -12,7 +12,7 @@ from typing import Any
 
 from replog.eligibility import StorageMarks, check_storage
 from replog.messages import EpochResponse, GroupState, RecordStorage
-from replog.reassignment import Step, advance_reassignment, min_isr_for
+from replog.reassignment import Step, advance_reassignment, cancel_reassignment, min_isr_for
 from replog.replica import Replica
 from tests.sim.membership import PlanRules
 from tests.sim.sim import Node, Sim
@@ -135,6 +135,39 @@ class CompleteBeforeCaughtUp(PlanRules):
                                 elr=tuple(r for r in state.elr if r in state.target),
                                 storage=tuple(x for x in state.storage if x[0] in state.target),
                                 adding=(), removing=()))
+
+
+class DeletesAtCompletion(PlanRules):
+    """The conductor ends a plan by deleting the copies it drops instead of retiring them (the rule before
+    replog.retirement): a plan completing on a replica that just found damage, not yet recorded, deletes the
+    last intact copies."""
+
+    @staticmethod
+    def advance(state: GroupState, live: dict[str, int], order: Sequence[str]) -> Step:
+        return _without_retiring(advance_reassignment(state, live, order))
+
+    @staticmethod
+    def cancel(state: GroupState, live: dict[str, int], order: Sequence[str]) -> Step:
+        return _without_retiring(cancel_reassignment(state, live, order))
+
+
+def _without_retiring(step: Step) -> Step:
+    if step.new is None or not step.new.retired:
+        return step
+    return Step(new=replace(step.new, retired=(), reconfirming=()))
+
+
+class AppliesWhileCopiesRetired(Replica):
+    """A leader applies while the last plan's copies are retired: a copy taken back then lacks what it applied."""
+
+    def _advance_apply(self) -> None:
+        ls = self._ls
+        assert ls is not None
+        retired, ls.retired = ls.retired, ()
+        try:
+            super()._advance_apply()
+        finally:
+            ls.retired = retired
 
 
 def ignores_page_cache_rule(marks: StorageMarks | None, *, log_end: int, applied: int, boot: int = 0) -> str | None:

@@ -68,6 +68,7 @@ from replog.messages import (
 from replog.outbox import Outbox
 from replog.reassignment import min_isr_for, min_isr_met
 from replog.replica import Replica
+from replog.retirement import retired_names
 from replog.trims import trim_point
 from tests.sim.membership import PlanRules, Reassigner
 
@@ -192,6 +193,8 @@ class Node:
     boot: int = 1
     #: interval mode: a periodic fsync is scheduled
     sync_pending: bool = False
+    #: ``disk`` is a retired copy (replog.retirement): kept, not hosted, until a znode releases or takes it back
+    retained: bool = False
 
 
 @dataclass
@@ -759,6 +762,14 @@ class Sim:
         for m in st.replicas:
             if not self.nodes[m].hosting:
                 self._host(self.nodes[m])
+        for m in self.ids:
+            n = self.nodes[m]
+            if n.retained and m not in st.replicas and m not in retired_names(st):
+                # released: the worker deletes the retired copy (at once here: the conservative side)
+                self.note(f"{m} deletes its retired copy (znode v{st.version})")
+                n.retained = False
+                n.deleted[:] = [n.disk]
+                n.disk = self.new_disk()
         for m in st.isr:
             # (one a storage fault just hit leaves again before it acknowledges anything)
             if m not in old.isr and self.intact(m):
@@ -792,7 +803,8 @@ class Sim:
         if back is not None:
             z, new = self.znode, a.new
             if (new.version != a.expected_version + 1 or new.epoch != z.epoch
-                    or (new.adding, new.removing) != (z.adding, z.removing)):
+                    or (new.adding, new.removing) != (z.adding, z.removing)
+                    or (new.retired != z.retired and (new.retired or any(r in new.isr for r in z.reconfirming)))):
                 self.fail(f"bad CAS from {nid}: {a} over {z}")
             # (growing back towards min-ISR is fine)
             if len(new.isr) < len(z.isr) and not min_isr_met(new.isr, new.replicas, new.adding, new.removing,
@@ -985,7 +997,15 @@ class Sim:
         a bug)."""
         z = self.znode
         survivors = [z.target, z.original] if z.reassigning else [z.replicas]
-        return all(any(self.intact(m) for m in z.isr + z.elr if m != nid and m in keep) for keep in survivors)
+        # A retired copy holds every applied entry while it is kept (nothing is applied meanwhile): it is taken back
+        # if the kept replicas lost theirs (replog.retirement). It counts until the first of them reconfirms: a
+        # kept replica's confirmation may release it, so a fault after that one is a fault after the plan, which
+        # the group survives only with an intact ISR or ELR member (seed 15000099: c reconfirmed, then lost power;
+        # a's new storage record released b's copy while c was down).
+        kept = all(m in z.reconfirming for m in z.isr + z.elr) and any(
+            m != nid and not self.nodes[m].disk.damaged and self.nodes[m].disk.incarnation == inc
+            for m, inc, _ in z.retired)
+        return kept or all(any(self.intact(m) for m in z.isr + z.elr if m != nid and m in keep) for keep in survivors)
 
     def power_loss(self, nid: str, restart_after_ms: int) -> None:
         """The node's machine loses power (and restarts later)."""
@@ -1136,10 +1156,18 @@ class Sim:
     # ------------------------------------------------------------------------------- membership
 
     def _host(self, n: Node) -> None:
-        """The worker opens a replica of the group, which a reassignment added to it: empty, new storage."""
-        self.note(f"{n.id} opens a new replica")
+        """The worker opens a replica of the group, which a reassignment added to it: empty, new storage; or from
+        the retired copy it kept, which the group takes back (checked at open like any storage)."""
         n.hosting = True
-        n.disk = self.new_disk()
+        if n.retained and self.znode.incarnation_of(n.id) is not None:  # (re-added by a later plan: empty)
+            self.note(f"{n.id} reopens its retired copy: taken back")
+            n.retained = False
+            self._open_storage(n)
+        else:
+            if n.retained:
+                n.retained, n.deleted[:] = False, [n.disk]
+            self.note(f"{n.id} opens a new replica")
+            n.disk = self.new_disk()
         n.incarnation += 1
         n.outbox.clear()
         n.max_applied, n.max_epoch = -1, 0
@@ -1154,13 +1182,22 @@ class Sim:
         listed = self.replica_history.get(a.version)
         if listed is None or n.id in listed:
             self.fail(f"{n.id} says it was removed by znode v{a.version}, which lists {listed}")
-        self.note(f"{n.id} is removed (znode v{a.version}): closes its replica, deletes its data")
         n.hosting = False
         n.incarnation += 1  # what the replica had not done dies with it
         n.outbox.clear()
-        n.deleted[:] = [n.disk]
-        n.disk = self.new_disk()
-        if n.id in self.znode.replicas:  # taken back meanwhile: a new, empty replica
+        d = n.disk
+        if a.retired and n.id in retired_names(self.znode) + self.znode.replicas:
+            # A retired copy: the worker closes the replica cleanly (its log flushed, its store too) and keeps it.
+            self.note(f"{n.id} is removed (znode v{a.version}): closes its replica, keeps its data (retired)")
+            n.retained = True
+            d.durable_end = d.synced_end = len(d.entries)
+            d.acked_synced, d.floor_synced = d.acked, d.floor
+            d.store_durable, d.volatile, d.gen = d.applied, False, d.gen + 1
+        else:
+            self.note(f"{n.id} is removed (znode v{a.version}): closes its replica, deletes its data")
+            n.deleted[:] = [d]
+            n.disk = self.new_disk()
+        if n.id in self.znode.replicas:  # taken back meanwhile: reopened (from the retired copy, or empty)
             self._host(n)
 
     # ------------------------------------------------------------------------------- partitions
@@ -1202,6 +1239,8 @@ class Sim:
                           f"(log {len(d.entries)}, durable {d.durable_end})")
         if z.reassigning:
             self.fail(f"a reassignment is still in progress after healing: {z}")
+        if z.retired:
+            self.fail(f"retired copies are still kept after healing: {z}")
         for m in self.ids:
             n = self.nodes[m]
             if m not in z.replicas and (n.hosting or n.disk.entries):

@@ -24,9 +24,11 @@ from replog.messages import (
     ResignRequested,
 )
 from replog.replica import Replica
-from tests.sim.membership import Reassigner
+from tests.sim.membership import PlanRules, Reassigner
 from tests.sim.mutants import (
+    AppliesWhileCopiesRetired,
     CountsRemovingTowardMinIsr,
+    DeletesAtCompletion,
     HandOffWithoutCatchUp,
     SingleRoundEpochExchange,
     TruncateToHighWatermark,
@@ -626,7 +628,8 @@ def write_until(sim: Sim, done: Callable[[], bool], reqs: list[ClientRequest], m
 
 
 def plan_done(sim: Sim, re: Reassigner) -> Callable[[], bool]:
-    return lambda: re.completed + re.cancelled > 0 and not sim.znode.reassigning
+    """The plan ended and the copies it retired are released (or taken back)."""
+    return lambda: re.completed + re.cancelled > 0 and not sim.znode.reassigning and not sim.znode.retired
 
 
 def test_rf_1_to_3_while_writing_fails_no_append() -> None:
@@ -651,7 +654,7 @@ def test_rf_3_to_5_and_back_to_3() -> None:
     write_until(sim, plan_done(sim, re), reqs)
     assert set(sim.znode.isr) == {"a", "b", "c", "d", "e"} and sim.nodes["a"].replica.min_isr == 4
     assert re.start(["a", "d", "e"])
-    write_until(sim, lambda: re.completed == 2 and not sim.znode.reassigning, reqs)
+    write_until(sim, lambda: re.completed == 2 and not sim.znode.reassigning and not sim.znode.retired, reqs)
     assert set(sim.znode.replicas) == {"a", "d", "e"}
     for m in "bc":
         assert not sim.nodes[m].hosting and sim.nodes[m].disk.entries == []
@@ -767,3 +770,85 @@ def test_joint_min_isr_does_not_count_a_removed_replica_for_the_target() -> None
 def test_joint_min_isr_catches_counting_removed_replicas() -> None:
     with pytest.raises(InvariantViolation, match="deletes was needed"):
         replace_with_a_lagging_survivor(CountsRemovingTowardMinIsr)
+
+
+# ------------------------------------------------------------------------------------------------ retired copies
+
+
+def shrink_onto_a_replica_that_finds_damage(rules: type[PlanRules] = PlanRules, replica_cls: type[Replica] = Replica,
+                                            before_confirmed: bool = False) -> Sim:
+    """The window of replog.retirement: a plan shrinks (a, b) to b. b finds its applied entries damaged and reopens
+    in place, same session, with a new storage; the conductor's completing write, computed from the znode that
+    still records b's old storage under its live session, lands first. (``before_confirmed``: b finds the damage
+    only after the completion landed, while b, leading alone, takes appends, before its reconfirmation lands.)
+    a's copy, retired instead of deleted, is taken back once b records the loss, and nothing acknowledged is
+    lost."""
+    sim, _ = membership_sim(2, 0, replica_cls)
+    reqs: list[ClientRequest] = []
+    write_until(sim, lambda: len(reqs) > 30, reqs)
+
+    def live() -> dict[str, int]:
+        return {m: n.session for m, n in sim.nodes.items() if n.alive and n.session_live}
+
+    sim._write_znode(rules.start(sim.znode, ["b"]))
+    sim.request_resign("b")
+    write_until(sim, lambda: sim.znode.leader == "b" and sim.nodes["b"].replica.is_leader, reqs)
+    step = rules.advance(sim.znode, live(), ["b"])
+    assert step.new is not None and not step.new.reassigning and set(step.new.replicas) == {"b"}, step
+    if before_confirmed:
+        sim._write_znode(step.new)
+        sim.metastore_ms = (30, 30)  # b's reconfirmation, proposed when it reads that znode, takes 30 ms to land
+        b = sim.nodes["b"].replica
+        sim.run_until_true(lambda: b._ls is not None and bool(b._ls.retired))
+        late = [sim.append(1, Ack.APPLIED) for _ in range(3)]
+        sim.run_for(10)  # b holds them (flushed): a leader that applied them now would have acknowledged them
+        assert replica_cls is not Replica or all(r.outcome == "pending" for r in late), [r.outcome for r in late]
+        sim.find_corruption("b", 0)
+        sim.metastore_ms = (1, 5)
+    else:
+        sim.find_corruption("b", 0)  # its RecordStorage is on its way
+        sim._write_znode(step.new)  # the completion computed a moment before lands first
+    for _ in range(30):  # the conductor's passes
+        sim.run_for(10)
+        if sim.znode.retired:
+            step = rules.advance(sim.znode, live(), ["a", "b"])
+            if step.new is not None:
+                sim._write_znode(step.new)
+    sim.heal_and_settle()
+    return sim
+
+
+@pytest.mark.parametrize("before_confirmed", [False, True], ids=["before-completion", "before-reconfirmation"])
+def test_a_retired_copy_is_taken_back_when_the_kept_replica_lost_its_storage(before_confirmed: bool) -> None:
+    sim = shrink_onto_a_replica_that_finds_damage(before_confirmed=before_confirmed)
+    assert any("a is removed" in line and "keeps its data (retired)" in line for line in sim.log)
+    assert any("a reopens its retired copy" in line for line in sim.log)
+    assert set(sim.znode.replicas) == {"a", "b"} and sim.znode.leader == "a" and not sim.znode.reassigning
+
+
+def test_deleting_at_completion_is_caught() -> None:
+    """The rule before retired copies: the completion deletes a's copy, the last intact one."""
+    with pytest.raises(InvariantViolation, match="no working leader after healing"):
+        shrink_onto_a_replica_that_finds_damage(DeletesAtCompletion)
+
+
+def test_applying_while_copies_are_retired_is_caught() -> None:
+    """A leader applying before the retired copies are released: the copy taken back lacks what it applied."""
+    with pytest.raises(InvariantViolation, match="lacks applied entry"):
+        shrink_onto_a_replica_that_finds_damage(replica_cls=AppliesWhileCopiesRetired, before_confirmed=True)
+
+
+def test_copies_are_released_once_the_kept_replicas_reconfirm() -> None:
+    """RF 3 -> 2 with nothing wrong: c's copy is retired, kept until a and b record their storage again after
+    the completing write (nothing is applied meanwhile), then deleted; appends go on."""
+    sim, re = membership_sim(3, 0)
+    reqs: list[ClientRequest] = []
+    write_until(sim, lambda: len(reqs) > 20, reqs)
+    assert re.start(["a", "b"])
+    write_until(sim, lambda: bool(sim.znode.retired), reqs, settle=False)
+    z = sim.znode
+    assert [r[0] for r in z.retired] == ["c"] and set(z.reconfirming) == {"a", "b"}
+    assert not re.start(["a", "b", "c"]), "no plan starts while copies are retired"
+    write_until(sim, plan_done(sim, re), reqs)
+    assert any("c deletes its retired copy" in line for line in sim.log) and sim.nodes["c"].disk.entries == []
+    sim.heal_and_settle()

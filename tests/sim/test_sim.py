@@ -269,47 +269,64 @@ def test_regression_seed_far_horizon_install_after_an_unseen_removal() -> None:
     assert result.error is None, result.error
 
 
-@pytest.mark.xfail(strict=True, reason="open: after a plan shrank the group to one replica under storage faults, "
-                                       "no leader after healing (the class of 11042720)")
 def test_regression_seed_no_leader_after_a_plan_to_one_replica_with_storage_faults() -> None:
     """Seed 12002919 (membership sweep 12,000,000-12,002,999, session 9's final review): 2 nodes and 2 spares,
     storage faults; after healing the znode holds ISR ('a',), no leader, epoch 2, and nothing is elected.
     Diagnosed (session 10): the class of seed 11042720. Leader a finds entry 289 damaged at t=1176 and reopens in
     place; its RecordStorage loses the compare-and-set race twice to the plan shrinking the group to ('a',), which
     completes at t=1247 on a's old, still-recorded storage and deletes b's intact copy; a then records the loss and
-    nothing is electable. See docs/replication.md, "A window not closed yet"."""
+    nothing is electable. Fixed (session 11) by retired copies (replog/retirement.py): b's copy is kept, and taken
+    back when a records the loss (t=1359 in the run now)."""
     result = run_seed(12002919)
     assert result.error is None, result.error
 
 
-@pytest.mark.xfail(strict=True, reason="open: a plan moving a one-replica group to a spare never completes")
 def test_regression_seed_a_plan_to_a_spare_still_in_progress_after_healing() -> None:
     """Seed 14013316 (sweep 14,005,000-14,014,999, session 10, final main): one node plus two spares, storage
-    faults; after healing, a plan moving the group from a to b still waits (b in the ISR, leader a being removed),
-    so the hand-off to b never happened. Not diagnosed yet (a liveness failure, not a loss)."""
+    faults; after healing, a plan moving the group from a to b still waited (b in the ISR, leader a being removed).
+    Diagnosed (session 11): a liveness bug in the hand-off. The joint min-ISR holds a's applies until b is in the
+    ISR (moving a group of one); a admits b at t=2500 by its own ISR CAS, the conductor reads that znode and asks
+    a to hand off to b, and the request reaches a (t=2508) before a's CAS answer (t=2532): a ignored it, since b
+    was not in its ISR yet, and the conductor asks again only after the append timeout here (15 s in
+    conductor/reassigning.py), past the quiet period. A leader now accepts a request naming the successor its CAS
+    in flight admits, and hands off once that CAS lands (replog/replica_leader.py, _on_resign_requested)."""
     result = run_seed(14013316)
     assert result.error is None, result.error
 
 
-@pytest.mark.xfail(strict=True, reason="open: the class of 11042720 (a plan completes onto a replica that just "
-                                       "found damage in place)")
 @pytest.mark.parametrize("seed", [13013670, 13039182])
 def test_regression_seeds_of_the_interval_sweep_in_the_class_of_11042720(seed: int) -> None:
     """Sweep 13,000,200-13,049,999 (session 10; 49,800 seeds, half of them replication.fsync=interval with
     power losses): the only two failures, both the known window of docs/replication.md ("A window not closed
     yet"). 13013670 runs in always mode: b finds entry 27 damaged at t=598 and a plan shrinking the group to
-    ('b',) completes at t=661 on b's still-recorded storage; 13039182 runs in interval mode without a power loss."""
+    ('b',) completes at t=661 on b's still-recorded storage; 13039182 runs in interval mode without a power loss.
+    Fixed (session 11) by retired copies (replog/retirement.py): both runs now take the retired copies back."""
     result = run_seed(seed)
     assert result.error is None, result.error
 
 
-@pytest.mark.xfail(strict=True, reason="open: a plan completed on a target replica whose storage loss was not "
-                                       "recorded yet (same session)")
 def test_regression_seed_plan_completes_on_a_replica_that_just_found_damage() -> None:
     """Seed 11042720 (membership sweep 11,035,000+): b found entry 56 damaged and reopened in the same session
     with a new incarnation; before its RecordStorage landed, a plan shrinking the group to b alone completed,
     since the znode still recorded b's old storage under its live session, and deleted c's, the last intact
-    copy. Completion would need proof that every target replica still holds its recorded storage (e.g. an
-    acknowledgement of the recorded incarnation after the plan's last step was computed)."""
+    copy. Fixed (session 11) by retired copies (replog/retirement.py): the removed copies are kept until every kept
+    replica recorded its storage again after the completing write, and taken back if one recorded a loss; nothing
+    is applied meanwhile. (The run now diverges before the window; tests/sim/test_mutations.py shows all four
+    window seeds fail when the completion deletes instead.)"""
     result = run_seed(11042720)
+    assert result.error is None, result.error
+
+
+@pytest.mark.parametrize("seed", [15000099, 15002512, 15003455, 15007307])
+def test_regression_seeds_a_fault_after_a_kept_replica_reconfirmed(seed: int) -> None:
+    """Seed 15000099 (sweep 15,000,000+, session 11, on the first version of retired copies): a plan (a, b) ->
+    (a, c) retired b's copy; c reconfirmed its storage, a lost power, c became leader, then c lost power too; the
+    storage nemesis had counted b's kept copy as a survivor. a's new storage record (leaving the ELR) then
+    released b's copy while c was down, and c came back with its page cache gone: no copy left. The rule is
+    right (a kept replica's confirmation is the boundary: a fault after it is a fault after the plan, which the
+    group survives only with an intact ISR or ELR member); the nemesis now counts a retired copy only until the
+    first kept replica has reconfirmed (Sim.survivable). 15002512, 15003455, 15007307 (same sweep) are that class:
+    both kept replicas lost power, the second one counted on the retired copy, which a write released while the
+    second was down."""
+    result = run_seed(seed)
     assert result.error is None, result.error

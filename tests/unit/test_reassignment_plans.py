@@ -12,6 +12,7 @@ from conductor.metastore.plans import ReassignmentPlan
 from conductor.placement import place, replace_targets, scale_targets
 from conductor.reassigning import group_step, plan_progress
 from conductor.worker.throttle import CopyThrottle
+from replog.eligibility import record_storage
 from replog.messages import GroupState
 
 
@@ -132,3 +133,26 @@ def test_copy_throttle_paces_to_the_live_limit() -> None:
     t.pace(5_000)
     t.pace(5_000)
     assert now[0] == pytest.approx(3.5)
+
+
+def test_a_group_is_done_once_the_copies_its_plan_retired_are_released_or_taken_back() -> None:
+    live = {"a": 1, "b": 2}
+    st = GroupState("b", 3, ("a", "b"), (), 7, placement=("b", "a"), removing=("a",),
+                    storage=(("a", 1, 1), ("b", 2, 2)))
+    done = group_step(st, ["b"], live, cancel=False)
+    assert done is not None and done.new is not None and done.new.retired == (("a", 1, 1),)
+    kept = done.new
+    waiting = group_step(kept, ["b"], live, cancel=False)
+    assert waiting is not None and waiting.waiting and "record their storage again" in waiting.waiting
+    rows = plan_progress(ReassignmentPlan("scale", {0: ("b",)}), {0: (kept, kept.version)}, live)
+    assert [(r.phase, r.group) for r in rows] == [("releasing", 0)]
+    # b reconfirms: the release is its own write; the group is then done
+    released = record_storage(kept, "b", 2, 2)
+    assert released is not None and released.retired == () and group_step(released, ["b"], live, False) is None
+    # b lost its storage instead: the conductor takes a back, then starts the plan again
+    lost = record_storage(kept, "b", 9, 2)
+    assert lost is not None
+    back = group_step(lost, ["b"], live, cancel=False)
+    assert back is not None and back.new is not None and set(back.new.isr) == {"a"} and back.new.retired == ()
+    again = group_step(back.new, ["b"], live, cancel=False)
+    assert again is not None and again.new is not None and again.new.removing == ("a",)

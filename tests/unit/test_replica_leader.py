@@ -19,6 +19,7 @@ from replog.messages import (
     EpochRequest,
     EpochResponse,
     GroupState,
+    HandOff,
     InvalidGroupState,
     IsrChanged,
     IsrChangeFailed,
@@ -28,6 +29,7 @@ from replog.messages import (
     RecordStorage,
     ReplicateAck,
     Reply,
+    ResignRequested,
     Role,
     RoleChanged,
     Send,
@@ -216,6 +218,28 @@ def test_caught_up_osr_member_rejoins_by_cas() -> None:
     out = ack(r, "c", 1)
     (change,) = of(out, ChangeIsr)
     assert change.new.isr == ("a", "b", "c") and change.new.osr == ()
+
+
+def test_a_resign_request_naming_the_member_its_cas_in_flight_admits_is_kept_until_the_cas_lands() -> None:
+    """Sim seed 14013316: the conductor asks for the hand-off after reading the znode the leader's own CAS wrote;
+    the request may arrive before that CAS's answer. The leader keeps it and hands off once the CAS lands, never
+    before the successor is in its ISR."""
+    for outcome in ("landed", "failed"):
+        r, _ = make_leader(GroupState("a", 1, ("a",), ("b",), 1, 1))
+        r.handle(ClientAppend(1, 1, 10, Ack.NONE), 0)
+        r.handle(LocalFlushed(1), 0)
+        (change,) = of(ack(r, "b", 0, reset=True), ChangeIsr)
+        assert change.new.isr == ("a", "b")
+        r.handle(ResignRequested("b", 2, 1), 2)
+        assert r.resigning_to == "b", "the request names the member the CAS in flight admits"
+        if outcome == "landed":
+            out = r.handle(IsrChanged(change.new), 3)
+            (hand_off,) = of(out, HandOff)
+            assert hand_off.new.leader == "b" and hand_off.new.epoch == 2
+        else:  # not admitted: no hand-off to a replica outside the ISR (the leader proposes the admission again)
+            out = r.handle(IsrChangeFailed("conflict", change.new, None), 3)
+            out += r.handle(Tick(), 10)
+            assert not of(out, HandOff) and [c.new.isr for c in of(out, ChangeIsr)] == [("a", "b")]
 
 
 def test_far_behind_osr_member_gets_far_horizon_catchup() -> None:
