@@ -30,10 +30,11 @@ its run), both the class of 11042720 (a plan shrinks the group onto a replica th
 Session 11, retired copies (replog/retirement.py; seeds from 13,000,000 run membership changes and, half of them,
 the interval mode): 15,000,000-15,007,499 on 644d86a (the first version) failed 15000099, 15002512, 15003455 and
 15007307, all the simulator's nemesis counting a retired copy after a kept replica had reconfirmed (kept below,
-fixed in Sim.survivable); then, on 823748f, 15,000,000-15,057,499 all pass, and on 2f4613b (the final replog/ and
-tests/sim/ but for test files: a re-added worker starts empty) 15,057,500-15,132,499 all pass but 15131442 (kept
-below as a strict xfail: a stale-epoch leadership after a failover, failing on f9a0591 too). 132,500 new seeds in
-all, about 85 minutes on 2 workers (7 to 73 seeds/s with the machine's load), 27 Nov 2026 08:34-10:00 UTC.
+fixed in Sim.survivable); then, on 823748f, 15,000,000-15,057,499 all pass, and on 2f4613b (whose replog/ and
+tests/sim/ code is the branch's final one; it adds that a re-added worker starts empty) 15,057,500-15,134,999 all
+pass but 15131442 (kept below as a strict xfail: a stale-epoch leadership after a failover, failing on f9a0591
+too). 135,000 new seeds in all, about 85 minutes on 2 workers (7 to 73 seeds/s with the machine's load),
+27 Nov 2026 08:34-10:00 UTC.
 """
 
 from __future__ import annotations
