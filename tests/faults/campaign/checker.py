@@ -126,13 +126,7 @@ def _differs(ref: ReplicaState, s: ReplicaState) -> str | None:
         at = next((i for i, (a, b) in enumerate(zip(s.replog, ref.replog, strict=False)) if a != b),
                   min(len(s.replog), len(ref.replog)))
         return f"replog bytes differ from byte {at} ({len(s.replog)} vs {len(ref.replog)} bytes)"
-    if s.depots != ref.depots:
-        return "depot records differ"
-    if s.counts != ref.counts:
-        return f"counts differ: {s.counts} vs {ref.counts}"
-    if s.applied != ref.applied:
-        return f"applied offset {s.applied} != {ref.applied}"
-    return None
+    return _state_differs(ref, s)
 
 
 def _differs_rebuilt(ref: ReplicaState, s: ReplicaState) -> str | None:
@@ -148,6 +142,11 @@ def _differs_rebuilt(ref: ReplicaState, s: ReplicaState) -> str | None:
         return f"entry {bad} differs (log [{s.log_start}, {s.log_end}) vs [{ref.log_start}, {ref.log_end}))"
     if s.log_end != ref.log_end and not (s.log_end < ref.log_end and s.applied == ref.applied):
         return f"log [{s.log_start}, {s.log_end}) != [{ref.log_start}, {ref.log_end})"
+    return _state_differs(ref, s)
+
+
+def _state_differs(ref: ReplicaState, s: ReplicaState) -> str | None:
+    """What the stores hold, once the logs agree: depot records, counts, the applied offset."""
     if s.depots != ref.depots:
         return "depot records differ"
     if s.counts != ref.counts:
