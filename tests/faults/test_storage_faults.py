@@ -43,6 +43,12 @@ def _empty_group_dir(gdir: Path) -> None:
     shutil.rmtree(gdir)
 
 
+def _frames_in_last_segment(gdir: Path) -> int:
+    """Frames in the group's newest replog segment (read while the worker writes it: a torn tail is not counted)."""
+    segments = sorted((gdir / "replog").glob("*.log"), key=lambda p: p.name)
+    return len(scan_frames(segments[-1].read_bytes()).frames) if segments else 0
+
+
 def _cut_replog_tail(gdir: Path) -> None:
     """Tear the last segment in the middle of a frame halfway through it: a lying disk losing much more than
     the few frames still unacknowledged at the kill (a cut inside only the last frame may lose nothing
@@ -70,7 +76,11 @@ def _follower_loses_storage_then_leader_dies(dc: DevCluster, damage: Callable[[P
     with Cluster.connect(dc.hosts, timeout_s=30) as cluster:
         appender = Appender(cluster.depot("Clicks", "*raw"), window=32).start()
         try:
-            wait_for(lambda: appender.count() > 300, 30, "appends to flow")
+            # Appends arrive in batches, so 300 of them may be only a few entries of group 0: wait for enough
+            # frames that cutting half of them loses acknowledged ones (CI once saw 7 frames after 300 appends).
+            wait_for(lambda: appender.count() > 300
+                     and _frames_in_last_segment(dc.node_dir(damaged) / "Clicks" / "0") >= 16, 60,
+                     "appends to flow into 16 frames of group 0")
             dc.nodes[damaged].kill()
             damage(dc.node_dir(damaged) / "Clicks" / "0")
             wait_for(lambda: damaged not in _live(dc), SESSION_TIMEOUT + 10, "the killed follower's session to end",
