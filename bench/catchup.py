@@ -162,12 +162,6 @@ class _FarHorizonServicer(pbg.ReplicationServicer):
     #: the service's backup rounds are the same rounds (the worker's ReplicationService does the same)
     BackupCheckpoint = FetchCheckpoint
 
-    async def BackupToFolder(self, request: pb.BackupToFolderRequest,
-                             context: Any) -> AsyncIterator[pb.BackupToFolderProgress]:
-        """Not served here (no folder copies in this bench): UNIMPLEMENTED, as a worker that may not write there."""
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this bench server copies into no folder")
-        yield pb.BackupToFolderProgress()  # (unreached: makes this an async generator, as the stream needs)
-
 
 def _raw_copy_handler(source: Path) -> grpc.GenericRpcHandler:
     """A plain file stream: a JSON list of (name, size), then every file's bytes in 2 MiB raw messages."""

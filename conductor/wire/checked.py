@@ -6,6 +6,8 @@ call with UNKNOWN and a traceback in the node's log. Here parsing never raises:
 a body that does not decode becomes an :class:`Undecodable` that the method's
 wrapper answers with INVALID_ARGUMENT naming the message type and the parse
 error, before the servicer sees anything (on a stream: at the first bad message).
+A method the servicer does not override (it still has the generated base's stub)
+is left out, so gRPC itself answers it with UNIMPLEMENTED.
 """
 
 from __future__ import annotations
@@ -93,6 +95,8 @@ def checked_handler(service: ServiceDescriptor, servicer: Any,
     """
     handlers = {}
     for method in service.methods:
+        if not _overrides(servicer, method.name):
+            continue
         parse = _parser(GetMessageClass(method.input_type))
         serialize = (serializers or {}).get(method.name, _serialize)
         behavior = _wrap(method, getattr(servicer, method.name))
@@ -106,6 +110,12 @@ def checked_handler(service: ServiceDescriptor, servicer: Any,
             make = grpc.unary_unary_rpc_method_handler
         handlers[method.name] = make(behavior, request_deserializer=parse, response_serializer=serialize)
     return grpc.method_handlers_generic_handler(service.full_name, handlers)
+
+
+def _overrides(servicer: Any, name: str) -> bool:
+    """Whether `servicer`'s class defines `name` itself rather than inheriting the generated ``*_pb2_grpc`` stub."""
+    owner = next(cls for cls in type(servicer).__mro__ if name in vars(cls))
+    return not owner.__module__.endswith("_pb2_grpc")
 
 
 def _serialize(message: Any) -> bytes:
