@@ -76,7 +76,7 @@ from conductor.worker.far_horizon import (
     stream_checkpoint,
 )
 from pstate import Map, TaskGroupStore
-from pstate.checkpoint import Manifest, fsync_dir, install, read_manifest
+from pstate.checkpoint import Checked, Manifest, fsync_dir, install, read_manifest
 
 GOAL_RATIO_VS_GRPC_COPY = 0.8
 PSTATE = "$$blobs"
@@ -251,9 +251,9 @@ def catchup_copy(address: str, work: Path, manifest: Manifest) -> dict[str, floa
     dest = work / "store"
     marks: dict[str, float] = {}
 
-    def install_fn(staging: Path, m: Manifest, pairs: list[tuple[int, int]]) -> str | None:
+    def install_fn(staging: Path, m: Manifest, pairs: list[tuple[int, int]], checked: Checked) -> str | None:
         marks["install_start"] = time.perf_counter()
-        install(staging, m, dest)
+        install(staging, m, dest, checked)
         marks["install_end"] = time.perf_counter()
         return None
 
