@@ -11,8 +11,9 @@ the store in atomically, and replays the replog from ``applied_offset + 1``.
 A file whose writer already checked its bytes against the manifest as they
 arrived (a far-horizon copy does, chunk by chunk) and made it durable need
 not be read again: the writer hands :func:`install` its :func:`file_stamp`
-(``checked``), and a hard link that still has that stamp is trusted. Any
-other file is read and checked in full.
+(``checked``), and a hard link that still has that stamp is trusted (nor is
+it copied, even a MANIFEST: the writer gives its files up). Any other file
+is read and checked in full.
 
 Atomic swap: ``dest`` is a symlink to a versioned directory; ``install`` fills
 a fresh directory, fsyncs every file and the directory, and replaces the
@@ -145,11 +146,23 @@ def _link_or_copy(src: str, dest: str, want: ManifestFile, stamp: FileStamp | No
 
     RocksDB appends to its MANIFEST and rewrites CURRENT, so those must not
     share an inode with the source. The checksum is computed from ``dest``,
-    so a link still verifies every byte the installed store will read;
-    unless ``stamp`` says its writer checked those very bytes against
-    ``want`` and made them durable (the link is the same inode, unchanged
-    since: same :func:`file_stamp`), then the check is not done twice.
+    so a link still verifies every byte the installed store will read.
+    A file with a ``stamp`` (its writer checked those bytes against ``want``
+    and made them durable, and gives the file up: see :func:`install`) is
+    hard-linked whatever its kind, and trusted while the link still has that
+    stamp (the same inode, unchanged since): neither read nor copied again.
     """
+    if stamp is not None:
+        try:
+            os.link(src, dest)
+        except FileNotFoundError:
+            raise
+        except OSError:
+            pass  # (another file system, say: copied and checked below)
+        else:
+            if stamp[2] == want.size and file_stamp(dest) == stamp:
+                return want.size, want.crc32c
+            os.unlink(dest)  # changed since its check: placed and checked like any other file
     try:
         if not src.endswith(".sst"):
             raise OSError("copy")
@@ -158,9 +171,6 @@ def _link_or_copy(src: str, dest: str, want: ManifestFile, stamp: FileStamp | No
         if isinstance(exc, FileNotFoundError):
             raise
         shutil.copyfile(src, dest)
-    else:
-        if stamp is not None and stamp[2] == want.size and file_stamp(dest) == stamp:
-            return want.size, want.crc32c
     return file_crc(dest, fsync=True)
 
 
@@ -206,8 +216,10 @@ def install(src_dir: str | os.PathLike[str], manifest: Manifest, dest: str | os.
     :class:`CorruptStore` naming it, and ``dest`` is left untouched.  The store
     at ``dest`` must be closed.  Returns the versioned directory now behind
     ``dest``.  ``checked``: the files the caller already checked against
-    ``manifest`` as it wrote them, and made durable (see the module docstring):
-    a hard-linked SST file still as stamped is not read again.
+    ``manifest`` as it wrote them and made durable, and gives up (it deletes
+    its own names of them and never writes them again: a far-horizon copy's
+    staging directory); each is hard-linked, and trusted while still as
+    stamped (see the module docstring).
     """
     checked = checked or {}
     src = os.fspath(src_dir)
