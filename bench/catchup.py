@@ -19,8 +19,9 @@ page cache:
   pre-encoded). The client is the production
   :class:`~conductor.worker.far_horizon.Catchup` thread (CRC32C per file as it
   arrives), whose ``install`` callback runs the production
-  :func:`pstate.checkpoint.install` into a fresh store directory (checksums
-  again, hard-links the SSTs, fsyncs every file and the directory, swaps the
+  :func:`pstate.checkpoint.install` into a fresh store directory, given the
+  files' arrival stamps as production gives them (hard-links the files checked
+  on arrival without reading them again, fsyncs the directory, swaps the
   symlink). Timed from ``Catchup.start()`` to the end of the install.
 * ``grpc_copy`` (the peer the goal is set against): the same files over a
   minimal ``grpc.aio`` server-streaming method in another process (``--serve
