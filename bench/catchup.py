@@ -19,8 +19,9 @@ page cache:
   pre-encoded). The client is the production
   :class:`~conductor.worker.far_horizon.Catchup` thread (CRC32C per file as it
   arrives), whose ``install`` callback runs the production
-  :func:`pstate.checkpoint.install` into a fresh store directory (checksums
-  again, hard-links the SSTs, fsyncs every file and the directory, swaps the
+  :func:`pstate.checkpoint.install` into a fresh store directory, given the
+  files' arrival stamps as production gives them (hard-links the files checked
+  on arrival without reading them again, fsyncs the directory, swaps the
   symlink). Timed from ``Catchup.start()`` to the end of the install.
 * ``grpc_copy`` (the peer the goal is set against): the same files over a
   minimal ``grpc.aio`` server-streaming method in another process (``--serve
@@ -76,7 +77,7 @@ from conductor.worker.far_horizon import (
     stream_checkpoint,
 )
 from pstate import Map, TaskGroupStore
-from pstate.checkpoint import Manifest, fsync_dir, install, read_manifest
+from pstate.checkpoint import Checked, Manifest, fsync_dir, install, read_manifest
 
 GOAL_RATIO_VS_GRPC_COPY = 0.8
 PSTATE = "$$blobs"
@@ -245,9 +246,9 @@ def catchup_copy(address: str, work: Path, manifest: Manifest) -> dict[str, floa
     dest = work / "store"
     marks: dict[str, float] = {}
 
-    def install_fn(staging: Path, m: Manifest, pairs: list[tuple[int, int]]) -> str | None:
+    def install_fn(staging: Path, m: Manifest, pairs: list[tuple[int, int]], checked: Checked) -> str | None:
         marks["install_start"] = time.perf_counter()
-        install(staging, m, dest)
+        install(staging, m, dest, checked)
         marks["install_end"] = time.perf_counter()
         return None
 

@@ -78,7 +78,7 @@ from conductor.shipping import deploy_code
 from conductor.status import wait_serving
 from conductor.wire.options import GRPC_OPTIONS
 from conductor.worker.far_horizon import Catchup
-from pstate.checkpoint import Manifest, install
+from pstate.checkpoint import Checked, Manifest, install
 
 GOAL_P99_RATIO = 2.0
 GOAL_COPY_RATIO = 0.8
@@ -188,8 +188,8 @@ def probe_copy(ms: Metastore, work: Path) -> tuple[float, Manifest, Path]:
     assert info is not None, st.leader
     got: dict[str, Any] = {}
 
-    def install_fn(staging: Path, m: Manifest, pairs: list[tuple[int, int]]) -> str | None:
-        got["manifest"], got["dir"] = m, Path(install(staging, m, work / "store"))
+    def install_fn(staging: Path, m: Manifest, pairs: list[tuple[int, int]], checked: Checked) -> str | None:
+        got["manifest"], got["dir"] = m, Path(install(staging, m, work / "store", checked))
         got["end"] = time.perf_counter()
         return None
 

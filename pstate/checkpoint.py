@@ -8,6 +8,12 @@ the applied offset the files hold and the leader epoch.  The follower fetches
 the files it lacks (in rounds; names are stable across checkpoints because SST
 files are immutable), then :func:`install` verifies every checksum and swaps
 the store in atomically, and replays the replog from ``applied_offset + 1``.
+A file whose writer already checked its bytes against the manifest as they
+arrived (a far-horizon copy does, chunk by chunk) and made it durable need
+not be read again: the writer hands :func:`install` its :func:`file_stamp`
+(``checked``), and a hard link that still has that stamp is trusted (nor is
+it copied, even a MANIFEST: the writer gives its files up). Any other file
+is read and checked in full.
 
 Atomic swap: ``dest`` is a symlink to a versioned directory; ``install`` fills
 a fresh directory, fsyncs every file and the directory, and replaces the
@@ -23,6 +29,7 @@ import shutil
 import threading
 import uuid
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import crc32c
@@ -69,6 +76,19 @@ class Manifest:
         return sum(f.size for f in self.files)
 
 
+#: which bytes a check covered: (device, inode, size, modification time in ns); a write to the file changes it
+FileStamp = tuple[int, int, int, int]
+#: files of a checkpoint directory whose writer checked them against the manifest (size and CRC32C) as they were
+#: written, then made them durable: each file's :func:`file_stamp` when it was checked, by name
+Checked = Mapping[str, FileStamp]
+
+
+def file_stamp(path: str | os.PathLike[str]) -> FileStamp:
+    """The file's :data:`FileStamp` now (a hard link of it has the same one)."""
+    st = os.stat(path)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
 def file_crc(path: str, *, fsync: bool = False) -> tuple[int, int]:
     """(size, CRC32C) of a file, streamed; with ``fsync``, also made durable."""
     crc = 0
@@ -95,22 +115,21 @@ class SstChecksums:
     def __init__(self, capacity: int = 1 << 16) -> None:
         assert capacity > 0, capacity
         self.capacity = capacity
-        self._crcs: OrderedDict[tuple[int, int, int, int], int] = OrderedDict()
+        self._crcs: OrderedDict[FileStamp, int] = OrderedDict()
         self._lock = threading.Lock()
 
     def describe(self, path: str) -> tuple[int, int]:
         """(size, CRC32C) of the file at ``path``."""
         if not path.endswith(".sst"):
             return file_crc(path)
-        st = os.stat(path)
-        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        key = file_stamp(path)
         with self._lock:
             crc = self._crcs.get(key)
             if crc is not None:
                 self._crcs.move_to_end(key)
-                return st.st_size, crc
+                return key[2], crc
         size, crc = file_crc(path)
-        if size == st.st_size:
+        if size == key[2]:
             with self._lock:
                 self._crcs[key] = crc
                 while len(self._crcs) > self.capacity:
@@ -122,13 +141,28 @@ class SstChecksums:
 SST_CHECKSUMS = SstChecksums()
 
 
-def _link_or_copy(src: str, dest: str) -> tuple[int, int]:
+def _link_or_copy(src: str, dest: str, want: ManifestFile, stamp: FileStamp | None) -> tuple[int, int]:
     """Hard-link SST files (immutable: no second copy of a fetched checkpoint) and copy the rest; (size, CRC32C).
 
     RocksDB appends to its MANIFEST and rewrites CURRENT, so those must not
     share an inode with the source. The checksum is computed from ``dest``,
     so a link still verifies every byte the installed store will read.
+    A file with a ``stamp`` (its writer checked those bytes against ``want``
+    and made them durable, and gives the file up: see :func:`install`) is
+    hard-linked whatever its kind, and trusted while the link still has that
+    stamp (the same inode, unchanged since): neither read nor copied again.
     """
+    if stamp is not None:
+        try:
+            os.link(src, dest)
+        except FileNotFoundError:
+            raise
+        except OSError:
+            pass  # (another file system, say: copied and checked below)
+        else:
+            if stamp[2] == want.size and file_stamp(dest) == stamp:
+                return want.size, want.crc32c
+            os.unlink(dest)  # changed since its check: placed and checked like any other file
     try:
         if not src.endswith(".sst"):
             raise OSError("copy")
@@ -174,14 +208,20 @@ def read_manifest(directory: str) -> Manifest:
         return Manifest.from_json(fh.read())
 
 
-def install(src_dir: str | os.PathLike[str], manifest: Manifest, dest: str | os.PathLike[str]) -> str:
+def install(src_dir: str | os.PathLike[str], manifest: Manifest, dest: str | os.PathLike[str],
+            checked: Checked | None = None) -> str:
     """Verify a checkpoint's files against ``manifest`` and atomically make ``dest`` point at a copy.
 
     Any file whose size or CRC32C differs (or that is missing) is refused with
     :class:`CorruptStore` naming it, and ``dest`` is left untouched.  The store
     at ``dest`` must be closed.  Returns the versioned directory now behind
-    ``dest``.
+    ``dest``.  ``checked``: the files the caller already checked against
+    ``manifest`` as it wrote them and made durable, and gives up (it deletes
+    its own names of them and never writes them again: a far-horizon copy's
+    staging directory); each is hard-linked, and trusted while still as
+    stamped (see the module docstring).
     """
+    checked = checked or {}
     src = os.fspath(src_dir)
     dest = os.path.abspath(os.fspath(dest))
     parent = os.path.dirname(dest)
@@ -195,7 +235,7 @@ def install(src_dir: str | os.PathLike[str], manifest: Manifest, dest: str | os.
             s_path = os.path.join(src, f.name)
             d_path = os.path.join(target, f.name)
             try:
-                size, crc = _link_or_copy(s_path, d_path)
+                size, crc = _link_or_copy(s_path, d_path, f, checked.get(f.name))
             except FileNotFoundError as exc:
                 raise CorruptStore(s_path, "file listed in the manifest is missing") from exc
             if size != f.size or crc != f.crc32c:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol
 
-from pstate.checkpoint import Manifest
+from pstate.checkpoint import Checked, Manifest
 from topology.dataflow.group import GroupDataflow
 
 
@@ -31,7 +31,7 @@ class EntryApplier(Protocol):
 
     def checkpoint(self, directory: Path, leader_epoch: int) -> Manifest: ...
 
-    def install_checkpoint(self, staging: Path, manifest: Manifest) -> None: ...
+    def install_checkpoint(self, staging: Path, manifest: Manifest, checked: Checked) -> None: ...
 
     def close(self) -> None: ...
 

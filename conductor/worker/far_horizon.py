@@ -12,8 +12,10 @@ within half the near-horizon window of the leader's log end; Rama restarts
 from scratch instead); then the follower
 installs the last checkpoint and replays entries from it like any follower.
 
-Every file is checked against the manifest's size and CRC32C as it arrives; a
-file damaged in transit is dropped and fetched again in the next round (a
+Every file is checked against the manifest's size and CRC32C as it arrives
+(and fsynced); a file damaged in transit is dropped and fetched again in the
+next round, and the install is told which files passed (their
+:func:`~pstate.checkpoint.file_stamp`), so it does not read them again (a
 test damages chunks on purpose through :attr:`WorkerHooks.chunk_sent
 <conductor.worker.hooks.WorkerHooks.chunk_sent>`). The leader keeps each
 follower's checkpoint on a :class:`CheckpointShelf` until that follower's next
@@ -47,8 +49,8 @@ from conductor.wire.channels import open_channel
 from conductor.wire.checked import checked_handler
 from conductor.wire.packing import varint
 from conductor.worker.hooks import ChunkFilter
-from conductor.worker.throttle import CopyThrottle, node_budget
-from pstate.checkpoint import Manifest, ManifestFile
+from conductor.worker.throttle import CopyPacing, CopyThrottle
+from pstate.checkpoint import Checked, FileStamp, Manifest, ManifestFile, file_stamp
 from replog.catchup import MAX_ROUNDS, behind_at_install, round_is_last
 
 log = logging.getLogger("millrace.far_horizon")
@@ -312,8 +314,9 @@ class CatchupProgress:
         return (self.bytes_total - self.bytes_done) / r if r > 0 else None
 
 
-#: installs a verified checkpoint on the task thread: (staging dir, manifest, epoch pairs) -> None or why not
-InstallFn = Callable[[Path, Manifest, Pairs], "str | None"]
+#: installs a verified checkpoint on the task thread: (staging dir, manifest, epoch pairs, the files checked on
+#: arrival, for :func:`pstate.checkpoint.install`) -> None or why not
+InstallFn = Callable[[Path, Manifest, Pairs, Checked], "str | None"]
 
 
 class Catchup:
@@ -323,7 +326,7 @@ class Catchup:
                  staging: Path, near_lag: int, install: InstallFn, *,
                  channel_options: list[tuple[str, Any]] | None = None,
                  on_done: Callable[[CatchupProgress], None] | None = None,
-                 copy_limit: Callable[[], int] | None = None) -> None:
+                 pacing: CopyPacing | None = None) -> None:
         self.name = name
         self.module = module
         self.group = group
@@ -342,11 +345,14 @@ class Catchup:
         #: each received file is fsynced here while the next one streams, so install finds clean pages
         self._flusher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"catchup-fsync-{name}")
         self._flushing: dict[str, concurrent.futures.Future[None]] = {}
+        #: the stamp of each file when it passed its check on arrival (install trusts those still so stamped)
+        self._stamps: dict[str, FileStamp] = {}
         self._stop = threading.Event()
         self._last_log = 0.0
-        #: paces the copy to ``copy_limit()`` bytes per second, read live (a reassignment's copies; 0: unpaced),
-        #: a rate this worker's copies of the module share (conductor.worker.throttle)
-        self._throttle = CopyThrottle(copy_limit or (lambda: 0), wait=self._stop.wait, budget=node_budget(module))
+        #: paces the copy to ``pacing.limit()`` bytes per second, read live (a reassignment's copies; 0: unpaced),
+        #: drawn from a budget this worker's copies of the module share (conductor.worker.throttle); none: unpaced
+        self._throttle = (CopyThrottle(lambda: 0, wait=self._stop.wait) if pacing is None
+                          else CopyThrottle(pacing.limit, wait=self._stop.wait, budget=pacing.budget))
 
     def start(self) -> None:
         self.thread.start()
@@ -420,7 +426,7 @@ class Catchup:
                 self.progress.state = "installing"
                 for fut in self._flushing.values():
                     fut.result()
-                why_not = self._install(self.staging, manifest, pairs)
+                why_not = self._install(self.staging, manifest, pairs, {n: self._stamps[n] for n in verified})
                 return "installed" if why_not is None else f"not installed: {why_not}"
             log.info("%s: round %d: checkpoint at offset %d is %d entries behind the leader%s; another round",
                      self.name, rnd, manifest.applied_offset, behind, "" if complete else " (files to re-fetch)")
@@ -479,6 +485,7 @@ class Catchup:
         f.flush()
         if f.size == f.meta.size and f.crc == f.meta.crc32c:
             verified[f.meta.name] = f.meta
+            self._stamps[f.meta.name] = file_stamp(f.path)  # (every byte is written: fsync changes no stamp)
             self._flushing[f.meta.name] = self._flusher.submit(f.sync_and_close)
             return
         f.close()

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 
 from conductor.worker.dataflow import DataflowDriver, Inflow
 from conductor.worker.pending_entry import PendingEntry
-from pstate.checkpoint import Manifest
+from pstate.checkpoint import Checked, Manifest
 from replog.errors import Backpressure
 from replog.messages import (
     ConfigChanged,
@@ -82,6 +82,7 @@ class InstallCheckpoint:
     staging: Path
     manifest: Manifest
     pairs: list[tuple[int, int]]
+    checked: Checked  #: the files the transfer checked on arrival (pstate.checkpoint.install need not again)
     leader: str
     epoch: int
     done: concurrent.futures.Future[str | None]

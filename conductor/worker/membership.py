@@ -26,6 +26,7 @@ start empty.
 
 from __future__ import annotations
 
+import functools
 import logging
 import shutil
 import threading
@@ -38,6 +39,7 @@ from conductor.worker.hosted import HostedReplica
 from conductor.worker.replica_faults import describe
 from conductor.worker.replica_host import ReplicaHost
 from conductor.worker.runtime import LocalModules, ModuleRuntime
+from conductor.worker.throttle import CopyBudget, CopyPacing
 from replog.messages import GroupState, MetastoreChanged
 from replog.retirement import retired_names
 
@@ -155,6 +157,13 @@ class ReplicaMembership:
         if rt is None or (module, group) not in self._adding:
             return 0
         return rt.spec.option(REASSIGN_COPY_BYTES_PER_S)
+
+    def copy_pacing(self, module: str, group: int) -> CopyPacing:
+        """What paces a far-horizon copy of the local replica of ``group``: :meth:`copy_limit`, read live, drawn
+        from the module runtime's budget (a module already closed here: a budget of its own, the copy stops)."""
+        rt = self.modules.get(module)
+        return CopyPacing(functools.partial(self.copy_limit, module, group),
+                          rt.copy_budget if rt is not None else CopyBudget())
 
     def sweep_unlisted(self, module: str, groups: Mapping[int, GroupState]) -> None:
         """Delete local directories of ``module``'s groups whose znode does not list this worker (as a replica or

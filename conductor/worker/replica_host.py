@@ -37,7 +37,7 @@ from conductor.worker.replica_disk import open_disk
 from conductor.worker.replica_faults import REPLICA_FAULTS, Fault, describe, fault_kind
 from conductor.worker.task_clock import RETAIN_INTERVAL_MS, TICK_MS, next_wake_ms, now_ms
 from conductor.worker.timings import ReplicaTimings, measure_reply, replica_counters
-from pstate.checkpoint import Manifest
+from pstate.checkpoint import Checked, Manifest
 from pstate.errors import PStateError
 from replog.batch import scan_frames
 from replog.config import DEFAULT_SEGMENT_BYTES, ReplicationConfig
@@ -339,7 +339,7 @@ class ReplicaHost:
     def _install(self, m: InstallCheckpoint) -> None:
         """A far-horizon transfer finished: install it; its answer (or its error) goes to the transfer thread."""
         try:
-            m.done.set_result(self.install_checkpoint(m.staging, m.manifest, m.pairs, m.leader, m.epoch))
+            m.done.set_result(self.install_checkpoint(m.staging, m.manifest, m.pairs, m.leader, m.epoch, m.checked))
         except Exception as e:
             m.done.set_exception(e)
 
@@ -657,7 +657,7 @@ class ReplicaHost:
         return manifest, pairs, log_end
 
     def install_checkpoint(self, staging: Path, manifest: Manifest, pairs: list[tuple[int, int]],
-                           leader: str, epoch: int) -> str | None:
+                           leader: str, epoch: int, checked: Checked) -> str | None:
         """Task thread: replace store and replog with a fetched checkpoint; None when done, else why not.
 
         Installed only under the driver contract of replog.messages: still
@@ -678,7 +678,7 @@ class ReplicaHost:
         self.store.drop_staged()
         self.epoch_file.save(pairs)
         self.marks.update(installing=upto)
-        self.store.install_checkpoint(staging, manifest)
+        self.store.install_checkpoint(staging, manifest, checked)
         self.log.reset(upto + 1)
         self.marks.update(acked=upto, installing=-1, applied=upto)
         self.replica = self._new_replica(r.session, upto, upto)

@@ -16,7 +16,7 @@ import msgpack
 from conductor.worker.subscriptions import AppliedFeed
 from pstate import TaskGroupStore
 from pstate.changes import ChangeSet
-from pstate.checkpoint import Manifest, install
+from pstate.checkpoint import Checked, Manifest, install
 from pstate.diffs import WHOLE
 from pstate.path import P
 from pstate.query import ResolveFn, decode_query
@@ -111,12 +111,13 @@ class ReplicaStore:
         manifest: Manifest = self.store.checkpoint(directory, leader_epoch)
         return manifest
 
-    def install_checkpoint(self, staging: FsPath, manifest: Manifest) -> None:
-        """Swap in a fetched checkpoint (verified again by ``install``) and reopen the same PStates and depots."""
+    def install_checkpoint(self, staging: FsPath, manifest: Manifest, checked: Checked) -> None:
+        """Swap in a fetched checkpoint (verified by ``install``, but for the files ``checked`` on arrival) and
+        reopen the same PStates and depots."""
         old = self.store
         old.close()
         try:
-            install(staging, manifest, old.path)
+            install(staging, manifest, old.path, checked)
         finally:
             self.store = TaskGroupStore(old.path, old.schemas, old.depots)
             self.feed.reset()

@@ -15,6 +15,7 @@ from conductor.metastore.module_spec import ModuleSpec
 from conductor.worker.hosted import HostedReplica
 from conductor.worker.replica_host import ReplicaHost
 from conductor.worker.replica_store import ReplicaStore
+from conductor.worker.throttle import CopyBudget
 from replog.errors import NotLeader, ReplicaFailed
 from topology.group_code import ModuleCode
 from topology.stream import StreamRunner
@@ -29,6 +30,9 @@ class ModuleRuntime:
         self.code = code
         #: the groups with a replica on this worker, by group
         self.hosted: dict[int, HostedReplica] = {}
+        #: the byte rate every far-horizon copy a reassignment runs here for this module shares
+        #: (conductor.worker.throttle): one per worker and module, gone with the module
+        self.copy_budget = CopyBudget()
 
     def host(self, group: int) -> ReplicaHost | None:
         """The open local replica of ``group`` (None if it has none here, or it could not open)."""

@@ -2,9 +2,11 @@
 
 The rate is the module's ``reassignment.copy.bytes.per.second`` and it is a
 budget of the **worker**, not of each copy: every copy a reassignment runs on a
-worker for one module draws from the same :class:`CopyBudget`
-(:func:`node_budget`), so adding the replicas of two groups at once (the plan's
-concurrency) copies no faster than adding one. Kafka's reassignment throttle is
+worker for one module draws from the same :class:`CopyBudget`, the one its
+:class:`~conductor.worker.runtime.ModuleRuntime` owns (handed to each copy in a
+:class:`CopyPacing`), so adding the replicas of two groups at once (the plan's
+concurrency) copies no faster than adding one; it goes with the module when the
+module closes here. Kafka's reassignment throttle is
 a per-broker rate for the same reason: what a writer competes with is the
 worker's total copy work (CPU for gRPC and checksums, disk writes), not one
 stream's.
@@ -15,6 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 #: credit a budget idle for a while may spend at once, in seconds of its rate: bursts stay one chunk or so
 BURST_S = 0.05
@@ -44,14 +47,12 @@ class CopyBudget:
             return max(0.0, self._free_at - now)
 
 
-_node_budgets: dict[str, CopyBudget] = {}
-_node_budgets_lock = threading.Lock()
+class CopyPacing(NamedTuple):
+    """What paces one replica's copy: the rate now (``limit()``, B/s, read at every chunk; 0: unpaced) and the
+    budget of the worker's copies of the module it draws from (its runtime's)."""
 
-
-def node_budget(module: str) -> CopyBudget:
-    """This worker's copy budget for ``module`` (a worker is one process: one budget per module it hosts)."""
-    with _node_budgets_lock:
-        return _node_budgets.setdefault(module, CopyBudget())
+    limit: Callable[[], int]
+    budget: CopyBudget
 
 
 class CopyThrottle:

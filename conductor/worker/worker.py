@@ -72,7 +72,7 @@ from conductor.worker.runtime import LocalModules, ModuleRuntime
 from conductor.worker.services import AdminService, ClientService, LoopSettler, ReplicationService
 from conductor.worker.task_thread import TaskThreadPool
 from conductor.worker.transport import PeerTransport, from_proto
-from pstate.checkpoint import Manifest
+from pstate.checkpoint import Checked, Manifest
 from pstate.errors import CorruptStore, PStateError
 from replog.errors import NotLeader, ReplogError
 from replog.messages import (
@@ -589,16 +589,15 @@ class Worker:
                         host.name, leader)
             return
 
-        def install(staging: Path, manifest: Manifest, pairs: list[tuple[int, int]]) -> str | None:
+        def install(staging: Path, manifest: Manifest, pairs: list[tuple[int, int]], checked: Checked) -> str | None:
             done: concurrent.futures.Future[str | None] = concurrent.futures.Future()
-            host.post(InstallCheckpoint(staging, manifest, pairs, leader, epoch, done))
+            host.post(InstallCheckpoint(staging, manifest, pairs, checked, leader, epoch, done))
             return done.result(timeout=INSTALL_TIMEOUT_S)
 
         host.catchup = Catchup(host.name, host.module, host.group, self.node_id, leader, address, epoch,
                                host.dir / "far-horizon", host.config.max_near_sync_message_lag, install,
                                channel_options=GRPC_OPTIONS, on_done=functools.partial(_count_catchup, host),
-                               copy_limit=functools.partial(self.running.membership.copy_limit, host.module,
-                                                            host.group))
+                               pacing=self.running.membership.copy_pacing(host.module, host.group))
         host.catchup.start()
 
     def _module_exists(self, module: str) -> bool:

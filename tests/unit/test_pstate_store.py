@@ -18,9 +18,11 @@ from pstate import (
     SchemaMismatch,
     StoreClosed,
     TaskGroupStore,
+    checkpoint,
     install,
     read_manifest,
 )
+from pstate.checkpoint import file_stamp
 from pstate.errors import PStateError
 from pstate.store import pstate_cf
 
@@ -259,6 +261,43 @@ def test_checkpoint_install_and_corruption(tmp_path: FsPath, store: TaskGroupSto
     r = TaskGroupStore(dest, SCHEMAS, depots=["*log"])
     assert r.select_one("$$counts", "k7") == 70
     r.close()
+
+
+def test_install_trusts_files_checked_on_arrival_only_while_their_stamp_holds(
+        tmp_path: FsPath, store: TaskGroupStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A far-horizon copy checks each file as it arrives and hands install its stamp: a file still so stamped is
+    hard-linked and not read again; one that changed since (here rewritten with a flipped byte) is read and
+    refused."""
+    cs = store.changes()
+    cs.set_many("$$counts", [(f"k{i}", i) for i in range(500)])
+    store.apply(0, cs.encode())
+    m = store.checkpoint(tmp_path / "cp", leader_epoch=4)
+    checked = {f.name: file_stamp(tmp_path / "cp" / f.name) for f in m.files}
+    read: list[str] = []
+    real_crc = checkpoint.file_crc
+
+    def counting_crc(path: str, *, fsync: bool = False) -> tuple[int, int]:
+        read.append(os.path.basename(path))
+        return real_crc(path, fsync=fsync)
+
+    monkeypatch.setattr(checkpoint, "file_crc", counting_crc)
+    dest = tmp_path / "replica" / "state"
+    install(tmp_path / "cp", m, dest, checked)
+    ssts = {f.name for f in m.files if f.name.endswith(".sst")}
+    assert ssts and not read, read  # trusted, every kind of file: not read again
+    assert all((dest / f.name).stat().st_ino == checked[f.name][1] for f in m.files)  # given up: linked
+    r = TaskGroupStore(dest, SCHEMAS, depots=["*log"])
+    assert r.applied_offset == 0 and r.select_one("$$counts", "k7") == 7
+    r.close()
+    # a byte flipped after the check (a new inode, so a new stamp): read again, and refused
+    victim = tmp_path / "cp" / sorted(ssts)[0]
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    os.unlink(victim)
+    victim.write_bytes(bytes(data))
+    with pytest.raises(CorruptStore) as ei:
+        install(tmp_path / "cp", m, dest, checked)
+    assert victim.name in str(ei.value)
 
 
 def test_scans_keep_their_bounds_alive(tmp_path: FsPath) -> None:

@@ -11,6 +11,7 @@ from conductor.metastore.module_spec import ModuleSpec
 from conductor.metastore.plans import ReassignmentPlan
 from conductor.placement import place, replace_targets, scale_targets
 from conductor.reassigning import group_step, plan_progress
+from conductor.worker.runtime import ModuleRuntime
 from conductor.worker.throttle import CopyThrottle
 from replog.eligibility import record_storage
 from replog.messages import GroupState
@@ -133,6 +134,21 @@ def test_copy_throttle_paces_to_the_live_limit() -> None:
     t.pace(5_000)
     t.pace(5_000)
     assert now[0] == pytest.approx(3.5)
+
+
+def test_the_copies_of_one_module_on_a_worker_share_its_runtimes_budget() -> None:
+    """Two groups copying at once draw from their module runtime's one budget (a plan's concurrency copies no
+    faster than one copy); another module, or the module opened again, has a budget of its own."""
+    waits: list[float] = []
+    spec = ModuleSpec(name="M", module_ref="a.b:C", tasks=4, threads=4, workers=1, replication_factor=1)
+    rt, other = ModuleRuntime(spec, None), ModuleRuntime(spec, None)  # type: ignore[arg-type]
+    assert rt.copy_budget is not other.copy_budget
+    a, b, c = (CopyThrottle(lambda: 1000, wait=waits.append, budget=budget)
+               for budget in (rt.copy_budget, rt.copy_budget, other.copy_budget))
+    a.pace(1000)
+    b.pace(1000)  # (1,000 B/s: the real clock moves too little to matter)
+    c.pace(1000)
+    assert waits == [pytest.approx(1.0, abs=0.1), pytest.approx(2.0, abs=0.1), pytest.approx(1.0, abs=0.1)]
 
 
 def test_a_group_is_done_once_the_copies_its_plan_retired_are_released_or_taken_back() -> None:
