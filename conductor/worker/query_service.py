@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -27,8 +28,10 @@ from conductor.wire.errors import InvalidRequest
 from conductor.worker.replica_host import ReplicaHost
 from conductor.worker.runtime import Leader, LocalModules
 from conductor.worker.scan_prefetch import ScanPrefetch, forget_result
+from pstate.errors import PStateError
 from pstate.path import Path
 from pstate.query import ResolveFn, decode_query
+from pstate.store import TaskGroupStore
 from topology.code_loader import ALIAS_PREFIX
 from topology.errors import QueryFailed, QueryTimeout
 from topology.partitioners import task_for_key
@@ -46,6 +49,8 @@ MAX_AHEAD_STREAMS = 16
 INLINE_BUDGET_S = 0.002
 #: the longest deadline a query request may ask for
 MAX_DEADLINE_MS = 10 * 60 * 1000
+
+log = logging.getLogger("millrace.node")
 
 Damage = Callable[[ReplicaHost], contextlib.AbstractContextManager[None]]
 
@@ -211,16 +216,18 @@ class QueryService:
                 with self._lock:
                     self.running -= 1
 
+        inline = QueryRun(definition, leader.store.current(), spec.tasks, spec.threads, request.group, request.query,
+                          deadline, timeout_s, INLINE_BUDGET_S)
         try:
             with self.damage(leader.host):
-                result, hops = run_calls(QueryRun(definition, leader.store.current(), spec.tasks, spec.threads,
-                                                  request.group, request.query, deadline, timeout_s,
-                                                  INLINE_BUDGET_S), calls)
+                result, hops = run_calls(inline, calls)
         except OverBudget:  # a bigger request: again from the start, on the queries' threads
             try:
                 result, hops = await asyncio.wait_for(self._in_thread(calls_in_thread), timeout_s)
             except TimeoutError:  # (waiting for a slot, or computing: the thread stops at its next read)
                 raise QueryTimeout(request.query, timeout_s) from None
+        if inline.flush_due or run.flush_due:
+            self._flush_for_scans(leader.host, inline.store)
         try:
             packed = msgpack.packb(result, use_bin_type=True)
         except (TypeError, ValueError, OverflowError) as e:
@@ -228,6 +235,21 @@ class QueryService:
         with self._lock:
             running = self.running
         return pb.QueryRunReply(result=packed, hops=msgpack.packb(hops, use_bin_type=True), running=running)
+
+    def _flush_for_scans(self, host: ReplicaHost, store: TaskGroupStore) -> None:
+        """Flush ``store``'s memtables on a query thread (a checkpoint of every column family: milliseconds, and
+        never on the event loop), once the old versions its scans stepped over cost as much
+        (:mod:`pstate.hidden_versions`). Not the request's business: it has its result, and a flush that fails
+        is logged (a store that cannot flush fails its next write, and the replica stops then)."""
+
+        def flush() -> None:
+            try:
+                with self.damage(host):
+                    store.flush_for_scans()
+            except PStateError as e:  # (closed under us: a far-horizon install, a fault, the worker stopping)
+                log.warning("%s: a flush for scans failed: %s", host.name, e)
+
+        self._pool.submit(flush)
 
 
 def _calls(raw: Any, group_of: Callable[[int], int], group: int) -> list[Call]:
