@@ -51,6 +51,8 @@ INLINE_BUDGET_S = 0.002
 MAX_DEADLINE_MS = 10 * 60 * 1000
 
 log = logging.getLogger("millrace.node")
+#: a resume point no page has (see ``_page_reader``'s walk)
+_NOWHERE = b"\xff" * 16
 
 Damage = Callable[[ReplicaHost], contextlib.AbstractContextManager[None]]
 
@@ -134,6 +136,17 @@ class QueryService:
         limit = max(1, request.limit or 1000)
         max_bytes = min(MAX_PAGE_BYTES, request.max_bytes or MAX_PAGE_BYTES)
         task_keep = None if request.all_tasks else keep
+        #: pages read in order from the start of the whole PState: (the resume point of the next one, keys so far)
+        walked: list[Any] = [None, 0]
+
+        def walk(after: bytes | None, page_after: bytes | None, scanned: int, now: Leader, store: TaskGroupStore) -> None:
+            """A scan of the whole PState, page after page, reports its keys at its end (pstate.hidden_versions)."""
+            if start is not None or end is not None or after != walked[0]:
+                walked[0] = _NOWHERE  # (not a walk from the start: this reader reports nothing)
+                return
+            walked[0], walked[1] = page_after, (walked[1] if after else 0) + scanned
+            if page_after is None and store.scanned_whole(request.pstate, walked[1]):
+                self._flush_for_scans(now.host, store)
 
         def page(after: bytes | None) -> pb.ScanReply:
             now = self._leader(request.module, request.task)  # (still this worker's to serve)
@@ -144,11 +157,13 @@ class QueryService:
                 if request.packed and not path.navs:  # values as stored, keys unparsed: no decoding here
                     pp = view.packed_scan_page(start, end, after, limit, max_bytes, task_keep)
                     if pp is not None:
+                        walk(after, pp.after, pp.scanned, now, store)
                         d = pp.pairs
                         return pb.ScanReply(after=pp.after or b"", done=pp.after is None, applied_offset=applied,
                                             packed=True, count=d.count, str_keys=d.str_keys, keys=d.keys,
                                             values=d.values)
                 p = view.scan_page(start, end, after, limit, max_bytes, task_keep, path.navs)
+                walk(after, p.after, p.scanned, now, store)
                 items = msgpack.packb(p.items, use_bin_type=True)
             return pb.ScanReply(items=items, after=p.after or b"", done=p.after is None, applied_offset=applied)
 

@@ -3,10 +3,16 @@ versions as a flush costs is flushed, atomically, and its scans then read one ve
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path as FsPath
+from types import SimpleNamespace
+from typing import Any
 
+from conductor.wire import millrace_pb2 as pb
+from conductor.worker.query_service import QueryService
 from pstate import Map, Set, TaskGroupStore
+from pstate.engine import top_key
 from pstate.hidden_versions import HiddenVersions
 from topology import Module
 from topology.combiners import top_n
@@ -76,5 +82,46 @@ def test_whole_scans_flush_once_the_versions_cost_a_flush(tmp_path: FsPath) -> N
         _overwrite(store, 60)
         assert not any(query("part", 9).flush_due for _ in range(5)) and store.hidden_versions.debt == 0
         assert not store.scanned_whole("$$tags", 0)  # not a map: never counted
+    finally:
+        store.close()
+
+
+class _Modules:
+    """What QueryService uses of LocalModules: one module's leader of group 0, on ``store``."""
+
+    def __init__(self, store: TaskGroupStore) -> None:
+        spec = SimpleNamespace(tasks=4, threads=1, module_ref="tests.unit.test_hidden_versions:Counts",
+                               version="path:", group_of=lambda t: 0)
+        replica = SimpleNamespace(code=None, current=lambda: store)
+        self.rt = SimpleNamespace(spec=spec)
+        self.lead = SimpleNamespace(spec=spec, store=replica, host=SimpleNamespace(name="w1"))
+
+    def get(self, module: str) -> Any:
+        return self.rt
+
+    def leader(self, module: str, group: int) -> Any:
+        return self.lead
+
+
+def test_a_streamed_scan_of_the_whole_pstate_counts_and_the_flush_runs_on_a_query_thread(tmp_path: FsPath) -> None:
+    store = TaskGroupStore(tmp_path / "s", {"$$counts": Map(str, int)})
+    service = QueryService(_Modules(store), lambda host: contextlib.nullcontext())  # type: ignore[arg-type]
+    try:
+        store.hidden_versions = HiddenVersions(flush_cost=1000)
+        _overwrite(store, 30)  # a scan steps over 580
+
+        def scan(request: pb.ScanRequest) -> None:
+            page, after = service._page_reader(request), request.after or None  # (as scan_stream starts)
+            while (reply := page(after)).after:  # (pages of 7: a walk of three)
+                after = reply.after
+
+        scan(pb.ScanRequest(module="m", pstate="$$counts", all_tasks=True, limit=7, packed=True, start=b"\xa3w05"))
+        scan(pb.ScanRequest(module="m", pstate="$$counts", all_tasks=True, limit=7, after=top_key(str, "w03")))
+        assert store.hidden_versions.debt == 0  # part of the PState: nothing reported
+        scan(pb.ScanRequest(module="m", pstate="$$counts", all_tasks=True, limit=7, packed=True))
+        assert store.hidden_versions.debt == 580
+        scan(pb.ScanRequest(module="m", pstate="$$counts", task=1, limit=7))  # one task's keys: the whole range read
+        service._pool.shutdown(wait=True)  # (the flush was handed to a query thread)
+        assert store._cfs["pstate:$$counts"].property_int_value(MEMTABLE) == 0 and store.hidden_versions.debt == 0
     finally:
         store.close()
