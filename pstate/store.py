@@ -322,11 +322,15 @@ class TaskGroupStore:
         off the event loop). PStates whose values hold subindexed children never count: their column family
         holds more than the keys a scan reads."""
         schema = self.schemas.get(name)
-        if not isinstance(schema, Map) or schema.value.storage or self._closed:
-            return False
         cf = pstate_cf(name)
-        with rocks_errors("property", self.path):
-            entries = self._cfs[cf].property_int_value("rocksdb.num-entries-active-mem-table") or 0
+        db = getattr(self, "_cfs", {}).get(cf)  # (closed under the scan: its handles are gone)
+        if not isinstance(schema, Map) or schema.value.storage or self._closed or db is None:
+            return False
+        try:  # (the scan has its result: counting it never fails it)
+            with rocks_errors("property", self.path):
+                entries = db.property_int_value("rocksdb.num-entries-active-mem-table") or 0
+        except PStateError:
+            return False
         return self.hidden_versions.scanned(cf, entries, keys)
 
     def flush_for_scans(self) -> None:
