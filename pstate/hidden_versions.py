@@ -23,8 +23,9 @@ from __future__ import annotations
 import threading
 
 #: a flush's cost counted in entries a scan steps over: the store's atomic flush (a checkpoint of every column
-#: family, then its removal) took 10-22 ms on 2 loaded cores; stepping over an old version in the memtable, about
-#: 15 ns (the scans above: 300-420 us for 23,000 of them)
+#: family, then its removal) took 5-35 ms, about 11 ms in the middle, on 2 loaded cores, and rocksdict holds the GIL
+#: through it (the worker's other threads wait); stepping over an old version in the memtable took 14-18 ns (the
+#: scans above: 300-420 us for 23,000 of them)
 FLUSH_COST_ENTRIES = 1_000_000
 
 
