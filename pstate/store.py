@@ -86,6 +86,7 @@ from pstate.errors import (
 )
 from pstate.families import ALIAS, ALIAS_END, Families, read_aliases, spare_names
 from pstate.families import pstate_cf as pstate_cf
+from pstate.hidden_versions import HiddenVersions
 from pstate.keys import encode_key
 from pstate.migration import ActiveMigration, MigratingReader
 from pstate.path import P, Path, Transform, as_transform
@@ -155,6 +156,8 @@ class TaskGroupStore:
         self.migrations: dict[str, ActiveMigration] = {}
         self._pending = Overlay()
         self._staged_upto = -1
+        #: the old versions whole-PState scans stepped over since the last flush (pstate.hidden_versions)
+        self.hidden_versions = HiddenVersions()
 
     def _drop_handles(self) -> None:
         """Close the column families and drop every reference to RocksDB this store holds (some of them may
@@ -312,6 +315,30 @@ class TaskGroupStore:
                     rocksdict.Checkpoint(self._db).create_checkpoint(tmp)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
+
+    def scanned_whole(self, name: str, keys: int) -> bool:
+        """A scan read all of PState ``name`` and found ``keys`` live keys: True when the old versions scans step
+        over have cost a flush (:mod:`pstate.hidden_versions`; the caller then calls :meth:`flush_for_scans`,
+        off the event loop). PStates whose values hold subindexed children never count: their column family
+        holds more than the keys a scan reads."""
+        schema = self.schemas.get(name)
+        cf = pstate_cf(name)
+        db = getattr(self, "_cfs", {}).get(cf)  # (closed under the scan: its handles are gone)
+        if not isinstance(schema, Map) or schema.value.storage or self._closed or db is None:
+            return False
+        try:  # (the scan has its result: counting it never fails it)
+            with rocks_errors("property", self.path):
+                entries = db.property_int_value("rocksdb.num-entries-active-mem-table") or 0
+        except PStateError:
+            return False
+        return self.hidden_versions.scanned(cf, entries, keys)
+
+    def flush_for_scans(self) -> None:
+        """The flush :meth:`scanned_whole` asked for: every column family at once, as :meth:`flush` always does."""
+        try:
+            self.flush()
+        finally:
+            self.hidden_versions.flushed()
 
     # -- apply ---------------------------------------------------------------
     @property

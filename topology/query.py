@@ -91,6 +91,8 @@ class QueryRun:
         self.budget_end = None if budget_s is None else time.thread_time() + budget_s
         self.local: deque[Call] = deque()
         self.remote: list[Call] = []
+        #: a scan of a whole PState found its store's memtables worth flushing (the caller flushes, off the loop)
+        self.flush_due = False
 
     def check_deadline(self) -> None:
         if time.monotonic() > self.deadline:
@@ -207,12 +209,16 @@ def _pages(run: QueryRun, scan_range: tuple[str, Any, Any, tuple[Any, ...]], tas
         return task_for_key(k, ntasks) in tasks
 
     after: bytes | None = None
+    scanned = 0
     while True:
         run.check_deadline()
         page = run.store.pstate(pstate).scan_page(start, end, after, SCAN_PAGE, SCAN_PAGE_BYTES,
                                                   None if everyone else keep, navs)
+        scanned += page.scanned
         yield page.items
         if page.after is None:
+            if start is None and end is None and run.store.scanned_whole(pstate, scanned):
+                run.flush_due = True  # (the old versions it stepped over cost a flush: pstate.hidden_versions)
             return
         after = page.after
 

@@ -68,7 +68,7 @@ from conductor.client.errors import ClientError, QueueFull
 from conductor.client.handles import Depot, PState
 from conductor.client.metrics import ClientMetrics
 from conductor.client.producer import Producer
-from conductor.client.queries import run_query
+from conductor.client.queries import Senders, run_query
 from conductor.client.retry import Retry
 from conductor.client.router import LeaderRouter, ModuleRoutes
 from conductor.client.streams import (
@@ -198,6 +198,8 @@ class Cluster:
         #: append_async's requests: one AppendStream per (leader address, module, group), event loop only
         self._aio_streams: dict[tuple[str, str, int], AioAppendStream] = {}
         self._watchdog: threading.Thread | None = None
+        #: the threads that send a query's requests but its last (conductor/client/queries.py)
+        self._senders = Senders()
         self._closed = False
 
     @classmethod
@@ -215,6 +217,7 @@ class Cluster:
         if self._closed:
             return
         self._closed = True
+        self._senders.close()
         with self._queued_lock:  # callers waiting for room in append_async's queue: the client is closed
             self._room.notify_all()
 

@@ -20,6 +20,8 @@ at most :data:`MAX_CALLS` calls per query in all; past its deadline the query is
 
 from __future__ import annotations
 
+import concurrent.futures
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -50,6 +52,8 @@ MAX_INFLIGHT = 16
 MAX_CALLS_PER_REQUEST = 4096
 #: calls one query makes in all (its first ones and every hop)
 MAX_CALLS = 1_000_000
+#: threads kept to send the requests of a wave that the calling thread does not send itself (:class:`Senders`)
+SENDERS = MAX_INFLIGHT - 1
 
 
 def _unpack(raw: bytes) -> Any:
@@ -199,14 +203,65 @@ def _wave(c: Cluster, module: str, name: str, wave: list[tuple[int, list[Any]]],
             s.cancel()  # (done: nothing; an error or the deadline: nothing of the query stays out)
 
 
-class _Sent:
-    """A request sent from the calling thread on the group leader's blocking stub: as a future, or (``block``)
-    answered before the constructor returns, the wave's last request (no channel thread to start for it).
+class Senders:
+    """The threads a cluster client keeps to send a wave's requests but its last (at most :data:`SENDERS` at once).
 
-    Query requests are small calls: a hop to the client's event loop and back costs each more than its
-    reads, and a future's channel thread about as much as a blocking call. A request whose first try fails
-    goes through the client's call loop (leader moves, retries, typed errors) with ``again()``'s request (a
-    query's carries the time left).
+    A blocking call on a kept thread costs the calling thread a wake-up; a gRPC future costs it a new thread
+    whenever its channel has no other call out (gRPC's channel thread stops with its last call), which is every
+    query's first request: about 170 us of the calling thread's CPU and 150-250 us of a query's 3 ms on the loaded
+    reference box (measured alternately on one cluster, issue 31). When every kept thread is busy (many queries
+    at once), :meth:`submit` says so and the request goes out as a gRPC future, as before: no request ever waits
+    here. A request on a kept thread that its query no longer wants (another failed, the deadline passed) runs on
+    to its reply or its deadline (the worker stops it at the deadline either way).
+    """
+
+    def __init__(self, n: int = SENDERS) -> None:
+        assert n > 0, n
+        self._n = n
+        self._lock = threading.Lock()
+        self._busy = 0
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._closed = False
+
+    def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any] | None:
+        """``fn(*args, **kwargs)`` on a kept thread; None when they are all busy (or the client is closed)."""
+        with self._lock:
+            if self._closed or self._busy >= self._n:
+                return None
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(self._n, thread_name_prefix="millrace-query-send")
+            self._busy += 1
+            pool = self._pool
+        try:
+            fut = pool.submit(fn, *args, **kwargs)
+        except RuntimeError:  # (closed meanwhile)
+            self._done(None)
+            return None
+        fut.add_done_callback(self._done)
+        return fut
+
+    def _done(self, _fut: Any) -> None:
+        with self._lock:
+            self._busy -= 1
+            assert self._busy >= 0, self._busy
+
+    def close(self) -> None:
+        """No more requests; those not started are dropped (their queries have gone: the client is closing)."""
+        with self._lock:
+            self._closed = True
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+
+class _Sent:
+    """A request sent from the calling thread on the group leader's blocking stub: on a kept thread
+    (:class:`Senders`) or as a gRPC future, or (``block``) answered before the constructor returns, the wave's
+    last request.
+
+    Query requests are small calls: a hop to the client's event loop and back costs each more than its reads.
+    A request whose first try fails goes through the client's call loop (leader moves, retries, typed errors)
+    with ``again()``'s request (a query's carries the time left).
     """
 
     def __init__(self, c: Cluster, module: str, group: int, method: str, request: Any, timeout_s: float,
@@ -220,7 +275,8 @@ class _Sent:
             if block:
                 self._reply = call(request, timeout=max(0.001, timeout_s))
             else:
-                self._fut = call.future(request, timeout=max(0.001, timeout_s))
+                self._fut = (c._senders.submit(call, request, timeout=max(0.001, timeout_s))
+                             or call.future(request, timeout=max(0.001, timeout_s)))
         except (grpc.RpcError, Unavailable, NotLeader):  # (asked again in result(), through the call loop)
             pass
 
@@ -236,4 +292,4 @@ class _Sent:
 
     def cancel(self) -> None:
         if self._fut is not None:
-            self._fut.cancel()
+            self._fut.cancel()  # (a gRPC future: the call ends; one on a kept thread: only if not started yet)

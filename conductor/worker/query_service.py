@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -27,8 +28,10 @@ from conductor.wire.errors import InvalidRequest
 from conductor.worker.replica_host import ReplicaHost
 from conductor.worker.runtime import Leader, LocalModules
 from conductor.worker.scan_prefetch import ScanPrefetch, forget_result
+from pstate.errors import PStateError
 from pstate.path import Path
 from pstate.query import ResolveFn, decode_query
+from pstate.store import TaskGroupStore
 from topology.code_loader import ALIAS_PREFIX
 from topology.errors import QueryFailed, QueryTimeout
 from topology.partitioners import task_for_key
@@ -46,6 +49,10 @@ MAX_AHEAD_STREAMS = 16
 INLINE_BUDGET_S = 0.002
 #: the longest deadline a query request may ask for
 MAX_DEADLINE_MS = 10 * 60 * 1000
+
+log = logging.getLogger("millrace.node")
+#: a resume point no page has (see ``_page_reader``'s walk)
+_NOWHERE = b"\xff" * 16
 
 Damage = Callable[[ReplicaHost], contextlib.AbstractContextManager[None]]
 
@@ -129,6 +136,17 @@ class QueryService:
         limit = max(1, request.limit or 1000)
         max_bytes = min(MAX_PAGE_BYTES, request.max_bytes or MAX_PAGE_BYTES)
         task_keep = None if request.all_tasks else keep
+        #: pages read in order from the start of the whole PState: (the resume point of the next one, keys so far)
+        walked: list[Any] = [None, 0]
+
+        def walk(after: bytes | None, page_after: bytes | None, scanned: int, now: Leader, store: TaskGroupStore) -> None:
+            """A scan of the whole PState, page after page, reports its keys at its end (pstate.hidden_versions)."""
+            if start is not None or end is not None or after != walked[0]:
+                walked[0] = _NOWHERE  # (not a walk from the start: this reader reports nothing)
+                return
+            walked[0], walked[1] = page_after, (walked[1] if after else 0) + scanned
+            if page_after is None and store.scanned_whole(request.pstate, walked[1]):
+                self._flush_for_scans(now.host, store)
 
         def page(after: bytes | None) -> pb.ScanReply:
             now = self._leader(request.module, request.task)  # (still this worker's to serve)
@@ -139,11 +157,13 @@ class QueryService:
                 if request.packed and not path.navs:  # values as stored, keys unparsed: no decoding here
                     pp = view.packed_scan_page(start, end, after, limit, max_bytes, task_keep)
                     if pp is not None:
+                        walk(after, pp.after, pp.scanned, now, store)
                         d = pp.pairs
                         return pb.ScanReply(after=pp.after or b"", done=pp.after is None, applied_offset=applied,
                                             packed=True, count=d.count, str_keys=d.str_keys, keys=d.keys,
                                             values=d.values)
                 p = view.scan_page(start, end, after, limit, max_bytes, task_keep, path.navs)
+                walk(after, p.after, p.scanned, now, store)
                 items = msgpack.packb(p.items, use_bin_type=True)
             return pb.ScanReply(items=items, after=p.after or b"", done=p.after is None, applied_offset=applied)
 
@@ -211,16 +231,18 @@ class QueryService:
                 with self._lock:
                     self.running -= 1
 
+        inline = QueryRun(definition, leader.store.current(), spec.tasks, spec.threads, request.group, request.query,
+                          deadline, timeout_s, INLINE_BUDGET_S)
         try:
             with self.damage(leader.host):
-                result, hops = run_calls(QueryRun(definition, leader.store.current(), spec.tasks, spec.threads,
-                                                  request.group, request.query, deadline, timeout_s,
-                                                  INLINE_BUDGET_S), calls)
+                result, hops = run_calls(inline, calls)
         except OverBudget:  # a bigger request: again from the start, on the queries' threads
             try:
                 result, hops = await asyncio.wait_for(self._in_thread(calls_in_thread), timeout_s)
             except TimeoutError:  # (waiting for a slot, or computing: the thread stops at its next read)
                 raise QueryTimeout(request.query, timeout_s) from None
+        if inline.flush_due or run.flush_due:
+            self._flush_for_scans(leader.host, inline.store)
         try:
             packed = msgpack.packb(result, use_bin_type=True)
         except (TypeError, ValueError, OverflowError) as e:
@@ -228,6 +250,21 @@ class QueryService:
         with self._lock:
             running = self.running
         return pb.QueryRunReply(result=packed, hops=msgpack.packb(hops, use_bin_type=True), running=running)
+
+    def _flush_for_scans(self, host: ReplicaHost, store: TaskGroupStore) -> None:
+        """Flush ``store``'s memtables on a query thread (a checkpoint of every column family: milliseconds, and
+        never on the event loop), once the old versions its scans stepped over cost as much
+        (:mod:`pstate.hidden_versions`). Not the request's business: it has its result, and a flush that fails
+        is logged (a store that cannot flush fails its next write, and the replica stops then)."""
+
+        def flush() -> None:
+            try:
+                with self.damage(host):
+                    store.flush_for_scans()
+            except PStateError as e:  # (closed under us: a far-horizon install, a fault, the worker stopping)
+                log.warning("%s: a flush for scans failed: %s", host.name, e)
+
+        self._pool.submit(flush)
 
 
 def _calls(raw: Any, group_of: Callable[[int], int], group: int) -> list[Call]:

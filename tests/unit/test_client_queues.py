@@ -158,3 +158,21 @@ def test_blocking_appends_past_the_bound_wait_then_raise_queue_full() -> None:
         server.stop(None)
     assert len(outcomes) == 2 and all(isinstance(e, StreamBroken) for e in outcomes)
     assert stream._room.acquire(blocking=False)  # their slots were given back
+
+
+def test_query_senders_keep_their_threads_and_never_make_a_request_wait() -> None:
+    from conductor.client.queries import Senders
+
+    senders = Senders(2)
+    release = threading.Event()
+    busy = [senders.submit(release.wait, 5) for _ in range(2)]
+    assert all(f is not None for f in busy)
+    assert senders.submit(time.sleep, 0) is None  # every kept thread busy: the caller sends a gRPC future instead
+    release.set()
+    assert all(f is not None and f.result(timeout=5) for f in busy)
+    deadline = time.monotonic() + 5  # (a thread counts as free once its future's callbacks ran, just after)
+    while (done := senders.submit(threading.current_thread)) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert done is not None and done.result(timeout=5).name.startswith("millrace-query-send")
+    senders.close()
+    assert senders.submit(time.sleep, 0) is None
