@@ -3,9 +3,10 @@
 Run ``python -m bench.retention [--quick]``. On one real store (RocksDB, WAL off), a leader's task-thread
 work for a steady writer: each entry is a client append of ``RECORDS`` records of ``RECORD_BYTES`` built by
 the entry port (``DepotAppend``), staged, and applied in drains of ``DRAIN`` entries, as the worker does.
-With retention, every ``CHECK_EVERY`` entries the port also builds the leader's ``RetentionCheck`` (a size
-bound of ``BOUND`` bytes) in the same drain, and a second thread compacts trimmed ranges when the worker's
-retention driver would (``compaction_due``, ``TaskGroupStore.compact_range``). Rounds with and without retention alternate, in
+With retention, every ``CHECK_EVERY`` entries a second thread plans the leader's ``RetentionCheck`` (a size
+bound of ``BOUND`` bytes) from the applied state, as the worker's retention driver does
+(``plan_retention_check``), and posts it to the writer's thread, whose port builds it in the next drain; a
+third thread compacts trimmed ranges when the driver would (``compaction_due``, ``TaskGroupStore.compact_range``). Rounds with and without retention alternate, in
 the same run: the figure is the median over rounds of each pair's p99 ratio (a shared machine's load hits
 both runs of a pair alike), and the table shows each mode's best round. A drain is timed from the end of the
 last one's apply to the end of its own (building and applying its entries); the bench's bookkeeping between
@@ -21,6 +22,7 @@ LAST line one JSON object.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import queue
@@ -38,12 +40,14 @@ from rich.table import Table
 
 from bench.backup_figures import QUICK_MB
 from bench.backup_figures import measure as backup_measure
+from conductor.metastore.depot_options import CHECK_COMPACTION_LIMIT
 from conductor.worker.replica_store import ReplicaStore
 from pstate import TaskGroupStore
 from pstate.depots import check_partition, depot_cf
 from pstate.retention import RetentionPolicy, compaction_due, partition_size, read_state
 from topology.entries.port import EntryPort
 from topology.entries.requests import DepotAppend, RetentionCheck
+from topology.entries.retention import plan_retention_check
 
 DEPOT = "*log"
 RECORDS = 10
@@ -53,6 +57,39 @@ CHECK_EVERY = 32
 BOUND = 8_000_000
 #: rounds with and without retention, alternating
 ROUNDS = 5
+
+
+class Planner:
+    """The retention driver's first job, on its own thread: a check's reads over the applied state, its
+    decision posted back to the writer's thread as a request (bounded queues: one asked, one posted)."""
+
+    def __init__(self, store: TaskGroupStore, policies: dict[str, RetentionPolicy]) -> None:
+        self.store = store
+        self.policies = policies
+        self.asked: queue.Queue[bool] = queue.Queue(maxsize=1)
+        self.posted: queue.Queue[RetentionCheck] = queue.Queue(maxsize=1)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while self.asked.get():
+            request = plan_retention_check(self.store.applied_reader(), self.store.depots, int(time.time() * 1000),
+                                           [0], self.policies, CHECK_COMPACTION_LIMIT)
+            if request is not None:
+                self.posted.put(request)  # one in flight, as the driver keeps per group
+
+    def close(self) -> None:
+        while True:
+            try:
+                self.posted.get_nowait()  # a request no drain will take: the thread may be waiting to post it
+            except queue.Empty:
+                pass
+            try:
+                self.asked.put(False, timeout=0.01)
+                break
+            except queue.Full:
+                continue
+        self.thread.join()
 
 
 class Compactor:
@@ -83,6 +120,7 @@ def _run(entries: int, retention: bool) -> dict[str, float]:
     port = EntryPort(rs.current, None)
     compactor = Compactor(store) if retention else None
     policies = {DEPOT: RetentionPolicy(retention_bytes=BOUND)}
+    planner = Planner(store, policies) if retention else None
     records = [msgpack.packb(os.urandom(RECORD_BYTES // 2).hex()[:RECORD_BYTES - 3]) for _ in range(RECORDS)]
     drains: list[float] = []
     peak = 0
@@ -93,8 +131,12 @@ def _run(entries: int, retention: bool) -> dict[str, float]:
         t_drain = time.perf_counter()
         for i in range(entries):
             requests: list[Any] = [DepotAppend([(DEPOT, 0, records)])]
-            if retention and i % CHECK_EVERY == CHECK_EVERY - 1:
-                requests.append(RetentionCheck(int(time.time() * 1000), [0], policies))
+            if planner is not None:
+                if i % CHECK_EVERY == CHECK_EVERY - 1:
+                    with contextlib.suppress(queue.Full):  # the check before is still being planned
+                        planner.asked.put_nowait(True)
+                with contextlib.suppress(queue.Empty):  # a planned check reaches the task thread's inbox
+                    requests.append(planner.posted.get_nowait())
             for req in requests:
                 builder, _reply = port.build(req)
                 if builder is not None:
@@ -116,8 +158,12 @@ def _run(entries: int, retention: bool) -> dict[str, float]:
                         compacted, compacted_bytes = size.start, compacted_bytes + trimmed
                     except queue.Full:
                         pass  # the next trim's range covers this one
+                time.sleep(0)  # the GIL goes to the other threads, as while the worker's task thread waits for a fsync
                 t_drain = time.perf_counter()
         rs.apply_entries(staged)
+        if planner is not None:
+            planner.close()
+            planner = None
         if compactor is not None:
             compactor.close()
             compactor = None
@@ -126,6 +172,8 @@ def _run(entries: int, retention: bool) -> dict[str, float]:
         return {"p99_s": drains[int(len(drains) * 0.99) - 1], "max_s": drains[-1], "peak_bytes": peak,
                 "live_sst_bytes": store.live_sst_bytes(), "written": entries * RECORDS * RECORD_BYTES}
     finally:
+        if planner is not None:
+            planner.close()
         if compactor is not None:
             compactor.close()
         rs.close()
