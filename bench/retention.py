@@ -6,7 +6,10 @@ the entry port (``DepotAppend``), staged, and applied in drains of ``DRAIN`` ent
 With retention, every ``CHECK_EVERY`` entries a second thread plans the leader's ``RetentionCheck`` (a size
 bound of ``BOUND`` bytes) from the applied state, as the worker's retention driver does
 (``plan_retention_check``), and posts it to the writer's thread, whose port builds it in the next drain; a
-third thread compacts trimmed ranges when the driver would (``compaction_due``, ``TaskGroupStore.compact_range``). Rounds with and without retention alternate, in
+third thread compacts trimmed ranges when the driver would (``compaction_due``, ``TaskGroupStore.compact_range``).
+Between drains the writer's thread gives the GIL up (untimed), as the worker's task thread does while it waits
+for the log's fsync: the other threads' Python work (planning) runs there, not inside a drain after Python's
+5 ms switch interval. Rounds with and without retention alternate, in
 the same run: the figure is the median over rounds of each pair's p99 ratio (a shared machine's load hits
 both runs of a pair alike), and the table shows each mode's best round. A drain is timed from the end of the
 last one's apply to the end of its own (building and applying its entries); the bench's bookkeeping between
