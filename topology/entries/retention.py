@@ -1,9 +1,10 @@
 """Trim and retention entries (:func:`build_depot_trim`, :func:`build_retention_check`).
 
 The leader builds them like any entry, on its task thread, so their reads see every entry appended before
-them (a retention check planned off the task thread carries its decision, and is written only if what it
-read is still so: :func:`pstate.retention.write_planned`); the rules are in :mod:`pstate.retention` (where a partition may start) and :mod:`pstate.compaction`
-(which records key compaction keeps). What is key compaction's key is the depot's partitioner's
+them; a retention check planned off the task thread (:func:`plan_retention_check`) carries its decisions, and
+each is written only if what it read is still so (:func:`pstate.retention.write_planned`). The rules are in
+:mod:`pstate.retention` (where a partition may start) and :mod:`pstate.compaction` (which records key
+compaction keeps). What is key compaction's key is the depot's partitioner's
 (``hash_by(key_fn)``), from the group's build version.
 """
 
