@@ -3,9 +3,14 @@
 Run ``python -m bench.retention [--quick]``. On one real store (RocksDB, WAL off), a leader's task-thread
 work for a steady writer: each entry is a client append of ``RECORDS`` records of ``RECORD_BYTES`` built by
 the entry port (``DepotAppend``), staged, and applied in drains of ``DRAIN`` entries, as the worker does.
-With retention, every ``CHECK_EVERY`` entries the port also builds the leader's ``RetentionCheck`` (a size
-bound of ``BOUND`` bytes) in the same drain, and a second thread compacts trimmed ranges when the worker's
-retention driver would (``compaction_due``, ``TaskGroupStore.compact_range``). Rounds with and without retention alternate, in
+With retention, every ``CHECK_EVERY`` entries a second thread plans the leader's ``RetentionCheck`` (a size
+bound of ``BOUND`` bytes) from the applied state, as the worker's retention driver does
+(``plan_retention_check``), and posts it to the writer's thread, whose port builds it in its next entries
+(the writer waits, untimed, when a check is asked while the one before is not yet planned); a
+third thread compacts trimmed ranges when the driver would (``compaction_due``, ``TaskGroupStore.compact_range``).
+Between drains the writer's thread gives the GIL up (untimed), as the worker's task thread does while it waits
+for the log's fsync: the other threads' Python work (planning) runs there, not inside a drain after Python's
+5 ms switch interval. Rounds with and without retention alternate, in
 the same run: the figure is the median over rounds of each pair's p99 ratio (a shared machine's load hits
 both runs of a pair alike), and the table shows each mode's best round. A drain is timed from the end of the
 last one's apply to the end of its own (building and applying its entries); the bench's bookkeeping between
@@ -13,7 +18,9 @@ them (the partition's size for the peak, what to compact) is the retention drive
 the worker, so it is not in the writer's time.
 
 Figures: ``bounded_depot_peak_vs_bound`` (the most the partition held after any drain, over its bound; goal
-<= 1.5), ``writer_p99_with_retention_vs_without`` (the p99 of a drain's wall time; goal <= 1.3), and the
+<= 1.5), ``writer_p99_with_retention_vs_without`` (the p99 of a drain's wall time; goal <= 1.3; beside it, as a
+diagnostic, ``writer_cpu_p99_with_retention_vs_without``: the same over the writer thread's CPU time, which
+the load of other processes does not move), and the
 replica's live SST bytes at the end over the bound (disk space really returns). Prints a table, then as the
 LAST line one JSON object.
 """
@@ -21,6 +28,7 @@ LAST line one JSON object.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import queue
@@ -38,12 +46,14 @@ from rich.table import Table
 
 from bench.backup_figures import QUICK_MB
 from bench.backup_figures import measure as backup_measure
+from conductor.metastore.depot_options import CHECK_COMPACTION_LIMIT
 from conductor.worker.replica_store import ReplicaStore
 from pstate import TaskGroupStore
 from pstate.depots import check_partition, depot_cf
 from pstate.retention import RetentionPolicy, compaction_due, partition_size, read_state
 from topology.entries.port import EntryPort
 from topology.entries.requests import DepotAppend, RetentionCheck
+from topology.entries.retention import plan_retention_check
 
 DEPOT = "*log"
 RECORDS = 10
@@ -53,6 +63,39 @@ CHECK_EVERY = 32
 BOUND = 8_000_000
 #: rounds with and without retention, alternating
 ROUNDS = 5
+
+
+class Planner:
+    """The retention driver's first job, on its own thread: a check's reads over the applied state, its
+    decision posted back to the writer's thread as a request (bounded queues: one asked, one posted)."""
+
+    def __init__(self, store: TaskGroupStore, policies: dict[str, RetentionPolicy]) -> None:
+        self.store = store
+        self.policies = policies
+        self.asked: queue.Queue[bool] = queue.Queue(maxsize=1)
+        self.posted: queue.Queue[RetentionCheck] = queue.Queue(maxsize=1)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while self.asked.get():
+            request = plan_retention_check(self.store.applied_reader(), self.store.depots, int(time.time() * 1000),
+                                           [0], self.policies, CHECK_COMPACTION_LIMIT)
+            if request is not None:
+                self.posted.put(request)  # one in flight, as the driver keeps per group
+
+    def close(self) -> None:
+        while True:
+            try:
+                self.posted.get_nowait()  # a request no drain will take: the thread may be waiting to post it
+            except queue.Empty:
+                pass
+            try:
+                self.asked.put(False, timeout=0.01)
+                break
+            except queue.Full:
+                continue
+        self.thread.join()
 
 
 class Compactor:
@@ -83,18 +126,21 @@ def _run(entries: int, retention: bool) -> dict[str, float]:
     port = EntryPort(rs.current, None)
     compactor = Compactor(store) if retention else None
     policies = {DEPOT: RetentionPolicy(retention_bytes=BOUND)}
+    planner = Planner(store, policies) if retention else None
     records = [msgpack.packb(os.urandom(RECORD_BYTES // 2).hex()[:RECORD_BYTES - 3]) for _ in range(RECORDS)]
     drains: list[float] = []
+    cpu: list[float] = []  # the writer thread's CPU seconds per drain (other threads and processes are not in it)
     peak = 0
     compacted = compacted_bytes = 0
-    offset = 0
+    offset = asked = 0
     try:
         staged: list[tuple[int, int, bytes]] = []
-        t_drain = time.perf_counter()
+        t_drain, c_drain = time.perf_counter(), time.thread_time()
         for i in range(entries):
             requests: list[Any] = [DepotAppend([(DEPOT, 0, records)])]
-            if retention and i % CHECK_EVERY == CHECK_EVERY - 1:
-                requests.append(RetentionCheck(int(time.time() * 1000), [0], policies))
+            if planner is not None:
+                with contextlib.suppress(queue.Empty):  # a planned check reaches the task thread's inbox
+                    requests.append(planner.posted.get_nowait())
             for req in requests:
                 builder, _reply = port.build(req)
                 if builder is not None:
@@ -104,6 +150,7 @@ def _run(entries: int, retention: bool) -> dict[str, float]:
                 rs.apply_entries(staged)
                 staged = []
                 drains.append(time.perf_counter() - t_drain)
+                cpu.append(time.thread_time() - c_drain)
                 # the bench's own bookkeeping (peak bytes, what to compact) is the retention driver's work on its
                 # own thread in the worker, not the writer's: it stays outside the timed drains
                 reader = store.applied_reader()
@@ -116,16 +163,30 @@ def _run(entries: int, retention: bool) -> dict[str, float]:
                         compacted, compacted_bytes = size.start, compacted_bytes + trimmed
                     except queue.Full:
                         pass  # the next trim's range covers this one
-                t_drain = time.perf_counter()
+                while planner is not None and asked < (i + 1) // CHECK_EVERY:
+                    # a check every CHECK_EVERY entries; one more is held back (untimed) while one waits unplanned:
+                    # this writer runs many times faster than a replicated one, so a planning thread kept off the
+                    # cores for a moment would otherwise let it overshoot by more than a real one could in a tick
+                    planner.asked.put(True)
+                    asked += 1
+                time.sleep(0)  # the GIL goes to the other threads, as while the worker's task thread waits for a fsync
+                t_drain, c_drain = time.perf_counter(), time.thread_time()
         rs.apply_entries(staged)
+        if planner is not None:
+            planner.close()
+            planner = None
         if compactor is not None:
             compactor.close()
             compactor = None
         store.flush()
         drains.sort()
+        cpu.sort()
         return {"p99_s": drains[int(len(drains) * 0.99) - 1], "max_s": drains[-1], "peak_bytes": peak,
+                "cpu_p99_s": cpu[int(len(cpu) * 0.99) - 1],
                 "live_sst_bytes": store.live_sst_bytes(), "written": entries * RECORDS * RECORD_BYTES}
     finally:
+        if planner is not None:
+            planner.close()
         if compactor is not None:
             compactor.close()
         rs.close()
@@ -147,6 +208,7 @@ def main() -> None:
     console = Console(stderr=True)
     best: dict[bool, dict[str, float]] = {}
     ratios: list[float] = []  # each pair's p99 ratio: load on a shared machine hits both runs of a pair alike
+    cpu_ratios: list[float] = []
     for _round in range(ROUNDS):
         pair = {}
         for retention in (False, True):
@@ -156,6 +218,7 @@ def main() -> None:
             else:
                 best[retention]["peak_bytes"] = max(best[retention]["peak_bytes"], r["peak_bytes"])
         ratios.append(pair[True]["p99_s"] / pair[False]["p99_s"])
+        cpu_ratios.append(pair[True]["cpu_p99_s"] / pair[False]["cpu_p99_s"])
     with_r, without = best[True], best[False]
     table = Table(title=f"a steady writer, {entries:,} entries of {RECORDS} x {RECORD_BYTES:,} B (best p99 of {ROUNDS}), "
                         f"bound {BOUND:,} B")
@@ -173,6 +236,8 @@ def main() -> None:
         "live_sst_vs_bound": round(with_r["live_sst_bytes"] / BOUND, 3),
         "writer_p99_with_retention_vs_without": round(statistics.median(ratios), 3),
         "writer_p99_ratio_of_best": round(with_r["p99_s"] / without["p99_s"], 3),
+        # diagnostic: the same p99 ratio in the writer thread's CPU time (its own work, whatever the load does)
+        "writer_cpu_p99_with_retention_vs_without": round(statistics.median(cpu_ratios), 3),
         "writer_max_with_retention_vs_without": round(with_r["max_s"] / without["max_s"], 3),
         "goals": {"bounded_depot_peak_vs_bound": 1.5, "writer_p99_with_retention_vs_without": 1.3,
                   "ratio_backup_vs_cp": 0.7},

@@ -32,6 +32,8 @@ from pstate.depots import (
     PartitionInfo,
     check_partition,
     read_partition_info,
+    read_partition_meta,
+    times_below,
 )
 from pstate.engine import Reader
 from pstate.store import ChangeSetBuilder
@@ -85,7 +87,11 @@ def _key(depot: str, partition: int) -> bytes:
 
 
 def read_state(reader: Reader, depot: str, partition: int) -> RetentionState:
-    raw = reader.get(META, _key(depot, partition))
+    return decode_state(reader.get(META, _key(depot, partition)))
+
+
+def decode_state(raw: bytes | None) -> RetentionState:
+    """A partition's retention state from its ``_meta`` value (None: never written)."""
     if raw is None:
         return RetentionState()
     start_bytes, marks, records, nbytes = msgpack.unpackb(raw)
@@ -223,14 +229,18 @@ def _trim(builder: ChangeSetBuilder, depot: str, partition: int, before: int, in
     new_start = trim_point(before, info.start, max(applied_end, info.start))
     if new_start == info.start:
         return info.start
-    start_bytes = bytes_below(info, state, new_start)
     builder.depot_trim(depot, partition, new_start)
+    write_state(builder, depot, partition, trimmed_state(info, state, new_start))
+    return new_start
+
+
+def trimmed_state(info: PartitionInfo, state: RetentionState, new_start: int) -> RetentionState:
+    """The retention state once the partition starts at ``new_start`` (``info.start < new_start <= info.end``). Pure."""
+    start_bytes = bytes_below(info, state, new_start)
     marks = tuple(m for m in state.marks if m.offset > new_start)
     # compacted records below the new start leave with it; the counts are clamped, not exact
-    kept = RetentionState(start_bytes, marks, 0, 0) if new_start >= info.end else RetentionState(
+    return RetentionState(start_bytes, marks, 0, 0) if new_start >= info.end else RetentionState(
         start_bytes, marks, state.compacted_records, min(state.compacted_bytes, info.appended_bytes - start_bytes))
-    write_state(builder, depot, partition, kept)
-    return new_start
 
 
 def check(builder: ChangeSetBuilder, depot: str, partition: int, policy: RetentionPolicy, now_ms: int,
@@ -250,3 +260,60 @@ def check(builder: ChangeSetBuilder, depot: str, partition: int, policy: Retenti
         return 0
     # the state as written above: the mark's write is staged in this builder, which _trim writes over
     return _trim(builder, depot, partition, cut, info, applied_info.end, marked) - info.start
+
+
+# ---------------------------------------------------------------------- checks planned off the task thread
+
+
+@dataclass(frozen=True)
+class PlannedCheck:
+    """One partition's retention check, decided from the applied state off the task thread
+    (:func:`plan_check`); the leader's task thread only writes it (:func:`write_planned`), unless the
+    partition's start or retention state moved since (then the next check plans again)."""
+
+    depot: str
+    partition: int
+    #: the partition's start and the raw retention state the plan was made from (its guard)
+    start: int
+    state_raw: bytes | None
+    #: the retention state to write: the new mark, and the trim's start bytes when it trims
+    state: RetentionState
+    #: the new start (``start``: no trim), at most the applied end the plan read (the promise rule)
+    new_start: int
+    #: the time runs the trim deletes (:func:`pstate.depots.times_below`, read below an applied offset)
+    runs: tuple[bytes, bytes] | None
+
+
+def plan_check(applied: Reader, depot: str, partition: int, policy: RetentionPolicy, now_ms: int
+               ) -> PlannedCheck | None:
+    """:func:`check` over the applied state only, for any thread; None when it would write nothing.
+
+    ``applied`` need not be a snapshot: the state is read before the partition's bounds, so a trim applied
+    between the two reads leaves an old state beside a new start, which :func:`write_planned`'s guard refuses,
+    and a mark read is never above the bounds read after it. The decision is :func:`check`'s over what is
+    applied: the same mark (at the applied end), the same :func:`retention_cut` and
+    :func:`replog.trims.trim_point`, with the applied end as the partition's end.
+    """
+    raw = applied.get(META, _key(depot, partition))
+    state = decode_state(raw)
+    info = read_partition_info(applied, depot, partition)
+    marked = with_mark(state, info, now_ms)
+    new_start = trim_point(retention_cut(policy, info, marked, now_ms), info.start, info.end)
+    if new_start == info.start:
+        return None if marked == state else PlannedCheck(depot, partition, info.start, raw, marked, new_start, None)
+    return PlannedCheck(depot, partition, info.start, raw, trimmed_state(info, marked, new_start), new_start,
+                        times_below(applied, depot, check_partition(partition), new_start))
+
+
+def write_planned(builder: ChangeSetBuilder, plan: PlannedCheck) -> int:
+    """Write ``plan`` into the leader's entry (two reads through the builder: the guard); returns the records
+    trimmed (0 when the partition moved since the plan: another trim, check or compaction round went first)."""
+    info, last = read_partition_meta(builder.reader, plan.depot, plan.partition)
+    key = _key(plan.depot, plan.partition)
+    if info.start != plan.start or builder.reader.get(META, key) != plan.state_raw:
+        return 0
+    write_state(builder, plan.depot, plan.partition, plan.state)
+    if plan.new_start == info.start:
+        return 0
+    builder.depot_trim_writes(plan.depot, plan.partition, info, last, plan.new_start, plan.runs)
+    return plan.new_start - info.start

@@ -656,8 +656,16 @@ class ChangeSetBuilder:
         new_start = min(max(before, info.start), info.end)
         if new_start == info.start:
             return
+        self.depot_trim_writes(depot, partition, info, last, new_start, times_below(self._reader, depot, p, new_start))
+
+    def depot_trim_writes(self, depot: str, partition: int, info: PartitionInfo, last: tuple[int, int] | None,
+                        new_start: int, runs: tuple[bytes, bytes] | None) -> None:
+        """:meth:`depot_trim`'s writes, its reads done by the caller: the partition's meta as this builder reads
+        it (:func:`read_partition_meta`), and the time runs below ``new_start`` (:func:`times_below`, which a
+        retention plan reads off the task thread: runs below an applied offset change only with the start)."""
+        p = check_partition(partition)
+        assert info.start < new_start <= info.end, (info, new_start)
         self.writes.delete_range(depot_cf(depot), p + info.start.to_bytes(8, "big"), p + new_start.to_bytes(8, "big"))
-        runs = times_below(self._reader, depot, p, new_start)
         if runs is not None:
             self.writes.delete_range(META, *runs)
         self.writes.put(META, depot_meta_key(depot, p),

@@ -4,9 +4,12 @@ One thread per worker (:class:`RetentionDriver`). Every ``depot.retention.check.
 :class:`RetentionCheck` to each local leader whose depots have a bound or compaction (read from the live
 spec at each check, so ``conductor set-option`` applies at the next one), and sooner when a partition is
 over its size bound (looked at every tick: a fast writer must not overshoot by an interval's writes), at
-most one in flight per group;
-the leader's task thread builds it (a bounded entry: a mark per partition, the due trims, at most
-``CHECK_COMPACTION_LIMIT`` records of key compaction), and every replica applies the same range deletes.
+most one in flight per group. The check's reads run here, not on the task thread that serves the writers'
+appends: this thread decides each bounded partition's mark and trim from the leader's applied state
+(:func:`topology.entries.retention.plan_retention_check`) and posts them; the leader's task thread writes them
+into one bounded entry (a mark per partition, the due trims, and at most ``CHECK_COMPACTION_LIMIT`` records of
+key compaction, which it still reads itself), unless a partition moved since (the next check plans it again),
+and every replica applies the same range deletes.
 
 A range delete hides records at once but frees no disk until RocksDB compacts the files holding them, which
 with a steady writer may take long (the deleted keys are below every new one). So the thread also watches
@@ -33,6 +36,7 @@ from pstate.depots import check_partition, depot_cf
 from pstate.retention import RetentionPolicy, compaction_due, partition_size, read_state
 from replog.messages import Ack
 from topology.entries.requests import RetentionCheck
+from topology.entries.retention import plan_retention_check
 
 log = logging.getLogger("millrace.node")
 
@@ -114,7 +118,11 @@ class RetentionDriver:
                                 and not over_bound(store.current().applied_reader(), policies, tasks)):
                 continue
             self._next_check[key] = now + spec.option(CHECK_INTERVAL_MS) / 1000
-            self._post(rec, key, RetentionCheck(int(time.time() * 1000), tasks, policies, CHECK_COMPACTION_LIMIT))
+            current = store.current()
+            request = plan_retention_check(current.applied_reader(), current.depots, int(time.time() * 1000), tasks,
+                                           policies, CHECK_COMPACTION_LIMIT)
+            if request is not None:
+                self._post(rec, key, request)
 
     def _post(self, rec: HostedReplica, key: tuple[str, int], request: RetentionCheck) -> None:
         host = rec.host

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # (not imported at run time: the Spark side imports this module and stays off RocksDB)
-    from pstate.retention import RetentionPolicy
+    from pstate.retention import PlannedCheck, RetentionPolicy
 
 #: microbatch change ops: a PState key's value set, a number added to it, the key removed; a depot record appended
 OP_SET = "set"
@@ -104,12 +104,18 @@ class DepotTrim:
 class RetentionCheck:
     """The leader's periodic retention check at ``now_ms`` (its wall clock, kept in the entry): a mark per
     partition, the trims and at most ``limit`` records of key compaction its depots' policies
-    (by depot name) ask for; result: records deleted."""
+    (by depot name) ask for; result: records deleted.
+
+    ``planned`` are checks already decided off the task thread (:func:`pstate.retention.plan_check`, the
+    worker's retention driver reads the applied state there): the task thread only writes them. ``policies``
+    are checked on the task thread (depots with key compaction, whose rounds read what is staged).
+    """
 
     now_ms: int
     tasks: Sequence[int]
     policies: Mapping[str, RetentionPolicy]
     limit: int = 10_000
+    planned: Sequence[PlannedCheck] = ()
 
 
 #: every request the entry port builds
