@@ -53,8 +53,9 @@ def next_wake_ms(now_ms: int, next_tick_ms: int, tick_due: int | None, beat_due:
     return due
 
 
-#: how long a follower's apply of committed entries waits after the drain that learnt of them (see FollowerApply)
-FOLLOWER_APPLY_DELAY_MS = 1
+#: how long a follower's apply of committed entries waits after the drain that learnt of them (see FollowerApply):
+#: 1 to 2 ms, since this clock counts whole milliseconds (1 would sometimes be due at once, before the ack left)
+FOLLOWER_APPLY_DELAY_MS = 2
 
 
 class FollowerApply:
