@@ -154,7 +154,10 @@ class TaskThread:
     def _run(self) -> None:
         while True:
             now = now_ms()
-            due = min((h.due_ms(now) for h in self._hosts), default=now + MAX_SLEEP_MS)
+            # Each replica's deadline, once per pass: a replica not posted to meanwhile keeps it (only its own
+            # step changes it), so the pass below reads it rather than asking again.
+            dues = {h: h.due_ms(now) for h in self._hosts}
+            due = min(dues.values(), default=now + MAX_SLEEP_MS)
             if not self._ready and not self._stopping:  # (a lock-free look; a wake after it rings the bell)
                 try:
                     self._doorbell.get(timeout=max(0.0, (due - now) / 1000))
@@ -172,7 +175,7 @@ class TaskThread:
             now = now_ms()
             for h in list(self._hosts):
                 items = h.drain_inbox()
-                if not items and not h.stopping and h not in woken and h.due_ms(now) > now:
+                if not items and not h.stopping and h not in woken and dues.get(h, now) > now:
                     continue
                 if not h.step(items):  # stopped or failed: its disk is closed
                     self._hosts.remove(h)

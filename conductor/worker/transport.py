@@ -4,7 +4,7 @@ The replication state machines tolerate lost, duplicated and reordered
 messages, so the transport is deliberately simple: a bounded hand-off from
 the task threads to the event loop, a bounded queue per peer,
 drained into one ``PeerFrame`` per write (many messages per frame, which is what
-Python's per-message cost demands), and a link that is reopened after a failure
+Python's per-message cost demands; an idle link is written at once, without the queue), and a link that is reopened after a failure
 without replaying anything. A full queue drops the newest message rather than
 growing: the leader resends after ``replication.request.timeout.millis``. The
 framing, and why it is not gRPC, is in :mod:`conductor.wire.peer_framing`; the
@@ -120,6 +120,30 @@ class _PeerLink:
         self.dropped = 0
         #: a message taken from the queue that did not fit the last frame: the next frame's first
         self._carry: bytes | None = None
+        #: the open link's writer and the end of its peer's refusal, while connected (see `offer_many`)
+        self._writer: asyncio.StreamWriter | None = None
+        self._refused: asyncio.Future[str] | None = None
+        #: the sender waits on an empty queue with nothing carried: the link is idle
+        self._parked = False
+
+    def offer_many(self, msgs: list[bytes]) -> None:
+        """Event loop: ``msgs`` for this peer, in order; written at once as one frame when the link is idle.
+
+        An idle link (connected, its sender parked on an empty queue, the socket's buffer below
+        WRITE_BUFFER_BYTES) takes the frame straight from this call: no queue put, no wake-up of the sender
+        task one loop iteration later (two hand-offs per replication round trip on the path of every
+        acknowledgement). Anything else goes through the queue, whose sender keeps the order, the frame
+        bounds and the backpressure (a busy socket, a broken or refused link) as before.
+        """
+        w, refused = self._writer, self._refused
+        if (self._parked and w is not None and refused is not None and not refused.done()
+                and not w.transport.is_closing() and self.queue.empty()
+                and w.transport.get_write_buffer_size() < WRITE_BUFFER_BYTES
+                and sum(map(len, msgs)) <= FRAME_TARGET_BYTES):
+            w.write(frame_bytes(self.t.node_id, self.dst, msgs))
+            return
+        for m in msgs:
+            self.offer(m)
 
     def offer(self, m: bytes) -> None:
         try:
@@ -140,7 +164,14 @@ class _PeerLink:
         lagging one.
         """
         while True:
-            raw = self._carry if self._carry is not None else await self.queue.get()
+            if self._carry is not None:
+                raw = self._carry
+            else:
+                self._parked = True
+                try:
+                    raw = await self.queue.get()
+                finally:
+                    self._parked = False
             self._carry = None
             if len(raw) > MAX_SENDABLE_BYTES:
                 m = pb.PeerMessage.FromString(raw)  # (only to say what it was)
@@ -181,6 +212,7 @@ class _PeerLink:
                 w.transport.set_write_buffer_limits(high=WRITE_BUFFER_BYTES)
                 refused = asyncio.ensure_future(_read_refusal(reader))
                 backoff = 0.05
+                self._writer, self._refused = w, refused
                 while not refused.done():
                     data = await self._frame()
                     w.write(data)
@@ -199,6 +231,7 @@ class _PeerLink:
             except Exception:
                 log.exception("replication link to %s failed", self.dst)
             finally:
+                self._writer = self._refused = None
                 if writer is not None:
                     writer.close()
             await asyncio.sleep(backoff)
@@ -284,11 +317,14 @@ class PeerTransport:
             self._wake_scheduled = False
         if self.closed:
             return
+        by_dst: dict[str, list[bytes]] = {}  # (each peer's messages in the order they were sent)
         for dst, m in items:
+            by_dst.setdefault(dst, []).append(m)
+        for dst, msgs in by_dst.items():
             link = self.links.get(dst)
             if link is None:
                 link = self.links[dst] = _PeerLink(self, dst)
-            link.offer(m)
+            link.offer_many(msgs)
 
     async def close(self) -> None:
         self.closed = True

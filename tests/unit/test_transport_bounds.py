@@ -4,6 +4,7 @@ The replication state machines and the dataflow tolerate lost messages (the
 leader resends after its request timeout, a destination pulls again), so
 dropping is the stated behaviour: the hand-off from the task threads to the
 event loop holds at most MAX_HANDOFF_MESSAGES, a peer's queue MAX_QUEUED_MESSAGES.
+An idle link skips its queue (one frame written at once); a busy one keeps it.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import asyncio
 
 import pytest
 
+from conductor.wire import millrace_pb2 as pb
+from conductor.wire.peer_framing import LENGTH
 from conductor.worker import transport
 from conductor.worker.transport import PeerTransport, _PeerLink
 from replog.messages import FarHorizonOffer
@@ -44,5 +47,44 @@ def test_a_full_peer_queue_drops_the_newest_and_counts_it(monkeypatch: pytest.Mo
         assert link.queue.qsize() == 4 and link.dropped == 6
         assert [link.queue.get_nowait() for _ in range(4)] == [b"\x00", b"\x01", b"\x02", b"\x03"]  # the oldest kept
         await link.task
+
+    asyncio.run(scenario())
+
+
+def test_an_idle_link_writes_a_drains_messages_at_once_as_one_frame_and_a_busy_one_queues_them() -> None:
+    async def scenario() -> None:
+        frames: asyncio.Queue[pb.PeerFrame] = asyncio.Queue()
+
+        async def peer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while True:
+                try:
+                    (n,) = LENGTH.unpack(await reader.readexactly(LENGTH.size))
+                    frames.put_nowait(pb.PeerFrame.FromString(await reader.readexactly(n)))
+                except asyncio.IncompleteReadError:
+                    return
+
+        server = await asyncio.start_server(peer, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        t = PeerTransport("n1", asyncio.get_running_loop(), lambda _dst: f"127.0.0.1:{port}", lambda _dst: None)
+        try:
+            t.send("n2", "M", 0, FarHorizonOffer("n1", 1))  # opens the link; its sender sends this one
+            assert len((await asyncio.wait_for(frames.get(), 5)).messages) == 1
+            link = t.links["n2"]
+            for _ in range(100):  # the sender parks on its empty queue
+                if link._parked:
+                    break
+                await asyncio.sleep(0.01)
+            assert link._parked
+            a, b, c = (transport.to_proto("M", 0, FarHorizonOffer("n1", e)) for e in (2, 3, 4))
+            link.offer_many([a.SerializeToString(), b.SerializeToString()])
+            assert link.queue.empty()  # written at once, not queued for the sender
+            assert list((await asyncio.wait_for(frames.get(), 5)).messages) == [a, b]
+            link._parked = False  # (as while the sender writes or waits for the socket to drain)
+            link.offer_many([c.SerializeToString()])
+            assert link.queue.qsize() == 1  # the sender takes it, in order after what it holds
+        finally:
+            await t.close()
+            server.close()
+            await server.wait_closed()
 
     asyncio.run(scenario())
