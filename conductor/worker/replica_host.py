@@ -35,7 +35,7 @@ from conductor.worker.log_frames import ReplicateReads, append_local
 from conductor.worker.pending_entry import PendingEntry
 from conductor.worker.replica_disk import open_disk
 from conductor.worker.replica_faults import REPLICA_FAULTS, Fault, describe, fault_kind
-from conductor.worker.task_clock import RETAIN_INTERVAL_MS, TICK_MS, FollowerApply, next_wake_ms, now_ms
+from conductor.worker.task_clock import RETAIN_INTERVAL_MS, TICK_MS, next_wake_ms, now_ms
 from conductor.worker.timings import ReplicaTimings, measure_reply, replica_counters
 from pstate.checkpoint import Checked, Manifest
 from pstate.errors import PStateError
@@ -172,8 +172,8 @@ class ReplicaHost:
         self._dirty = False
         #: peer messages of this drain, shipped in one transport call, and held beats (replog.outbox's policy)
         self.outbox = Outbox()
-        #: follower: what to apply once this drain's fsync and acks are out (see `_perform`)
-        self._follower_apply = FollowerApply()
+        #: follower: apply up to here once this drain's fsync and acks are out (see `_perform`)
+        self._apply_later = -1
         #: the task thread this replica's loop runs on: a dedicated one, or one it shares with other replicas
         self.task_thread = task_thread
         self.thread = task_thread.thread
@@ -236,7 +236,7 @@ class ReplicaHost:
         return next_wake_ms(now, self._next_tick, self.replica.next_tick_ms(), self.outbox.next_due(),
                             None if self.dataflow is None else self.dataflow.next_due_ms(now),
                             self._next_retain_ms if self._retain_owed else None, self._next_flow,
-                            self.durability.next_sync_ms, self._follower_apply.due_ms())
+                            self.durability.next_sync_ms)
 
     def drain_inbox(self) -> list[InboxItem]:
         """Everything posted so far, without waiting (the task thread's step)."""
@@ -294,7 +294,7 @@ class ReplicaHost:
         self._ship()
         if self.outbox.beats:
             self._hand_over(self.outbox.due(now_ms()))
-        self._apply_deferred(now_ms())
+        self._apply_deferred()
         if self.dataflow is not None:
             self.dataflow.drained(now_ms())
             self._next_flow = now + TICK_MS
@@ -468,9 +468,9 @@ class ReplicaHost:
                 if self.replica.is_leader:
                     self._apply(a.up_to)  # before the Reply that follows: replies must see applied state
                 else:
-                    # Nobody reads a follower's store: apply after this drain's fsync and acks have left,
-                    # off the path of the leader's commit (task_clock.FollowerApply).
-                    self._follower_apply.defer(a.up_to, now_ms())
+                    # Nobody reads a follower's store before its next drain: apply after this drain's
+                    # fsync and acks, off the path of the leader's commit.
+                    self._apply_later = max(self._apply_later, a.up_to)
             case Truncate():
                 self._apply_deferred()
                 log.warning("%s: truncating replog to offset %d (epoch reconciliation)", self.name, a.end)
@@ -544,9 +544,9 @@ class ReplicaHost:
         except Exception:  # the transport is closing: the protocol resends what matters
             log.debug("%s: could not hand %d message(s) to the transport", self.name, len(out), exc_info=True)
 
-    def _apply_deferred(self, now: int | None = None) -> None:
-        up_to = self._follower_apply.take(now)  # (None: whatever is deferred, due or not)
-        if up_to >= 0:
+    def _apply_deferred(self) -> None:
+        if self._apply_later >= 0:
+            up_to, self._apply_later = self._apply_later, -1
             self._apply(up_to)
 
     def _apply(self, up_to: int) -> None:
@@ -673,7 +673,7 @@ class ReplicaHost:
                                         in_isr=self._znode is not None and self.node_id in self._znode.isr)
         if why_not is not None:
             return why_not
-        self._follower_apply.clear()
+        self._apply_later = -1
         self.outbox.clear()
         self.store.drop_staged()
         self.epoch_file.save(pairs)

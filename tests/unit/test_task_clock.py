@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conductor.worker.task_clock import FOLLOWER_APPLY_DELAY_MS, MAX_SLEEP_MS, FollowerApply, next_wake_ms
+from conductor.worker.task_clock import MAX_SLEEP_MS, next_wake_ms
 from replog.config import ReplicationConfig
 from replog.messages import Ack, ClientAppend, GroupState, LocalFlushed, MetastoreChanged, ReplicateAck, Tick
 from replog.replica import Replica
@@ -60,20 +60,3 @@ def test_a_busy_flow_waits_for_its_own_cadence_when_no_tick_ran_lately() -> None
     """The tick's cadence is stale (no tick was due for a while) while the flow waits on other groups: the
     wake-up is a flow round's cadence away, not now (which made the thread spin)."""
     assert next_wake_ms(1000, 400, None, None, 0, None, 1050) == 1050
-
-
-def test_a_followers_apply_waits_a_moment_after_the_drain_and_a_forced_take_ignores_the_clock() -> None:
-    fa = FollowerApply()
-    assert fa.due_ms() is None and fa.take(10_000) == -1  # nothing deferred
-    fa.defer(5, 1000)
-    fa.defer(7, 1003)  # later commits join the first one's deadline
-    assert fa.due_ms() == 1000 + FOLLOWER_APPLY_DELAY_MS
-    assert next_wake_ms(1003, 1050, None, None, None, None, 1050, apply_due=fa.due_ms()) == fa.due_ms()
-    if FOLLOWER_APPLY_DELAY_MS > 0:
-        assert fa.take(1000) == -1 and fa.due_ms() is not None  # not due yet: still deferred
-    assert fa.take(1000 + FOLLOWER_APPLY_DELAY_MS) == 7 and fa.due_ms() is None
-    fa.defer(9, 2000)
-    assert fa.take() == 9  # a truncation or a role change applies what is committed, due or not
-    fa.defer(11, 3000)
-    fa.clear()  # a far-horizon install replaced the store it was for
-    assert fa.take() == -1
