@@ -2,11 +2,12 @@
 
 The replication state machines tolerate lost, duplicated and reordered
 messages, so the transport is deliberately simple: a bounded hand-off from
-the task threads to the event loop, a bounded queue per peer,
-drained into one ``PeerFrame`` per write (many messages per frame, which is what
-Python's per-message cost demands; an idle link is written at once, without the
-queue), and a link that is reopened after a failure without replaying anything.
-A full queue drops the newest message rather than growing: the leader resends after ``replication.request.timeout.millis``. The
+the task threads to the event loop, a bounded queue per peer, drained into one
+``PeerFrame`` per write (many messages per frame, which is what Python's
+per-message cost demands; an idle link is written at once, without the
+queue), and a link that is reopened after a failure without replaying
+anything. A full queue drops the newest message rather than growing: the
+leader resends after ``replication.request.timeout.millis``. The
 framing, and why it is not gRPC, is in :mod:`conductor.wire.peer_framing`; the
 receiving side is :mod:`conductor.worker.peer_server`. With TLS each dial uses the
 current client context (a rotated certificate is used from the next link) and the
