@@ -28,6 +28,7 @@ from conductor.settings import (
     resolve,
 )
 from conductor.wire.channels import use_process_credentials
+from conductor.worker import switch_interval
 from conductor.worker.hooks import WorkerHooks
 from conductor.worker.timings import configure as configure_timings
 from conductor.worker.worker import Worker
@@ -75,6 +76,10 @@ SETTINGS = [
     Setting("session_timeout", 6.0, parse_seconds, help="ZooKeeper session timeout, seconds"),
     Setting("task_threads", 1, int, help="threads the replicas' loops share (0: one per replica; more than one "
             "overlaps fsyncs on a slow disk but costs CPU per message: see conductor.worker.task_thread)"),
+    Setting("switch_interval", switch_interval.DEFAULT, switch_interval.parse_switch_interval,
+            help="seconds a thread waiting for the GIL lets the running one go on before Python hands the GIL over "
+            f"(sys.setswitchinterval; Python's own default is {switch_interval.PYTHON_DEFAULT}; "
+            "conductor.worker.switch_interval)"),
     Setting("zk_auth", None, Path, help="file holding the ZooKeeper digest credentials USER:PASSWORD (mode 0600); "
             "the znodes this worker creates are then writable by that user only (docs/security.md)"),
     Setting("authorize", None, parse_bool, help="(default: on with TLS) check every gRPC call's identity (certificate or bearer token) "
@@ -103,6 +108,7 @@ def main(argv: list[str] | None = None, hooks: WorkerHooks | None = None) -> Non
         p.exit(2, f"{p.prog}: error: {e}\n")
     node_id, data_dir = s["node_id"], s["data_dir"]
     configure_timings(s["metrics_detail"])
+    switch_interval.apply_switch_interval(s["switch_interval"])
     logging.basicConfig(level=s["log_level"].upper(),
                         format=f"%(asctime)s {node_id} %(levelname)s %(name)s: %(message)s")
 
