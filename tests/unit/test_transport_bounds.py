@@ -56,12 +56,14 @@ def test_an_idle_link_writes_a_drains_messages_at_once_as_one_frame_and_a_busy_o
         frames: asyncio.Queue[pb.PeerFrame] = asyncio.Queue()
 
         async def peer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            while True:
-                try:
+            try:
+                while True:
                     (n,) = LENGTH.unpack(await reader.readexactly(LENGTH.size))
                     frames.put_nowait(pb.PeerFrame.FromString(await reader.readexactly(n)))
-                except asyncio.IncompleteReadError:
-                    return
+            except asyncio.IncompleteReadError:
+                return
+            finally:  # (from Python 3.12 the server's wait_closed waits for every connection it accepted)
+                writer.close()
 
         server = await asyncio.start_server(peer, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
