@@ -335,3 +335,55 @@ def test_damage_found_by_the_open_itself_is_a_typed_error_and_releases_the_store
     for _ in range(2):  # the failed open let go of RocksDB: the same process can open (or move) it again
         with pytest.raises(CorruptStore):
             TaskGroupStore(tmp_path / "s", SCHEMAS)
+
+
+def test_flush_releasing_gil_persists_every_family_at_one_applied_offset_while_other_threads_run(
+        tmp_path: FsPath) -> None:
+    # a leader's checkpoint stalled the whole worker for 141-176 ms: RocksDB's checkpoint flushes memtables
+    # holding the GIL. The flush before it must let other threads run, and must persist every column family
+    # at once (the store has no WAL: a family flushed alone would break replay after a crash).
+    import threading
+    import time
+
+    s = TaskGroupStore(tmp_path / "s", SCHEMAS, depots=["*log"])
+    for offset in range(400):
+        cs = s.changes()
+        for k in range(50):
+            cs.set("$$counts", f"k{offset}-{k}", offset)
+        cs.depot_append("*log", 0, [os.urandom(200)])
+        assert s.apply(offset, cs.encode())
+    families = [pstate_cf("$$counts"), "depot:*log", "_meta"]
+    active = "rocksdb.num-entries-active-mem-table"
+    assert all(s._cfs[f].property_int_value(active) for f in families)
+    ticks, done = [0], threading.Event()
+
+    def tick() -> None:
+        while not done.is_set():
+            ticks[0] += 1
+            time.sleep(0.0005)
+
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    try:
+        time.sleep(0.01)
+        before = ticks[0]
+        started = time.perf_counter()
+        s.flush_releasing_gil()
+        took = time.perf_counter() - started
+        ran = ticks[0] - before
+    finally:
+        done.set()
+        ticker.join()
+    assert all(s._cfs[f].property_int_value(active) == 0 for f in families), "one atomic flush of all"
+    # the ticker ran through the flush (holding the GIL, RocksDB's checkpoint let it tick about once in 11 ms)
+    assert ran >= took / 0.005, (ran, took)
+    cs = s.changes()
+    cs.set("$$counts", "late", 1)
+    assert s.apply(400, cs.encode())  # in a memtable only: lost with the process
+    s.abandon()
+    s = TaskGroupStore(tmp_path / "s", SCHEMAS, depots=["*log"])
+    assert s.applied_offset == 399
+    assert s.select_one("$$counts", "k399-49") == 399
+    assert s.select_one("$$counts", "late") is None
+    s.close()
+    s.flush_releasing_gil()  # closed: nothing, no error
