@@ -98,6 +98,9 @@ from pstate.view import PStateView as PStateView
 #: envelopes a task group sends to others (see pstate.outbox); its own family, so trims never touch _meta
 OUTBOX = "_outbox"
 _APPLIED = b"applied"
+#: bytes applied since the last flush from which a flush first goes through ``TaskGroupStore._flush_releasing_gil``
+#: (a flush holding the GIL stalls the process for about 8 ms per MB)
+GIL_FLUSH_BYTES = 1 << 20
 _BATCH = b"b:"
 #: a depot record's key: partition (u32) + offset (u64), big-endian (pstate.depots)
 _RECORD_KEY = struct.Struct(">IQ")
@@ -124,6 +127,9 @@ class TaskGroupStore:
         #: held while a trimmed range is compacted (outside ``_lock``); closing waits for it
         self._compacting = threading.Lock()
         self._closed = False
+        #: bytes of write batches applied since this store's last flush (RocksDB's own flushes unseen): about
+        #: what the memtables hold, which RocksDB's memtable size properties round up to arena blocks of MBs
+        self._unflushed = 0
         opts = self._options(write_buffer_size)
         names = [pstate_cf(n) for n in self.schemas] + [depot_cf(d) for d in self.depots]
         with rocks_errors("open", self.path):
@@ -247,10 +253,10 @@ class TaskGroupStore:
         CF's data (the crash test caught it). So every memtable is flushed
         atomically first, and close finds nothing left to flush.
         """
-        self.flush_releasing_gil()
         with self._lock, self._compacting:
             if self._closed:
                 return
+            self._flush_releasing_gil()
             self._flush_holding_gil()
             self._closed = True
             with rocks_errors("close", self.path):
@@ -309,29 +315,35 @@ class TaskGroupStore:
 
     def flush(self) -> None:
         """Persist memtables of ALL column families in one atomic flush (see the module docstring)."""
-        self.flush_releasing_gil()
         with self._lock:
+            self._check_open()
+            self._flush_releasing_gil()
             self._flush_holding_gil()
 
-    def flush_releasing_gil(self) -> None:
-        """Flush every column family's memtable atomically while other threads run; nothing if closed.
+    def _flush_releasing_gil(self) -> None:
+        """Flush every column family's memtable atomically while other threads run (caller holds the lock).
 
         The checkpoint path that :meth:`flush` and :meth:`checkpoint` rely on holds the GIL through its flush,
         which stalls every thread of the process (a leader's checkpoint for a far-horizon copy took 141-176 ms
         of writer latency). A manual compaction of a range that overlaps ``_meta``'s memtable flushes first,
         and under ``atomic_flush`` that flush takes every column family in one MANIFEST commit, which is the
         durability model's only requirement; rocksdict releases the GIL through a compaction. The range is
-        ``_meta``'s applied key, which every apply writes, so the compaction itself is one key's. Not under
-        the store's lock: applies go on (RocksDB switches the memtables of all families between two write
-        batches), and what they add after the switch is left for the GIL-holding flush that follows.
+        ``_meta``'s applied key, which every apply writes, so the compaction itself is one key's.
+
+        Under the store's lock, so no apply lands between this flush and the caller's own: that one then has
+        nothing to flush and adds no level-0 file (with applies going on, it added one more per checkpoint,
+        which reached RocksDB's compaction trigger between a far-horizon copy's rounds, and the next round
+        copied every file again). Applies to this store wait as they did; the rest of the process runs.
+        Memtables under :data:`GIL_FLUSH_BYTES` (as counted by applies) are left to the caller's flush, which
+        holds the GIL for a few ms at most.
         """
-        with self._compacting:
-            if self._closed:
-                return
-            opts = rocksdict.CompactOptions()
-            opts.set_exclusive_manual_compaction(False)
-            with rocks_errors("flush", self.path):
-                self._cfs[META].compact_range(_APPLIED, _APPLIED + b"\x00", opts)
+        if self._unflushed < GIL_FLUSH_BYTES:
+            return
+        opts = rocksdict.CompactOptions()
+        opts.set_exclusive_manual_compaction(False)
+        with rocks_errors("flush", self.path):
+            self._cfs[META].compact_range(_APPLIED, _APPLIED + b"\x00", opts)
+        self._unflushed = 0
 
     def _flush_holding_gil(self) -> None:
         """The flush through RocksDB's checkpoint (its ``GetLiveFiles`` flushes all families atomically); the
@@ -341,6 +353,7 @@ class TaskGroupStore:
         try:
             with rocks_errors("flush", self.path):
                 rocksdict.Checkpoint(self._db).create_checkpoint(tmp)
+            self._unflushed = 0
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
@@ -420,8 +433,10 @@ class TaskGroupStore:
                 if cs.topology is not None:
                     put(_BATCH + cs.topology.encode(), pack(cs.batch_id), meta)
             wb.put(_APPLIED, offset.to_bytes(8, "big"), meta)
+            size = wb.size_in_bytes()
             with rocks_errors("write", self.path):
                 self._db.write(wb, self._wo)
+            self._unflushed += size
             self._applied = offset
             if offset >= self._staged_upto:
                 self._pending = Overlay()
@@ -512,15 +527,16 @@ class TaskGroupStore:
         every file, then two fsyncs) is written after the lock is released:
         the files are immutable, and a leader's writers need not wait for it.
         (RocksDB's checkpoint itself flushes the memtables holding the GIL, which
-        stalls the whole process: :meth:`flush_releasing_gil` empties them first.)
+        stalls the whole process: :meth:`_flush_releasing_gil` empties them first.)
         """
         from pstate.checkpoint import take_checkpoint
 
-        self.flush_releasing_gil()  # so the checkpoint's own flush, which holds the GIL, has little left
         with self._lock:
             self._check_open()
+            self._flush_releasing_gil()  # so the checkpoint's own flush, which holds the GIL, has nothing left
             with rocks_errors("checkpoint", self.path):
                 rocksdict.Checkpoint(self._db).create_checkpoint(os.fspath(directory))
+            self._unflushed = 0
             applied = self._applied
         return take_checkpoint(os.fspath(directory), applied, leader_epoch)
 

@@ -24,7 +24,7 @@ from pstate import (
 )
 from pstate.checkpoint import file_stamp
 from pstate.errors import PStateError
-from pstate.store import pstate_cf
+from pstate.store import GIL_FLUSH_BYTES, pstate_cf
 
 SCHEMAS = {"$$counts": Map(str, int)}
 
@@ -337,11 +337,11 @@ def test_damage_found_by_the_open_itself_is_a_typed_error_and_releases_the_store
             TaskGroupStore(tmp_path / "s", SCHEMAS)
 
 
-def test_flush_releasing_gil_persists_every_family_at_one_applied_offset_while_other_threads_run(
+def test_flush_persists_every_family_at_one_applied_offset_while_other_threads_run(
         tmp_path: FsPath) -> None:
     # a leader's checkpoint stalled the whole worker for 141-176 ms: RocksDB's checkpoint flushes memtables
-    # holding the GIL. The flush before it must let other threads run, and must persist every column family
-    # at once (the store has no WAL: a family flushed alone would break replay after a crash).
+    # holding the GIL. The store's flush (a checkpoint's too) must let other threads run, and must persist
+    # every column family at once (the store has no WAL: a family flushed alone would break replay after a crash).
     import threading
     import time
 
@@ -350,11 +350,12 @@ def test_flush_releasing_gil_persists_every_family_at_one_applied_offset_while_o
         cs = s.changes()
         for k in range(50):
             cs.set("$$counts", f"k{offset}-{k}", offset)
-        cs.depot_append("*log", 0, [os.urandom(200)])
+        cs.depot_append("*log", 0, [os.urandom(3000)])
         assert s.apply(offset, cs.encode())
     families = [pstate_cf("$$counts"), "depot:*log", "_meta"]
     active = "rocksdb.num-entries-active-mem-table"
     assert all(s._cfs[f].property_int_value(active) for f in families)
+    assert s._unflushed > GIL_FLUSH_BYTES  # (smaller ones are left to the checkpoint's flush)
     ticks, done = [0], threading.Event()
 
     def tick() -> None:
@@ -368,13 +369,15 @@ def test_flush_releasing_gil_persists_every_family_at_one_applied_offset_while_o
         time.sleep(0.01)
         before = ticks[0]
         started = time.perf_counter()
-        s.flush_releasing_gil()
+        s.flush()
         took = time.perf_counter() - started
         ran = ticks[0] - before
     finally:
         done.set()
         ticker.join()
     assert all(s._cfs[f].property_int_value(active) == 0 for f in families), "one atomic flush of all"
+    level0 = "rocksdb.num-files-at-level0"  # one flush, not a second one of what came meanwhile
+    assert [s._cfs[f].property_int_value(level0) for f in families[:2]] == [1, 1]
     # the ticker ran through the flush (holding the GIL, RocksDB's checkpoint let it tick about once in 11 ms)
     assert ran >= took / 0.005, (ran, took)
     cs = s.changes()
@@ -386,4 +389,3 @@ def test_flush_releasing_gil_persists_every_family_at_one_applied_offset_while_o
     assert s.select_one("$$counts", "k399-49") == 399
     assert s.select_one("$$counts", "late") is None
     s.close()
-    s.flush_releasing_gil()  # closed: nothing, no error
