@@ -181,7 +181,10 @@ class _PeerLink:
             return True
         if n < len(data):
             self._tail = data[n:]
-            self.t.loop.call_soon_threadsafe(self._write_tail)
+            try:
+                self.t.loop.call_soon_threadsafe(self._write_tail)
+            except RuntimeError:  # the loop is closed: the node is stopping, the link with it
+                pass
         return True
 
     def _write_tail(self) -> None:
