@@ -5,8 +5,9 @@ messages, so the transport is deliberately simple: a bounded hand-off from
 the task threads to the event loop, a bounded queue per peer, drained into one
 ``PeerFrame`` per write (many messages per frame, which is what Python's
 per-message cost demands; an idle link is written at once, without the
-queue), and a link that is reopened after a failure without replaying
-anything. A full queue drops the newest message rather than growing: the
+queue, and an idle plaintext link straight from the task thread, without the
+event loop: :meth:`PeerTransport.send_many`), and a link that is reopened after
+a failure without replaying anything. A full queue drops the newest message rather than growing: the
 leader resends after ``replication.request.timeout.millis``. The
 framing, and why it is not gRPC, is in :mod:`conductor.wire.peer_framing`; the
 receiving side is :mod:`conductor.worker.peer_server`. With TLS each dial uses the
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -126,6 +128,13 @@ class _PeerLink:
         self._refused: asyncio.Future[str] | None = None
         #: the sender waits on an empty queue with nothing carried: the link is idle
         self._parked = False
+        #: a duplicate of the open plaintext link's socket descriptor, for task threads' direct writes (None
+        #: with TLS or while not connected); ours, so asyncio closing its own cannot hand the number to
+        #: another file under a writing thread. Set, used and closed under the transport's lock.
+        self._fd: int | None = None
+        #: the end of a frame a task thread's direct write left unwritten (a full socket buffer): the event
+        #: loop writes it before anything else (:meth:`_write`), so frames never interleave
+        self._tail: bytes | None = None
 
     def offer_many(self, msgs: list[bytes]) -> None:
         """Event loop: ``msgs`` for this peer, in order; written at once as one frame when the link is idle.
@@ -141,12 +150,60 @@ class _PeerLink:
                 and not w.transport.is_closing() and self.queue.empty()
                 and w.transport.get_write_buffer_size() < WRITE_BUFFER_BYTES
                 and sum(map(len, msgs)) <= FRAME_TARGET_BYTES):
-            w.write(frame_bytes(self.t.node_id, self.dst, msgs))
+            self._write(frame_bytes(self.t.node_id, self.dst, msgs))
             return
         for m in msgs:
             self.offer(m)
 
+    def write_direct(self, msgs: list[bytes]) -> bool:
+        """Task thread, holding the transport's lock: write ``msgs`` as one frame on the socket now if the link
+        is idle with nothing buffered (False: not written, the caller hands them to the event loop).
+
+        This is the hand-off it saves: the event loop, woken through its self-pipe, must then win the GIL
+        from the task thread that goes on with its drain (its apply), 100-300 µs on a loaded 2-core box, on
+        the path of every acknowledgement (the leader's entries, the follower's ack). asyncio's transport is
+        not thread-safe, so the write is a plain ``os.write`` on our descriptor when asyncio's buffer is
+        empty and the lock keeps every loop-side write out meanwhile; what the socket did not take is the
+        :attr:`_tail`, which the loop writes first.
+        """
+        w, refused, fd = self._writer, self._refused, self._fd
+        if not (self._parked and fd is not None and w is not None and refused is not None and not refused.done()
+                and self._tail is None and not w.transport.is_closing() and self.queue.empty()
+                and w.transport.get_write_buffer_size() == 0 and sum(map(len, msgs)) <= FRAME_TARGET_BYTES):
+            return False
+        data = frame_bytes(self.t.node_id, self.dst, msgs)
+        try:
+            n = os.write(fd, data)
+        except BlockingIOError:
+            n = 0
+        except OSError as e:  # the link broke: the frame is lost, as with a queued one; the loop sees the break
+            log.debug("replication link to %s broke on a direct write: %r", self.dst, e)
+            return True
+        if n < len(data):
+            self._tail = data[n:]
+            try:
+                self.t.loop.call_soon_threadsafe(self._write_tail)
+            except RuntimeError:  # the loop is closed: the node is stopping, the link with it
+                pass
+        return True
+
+    def _write_tail(self) -> None:
+        with self.t.lock:
+            self._write(b"")
+
+    def _write(self, data: bytes) -> None:
+        """Event loop, holding the transport's lock: ``data`` after what a direct write left unwritten."""
+        w = self._writer
+        if w is None:
+            return
+        if self._tail is not None:
+            w.write(self._tail)
+            self._tail = None
+        if data:
+            w.write(data)
+
     def offer(self, m: bytes) -> None:
+        self._parked = False  # (the sender is woken: task threads' direct writes wait for it to park again)
         try:
             self.queue.put_nowait(m)
         except asyncio.QueueFull:
@@ -213,10 +270,14 @@ class _PeerLink:
                 w.transport.set_write_buffer_limits(high=WRITE_BUFFER_BYTES)
                 refused = asyncio.ensure_future(_read_refusal(reader))
                 backoff = 0.05
-                self._writer, self._refused = w, refused
+                with self.t.lock:
+                    self._writer, self._refused = w, refused
+                    if tls is None:
+                        self._fd = os.dup(w.get_extra_info("socket").fileno())
                 while not refused.done():
                     data = await self._frame()
-                    w.write(data)
+                    with self.t.lock:
+                        self._write(data)
                     await w.drain()
                 reason = refused.result()
                 if reason:
@@ -232,7 +293,12 @@ class _PeerLink:
             except Exception:
                 log.exception("replication link to %s failed", self.dst)
             finally:
-                self._writer = self._refused = None
+                with self.t.lock:
+                    self._writer = self._refused = None
+                    self._tail = None
+                    if self._fd is not None:
+                        os.close(self._fd)
+                        self._fd = None
                 if writer is not None:
                     writer.close()
             await asyncio.sleep(backoff)
@@ -266,7 +332,8 @@ class PeerTransport:
         self.closed = False
         #: messages encoded by task threads, handed to the links by one loop callback per burst
         self._outbox: list[tuple[str, bytes]] = []
-        self._outbox_lock = threading.Lock()
+        #: guards the hand-off and every write on a link's socket (task threads write idle links directly)
+        self.lock = threading.Lock()
         self._wake_scheduled = False
         #: messages dropped because the hand-off held MAX_HANDOFF_MESSAGES (the protocol resends)
         self.dropped = 0
@@ -281,7 +348,11 @@ class PeerTransport:
         A task thread sends several messages per drain (entries to every follower,
         apply offsets, acks), and so do other groups' threads meanwhile; each
         ``call_soon_threadsafe`` costs a self-pipe write and a loop iteration, so
-        only the first message of a burst schedules one.
+        only the first message of a burst schedules one. None at all when nothing
+        waits for the loop and a destination's link is idle: its messages are written
+        from here (:meth:`_PeerLink.write_direct`). The hand-off's order holds: a
+        direct write happens only while nothing is in the hand-off, and the loop
+        gives what it takes from the hand-off to the links under the same lock.
         """
         once: dict[int, bytes] = {}  # a message sent to several peers (the same entries) is encoded once
         encoded = []
@@ -290,7 +361,11 @@ class PeerTransport:
             if raw is None:
                 raw = once[id(m)] = to_proto(module, group, m).SerializeToString()
             encoded.append((dst, raw))
-        with self._outbox_lock:
+        with self.lock:
+            if not self._outbox and not self.closed:
+                encoded = self._write_direct(encoded)
+                if not encoded:
+                    return
             room = MAX_HANDOFF_MESSAGES - len(self._outbox)
             if len(encoded) > room:
                 self._drop(len(encoded) - max(room, 0))
@@ -304,6 +379,19 @@ class PeerTransport:
         except RuntimeError:  # the loop is closed: the node is stopping
             pass
 
+    def _write_direct(self, encoded: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
+        """(holding the lock, nothing in the hand-off) Write each destination's messages on its idle link;
+        returns those left for the event loop (a busy, broken or TLS link, or one not yet opened)."""
+        by_dst: dict[str, list[bytes]] = {}
+        for dst, m in encoded:
+            by_dst.setdefault(dst, []).append(m)
+        left: list[tuple[str, bytes]] = []
+        for dst, msgs in by_dst.items():
+            link = self.links.get(dst)
+            if link is None or not link.write_direct(msgs):
+                left += [(dst, m) for m in msgs]
+        return left
+
     def _drop(self, n: int) -> None:
         """(holding the hand-off lock) `n` messages did not fit the hand-off."""
         before, self.dropped = self.dropped, self.dropped + n
@@ -312,20 +400,20 @@ class PeerTransport:
                         "message(s) so far (they will be resent)", self.node_id, self.dropped)
 
     def _drain(self) -> None:
-        with self._outbox_lock:
+        with self.lock:  # (held while the links take them: a task thread's direct write cannot overtake them)
             items = self._outbox
             self._outbox = []
             self._wake_scheduled = False
-        if self.closed:
-            return
-        by_dst: dict[str, list[bytes]] = {}  # (each peer's messages in the order they were sent)
-        for dst, m in items:
-            by_dst.setdefault(dst, []).append(m)
-        for dst, msgs in by_dst.items():
-            link = self.links.get(dst)
-            if link is None:
-                link = self.links[dst] = _PeerLink(self, dst)
-            link.offer_many(msgs)
+            if self.closed:
+                return
+            by_dst: dict[str, list[bytes]] = {}  # (each peer's messages in the order they were sent)
+            for dst, m in items:
+                by_dst.setdefault(dst, []).append(m)
+            for dst, msgs in by_dst.items():
+                link = self.links.get(dst)
+                if link is None:
+                    link = self.links[dst] = _PeerLink(self, dst)
+                link.offer_many(msgs)
 
     async def close(self) -> None:
         self.closed = True

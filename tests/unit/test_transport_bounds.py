@@ -53,30 +53,8 @@ def test_a_full_peer_queue_drops_the_newest_and_counts_it(monkeypatch: pytest.Mo
 
 def test_an_idle_link_writes_a_drains_messages_at_once_as_one_frame_and_a_busy_one_queues_them() -> None:
     async def scenario() -> None:
-        frames: asyncio.Queue[pb.PeerFrame] = asyncio.Queue()
-
-        async def peer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            try:
-                while True:
-                    (n,) = LENGTH.unpack(await reader.readexactly(LENGTH.size))
-                    frames.put_nowait(pb.PeerFrame.FromString(await reader.readexactly(n)))
-            except asyncio.IncompleteReadError:
-                return
-            finally:  # (from Python 3.12 the server's wait_closed waits for every connection it accepted)
-                writer.close()
-
-        server = await asyncio.start_server(peer, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        t = PeerTransport("n1", asyncio.get_running_loop(), lambda _dst: f"127.0.0.1:{port}", lambda _dst: None)
+        server, frames, t, link = await _parked_link()
         try:
-            t.send("n2", "M", 0, FarHorizonOffer("n1", 1))  # opens the link; its sender sends this one
-            assert len((await asyncio.wait_for(frames.get(), 5)).messages) == 1
-            link = t.links["n2"]
-            for _ in range(100):  # the sender parks on its empty queue
-                if link._parked:
-                    break
-                await asyncio.sleep(0.01)
-            assert link._parked
             a, b, c = (transport.to_proto("M", 0, FarHorizonOffer("n1", e)) for e in (2, 3, 4))
             link.offer_many([a.SerializeToString(), b.SerializeToString()])
             assert link.queue.empty()  # written at once, not queued for the sender
@@ -90,3 +68,71 @@ def test_an_idle_link_writes_a_drains_messages_at_once_as_one_frame_and_a_busy_o
             await server.wait_closed()
 
     asyncio.run(scenario())
+
+
+def test_a_task_threads_messages_for_an_idle_link_are_written_from_the_thread_and_a_partial_write_ends_first(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+    real_write = os.write
+    halves: list[int] = []
+
+    async def scenario() -> None:
+        server, frames, t, link = await _parked_link()
+        try:
+            a, b, c = (FarHorizonOffer("n1", e) for e in (2, 3, 4))
+            await asyncio.to_thread(t.send_many, "M", 0, [("n2", a), ("n2", b)])  # (a task thread's drain)
+            assert not t._outbox and not t._wake_scheduled  # written by the thread: no hand-off, no wake-up
+            got = (await asyncio.wait_for(frames.get(), 5)).messages
+            assert [m.far_horizon.epoch for m in got] == [2, 3]
+
+            def half(fd: int, data: bytes) -> int:  # a socket buffer with room for half a frame
+                if fd == link._fd:
+                    halves.append(len(data))
+                    return real_write(fd, data[:len(data) // 2])
+                return real_write(fd, data)
+            monkeypatch.setattr(os, "write", half)
+            t.send_many("M", 0, [("n2", c)])  # (the same call as a thread's, with the loop held meanwhile)
+            monkeypatch.setattr(os, "write", real_write)
+            assert halves and link._tail is not None  # the loop is asked to write the rest
+            with t.lock:
+                assert not link.write_direct([b"x"])  # nothing more from threads until the rest is written
+            t.send("n2", "M", 0, FarHorizonOffer("n1", 5))  # through the loop: after the rest
+            assert t._outbox
+            got = (await asyncio.wait_for(frames.get(), 5)).messages
+            assert [m.far_horizon.epoch for m in got] == [4]
+            got = (await asyncio.wait_for(frames.get(), 5)).messages
+            assert [m.far_horizon.epoch for m in got] == [5] and link._tail is None
+        finally:
+            await t.close()
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(scenario())
+
+
+async def _parked_link() -> tuple[asyncio.Server, asyncio.Queue[pb.PeerFrame], PeerTransport, _PeerLink]:
+    """A transport from n1 with its link to a peer ("n2") open and parked; the frames the peer reads."""
+    frames: asyncio.Queue[pb.PeerFrame] = asyncio.Queue()
+
+    async def peer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                (n,) = LENGTH.unpack(await reader.readexactly(LENGTH.size))
+                frames.put_nowait(pb.PeerFrame.FromString(await reader.readexactly(n)))
+        except asyncio.IncompleteReadError:
+            return
+        finally:  # (from Python 3.12 the server's wait_closed waits for every connection it accepted)
+            writer.close()
+
+    server = await asyncio.start_server(peer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    t = PeerTransport("n1", asyncio.get_running_loop(), lambda _dst: f"127.0.0.1:{port}", lambda _dst: None)
+    t.send("n2", "M", 0, FarHorizonOffer("n1", 1))  # opens the link; its sender sends this one
+    assert len((await asyncio.wait_for(frames.get(), 5)).messages) == 1
+    link = t.links["n2"]
+    for _ in range(100):  # the sender parks on its empty queue
+        if link._parked:
+            break
+        await asyncio.sleep(0.01)
+    assert link._parked
+    return server, frames, t, link
