@@ -102,6 +102,7 @@ bench: setup
 	$(PY) -m bench.replog_append --quick
 	$(PY) -m bench.pstate --quick
 	$(PY) -m bench.cluster_append --quick
+	$(PY) -m bench.batched_cpu --quick
 	$(PY) -m bench.microbatch --quick
 	$(PY) -m bench.catchup --quick
 	$(PY) -m bench.topology --quick

@@ -46,6 +46,7 @@ import struct
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -421,9 +422,13 @@ class TaskGroupStore:
                 for op, ci, items in cs.runs:
                     h = handles[ci]
                     if op == OP_PUT:
+                        # Per record, only rocksdict's put: the run's family is the batch's default (a family
+                        # argument is checked on every call), and map pairs each key with the value after it
+                        # (it pulls from `it` twice per call), with no bytecode per pair (session 13: 0.14
+                        # against 0.18 µs a put).
+                        wb.set_default_column_family(h)
                         it = iter(items)
-                        for k in it:
-                            put(k, next(it), h)
+                        deque(map(put, it, it), maxlen=0)
                     elif op == OP_DELETE:
                         for k in items:
                             wb.delete(k, h)

