@@ -18,6 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
@@ -53,6 +54,16 @@ MAX_DEADLINE_MS = 10 * 60 * 1000
 log = logging.getLogger("millrace.node")
 #: a resume point no page has (see ``_page_reader``'s walk)
 _NOWHERE = b"\xff" * 16
+
+
+@dataclass
+class _Walk:
+    """The pages a scan reader served in order from the start of the whole PState: the resume point of the next
+    one (:data:`_NOWHERE` once the reader served anything else) and the keys read so far."""
+
+    after: bytes | None = None
+    keys: int = 0
+
 
 Damage = Callable[[ReplicaHost], contextlib.AbstractContextManager[None]]
 
@@ -136,16 +147,15 @@ class QueryService:
         limit = max(1, request.limit or 1000)
         max_bytes = min(MAX_PAGE_BYTES, request.max_bytes or MAX_PAGE_BYTES)
         task_keep = None if request.all_tasks else keep
-        #: pages read in order from the start of the whole PState: (the resume point of the next one, keys so far)
-        walked: list[Any] = [None, 0]
+        walked = _Walk()
 
         def walk(after: bytes | None, page_after: bytes | None, scanned: int, now: Leader, store: TaskGroupStore) -> None:
             """A scan of the whole PState, page after page, reports its keys at its end (pstate.hidden_versions)."""
-            if start is not None or end is not None or after != walked[0]:
-                walked[0] = _NOWHERE  # (not a walk from the start: this reader reports nothing)
+            if start is not None or end is not None or after != walked.after:
+                walked.after = _NOWHERE  # (not a walk from the start: this reader reports nothing)
                 return
-            walked[0], walked[1] = page_after, (walked[1] if after else 0) + scanned
-            if page_after is None and store.scanned_whole(request.pstate, walked[1]):
+            walked.after, walked.keys = page_after, (walked.keys if after else 0) + scanned
+            if page_after is None and store.scanned_whole(request.pstate, walked.keys):
                 self._flush_for_scans(now.host, store)
 
         def page(after: bytes | None) -> pb.ScanReply:
