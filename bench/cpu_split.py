@@ -43,6 +43,16 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+def classify(cmdline: str) -> str:
+    """The class of a process that is not a node, from its command line (arguments separated by spaces)."""
+    program = Path(cmdline.split(" ", 1)[0]).name
+    if program.startswith("java"):  # its class path names pyspark's jars too: the program decides
+        return "spark_jvm" if "org.apache.spark" in cmdline else "other"
+    if program.startswith("python") and "pyspark" in cmdline:
+        return "spark_python"
+    return "other"
+
+
 class CpuSplit:
     """CPU seconds per process class over a call, for this process and its descendants."""
 
@@ -50,16 +60,6 @@ class CpuSplit:
         #: the nodes' pids (asked at every snapshot: a node may be restarted)
         self.node_pids = node_pids
         self.available = (_PROC / str(os.getpid()) / "stat").exists()
-
-    def _classify(self, pid: int, nodes: set[int]) -> str:
-        if pid in nodes:
-            return "nodes"
-        cmd = _cmdline(pid)
-        if "pyspark" in cmd:
-            return "spark_python"
-        if "java" in cmd and "org.apache.spark" in cmd:
-            return "spark_jvm"
-        return "other"
 
     def snapshot(self) -> dict[str, float]:
         """Cumulative CPU seconds per class now (descendants found by walking parent pids)."""
@@ -79,7 +79,7 @@ class CpuSplit:
         nodes = set(self.node_pids())
         out = dict.fromkeys(CLASSES, 0.0)
         for pid in below - {me}:
-            out[self._classify(pid, nodes)] += stats[pid][1]
+            out["nodes" if pid in nodes else classify(_cmdline(pid))] += stats[pid][1]
         t = os.times()
         out["bench"] = t.user + t.system + t.children_user + t.children_system  # with children it reaped
         return out

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from bench.cpu_split import CLASSES, CpuSplit
+from bench.cpu_split import CLASSES, CpuSplit, classify
 
 #: burns 0.3 s of CPU once told to (a line on stdin), says so, then idles until killed
 BURN = ("import sys, time; sys.stdin.readline(); t = time.process_time()\n"
@@ -38,3 +38,11 @@ def test_a_child_listed_as_a_node_counts_as_nodes_and_others_as_other() -> None:
         for p in (node, other):
             p.kill()
             p.wait()
+
+
+def test_spark_processes_are_told_apart_by_their_program() -> None:
+    jvm = "/usr/lib/jvm/java-17/bin/java -cp /v/site-packages/pyspark/jars/* org.apache.spark.deploy.SparkSubmit"
+    assert classify(jvm) == "spark_jvm"
+    assert classify("/w/.venv/bin/python -m pyspark.daemon pyspark.worker") == "spark_python"
+    assert classify("/usr/bin/java -cp zk.jar org.apache.zookeeper.server.quorum.QuorumPeerMain z.cfg") == "other"
+    assert classify("/w/.venv/bin/python -m conductor.worker --node n1") == "other"
