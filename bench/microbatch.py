@@ -34,7 +34,12 @@ Diagnostics (not goals), to show where the time goes:
   is the record as JSON, parsed with ``get_json_object``): the cost of JSON;
 * ``fetch_decode_rows_per_s``: the source's own read path (pipelined
   ``DepotRead`` + msgpack + Arrow, exactly the code a Spark task runs) in this
-  process, one partition after another, without Spark: the Python ceiling.
+  process, one partition after another, without Spark: the Python ceiling;
+* ``cpu_s_depot``, ``cpu_s_ceiling`` and ``depot_extra_cpu_s``: the median CPU
+  seconds of one timed job by process (``nodes``, ``spark_jvm``,
+  ``spark_python``, ``bench``, ``other``: :mod:`bench.cpu_split`), and the
+  depot's excess over the ceiling: on two busy cores a job's time follows the
+  CPU it costs, so this says where ``depot_vs_ceiling``'s gap is spent.
 
 With ``--standalone`` (a master and two one-core workers started here with the
 launcher pyspark ships, :mod:`conductor.spark_standalone`) or ``--master
@@ -69,6 +74,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from bench.cpu_split import CpuSplit
 from bench.python_ceiling import NAME as CEILING
 from bench.python_ceiling import CeilingSource
 from conductor.client import Cluster
@@ -226,14 +232,16 @@ def source_jobs(spark: Any, hosts: str, table: str, n: int, partitions: int) -> 
 
 
 def time_jobs(jobs: dict[str, Callable[[], Any]], expected: tuple[int, int], runs: int, console: Console,
-              mode: str) -> dict[str, float]:
-    """Warm every job up (checking its answer), then time them alternating; rows/s and median s per job.
+              mode: str, split: CpuSplit | None = None) -> dict[str, Any]:
+    """Warm every job up (checking its answer), then time them alternating; rows/s and median s per job,
+    and with `split` the median CPU seconds per process class of each job (``cpu_<job>``).
 
     Warm-up, untimed: Python workers, Delta's log cache, the ceiling's batches in each Python worker, and
     the JIT, which keeps compiling Spark's Python-source path (a few hundred ms of CPU per job on these two
     cores) for the first few jobs of each kind.
     """
     times: dict[str, list[float]] = {k: [] for k in jobs}
+    cpu: dict[str, list[dict[str, float]]] = {k: [] for k in jobs}
     for w in range(WARMUP_ROUNDS):
         for k, fn in jobs.items():
             if k == "depot_json" and w:
@@ -246,13 +254,21 @@ def time_jobs(jobs: dict[str, Callable[[], Any]], expected: tuple[int, int], run
             if k == "depot_json" and i >= max(1, runs // 2):
                 continue
             t0 = time.perf_counter()
-            fn()
+            if split is None:
+                fn()
+            else:
+                cpu[k].append(split.measure(fn)[1])
             times[k].append(time.perf_counter() - t0)
         console.log(f"{mode} run {i + 1}/{runs}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in times.items()))
-    out: dict[str, float] = {}
+        if split is not None:
+            console.log("  CPU s by process: " + "; ".join(
+                f"{k} " + " ".join(f"{c} {s:.2f}" for c, s in v[-1].items()) for k, v in cpu.items() if v))
+    out: dict[str, Any] = {}
     for k, v in times.items():
         out[f"{k}_rows_per_s"] = expected[0] / statistics.median(v)
         out[f"{k}_median_s"] = statistics.median(v)
+        if cpu[k] and cpu[k][0]:
+            out[f"cpu_{k}"] = {c: round(statistics.median(d[c] for d in cpu[k]), 3) for c in cpu[k][0]}
     return out
 
 
@@ -292,7 +308,8 @@ def run(args: argparse.Namespace, root: Path, console: Console) -> dict[str, Any
             spark.dataSource.register(CeilingSource)
             jobs = source_jobs(spark, dc.hosts, table, n, args.threads)
             jobs["depot_json"] = json_job
-            result.update(time_jobs(jobs, (n, (n - 1) * (n - 2) // 2 - 1), args.runs, console, "local[2]"))
+            split = CpuSplit(lambda: [p.pid for p in dc.nodes.values()])
+            result.update(time_jobs(jobs, (n, (n - 1) * (n - 2) // 2 - 1), args.runs, console, "local[2]", split))
             console.log("measuring append -> visible through a microbatch topology (processingTime 0)")
             result["append_to_visible_ms"] = visibility_latencies(spark, dc.hosts, root, args.visibility_samples)
         finally:
@@ -334,6 +351,16 @@ def on_cluster(args: argparse.Namespace, root: Path, hosts: str, table: str, n: 
             sc.stop()
     out["master"] = master
     return out
+
+
+def cpu_split(r: dict[str, Any]) -> dict[str, Any]:
+    """The JSON's CPU figures: each job's median CPU seconds by process class, and the depot's excess over the
+    ceiling by class (what the depot's read costs beyond the API's own path, `bench.cpu_split`)."""
+    if "cpu_depot" not in r or "cpu_ceiling" not in r:
+        return {}
+    depot, ceiling = r["cpu_depot"], r["cpu_ceiling"]
+    return {"cpu_s_depot": depot, "cpu_s_ceiling": ceiling,
+            "depot_extra_cpu_s": {c: round(depot[c] - ceiling[c], 3) for c in depot}}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -423,6 +450,7 @@ def main(argv: list[str] | None = None) -> None:
         "delta_export_s": round(r["delta_export_s"], 2),
         "append_to_visible_p50_ms": round(vis_p50, 1),
         "goal_visible_p50_met": vis_met,
+        **cpu_split(r),
         **standalone,
     }))
 
