@@ -29,7 +29,12 @@ Rules, and why:
   the end of its latest epoch in the leader's log, truncates to the smaller of
   the two ends, and repeats with its new latest epoch until both agree. It never
   truncates to the apply offset (high watermark), which loses applied entries
-  or keeps divergent ones when leaders change quickly.
+  or keeps divergent ones when leaders change quickly. A question that reached
+  the new leader before it knew its epoch was dropped; the leader's first
+  frame of the epoch proves it knows now, so the follower asks again then
+  (once per epoch) rather than after ``request_timeout_ms``: the new leader
+  applies nothing until every ISR member has reconciled, and a hand-off's old
+  leader, told by its own CAS, asks too early nearly every time.
 * Messages from older epochs are dropped; a message from a newer epoch makes a
   follower (or a deposed leader that did not notice yet) adopt that epoch.
 * Retention keeps every entry some replica may still need from this log: above

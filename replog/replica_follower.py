@@ -32,10 +32,27 @@ class FollowerRules(ReplicaState):
         self._request_sent_ms = self._now
         self._out.append(Send(EpochRequest(self.node_id, self.leader, self.epoch, latest)))
 
+    def _reask_epoch_end(self) -> None:
+        """The leader's first frame of the epoch: ask again a question sent before it (once per epoch).
+
+        A replica learns of a new epoch from its own watch or CAS, often before
+        the new leader does: a hand-off's CAS tells the resigning leader at once,
+        the successor only through its watch. A question that arrives first is
+        dropped (it names an epoch its addressee does not lead yet), and until
+        the re-ask after ``request_timeout_ms`` the new leader applies nothing
+        (its ISR includes this replica, not reconciled): a writer waited a whole
+        second at every hand-off. The frame proves the leader knows its epoch
+        now; a duplicate question is answered twice, the second answer ignored.
+        """
+        self._leader_heard = True
+        if self._requested_epoch is not None:
+            self._request_epoch_end()
+
     def _on_epoch_response(self, m: EpochResponse) -> None:
         if (self.role is not Role.FOLLOWER or m.epoch != self.epoch or m.src != self.leader
                 or self.reconciled or m.requested_epoch != self._requested_epoch):
             return  # stale or duplicate
+        self._leader_heard = True
         trunc = self._truncation_point(m.found_epoch, m.end_offset)
         assert trunc > self.applied_floor, (
             f"{self.node_id} would truncate applied entries: cut at {trunc}, applied {self.applied} "
@@ -97,12 +114,16 @@ class FollowerRules(ReplicaState):
         if m.epoch > self.epoch:
             # Only the metastore creates epochs, so a newer one proves m.src leads it.
             self._become_follower(m.epoch, m.src)
+            self._leader_heard = True
             return
         assert self.role is not Role.LEADER, f"{m.src} and {self.node_id} both lead epoch {m.epoch}"
         if self.role is Role.UNATTACHED and self.leader is None:
             self._become_follower(m.epoch, m.src)  # our epoch has a leader we had not heard of
+            self._leader_heard = True
             return
         if self.role is not Role.FOLLOWER or not self.reconciled:
+            if self.role is Role.FOLLOWER and m.src == self.leader and not self._leader_heard:
+                self._reask_epoch_end()
             return
         assert m.src == self.leader, f"epoch {m.epoch} led by {self.leader} and {m.src}"
         n = len(m.entry_epochs)

@@ -143,6 +143,9 @@ class ReplicaState:
         self.reconciled = False
         self._requested_epoch: int | None = None
         self._request_sent_ms = 0
+        #: follower: the leader has spoken in this epoch (a frame or an epoch answer), so it knows it leads it.
+        #: A question sent before may have reached it before it did, and been dropped (see _on_replicate)
+        self._leader_heard = False
         #: follower: when we last acknowledged (beats are answered at most once per heartbeat interval)
         self._last_ack_ms = -(1 << 62)
         #: follower: when we last asked the leader to resend from our log end (a reset ack; see _on_replicate)
@@ -177,6 +180,7 @@ class ReplicaState:
         self.leader = leader
         self.reconciled = False
         self._requested_epoch = None
+        self._leader_heard = False
         changed = self.role is not Role.UNATTACHED
         self.role = Role.UNATTACHED
         if changed and announce:

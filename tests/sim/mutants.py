@@ -56,6 +56,14 @@ class HandOffWithoutCatchUp(Replica):
         return True
 
 
+class ReasksOnlyAfterTheTimeout(Replica):
+    """A follower whose epoch question reached the new leader before it knew it leads waits out
+    ``request_timeout_ms`` to ask again, instead of asking on the leader's first frame (the hand-off stall)."""
+
+    def _reask_epoch_end(self) -> None:
+        self._leader_heard = True
+
+
 class ElectsEmptiedReplica(Replica):
     """A replica whose storage lost what it acknowledged records its new storage but stays in the ISR
     (no KIP-966 eligibility): an emptied replica remains electable."""

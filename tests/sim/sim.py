@@ -295,6 +295,9 @@ class Sim:
         #: the balancer's outstanding resign request (successor, epoch), withdrawn by the hand-off CAS
         self.resign_request: tuple[str, int] | None = None
         self.hand_offs = 0
+        #: scenarios: extra ms before a node's group-znode watch fires (a busy ZooKeeper client thread), so it
+        #: hears of a new epoch after its peers do
+        self.watch_lag_ms: dict[str, int] = {}
         #: depot trims (pstate.retention): a trim entry "trim:<before>:<applied offset it was built at>" drops
         #: the records (the other payloads) below <before>; ``trim_rule`` is the end it is clamped to: the
         #: builder's applied records (the promise rule) or, to show the check bites, its log's
@@ -761,7 +764,7 @@ class Sim:
         """Watch notification, in order per node (as ZooKeeper delivers them)."""
         n = self.nodes[nid]
         lo, hi = self.metastore_ms
-        t = max(self.now + self.rng.randint(lo, hi), n.last_notify_ms)
+        t = max(self.now + self.rng.randint(lo, hi) + self.watch_lag_ms.get(nid, 0), n.last_notify_ms)
         n.last_notify_ms = t
         self.at(t, lambda: self._deliver(nid, n.incarnation, MetastoreChanged(st)))
 

@@ -56,8 +56,10 @@ def test_membership_seeds_catch_mutant(mutant: type[Replica], rules: type[PlanRu
 
 
 #: the seeds that found the window of replog.retirement (a plan completing onto a replica that just found damage):
-#: it is rare (4 in about 125,000 membership seeds), so the mutant is run on them (and scripted in test_scenarios.py)
-WINDOW_SEEDS = (11042720, 12002919, 13013670, 13039182)
+#: it is rare (4 in about 125,000 membership seeds), so the mutant is run on them (and scripted in test_scenarios.py).
+#: 13013670 found it too until session 13: the re-asked epoch question on a new leader's first frame
+#: (replog.replica_follower._reask_epoch_end) sends one more message, and its schedule no longer reaches the window
+WINDOW_SEEDS = (11042720, 12002919, 13039182)
 
 
 def test_window_seeds_catch_deleting_at_completion() -> None:

@@ -30,6 +30,7 @@ from tests.sim.mutants import (
     CountsRemovingTowardMinIsr,
     DeletesAtCompletion,
     HandOffWithoutCatchUp,
+    ReasksOnlyAfterTheTimeout,
     SingleRoundEpochExchange,
     TruncateToHighWatermark,
 )
@@ -425,6 +426,39 @@ def test_hand_off_to_a_follower_leaving_the_isr_is_given_up() -> None:
     after = sim.append(1, Ack.APPLIED)
     sim.run_until_true(lambda: after.outcome == "ok")
     sim.heal_and_settle()
+
+
+SLOW_WATCH_REQUEST_TIMEOUT_MS = 200
+
+
+def hand_off_to_a_successor_with_a_slow_watch(replica_cls: type[Replica]) -> int:
+    """a hands off to b, whose watch fires late: a (from its own CAS) and c ask b for their epoch's end before
+    b knows it leads, and b drops the questions. The ms from the hand-off's znode to the first append through
+    b being applied (the request timeout is 200 ms here, well above the network's delays)."""
+    sim = scripted(3, replica_cls, request_timeout_ms=SLOW_WATCH_REQUEST_TIMEOUT_MS)
+    sim.elect("a")
+    first = sim.append(1, Ack.APPLIED)
+    sim.run_until_true(lambda: first.outcome == "ok")
+    sim.watch_lag_ms["b"] = 10  # a few network delays
+    sim.request_resign("b")
+    sim.run_until_true(lambda: sim.hand_offs == 1)
+    handed = sim.now
+    sim.run_until_true(lambda: sim.nodes["b"].replica.is_leader)
+    after = sim.append(1, Ack.APPLIED)
+    sim.run_until_true(lambda: after.outcome == "ok", max_ms=10 * SLOW_WATCH_REQUEST_TIMEOUT_MS)
+    waited = sim.now - handed
+    sim.heal_and_settle()
+    return waited
+
+
+def test_a_hand_off_does_not_wait_for_the_request_timeout() -> None:
+    """The followers re-ask on the new leader's first frame of the epoch (replog.replica_follower._reask_epoch_end),
+    so the new leader applies within a few network delays, not after replication.request.timeout.millis."""
+    assert hand_off_to_a_successor_with_a_slow_watch(Replica) < SLOW_WATCH_REQUEST_TIMEOUT_MS // 4
+
+
+def test_re_asking_only_after_the_timeout_is_caught() -> None:
+    assert hand_off_to_a_successor_with_a_slow_watch(ReasksOnlyAfterTheTimeout) >= SLOW_WATCH_REQUEST_TIMEOUT_MS
 
 
 # ------------------------------------------------------------------------------------------------ live options

@@ -105,6 +105,31 @@ def test_stale_epoch_answers_are_ignored_and_requests_retried() -> None:
     assert r.handle(Tick(), 100) == [Send(EpochRequest("b", "a", 5, 1))]
 
 
+def test_asks_again_on_the_leaders_first_frame_of_the_epoch_once() -> None:
+    """Told of the epoch before its leader was (a hand-off's CAS, a faster watch), the question may have been
+    dropped: the leader's first beat proves it leads now, so ask at once rather than after the request timeout."""
+    r, out = follower(10, ((1, 0),))
+    assert of(out, Send) == [Send(EpochRequest("b", "a", 5, 1))]
+    beat = Replicate("a", "b", 5, 10, (), 4)
+    assert r.handle(beat, 3) == [Send(EpochRequest("b", "a", 5, 1))]
+    assert r.handle(beat, 4) == [], "once per epoch: a later frame does not repeat it (the timer repairs losses)"
+    assert r.handle(Tick(), 102) == [], "the request timeout runs from the second question"
+    assert r.handle(Tick(), 103) == [Send(EpochRequest("b", "a", 5, 1))]
+    answer(r, 1, 10, now=104)
+    assert r.reconciled
+
+
+def test_a_frame_that_brings_the_epoch_or_an_answer_means_no_second_question() -> None:
+    r = Replica("b", "g", ReplicationConfig(request_timeout_ms=100), session=1, log_end=10, epoch_pairs=((1, 0),))
+    out = r.handle(Replicate("a", "b", 5, 10, (), 4), 0)  # heard of the epoch from its leader itself
+    assert of(out, Send) == [Send(EpochRequest("b", "a", 5, 1))]
+    assert r.handle(Replicate("a", "b", 5, 10, (), 4), 1) == []
+    r, _ = follower(10, ((1, 0), (3, 6)), applied=1)
+    answer(r, 2, 8)  # KIP-279: the next question goes to a leader that has answered in this epoch
+    assert r._requested_epoch == 1
+    assert r.handle(Replicate("a", "b", 5, 6, (), 1), 2) == []
+
+
 def test_appends_frames_and_acks_its_durable_offset() -> None:
     r, _ = follower()
     out = r.handle(Replicate("a", "b", 5, 0, (4, 5, 5), -1, "data"), 1)
