@@ -51,8 +51,14 @@ Workloads, in this order, on one cluster:
   replication link to a worker that does no work (it acks from its event loop), and the fsync;
   ``ratio_p50_vs_design_floor`` is what the worker's own work and hand-offs add.
 
+* ``topology``: a two-hop stream topology acknowledged ``applied``, one post at a time
+  (``examples.timeline:Timeline`` deployed beside the depot's module at 4 task groups: each post runs on its
+  author's task and hops to each of the author's 30 followers' tasks, across the groups; the call returns once
+  every follower's timeline holds it). ``topology_p50_ms`` over the sequential ``p50_ms`` of the same run is
+  ``ratio_topology_p50_vs_p50`` (goal <= 1.5); the deliveries are checked in ``$$unread`` afterwards.
+
 Every worker node's RSS is sampled from ``/proc/<pid>/status`` (VmRSS) every
-200 ms for the whole Millrace part; the maximum is reported. At the end the sum
+200 ms during the depot's workloads; the maximum is reported. At the end the sum
 of ``partition_info`` over every partition of ``*raw`` must equal the number of
 acknowledged appends (each acked exactly once; nothing lost, nothing doubled).
 
@@ -84,6 +90,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import shutil
 import signal
 import statistics
@@ -91,7 +98,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -126,6 +133,9 @@ GOAL_P50_MS = 1.0
 GOAL_PIPELINED_VS_JETSTREAM = 2.0
 GOAL_BATCHED_PER_S = 200_000
 GOAL_NODE_RSS_MB = 512.0
+GOAL_TOPOLOGY_VS_P50 = 1.5
+#: the topology phase: Timeline at this many task groups, authors with this many followers each
+TIMELINE_GROUPS, TIMELINE_AUTHORS, TIMELINE_FOLLOWERS, TIMELINE_USERS = 4, 20, 30, 1_000
 
 
 # ------------------------------------------------------------------------------------ records
@@ -465,6 +475,32 @@ def depot_total(cluster: Cluster, tasks: int) -> int:
 # ------------------------------------------------------------------------------------ main
 
 
+def topology_sequential(cluster: Cluster, hosts: str, count: int, warmup: int) -> dict[str, float]:
+    """One post at a time through Timeline's two hops, ``ack="applied"``: p50/p99 ms; every delivery checked."""
+    from bench.topology import deploy as deploy_module  # (Timeline on the same cluster, RF 3)
+
+    deploy_module(hosts, "Timeline", "examples.timeline:Timeline", TIMELINE_GROUPS)
+    rng = random.Random(5)
+    users = [f"u{i}" for i in range(TIMELINE_USERS)]
+    graph = {f"a{i}": rng.sample(users, TIMELINE_FOLLOWERS) for i in range(TIMELINE_AUTHORS)}
+    cluster.depot("Timeline", "*follows").append_many(
+        [{"author": a, "follower": f} for a, fs in graph.items() for f in fs], ack="applied")
+    posts = cluster.depot("Timeline", "*posts")
+    samples = []
+    for i in range(warmup + count):
+        t0 = time.perf_counter()
+        posts.append({"author": f"a{i % TIMELINE_AUTHORS}", "id": i, "text": "hello"}, ack="applied")
+        if i >= warmup:
+            samples.append((time.perf_counter() - t0) * 1000)
+    want = Counter(u for i in range(warmup + count) for u in graph[f"a{i % TIMELINE_AUTHORS}"])
+    unread = cluster.pstate("Timeline", "$$unread")
+    got = {u: unread.select_one(u) or 0 for u in want}
+    if got != dict(want):
+        raise AssertionError(f"topology: {sum(got.values())} deliveries counted, {sum(want.values())} expected")
+    samples.sort()
+    return {"p50_ms": statistics.median(samples), "p99_ms": samples[int(len(samples) * 0.99) - 1]}
+
+
 def run_millrace(args: argparse.Namespace, root: Path, console: Console, secure: bool = False,
                  metrics: bool = True) -> dict[str, Any]:
     """The Millrace workloads on a fresh RF=3 dev cluster (`secure`: mutual TLS on every link; every gRPC
@@ -509,9 +545,12 @@ def run_millrace(args: argparse.Namespace, root: Path, console: Console, secure:
                 # Replies of the last requests may precede nothing: every acked record is applied, so the
                 # partitions must hold exactly the acknowledged records once every request has answered.
                 stored = depot_total(cluster, args.tasks)
+                rss = sampler.max_mb()  # (the depot's workloads: the topology's module comes on top)
+                topo = topology_sequential(cluster, dc.hosts, max(200, args.count // 4), 50)
+                console.log(f"topology (Timeline, 2 hops to {TIMELINE_FOLLOWERS} followers over {TIMELINE_GROUPS} "
+                            f"groups): p50 {topo['p50_ms']:.3f} ms, p99 {topo['p99_ms']:.3f} ms")
         finally:
             sampler.stop()
-        rss = sampler.max_mb()
         node_pids = {nid: p.pid for nid, p in dc.nodes.items()}
         dead = [nid for nid, p in dc.nodes.items() if not p.alive()]
     errors = pipe["errors"] + pclient["errors"] + bat["errors"] + wire["errors"]
@@ -534,6 +573,8 @@ def run_millrace(args: argparse.Namespace, root: Path, console: Console, secure:
         "batched_wire_records_per_s": round(wire["per_s"]),
         "batched_wire_driver": f"AppendStream, {args.batch} records per AppendRequest, "
                                f"{args.wire_inflight} in flight per group",
+        "topology_p50_ms": round(topo["p50_ms"], 3), "topology_p99_ms": round(topo["p99_ms"], 3),
+        "ratio_topology_p50_vs_p50": round(topo["p50_ms"] / seq["p50_ms"], 2),
         "max_node_rss_mb": round(max(rss.values()), 1),
         "node_rss_mb": {n: round(v, 1) for n, v in rss.items()},
         "rss_samples": sampler.samples,
@@ -643,6 +684,7 @@ def main(argv: list[str] | None = None) -> None:
         "pipelined>=2x_jetstream": ratio_pipe is not None and ratio_pipe >= GOAL_PIPELINED_VS_JETSTREAM,
         "batched>=200k_per_s": mr["batched_records_per_s"] >= GOAL_BATCHED_PER_S,
         "node_rss<512MiB": mr["max_node_rss_mb"] < GOAL_NODE_RSS_MB,
+        "topology<=1.5x_p50": mr["ratio_topology_p50_vs_p50"] <= GOAL_TOPOLOGY_VS_P50,
     }
 
     def mark(ok: bool) -> str:
@@ -651,6 +693,9 @@ def main(argv: list[str] | None = None) -> None:
     table.add_row("sequential p50 ms", fmt(mr["p50_ms"], ".3f"), fmt(js_p50, ".3f"), fmt(ratio_p50, ".2f"),
                   f"<= {GOAL_P50_MS} ms {mark(goals['p50_ms<=1'])}")
     table.add_row("sequential p99 ms", fmt(mr["p99_ms"], ".3f"), fmt(js_p99, ".3f"), fmt(ratio_p99, ".2f"), "")
+    table.add_row(f"  two-hop topology p50 ms (Timeline, {TIMELINE_FOLLOWERS} followers over {TIMELINE_GROUPS} groups)",
+                  fmt(mr["topology_p50_ms"], ".3f"), "-", f"{mr['ratio_topology_p50_vs_p50']:.2f} (vs p50)",
+                  f"<= {GOAL_TOPOLOGY_VS_P50}x {mark(goals['topology<=1.5x_p50'])}")
     table.add_row(f"pipelined rec/s (append_async, window {args.window})", fmt(mr["pipelined_records_per_s"], ",.0f"),
                   fmt(js_pipe, ",.0f"), fmt(ratio_pipe, ".2f"),
                   f">= {GOAL_PIPELINED_VS_JETSTREAM}x {mark(goals['pipelined>=2x_jetstream'])}")
