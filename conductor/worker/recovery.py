@@ -25,6 +25,8 @@ from replog.messages import MetastoreChanged
 
 log = logging.getLogger("millrace.node")
 
+#: how often a reopened replica's group state is read again while ZooKeeper is away
+STATE_RETRY_S = 0.5
 #: opens a hosted replica from its directory (its host not started): ``Worker.open_replica``
 OpenReplica = Callable[[ModuleRuntime, HostedReplica], ReplicaHost]
 
@@ -111,13 +113,28 @@ class ReplicaRecovery:
             host.task_thread.release(host)  # (never started: its task thread never saw it)
             return
         host.start()
-        try:
-            st, _version = self.metastore.groups.get(rt.spec.name, rec.group)
-            host.post(MetastoreChanged(st))
-        except MetastoreError:
-            pass  # the group watch delivers it when ZooKeeper is back
+        self._tell_state(rt, rec, host)
         log.warning("%s: replica restarted from disk (restart %d; last fault %s)", host.name, fault.restarts,
                     fault.line())
+
+    def _tell_state(self, rt: ModuleRuntime, rec: HostedReplica, host: ReplicaHost) -> None:
+        """Post the group's state to a reopened replica; with ZooKeeper away, again every :data:`STATE_RETRY_S`.
+
+        The group watch reports changes only (kazoo calls it again after a new session only if the znode's
+        version moved), so a replica reopened while the session was lost, in a group whose state did not change,
+        never learnt its leader and never caught up (campaign seed 3604: a disk-full restart at the moment the
+        worker's session expired).
+        """
+        if self.metastore.closed or rec.host is not host or host.closed.is_set():
+            return
+        try:
+            st, _version = self.metastore.groups.get(rt.spec.name, rec.group)
+        except MetastoreError:
+            timer = threading.Timer(STATE_RETRY_S, self._tell_state, args=(rt, rec, host))
+            timer.daemon = True
+            timer.start()
+            return
+        host.post(MetastoreChanged(st))
 
     def open_later(self, rt: ModuleRuntime, rec: HostedReplica, kind: str, reason: str) -> None:
         """A replica that could not open (a full disk, damage the quarantine could not move) is tried again."""
