@@ -90,7 +90,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import random
 import shutil
 import signal
 import statistics
@@ -478,13 +477,10 @@ def depot_total(cluster: Cluster, tasks: int) -> int:
 def topology_sequential(cluster: Cluster, hosts: str, count: int, warmup: int) -> dict[str, float]:
     """One post at a time through Timeline's two hops, ``ack="applied"``: p50/p99 ms; every delivery checked."""
     from bench.topology import deploy as deploy_module  # (Timeline on the same cluster, RF 3)
+    from bench.topology import follow_graph
 
     deploy_module(hosts, "Timeline", "examples.timeline:Timeline", TIMELINE_GROUPS)
-    rng = random.Random(5)
-    users = [f"u{i}" for i in range(TIMELINE_USERS)]
-    graph = {f"a{i}": rng.sample(users, TIMELINE_FOLLOWERS) for i in range(TIMELINE_AUTHORS)}
-    cluster.depot("Timeline", "*follows").append_many(
-        [{"author": a, "follower": f} for a, fs in graph.items() for f in fs], ack="applied")
+    graph = follow_graph(cluster, 5, TIMELINE_AUTHORS, TIMELINE_FOLLOWERS, TIMELINE_USERS)
     posts = cluster.depot("Timeline", "*posts")
     samples = []
     for i in range(warmup + count):

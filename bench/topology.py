@@ -162,12 +162,19 @@ def check_counts(cluster: Cluster, module: str, appended: list[list[str]]) -> No
                              f"{[(got.get(w), expected[w]) for w in wrong[:3]]}")
 
 
-def fanout(cluster: Cluster, hosts: str, posts_n: int, pids: list[int]) -> dict[str, float]:
-    rng = random.Random(3)
-    users = [f"u{i}" for i in range(USERS)]
-    graph = {f"a{i}": rng.sample(users, FOLLOWERS) for i in range(AUTHORS)}
+def follow_graph(cluster: Cluster, seed: int, authors: int, followers: int, users: int) -> dict[str, list[str]]:
+    """Timeline's follows, appended: ``authors`` authors (``a0``...) each followed by ``followers`` of ``users``
+    users (``u0``...), drawn with ``seed``; author -> followers."""
+    rng = random.Random(seed)
+    everyone = [f"u{i}" for i in range(users)]
+    graph = {f"a{i}": rng.sample(everyone, followers) for i in range(authors)}
     cluster.depot("Timeline", "*follows").append_many(
         [{"author": a, "follower": f} for a, fs in graph.items() for f in fs], ack="applied")
+    return graph
+
+
+def fanout(cluster: Cluster, hosts: str, posts_n: int, pids: list[int]) -> dict[str, float]:
+    graph = follow_graph(cluster, 3, AUTHORS, FOLLOWERS, USERS)
     posts = cluster.depot("Timeline", "*posts")
     warm = [{"author": f"a{i % AUTHORS}", "id": -1 - i, "text": "warm"} for i in range(200)]
     posts.append_many(warm, ack="applied")
