@@ -139,9 +139,12 @@ def test_histograms_sizes_and_failures_count_the_appends_made(cluster: tuple[Dev
     assert "millrace_conductor_elections_total" in _get(f"{base}/metrics")
     wait_for(lambda: _points(base, "replicate", "replicate_ms", type="client_append") > 0, 30,
              "the conductor to chart the replicate duration")
-    assert _points(base, "apply", "apply_ms") > 0
-    assert _points(base, "apply", "apply_ms", role="follower", type="replicated") > 0
-    assert _points(base, "replicate_failures", "replicate_failures_per_s") > 0
+    # Each chart fills on the conductor's next scrape of the node that records it, so each gets its wait.
+    wait_for(lambda: _points(base, "apply", "apply_ms") > 0, 30, "the conductor to chart applies")
+    wait_for(lambda: _points(base, "apply", "apply_ms", role="follower", type="replicated") > 0, 30,
+             "the conductor to chart the followers' applies of replicated entries")
+    wait_for(lambda: _points(base, "replicate_failures", "replicate_failures_per_s") > 0, 30,
+             "the conductor to chart the failed replications")
     doc = json.loads(_get(f"{base}/api/modules/{MODULE}/telemetry"))
     assert {"all", "client_append"} <= set(doc["types"])
     page = _get(f"{base}/modules/{MODULE}?role=follower")
