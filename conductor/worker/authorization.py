@@ -80,6 +80,7 @@ RULES: dict[str, Rule] = {
     "/millrace.Client/CommitBatch": Rule(APPEND),
     "/millrace.Client/Select": Rule(QUERY),
     "/millrace.Client/DepotRead": Rule(QUERY),
+    "/millrace.Client/DepotStream": Rule(QUERY),  # the same reads as DepotRead, on one server stream
     "/millrace.Client/PartitionInfo": Rule(QUERY),
     "/millrace.Client/Progress": Rule(QUERY),
     "/millrace.Client/GroupStatus": Rule(QUERY),

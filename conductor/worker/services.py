@@ -30,6 +30,7 @@ from conductor.wire import millrace_pb2_grpc as pbg
 from conductor.wire.errors import InvalidRequest, error_json, status_of
 from conductor.wire.packing import pack_lengths
 from conductor.worker.backup_folder import check_folder, folder_round
+from conductor.worker.depot_stream import DepotStreams
 from conductor.worker.far_horizon import CheckpointShelf, Shelved, served_chunk_bytes, stream_checkpoint
 from conductor.worker.hooks import ChunkFilter
 from conductor.worker.lifecycle import code_status
@@ -178,6 +179,8 @@ class ClientService(pbg.ClientServicer):
         self.settle = settle
         #: paged scans and query topologies (conductor/worker/query_service.py)
         self.queries = QueryService(modules, reports_damage)
+        #: the Spark source's streamed depot reads (conductor/worker/depot_stream.py)
+        self.depot_streams = DepotStreams()
 
     def _start_append(self, request: pb.AppendRequest) -> asyncio.Future[pb.AppendReply]:
         """Post `request` to its leader's task thread; the future gets the reply (or the error)."""
@@ -311,6 +314,19 @@ class ClientService(pbg.ClientServicer):
             reply.time_offsets.extend(o for o, _t in runs)
             reply.time_ms.extend(t for _o, t in runs)
         return reply
+
+    @maps_errors
+    async def DepotStream(self, request: pb.DepotStreamRequest, context: Any) -> AsyncIterator[pb.DepotStreamReply]:
+        """A Spark partition's ranges on one stream; each reply read as a strict, packed ``DepotRead``."""
+
+        def read(task: int, start: int, end: int, max_bytes: int) -> tuple[list[bytes], int, int, list[int], int]:
+            host, store = self._leader_store(request.module, task)
+            with reports_damage(host):
+                records, first, nxt, offsets = store.depot_read(request.depot, task, start, end, max_bytes, True)
+            return records, first, nxt, offsets, host.replica.epoch
+
+        async for reply in self.depot_streams.serve(request, read):
+            yield reply
 
     @maps_errors
     async def PartitionInfo(self, request: pb.PartitionInfoRequest, context: Any) -> pb.PartitionInfoReply:

@@ -80,15 +80,16 @@ Raw: TypeAlias = Sequence[bytes] | pa.BinaryArray
 
 
 def unpack_reply(reply: Any) -> Raw:
-    """The records of a ``DepotReadReply``, packed (``packed`` + ``lengths``) or not (``records``)."""
+    """The records of a ``DepotReadReply``, packed (``packed`` + ``lengths``) or not (``records``), or of a
+    ``DepotStreamReply`` (always packed; no records: no lengths)."""
     if not reply.lengths:
-        return reply.records
+        return reply.records if hasattr(reply, "records") else []
     lengths = np.frombuffer(reply.lengths, "<u4")
     offsets = np.zeros(len(lengths) + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
     data = reply.packed
     if offsets[-1] != len(data) or len(data) >= 1 << 31:
-        raise MillraceSourceError(f"DepotRead reply holds {len(data)} packed bytes but its lengths add up to "
+        raise MillraceSourceError(f"depot reply holds {len(data)} packed bytes but its lengths add up to "
                                   f"{offsets[-1]}; the node and this client disagree on the protocol")
     return pa.BinaryArray.from_buffers(pa.binary(), len(lengths),
                                        [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)])

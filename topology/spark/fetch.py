@@ -1,4 +1,4 @@
-"""Fetching a planned partition (executor side): pipelined ``DepotRead`` calls straight to the planned leader."""
+"""Fetching a planned partition (executor side): one ``DepotStream`` straight from the planned leader."""
 
 from __future__ import annotations
 
@@ -33,11 +33,11 @@ from topology.spark.planning import (
 log = logging.getLogger("millrace.spark")
 
 
-#: DepotRead requests a Spark task keeps in flight: enough to hide a round trip behind decoding
+#: DepotRead requests a Spark task keeps in flight (a worker without DepotStream): enough to hide a round trip
 READ_WINDOW = 4
 
 
-#: a Spark task's first DepotRead is this small, so decoding (and Spark) start while the big ones are read
+#: a Spark task's first reply is this small, so decoding (and Spark) start while the big ones are read
 FIRST_REQUEST_RECORDS = 4096
 
 
@@ -45,18 +45,25 @@ FIRST_REQUEST_RECORDS = 4096
 ARROW_BATCH_ROWS = 8192
 
 
-class Fetcher:
-    """Reads the ranges of one Spark partition from their group's leader, several requests in flight.
+#: (task, first offset, epoch, msgpack records, each record's offset or None: dense from the first)
+Chunk = tuple[int, int, int, Raw, np.ndarray | None]
 
-    Offsets never change, so request boundaries are known before any reply
-    comes back: up to ``READ_WINDOW`` requests travel while the caller
-    decodes. A reply cut short by ``max_bytes`` is continued at once. Requests
-    are strict (a start below the partition's start, trimmed, fails with
-    OffsetOutOfRange rather than reading on from the start), and each reply is
-    checked: it must not come from an epoch older than planned (a zombie
-    leader), and one that makes no progress before ``end`` means the leader
-    lost applied records (truncation); the first makes it look the leader up
-    again, trims and truncations fail the read with DepotOffsetOutOfRange.
+
+class Fetcher:
+    """Reads the ranges of one Spark partition from their group's leader: one ``DepotStream`` call for them all.
+
+    The leader pushes the ranges' records reply after reply, under gRPC's flow
+    control (``conductor.worker.depot_stream``); a worker without the stream
+    (UNIMPLEMENTED) is read with pipelined ``DepotRead`` calls instead, up to
+    ``READ_WINDOW`` in flight (offsets never change, so request boundaries are
+    known before any reply comes back). Reads are strict (a start below the
+    partition's start, trimmed, fails with OffsetOutOfRange rather than reading
+    on from the start), and each reply is checked: it must not come from an
+    epoch older than planned (a zombie leader), and one that makes no progress
+    before the range's end means the leader lost applied records (truncation);
+    the first makes it look the leader up again and read on from the last
+    reply (a new stream), trims and truncations fail the read with
+    DepotOffsetOutOfRange.
 
     A key-compacted partition has gaps (pstate.compaction: deleted records
     keep their offsets free): its replies list each record's offset
@@ -70,6 +77,12 @@ class Fetcher:
         self.address = p.address
         self.min_epoch = max((r.epoch for r in p.ranges), default=0)
         self._meta: ModuleMeta | None = None
+        #: the ranges not read yet, the first one from where the last reply ended
+        self.todo: deque[TaskRange] = deque(r for r in p.ranges if r.start < r.end)
+        #: False once the leader answered UNIMPLEMENTED (a worker without DepotStream): DepotRead calls
+        self.streams = True
+        self._first = True
+        self._deadline = time.monotonic() + RETRY_S
 
     def close(self) -> None:
         if self._meta is not None:
@@ -81,9 +94,9 @@ class Fetcher:
                                   max_bytes=p.max_bytes, packed=True, strict=True)
         return client_stub(self.address, p.tls).DepotRead.future(req, timeout=RPC_TIMEOUT_S)
 
-    def _relocate(self, why: Exception | str, deadline: float) -> None:
+    def _relocate(self, why: Exception | str) -> None:
         p = self.p
-        if time.monotonic() > deadline:
+        if time.monotonic() > self._deadline:
             cause = why if isinstance(why, Exception) else None
             raise MillraceSourceError(f"depot {p.module}/{p.depot} task group {p.group}: could not reach a serving "
                                       f"leader within {RETRY_S:.0f}s ({why}); check `conductor status`") from cause
@@ -100,19 +113,105 @@ class Fetcher:
             pb.PartitionInfoRequest(module=self.p.module, depot=self.p.depot, task=task), timeout=RPC_TIMEOUT_S)
         return PartitionStatus(task, int(r.start), int(r.end), int(r.epoch))
 
-    def chunks(self) -> Iterator[tuple[int, int, int, Raw, np.ndarray | None]]:
+    def chunks(self) -> Iterator[Chunk]:
         """(task, first offset, epoch, msgpack records, each record's offset or None: dense from the first) per
         reply with records, in plan order."""
+        try:
+            while self.todo:
+                if self.streams:
+                    yield from self._streamed()
+                else:
+                    yield from self._called()
+        finally:
+            self.close()
+
+    def _checked(self, r: TaskRange, reply: Any) -> tuple[Raw, np.ndarray | None] | str:
+        """A reply for ``r``: its records and their offsets, or what is wrong with it (the caller drops what it has
+        in flight, then :meth:`_recover`)."""
+        if reply.epoch < self.min_epoch:
+            return "stale"
+        raw = unpack_reply(reply)
+        if not reply.offsets and len(raw) and reply.start != r.start:  # dense, yet not where asked
+            return "misplaced"
+        offsets = self._offsets(r, reply, len(raw))
+        if reply.next <= r.start:  # no progress before the planned end: truncated, or a stale leader
+            return "no progress"
+        self.min_epoch = max(self.min_epoch, int(reply.epoch))
+        self._deadline = time.monotonic() + RETRY_S  # progress: the retry budget is per stall, not per read
+        return raw, offsets
+
+    def _recover(self, r: TaskRange, reply: Any, why: str) -> None:
+        if why == "stale":
+            self._relocate(NotLeader(f"{self.p.module}/{self.p.group}", None, int(reply.epoch)))
+        else:
+            self._check_range(r, reply)
+
+    def _failed(self, r: TaskRange, err: Exception) -> None:
+        """A read of ``r`` failed with ``err``: fail the read (no depot, a trim, an error not worth retrying), or
+        look the leader up again to read on."""
+        if isinstance(err, DepotNotFound):
+            raise SourceOptionError(f"module {self.p.module} has no depot {self.p.depot!r} (any more)") from None
+        if isinstance(err, OffsetOutOfRange):  # trimmed below the planned start: names it, fails
+            self._check_range(r, None)
+            return
+        if not retryable(err):
+            raise err from None
+        self._relocate(err)
+
+    def _streamed(self) -> Iterator[Chunk]:
+        """Read on from ``todo`` on one stream, until done, a failure (handled: the caller opens the next stream)
+        or UNIMPLEMENTED (``streams`` turns False)."""
         p = self.p
-        deadline = time.monotonic() + RETRY_S
+        first = min(p.records_per_request, FIRST_REQUEST_RECORDS) if self._first else p.records_per_request
+        self._first = False
+        req = pb.DepotStreamRequest(module=p.module, depot=p.depot, records=p.records_per_request,
+                                    first_records=first, max_bytes=p.max_bytes,
+                                    ranges=[pb.DepotRange(task=r.task, start=r.start, end=r.end) for r in self.todo])
+        # as long as one call a request would have had, however slowly Spark takes the batches
+        timeout = RPC_TIMEOUT_S * (1 + sum(r.end - r.start for r in self.todo) // max(1, p.records_per_request))
+        call = client_stub(self.address, p.tls).DepotStream(req, timeout=timeout)
+        try:
+            for reply in call:
+                if not self.todo or reply.task != self.todo[0].task:
+                    raise MillraceSourceError(f"depot {p.module}/{p.depot}: a DepotStream reply for task {reply.task} "
+                                              f"while reading {self.todo[0] if self.todo else 'nothing'}; the node "
+                                              "and this client disagree on the protocol")
+                r = self.todo[0]
+                got = self._checked(r, reply)
+                if isinstance(got, str):
+                    call.cancel()
+                    self._recover(r, reply, got)
+                    return
+                raw, offsets = got
+                if len(raw):
+                    yield r.task, int(reply.start), int(reply.epoch), raw, offsets
+                if reply.next < r.end:
+                    self.todo[0] = TaskRange(r.task, int(reply.next), r.end, r.epoch)
+                else:
+                    self.todo.popleft()
+            if self.todo:  # ended early without an error: the node stopped serving
+                self._relocate(f"DepotStream ended before {self.todo[0]}")
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                self.streams = False
+            elif self.todo:
+                self._failed(self.todo[0], error_from_rpc(exc))
+        finally:
+            call.cancel()
+
+    def _called(self) -> Iterator[Chunk]:
+        """Read all of ``todo`` with pipelined ``DepotRead`` calls (a worker without ``DepotStream``)."""
+        p = self.p
         todo: deque[TaskRange] = deque()
-        size = min(p.records_per_request, FIRST_REQUEST_RECORDS)
-        for r in p.ranges:
+        size = min(p.records_per_request, FIRST_REQUEST_RECORDS) if self._first else p.records_per_request
+        self._first = False
+        for r in self.todo:
             s = r.start
             while s < r.end:
                 todo.append(TaskRange(r.task, s, min(r.end, s + size), r.epoch))
                 s += size
                 size = p.records_per_request
+        self.todo.clear()
         pending: deque[tuple[TaskRange, Any]] = deque()
 
         def requeue(current: TaskRange) -> None:
@@ -131,41 +230,24 @@ class Fetcher:
                 r, fut = pending.popleft()
                 try:
                     reply = fut.result()
-                    if reply.epoch < self.min_epoch:
-                        raise NotLeader(f"{p.module}/{p.group}", None, int(reply.epoch))
-                except (grpc.RpcError, NotLeader) as exc:
-                    err = error_from_rpc(exc) if isinstance(exc, grpc.RpcError) else exc
+                except grpc.RpcError as exc:
                     requeue(r)
-                    if isinstance(err, DepotNotFound):
-                        raise SourceOptionError(f"module {p.module} has no depot {p.depot!r} (any more)") from None
-                    if isinstance(err, OffsetOutOfRange):  # trimmed below the planned start: names it, fails
-                        self._check_range(r, None, deadline)
-                        continue
-                    if not retryable(err):
-                        raise err from None
-                    self._relocate(err, deadline)
+                    self._failed(r, error_from_rpc(exc))
                     continue
-                raw = unpack_reply(reply)
-                if not reply.offsets and len(raw) and reply.start != r.start:  # dense, yet not where asked
+                got = self._checked(r, reply)
+                if isinstance(got, str):
                     requeue(r)
-                    self._check_range(r, reply, deadline)
+                    self._recover(r, reply, got)
                     continue
-                offsets = self._offsets(r, reply, len(raw))
-                if reply.next <= r.start:  # no progress before the planned end: truncated, or a stale leader
-                    requeue(r)
-                    self._check_range(r, reply, deadline)
-                    continue
-                self.min_epoch = max(self.min_epoch, int(reply.epoch))
+                raw, offsets = got
                 if len(raw):
                     yield r.task, int(reply.start), int(reply.epoch), raw, offsets
-                deadline = time.monotonic() + RETRY_S  # progress: the retry budget is per stall, not per read
                 if reply.next < r.end:  # cut by max_bytes: continue this range before the ones in flight
                     rest = TaskRange(r.task, int(reply.next), r.end, r.epoch)
                     pending.appendleft((rest, self._request(rest)))
         finally:
             for _r, f in pending:
                 f.cancel()
-            self.close()
 
     def _offsets(self, r: TaskRange, reply: Any, got: int) -> np.ndarray | None:
         """A reply's record offsets (None: dense from ``reply.start``), checked against the request's range."""
@@ -182,20 +264,20 @@ class Fetcher:
                                       f"[{r.start}, {reply.next})")
         return offsets
 
-    def _check_range(self, r: TaskRange, reply: Any, deadline: float) -> None:
+    def _check_range(self, r: TaskRange, reply: Any) -> None:
         """An empty or misplaced reply: trimmed start or truncated end fails the read; anything else retries."""
         p = self.p
         try:
             st = self._status(r.task)
         except grpc.RpcError as e:
-            self._relocate(error_from_rpc(e), deadline)
+            self._relocate(error_from_rpc(e))
             return
         if st.start > r.start or st.end < r.end:
             validate_offsets(p.module, p.depot, {r.task: (r.start if st.start > r.start else r.end, r.epoch)},
                              {r.task: st})
         got = "OffsetOutOfRange" if reply is None else f"reply [{reply.start}, {reply.next}) at epoch {reply.epoch}"
         self._relocate(f"{got} for requested [{r.start}, {r.end}) while the partition holds [{st.start}, {st.end}) "
-                       f"at epoch {st.epoch}", deadline)
+                       f"at epoch {st.epoch}")
 
 
 def read_partition(p: DepotPartition, rows: RowBuilder) -> Iterator[pa.RecordBatch]:
