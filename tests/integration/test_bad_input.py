@@ -452,6 +452,12 @@ def test_well_formed_requests_with_wild_fields_get_a_status(env: Env, task: int,
     for name, request in calls:
         code, details = raw_call(env, node, name, request.SerializeToString())
         assert code == "OK" or code in TYPED, (name, request, code, details)
+    # the Spark source's stream: wild ranges and sizes read what is there or get a status
+    stream = pb.DepotStreamRequest(module=MODULE, depot=depot, records=task, first_records=group, max_bytes=ack,
+                                   ranges=[pb.DepotRange(task=task, start=start, end=end),
+                                           pb.DepotRange(task=task % 8, start=start % 100, end=end % 200)])
+    code, details = raw_call(env, node, "/millrace.Client/DepotStream", stream.SerializeToString(), server_stream=True)
+    assert code == "OK" or code in TYPED, (stream, code, details)
 
 
 def test_nothing_changed_and_every_worker_serves_after_all_of_it(env: Env) -> None:
