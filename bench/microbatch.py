@@ -32,8 +32,8 @@ Diagnostics (not goals), to show where the time goes:
 
 * ``depot_json_rows_per_s``: the same job without ``valueSchema`` (``value``
   is the record as JSON, parsed with ``get_json_object``): the cost of JSON;
-* ``fetch_decode_rows_per_s``: the source's own read path (pipelined
-  ``DepotRead`` + msgpack + Arrow, exactly the code a Spark task runs) in this
+* ``fetch_decode_rows_per_s``: the source's own read path (a ``DepotStream``
+  per partition + msgpack + Arrow, exactly the code a Spark task runs) in this
   process, one partition after another, without Spark: the Python ceiling;
 * ``cpu_s_depot``, ``cpu_s_ceiling`` and ``depot_extra_cpu_s``: the median CPU
   seconds of one timed job by process (``nodes``, ``spark_jvm``,

@@ -27,8 +27,10 @@ from conductor.wire.packing import pack_lengths
 DEFAULT_RECORDS = 8192
 #: records per reply at most, whatever the request asks
 MAX_RECORDS = 1 << 16
-#: record bytes per reply at most (the source's ``maxBytesPerRequest`` default; gRPC's limit is 64 MiB)
-MAX_BYTES = 16 << 20
+#: record bytes per reply at most (the most the source's ``maxBytesPerRequest`` may be; gRPC's limit is 64 MiB)
+MAX_BYTES = 48 << 20
+#: record bytes per reply when the request does not say (the source's ``maxBytesPerRequest`` default)
+DEFAULT_BYTES = 16 << 20
 
 #: ``read(task, start, end, max_bytes)``: (records, first offset, next, offsets of a compacted partition or [],
 #: the leader epoch it was read in); a strict ``DepotRead`` on the group's local leader, or its typed error
@@ -49,7 +51,7 @@ class DepotStreams:
                 raise InvalidRequest("ranges", f"range of task {r.task} ends at {r.end}, before its start {r.start}")
         size = min(request.records or DEFAULT_RECORDS, MAX_RECORDS)
         first = min(request.first_records or size, size)
-        max_bytes = min(request.max_bytes or MAX_BYTES, MAX_BYTES)
+        max_bytes = min(request.max_bytes or DEFAULT_BYTES, MAX_BYTES)
         self.open += 1
         try:
             for r in request.ranges:

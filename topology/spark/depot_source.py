@@ -56,11 +56,12 @@ Why it is shaped this way:
   milliseconds, so a read gets one Spark partition per task group (whose
   tasks share a leader: one node, one channel), cut further only for size
   (``recordsPerPartition``) or parallelism (``minPartitions``).
-* **Python pays per object.** A Spark task pipelines several large
-  ``DepotRead`` requests (offsets are dense, so request boundaries are known in
-  advance and the next replies travel while this one is decoded; the first one
-  is small so decoding starts early) and hands Spark whole Arrow record
-  batches. With ``valueSchema`` over dict records of scalar fields,
+* **Python pays per object, and per call.** A Spark task reads its whole
+  partition on one ``DepotStream`` (the leader pushes packed replies of
+  ``recordsPerRequest`` records under gRPC's flow control, the next travelling
+  while this one is decoded; the first one is small so decoding starts early;
+  pipelined ``DepotRead`` calls on a worker without the stream) and hands Spark
+  whole Arrow record batches. With ``valueSchema`` over dict records of scalar fields,
   :class:`FlatDecoder` turns a reply's msgpack straight into Arrow columns
   with numpy, one vectorized step per key/value position instead of a Python
   dict per record (2-3x less CPU than msgpack + pyarrow); anything it does

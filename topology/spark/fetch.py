@@ -162,9 +162,10 @@ class Fetcher:
         """Read on from ``todo`` on one stream, until done, a failure (handled: the caller opens the next stream)
         or UNIMPLEMENTED (``streams`` turns False)."""
         p = self.p
-        first = min(p.records_per_request, FIRST_REQUEST_RECORDS) if self._first else p.records_per_request
+        size = min(p.records_per_request, 0xFFFFFFFF)  # (a uint32; the node caps it further)
+        first = min(size, FIRST_REQUEST_RECORDS) if self._first else size
         self._first = False
-        req = pb.DepotStreamRequest(module=p.module, depot=p.depot, records=p.records_per_request,
+        req = pb.DepotStreamRequest(module=p.module, depot=p.depot, records=size,
                                     first_records=first, max_bytes=p.max_bytes,
                                     ranges=[pb.DepotRange(task=r.task, start=r.start, end=r.end) for r in self.todo])
         # as long as one call a request would have had, however slowly Spark takes the batches
