@@ -249,6 +249,19 @@ class TaskGroupStore:
                 self._db.close()
                 del self._db
 
+    def discard(self) -> None:
+        """Release RocksDB without the atomic flush :meth:`close` makes: the store of a directory about to be
+        deleted (a far-horizon install's retired store). That flush holds the GIL, which stalls every thread
+        of the process; rocksdict's own flushes at close do not, and what they leave nobody reads."""
+        with self._lock, self._compacting:
+            if self._closed:
+                return
+            self._closed = True
+            with rocks_errors("close", self.path):
+                self.families.close()
+                self._db.close()
+                del self._db
+
     def abandon(self) -> None:
         """Release RocksDB without persisting anything more: the store of a replica that failed.
 
