@@ -208,18 +208,65 @@ def read_manifest(directory: str) -> Manifest:
         return Manifest.from_json(fh.read())
 
 
+def store_dir(dest: str | os.PathLike[str]) -> str:
+    """The directory to open the store at ``dest`` at, so that no swap at ``dest`` redirects its files.
+
+    RocksDB names every file it writes by the path it was opened at; a store
+    opened through ``dest`` must therefore be closed before :func:`swap_in`
+    replaces ``dest``. Opened at its own versioned directory instead, it may
+    be closed after the swap (off a far-horizon install's task thread). So:
+    the directory behind ``dest`` when it is a symlink (an installed store);
+    a new empty versioned directory behind a new symlink when nothing is at
+    ``dest`` (made durable: a crash leaves at most an empty directory nobody
+    points at); ``dest`` itself when it is a plain directory (a store made
+    before stores were versioned: its first install closes it first).
+    """
+    dest = os.path.abspath(os.fspath(dest))
+    if os.path.islink(dest):
+        return os.path.realpath(dest)
+    if os.path.exists(dest):
+        return dest
+    parent = os.path.dirname(dest)
+    os.makedirs(parent, exist_ok=True)
+    target = os.path.join(parent, f".{os.path.basename(dest)}.{uuid.uuid4().hex[:12]}")
+    os.mkdir(target)
+    os.symlink(os.path.basename(target), dest)
+    fsync_dir(parent)
+    return target
+
+
 def install(src_dir: str | os.PathLike[str], manifest: Manifest, dest: str | os.PathLike[str],
             checked: Checked | None = None) -> str:
     """Verify a checkpoint's files against ``manifest`` and atomically make ``dest`` point at a copy.
 
+    :func:`stage_install` then :func:`swap_in`, and the old directory deleted. The store at ``dest`` must
+    be closed. Returns the versioned directory now behind ``dest``.
+    """
+    target = stage_install(src_dir, manifest, dest, checked)
+    try:
+        old = swap_in(target, dest)
+    except BaseException:
+        shutil.rmtree(target, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return target
+
+
+def stage_install(src_dir: str | os.PathLike[str], manifest: Manifest, dest: str | os.PathLike[str],
+                  checked: Checked | None = None) -> str:
+    """Verify a checkpoint's files against ``manifest`` into a fresh versioned directory beside ``dest``.
+
     Any file whose size or CRC32C differs (or that is missing) is refused with
-    :class:`CorruptStore` naming it, and ``dest`` is left untouched.  The store
-    at ``dest`` must be closed.  Returns the versioned directory now behind
-    ``dest``.  ``checked``: the files the caller already checked against
-    ``manifest`` as it wrote them and made durable, and gives up (it deletes
-    its own names of them and never writes them again: a far-horizon copy's
-    staging directory); each is hard-linked, and trusted while still as
-    stamped (see the module docstring).
+    :class:`CorruptStore` naming it, and nothing is left behind. ``dest`` is
+    not touched (its store may stay open and in use): only :func:`swap_in`
+    makes the directory returned the one behind ``dest``, so this part (every
+    link, check and fsync) may run on any thread, ahead of the swap.
+    ``checked``: the files the caller already checked against ``manifest`` as
+    it wrote them and made durable, and gives up (it deletes its own names of
+    them and never writes them again: a far-horizon copy's staging
+    directory); each is hard-linked, and trusted while still as stamped (see
+    the module docstring).
     """
     checked = checked or {}
     src = os.fspath(src_dir)
@@ -245,20 +292,34 @@ def install(src_dir: str | os.PathLike[str], manifest: Manifest, dest: str | os.
             fh.flush()
             os.fsync(fh.fileno())
         fsync_dir(target)
-        old: str | None = None
-        if os.path.islink(dest):
-            old = os.path.join(parent, os.readlink(dest))
-        elif os.path.exists(dest):
-            # first install over a plain directory: move it aside (one non-atomic step, once)
-            old = f"{target}.old"
-            os.rename(dest, old)
-        link_tmp = f"{target}.link"
-        os.symlink(os.path.basename(target), link_tmp)
-        os.replace(link_tmp, dest)
-        fsync_dir(parent)
     except BaseException:
         shutil.rmtree(target, ignore_errors=True)
         raise
-    if old is not None and os.path.realpath(old) != os.path.realpath(target):
-        shutil.rmtree(old, ignore_errors=True)
     return target
+
+
+def swap_in(target: str, dest: str | os.PathLike[str]) -> str | None:
+    """Atomically make ``dest`` a symlink to ``target`` (made by :func:`stage_install` beside it); durable on return.
+
+    Returns the directory ``dest`` held before (the caller deletes it once its
+    store is closed), or None. A store opened through ``dest`` must be closed
+    first: RocksDB names its new files by that path, which now leads to
+    ``target``. A crash leaves ``dest`` as it was or as ``target``.
+    """
+    dest = os.path.abspath(os.fspath(dest))
+    parent = os.path.dirname(dest)
+    assert os.path.dirname(os.path.abspath(target)) == parent, (target, dest)
+    old: str | None = None
+    if os.path.islink(dest):
+        old = os.path.join(parent, os.readlink(dest))
+    elif os.path.exists(dest):
+        # first install over a plain directory: move it aside (one non-atomic step, once)
+        old = f"{target}.old"
+        os.rename(dest, old)
+    link_tmp = f"{target}.link"
+    os.symlink(os.path.basename(target), link_tmp)
+    os.replace(link_tmp, dest)
+    fsync_dir(parent)
+    if old is not None and os.path.realpath(old) == os.path.realpath(target):
+        return None
+    return old

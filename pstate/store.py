@@ -90,6 +90,16 @@ _APPLIED = b"applied"
 #: bytes applied since the last flush from which a flush first goes through ``TaskGroupStore._flush_releasing_gil``
 #: (a flush holding the GIL stalls the process for about 8 ms per MB)
 GIL_FLUSH_BYTES = 1 << 20
+#: bytes applied since the last flush from which a checkpoint first flushes without the store's lock
+#: (``TaskGroupStore._flush_ahead``): a leader's first checkpoint for a far-horizon copy flushed a 24 MB memtable
+#: under it, and the group's applies (an ``ack="applied"`` writer's replies) waited 55-100 ms
+AHEAD_FLUSH_BYTES = 4 << 20
+#: level-0 files per column family that start a compaction (RocksDB's default is 4). Every round of a far-horizon
+#: copy makes a checkpoint, and each checkpoint's flush adds a level-0 file to every family written since the
+#: last: a compaction between two rounds renames every file it merges (the whole store, when it is all in level 0),
+#: and the next round copies them all again. Two copies of two rounds each (a scale from RF 1 to 3) reached 4
+#: exactly; 8 leaves room for a third round or a flush ahead (point reads look in every level-0 file: still few)
+L0_COMPACTION_TRIGGER = 8
 _BATCH = b"b:"
 
 
@@ -167,6 +177,7 @@ class TaskGroupStore:
         o.create_if_missing(True)
         o.create_missing_column_families(True)
         o.set_atomic_flush(True)
+        o.set_level_zero_file_num_compaction_trigger(L0_COMPACTION_TRIGGER)
         if write_buffer_size is not None:
             o.set_write_buffer_size(write_buffer_size)
         return o
@@ -249,6 +260,19 @@ class TaskGroupStore:
                 self._db.close()
                 del self._db
 
+    def discard(self) -> None:
+        """Release RocksDB without the atomic flush :meth:`close` makes: the store of a directory about to be
+        deleted (a far-horizon install's retired store). That flush holds the GIL, which stalls every thread
+        of the process; rocksdict's own flushes at close do not, and what they leave nobody reads."""
+        with self._lock, self._compacting:
+            if self._closed:
+                return
+            self._closed = True
+            with rocks_errors("close", self.path):
+                self.families.close()
+                self._db.close()
+                del self._db
+
     def abandon(self) -> None:
         """Release RocksDB without persisting anything more: the store of a replica that failed.
 
@@ -324,11 +348,33 @@ class TaskGroupStore:
         """
         if self._unflushed < GIL_FLUSH_BYTES:
             return
+        self._compaction_flush()
+        self._unflushed = 0
+
+    def _compaction_flush(self) -> None:
+        """The flush of :meth:`_flush_releasing_gil`: a manual compaction of ``_meta``'s applied key."""
         opts = rocksdict.CompactOptions()
         opts.set_exclusive_manual_compaction(False)
         with rocks_errors("flush", self.path):
             self._cfs[META].compact_range(_APPLIED, _APPLIED + b"\x00", opts)
-        self._unflushed = 0
+
+    def _flush_ahead(self) -> None:
+        """Flush a large memtable (:data:`AHEAD_FLUSH_BYTES`) WITHOUT the store's lock, so applies go on meanwhile
+        and the flush the caller then makes under the lock (to pair its files with the applied offset) holds
+        only what they applied during this one.
+
+        It costs one more level-0 file per family written meanwhile (:data:`L0_COMPACTION_TRIGGER`), so only a
+        large memtable goes ahead: a far-horizon copy's first checkpoint, not its later rounds. Under
+        ``_compacting``, as any compaction outside the lock (closing waits for it).
+        """
+        if self._unflushed < AHEAD_FLUSH_BYTES:
+            return
+        with self._compacting:
+            self._check_open()
+            ahead = self._unflushed
+            self._compaction_flush()
+        with self._lock:  # (what was applied during the flush may or may not be in it: still counted)
+            self._unflushed = max(0, self._unflushed - ahead)
 
     def _flush_holding_gil(self) -> None:
         """The flush through RocksDB's checkpoint (its ``GetLiveFiles`` flushes all families atomically); the
@@ -520,6 +566,7 @@ class TaskGroupStore:
         """
         from pstate.checkpoint import take_checkpoint
 
+        self._flush_ahead()
         with self._lock:
             self._check_open()
             self._flush_releasing_gil()  # so the checkpoint's own flush, which holds the GIL, has nothing left

@@ -177,13 +177,15 @@ class LeaderRules(ReplicaState):
 
     def _on_ack(self, m: ReplicateAck) -> None:
         ls = self._ls
-        if ls is None or m.epoch != self.epoch or m.src not in ls.peers:
+        if ls is None or m.epoch != self.epoch:
             return
+        if m.src not in ls.peers or m.incarnation != (_recorded(ls.storage, m.src) or 0):
+            if m.reset:  # (a new replica's, sent before the znode listing it or recording its storage reached
+                ls.early_resets[m.src] = m  # us: taken once one does, _adopt_znode)
+            return  # from a storage the znode does not record (lost and replaced, or not registered yet)
         assert m.held < self.log_end and m.log_end <= self.log_end, (
             f"{m.src} acks {m.held}/{m.log_end} beyond leader log end {self.log_end} in epoch {self.epoch}"
         )
-        if m.incarnation != (_recorded(ls.storage, m.src) or 0):
-            return  # from a storage the znode does not record (lost and replaced, or not registered yet)
         p = ls.peers[m.src]
         p.last_heard_ms = self._now
         p.reconciled = True
@@ -346,6 +348,14 @@ class LeaderRules(ReplicaState):
                 ls.peers[r] = Peer(last_progress_ms=self._now, last_heard_ms=self._now)  # new, or another storage: it knows nothing yet
         ls.storage = st.storage
         self._advance_apply()
+        # A reset ack that came before the record of its storage, now recorded: taken as if it arrived now
+        # (a new follower would otherwise re-send it only after request_timeout_ms: a second's wait per added
+        # replica of a reassignment).
+        for r, ack in list(ls.early_resets.items()):
+            if r not in ls.peers or _recorded(ls.storage, r) == ack.incarnation:
+                del ls.early_resets[r]
+                if r in ls.peers:
+                    self._on_ack(ack)
 
     # ---------------------------------------------------------------------- coordinated hand-off
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from replog.config import ReplicationConfig
 from replog.epochs import EpochCache
 from replog.errors import NotLeader
-from replog.messages import Action, Apply, GroupState, PersistEpochs, Reply, Role, RoleChanged
+from replog.messages import Action, Apply, GroupState, PersistEpochs, ReplicateAck, Reply, Role, RoleChanged
 
 
 @dataclass(slots=True)
@@ -86,6 +86,10 @@ class LeaderState:
     stalled: bool = False
     #: set while resigning (coordinated hand-off): appends are refused until it lands or is given up
     resign: Resign | None = None
+    #: each peer's last reset ack from a storage the znode did not record yet: a new replica's record reaches
+    #: this leader through its watch, often after the ack the replica sent once its own CAS landed; taken
+    #: when a znode records that incarnation (``_adopt_znode``), as if it had arrived then (one per peer)
+    early_resets: dict[str, ReplicateAck] = field(default_factory=dict)
 
 
 class ReplicaState:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol
 
+from conductor.worker.store_swap import PreparedStore
 from pstate.checkpoint import Checked, Manifest
 from topology.dataflow.group import GroupDataflow
 
@@ -31,7 +32,11 @@ class EntryApplier(Protocol):
 
     def checkpoint(self, directory: Path, leader_epoch: int) -> Manifest: ...
 
-    def install_checkpoint(self, staging: Path, manifest: Manifest, checked: Checked) -> None: ...
+    def prepare_install(self, staging: Path, manifest: Manifest, checked: Checked) -> PreparedStore:
+        """Off the task thread: a fetched checkpoint made ready to swap in (conductor.worker.store_swap)."""
+
+    def install_prepared(self, prepared: PreparedStore) -> None:
+        """Task thread: swap it in (the caller claimed it)."""
 
     def close(self) -> None: ...
 

@@ -32,12 +32,11 @@ import concurrent.futures
 import threading
 from collections import deque
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from conductor.worker.dataflow import DataflowDriver, Inflow
 from conductor.worker.pending_entry import PendingEntry
-from pstate.checkpoint import Checked, Manifest
+from conductor.worker.store_swap import PreparedStore
 from replog.errors import Backpressure
 from replog.messages import (
     ConfigChanged,
@@ -79,10 +78,8 @@ class Fail:
 class InstallCheckpoint:
     """Install a fetched far-horizon checkpoint (``ReplicaHost.install_checkpoint``); ``done`` gets its answer."""
 
-    staging: Path
-    manifest: Manifest
+    prepared: PreparedStore  #: its files verified and its store opened by the transfer's thread (store_swap)
     pairs: list[tuple[int, int]]
-    checked: Checked  #: the files the transfer checked on arrival (pstate.checkpoint.install need not again)
     leader: str
     epoch: int
     done: concurrent.futures.Future[str | None]

@@ -37,7 +37,7 @@ from conductor.worker.replica_disk import open_disk
 from conductor.worker.replica_faults import REPLICA_FAULTS, Fault, describe, fault_kind
 from conductor.worker.task_clock import RETAIN_INTERVAL_MS, TICK_MS, next_wake_ms, now_ms
 from conductor.worker.timings import ReplicaTimings, measure_reply, replica_counters
-from pstate.checkpoint import Checked, Manifest
+from pstate.checkpoint import Manifest
 from pstate.errors import PStateError
 from replog.batch import scan_frames
 from replog.config import DEFAULT_SEGMENT_BYTES, ReplicationConfig
@@ -91,6 +91,7 @@ from topology.entries.port import EntryPort
 from topology.errors import TopologyError
 
 if TYPE_CHECKING:
+    from conductor.worker.store_swap import PreparedStore
     from conductor.worker.task_thread import TaskThread
 
 log = logging.getLogger("millrace.node")
@@ -336,10 +337,9 @@ class ReplicaHost:
             case _:
                 assert_never(item)
 
-    def _install(self, m: InstallCheckpoint) -> None:
-        """A far-horizon transfer finished: install it; its answer (or its error) goes to the transfer thread."""
+    def _install(self, m: InstallCheckpoint) -> None:  # (its answer, or its error, goes to the transfer thread)
         try:
-            m.done.set_result(self.install_checkpoint(m.staging, m.manifest, m.pairs, m.leader, m.epoch, m.checked))
+            m.done.set_result(self.install_checkpoint(m.prepared, m.pairs, m.leader, m.epoch))
         except Exception as e:
             m.done.set_exception(e)
 
@@ -656,37 +656,36 @@ class ReplicaHost:
         pairs = [(e, s) for e, s in self.replica.epochs.to_pairs() if s <= manifest.applied_offset]
         return manifest, pairs, log_end
 
-    def install_checkpoint(self, staging: Path, manifest: Manifest, pairs: list[tuple[int, int]],
-                           leader: str, epoch: int, checked: Checked) -> str | None:
-        """Task thread: replace store and replog with a fetched checkpoint; None when done, else why not.
+    def install_checkpoint(self, prepared: PreparedStore, pairs: list[tuple[int, int]], leader: str,
+                           epoch: int) -> str | None:
+        """Task thread: replace store and replog with a fetched checkpoint (verified and opened off this thread:
+        :mod:`conductor.worker.store_swap`); None when done, else why not.
 
-        Installed only under the driver contract of replog.messages: still
-        following the leader that offered it, outside the ISR, and holding no
-        entry beyond the checkpoint, so nothing this replica acknowledged is
-        dropped. Crash order: the epoch history first (valid for the old log
-        too, whose entries the checkpoint covers), then the store's atomic swap,
-        then the log reset; a crash between the last two is finished at open.
+        Installed only under the driver contract of replog.messages: still following the leader that offered
+        it, outside the ISR, and holding no entry beyond the checkpoint, so nothing this replica acknowledged
+        is dropped. Crash order: the epoch history first (valid for the old log too, whose entries the
+        checkpoint covers), then the store's atomic swap, then the log reset; a crash between the last two is
+        finished at open.
         """
-        r = self.replica
-        upto = manifest.applied_offset
+        r, upto, began = self.replica, prepared.manifest.applied_offset, time.perf_counter()
         why_not = r.far_horizon_refusal(leader, epoch, upto,
                                         in_isr=self._znode is not None and self.node_id in self._znode.isr)
-        if why_not is not None:
-            return why_not
+        if why_not is not None or not prepared.claim():
+            return why_not or "the copy stopped waiting for its install"
         self._apply_later = -1
         self.outbox.clear()
         self.store.drop_staged()
         self.epoch_file.save(pairs)
         self.marks.update(installing=upto)
-        self.store.install_checkpoint(staging, manifest, checked)
+        self.store.install_prepared(prepared)
         self.log.reset(upto + 1)
         self.marks.update(acked=upto, installing=-1, applied=upto)
         self.replica = self._new_replica(r.session, upto, upto)
         self.stats["far_horizon_installs"] += 1
         if not r.session_ok:
             self._feed(SessionExpired())
-        log.warning("%s: installed a checkpoint up to offset %d from %s; replaying from %d", self.name, upto,
-                    leader, upto + 1)
+        log.warning("%s: installed a checkpoint up to offset %d from %s; replaying from %d (task thread %.1f ms)",
+                    self.name, upto, leader, upto + 1, (time.perf_counter() - began) * 1e3)
         if self._znode is not None:
             self._feed(MetastoreChanged(self._znode))
         return None

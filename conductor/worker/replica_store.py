@@ -8,15 +8,17 @@ whose paths arrive in the wire format of :mod:`pstate.query`.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path as FsPath
 from typing import Any
 
 import msgpack
 
+from conductor.worker.store_swap import PreparedStore, closes_after_swap
 from conductor.worker.subscriptions import AppliedFeed
 from pstate import TaskGroupStore
 from pstate.changes import ChangeSet
-from pstate.checkpoint import Checked, Manifest, install
+from pstate.checkpoint import Checked, Manifest, store_dir, swap_in
 from pstate.diffs import WHOLE
 from pstate.path import P
 from pstate.query import ResolveFn, decode_query
@@ -30,8 +32,11 @@ from topology.group_code import GroupCode
 class ReplicaStore:
     """One replica's store, shaped for the replica host (task thread) and the query services (event loop)."""
 
-    def __init__(self, store: TaskGroupStore, code: GroupCode | None = None) -> None:
+    def __init__(self, store: TaskGroupStore, code: GroupCode | None = None, path: FsPath | None = None) -> None:
         self.store = store
+        #: where the replica's store lives: a symlink to the versioned directory the store is opened at
+        #: (``self.store.path``; ``pstate.checkpoint.store_dir``), which a far-horizon install replaces
+        self.path = FsPath(store.path) if path is None else path
         #: the replica's code versions; the store and the runner follow its build version (group_code)
         self.code = code
         #: the replica's recent applied entries and its subscriptions' topics (conductor.worker.subscriptions)
@@ -42,10 +47,9 @@ class ReplicaStore:
     @classmethod
     def open_versioned(cls, path: FsPath, code: GroupCode) -> ReplicaStore:
         """Open a replica's store defined by the code version its applied state is in (``_meta``)."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        store = TaskGroupStore(path, {}, ())
+        store = TaskGroupStore(store_dir(path), {}, ())
         try:
-            return cls(store, code)
+            return cls(store, code, path)
         except BaseException:  # damage found reading the applied version: release it for the quarantine
             store.abandon()
             raise
@@ -111,18 +115,41 @@ class ReplicaStore:
         manifest: Manifest = self.store.checkpoint(directory, leader_epoch)
         return manifest
 
-    def install_checkpoint(self, staging: FsPath, manifest: Manifest, checked: Checked) -> None:
-        """Swap in a fetched checkpoint (verified by ``install``, but for the files ``checked`` on arrival) and
-        reopen the same PStates and depots."""
+    def prepare_install(self, staging: FsPath, manifest: Manifest, checked: Checked) -> PreparedStore:
+        """Off the task thread: a fetched checkpoint verified (but for the files ``checked`` on arrival) beside
+        the store and opened, for :meth:`install_prepared` (:mod:`conductor.worker.store_swap`)."""
+        store = self.store
+        return PreparedStore.prepare(staging, manifest, self.path, checked, store.schemas, store.depots)
+
+    def install_prepared(self, prepared: PreparedStore) -> None:
+        """Task thread: swap in a prepared store the caller claimed (:meth:`PreparedStore.claim`).
+
+        The old store is closed first when it was opened through :attr:`path`, which the swap redirects;
+        otherwise (opened at its own directory, as an installed store is) ``prepared.finish`` closes it.
+        """
+        assert prepared.state == "claimed", prepared.state
         old = self.store
-        old.close()
+        close_later = closes_after_swap(old.path, self.path)
         try:
-            install(staging, manifest, old.path, checked)
-        finally:
-            self.store = TaskGroupStore(old.path, old.schemas, old.depots)
-            self.feed.reset()
-            if self.code is not None:
-                self.code.open(self.store)
+            if not close_later:
+                old.close()
+            old_dir = swap_in(prepared.target, self.path)
+        except BaseException:
+            if os.path.realpath(self.path) != os.path.realpath(prepared.target):  # not swapped: as it was
+                if not close_later:
+                    self._use(TaskGroupStore(store_dir(self.path), old.schemas, old.depots))
+                raise
+            prepared.installed(old if close_later else None, None)  # swapped, not known durable: the error goes on
+            self._use(prepared.store)
+            raise
+        prepared.installed(old if close_later else None, old_dir)
+        self._use(prepared.store)
+
+    def _use(self, store: TaskGroupStore) -> None:
+        self.store = store
+        self.feed.reset()
+        if self.code is not None:
+            self.code.open(store)
 
     def close(self) -> None:
         self.store.close()

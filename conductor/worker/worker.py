@@ -12,7 +12,6 @@ Run as ``python -m conductor.worker --zk HOST:PORT --node-id n1 --data-dir DIR [
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import dataclasses
 import functools
 import logging
@@ -70,6 +69,7 @@ from conductor.worker.restore_receiver import RestoreReceiver
 from conductor.worker.retention import RetentionDriver
 from conductor.worker.runtime import LocalModules, ModuleRuntime
 from conductor.worker.services import AdminService, ClientService, LoopSettler, ReplicationService
+from conductor.worker.store_swap import hand_over
 from conductor.worker.task_thread import TaskThreadPool
 from conductor.worker.transport import PeerTransport, from_proto
 from pstate.checkpoint import Checked, Manifest
@@ -590,9 +590,9 @@ class Worker:
             return
 
         def install(staging: Path, manifest: Manifest, pairs: list[tuple[int, int]], checked: Checked) -> str | None:
-            done: concurrent.futures.Future[str | None] = concurrent.futures.Future()
-            host.post(InstallCheckpoint(staging, manifest, pairs, checked, leader, epoch, done))
-            return done.result(timeout=INSTALL_TIMEOUT_S)
+            prepared = host.store.prepare_install(staging, manifest, checked)  # (this thread: store_swap)
+            return hand_over(prepared, lambda done: host.post(InstallCheckpoint(prepared, pairs, leader, epoch, done)),
+                             INSTALL_TIMEOUT_S)
 
         host.catchup = Catchup(host.name, host.module, host.group, self.node_id, leader, address, epoch,
                                host.dir / "far-horizon", host.config.max_near_sync_message_lag, install,

@@ -72,6 +72,9 @@ def test_stopped_follower_catches_up_by_far_horizon(dc: DevCluster) -> None:
     dc.start_node(follower)
     dc.wait_nodes([follower])
     wait_for(lambda: converged(dc, "Clicks"), 120, "the restarted follower to catch up and rejoin the ISR")
+    # (the transfer's thread reports after the replica rejoined: it closes and deletes the retired store first)
+    wait_for(lambda: ": installed after" in dc.nodes[follower].log_path.read_text(errors="replace"), 30,
+             "the far-horizon transfer's report")
     log_text = dc.nodes[follower].log_path.read_text(errors="replace")
     assert "installed a checkpoint up to offset" in log_text, "caught up without far horizon"
     assert "arrived damaged" in log_text, "the corrupted chunk was not detected"

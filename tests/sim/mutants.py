@@ -64,6 +64,17 @@ class ReasksOnlyAfterTheTimeout(Replica):
         self._leader_heard = True
 
 
+class DropsEarlyResetAcks(Replica):
+    """A leader that drops a new replica's reset ack when it arrives before the znode recording its storage
+    does, instead of taking it once that record arrives: the replica re-sends it only after
+    ``request_timeout_ms`` (each replica a reassignment adds waited a second for its checkpoint offer)."""
+
+    def _adopt_znode(self, st: GroupState) -> None:
+        if self._ls is not None:
+            self._ls.early_resets.clear()
+        super()._adopt_znode(st)
+
+
 class ElectsEmptiedReplica(Replica):
     """A replica whose storage lost what it acknowledged records its new storage but stays in the ISR
     (no KIP-966 eligibility): an emptied replica remains electable."""

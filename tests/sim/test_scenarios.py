@@ -22,6 +22,7 @@ from replog.messages import (
     Replicate,
     ReplicateAck,
     ResignRequested,
+    Role,
 )
 from replog.replica import Replica
 from tests.sim.membership import PlanRules, Reassigner
@@ -29,6 +30,7 @@ from tests.sim.mutants import (
     AppliesWhileCopiesRetired,
     CountsRemovingTowardMinIsr,
     DeletesAtCompletion,
+    DropsEarlyResetAcks,
     HandOffWithoutCatchUp,
     ReasksOnlyAfterTheTimeout,
     SingleRoundEpochExchange,
@@ -681,6 +683,46 @@ def test_rf_1_to_3_while_writing_fails_no_append() -> None:
     sim.heal_and_settle()  # every replica holds and applied the same log
 
 
+SLOW_LEADER_WATCH_REQUEST_TIMEOUT_MS = 200
+
+
+def replica_added_under_a_slow_leader_watch(replica_cls: type[Replica]) -> int:
+    """RF 1 to 2 while the leader's watch lags a few network delays: b records its storage (its own CAS tells it
+    at once), follows, and sends its reset ack, which reaches a before the znode recording b's storage does.
+    The ms from b following to a counting it as reconciled (the request timeout is 200 ms here)."""
+    sim, re = membership_sim(1, 1, replica_cls, request_timeout_ms=SLOW_LEADER_WATCH_REQUEST_TIMEOUT_MS)
+    sim.retention = True  # a's log starts past offset 0: its beats tell b frames went missing
+    reqs: list[ClientRequest] = []
+    write_until(sim, lambda: sim.nodes["a"].disk.start > 0, reqs)
+    sim.watch_lag_ms["a"] = 10
+    b = sim.nodes["b"]
+    assert re.start(["a", "b"])
+    sim.run_until_true(lambda: b.hosting and b.replica.role is Role.FOLLOWER and b.replica.reconciled)
+    followed = sim.now
+
+    def counted() -> bool:
+        ls = sim.nodes["a"].replica._ls
+        return ls is not None and "b" in ls.peers and ls.peers["b"].reconciled
+
+    sim.run_until_true(counted, max_ms=10 * SLOW_LEADER_WATCH_REQUEST_TIMEOUT_MS)
+    waited = sim.now - followed
+    write_until(sim, plan_done(sim, re), reqs)
+    assert set(sim.znode.isr) == {"a", "b"}
+    sim.heal_and_settle()
+    return waited
+
+
+def test_an_added_replica_does_not_wait_for_the_request_timeout() -> None:
+    """The leader keeps a reset ack that came before its storage's record and takes it when the record comes
+    (replog.replica_leader._adopt_znode), so it offers the new replica what it lacks within a few network
+    delays, not after replication.request.timeout.millis."""
+    assert replica_added_under_a_slow_leader_watch(Replica) < SLOW_LEADER_WATCH_REQUEST_TIMEOUT_MS // 4
+
+
+def test_dropping_early_reset_acks_is_caught() -> None:
+    assert replica_added_under_a_slow_leader_watch(DropsEarlyResetAcks) >= SLOW_LEADER_WATCH_REQUEST_TIMEOUT_MS
+
+
 def test_rf_3_to_5_and_back_to_3() -> None:
     sim, re = membership_sim(3, 2)
     reqs: list[ClientRequest] = []
@@ -785,8 +827,12 @@ def replace_with_a_lagging_survivor(replica_cls: type[Replica]) -> Sim:
     before = sim.append(1, Ack.APPLIED)
     sim.run_until_true(lambda: "b" not in sim.znode.isr and before.outcome == "ok")
     assert re.start(["a", "b", "d"])
+    sim.cut_link("a", "d")  # d catches up once this heals (else it holds what c holds as soon as c does)
     sim.run_for(20)
     stalled = [sim.append(1, Ack.APPLIED) for _ in range(3)]
+    sim.run_for(60)
+    assert all(r.outcome == "pending" for r in stalled), "applied before d joined: c's vote was needed"
+    sim.cut.discard(("a", "d"))
     sim.run_until_true(lambda: "d" in sim.znode.isr or any(r.outcome == "ok" for r in stalled))
     assert all(r.outcome == "pending" for r in stalled), "applied before d joined: c's vote was needed"
     sim.run_until_true(lambda: all(r.outcome == "ok" for r in stalled))
