@@ -235,6 +235,37 @@ def store_dir(dest: str | os.PathLike[str]) -> str:
     return target
 
 
+def remove_stale_versions(dest: str | os.PathLike[str]) -> list[str]:
+    """Delete the versioned directories beside ``dest`` that ``dest`` does not point at; return their paths.
+
+    A crash during a far-horizon install leaves one behind: a staged store
+    never swapped in, or the retired one its copy thread had not deleted yet.
+    Nobody else ever reads them, so they are only disk space. Call it only
+    while nothing of this process stages or retires a store for ``dest`` (a
+    replica's first open in the process): a live install's staged directory
+    looks the same.
+    """
+    dest = os.path.abspath(os.fspath(dest))
+    parent, base = os.path.split(dest)
+    if not os.path.isdir(parent):
+        return []
+    keep = os.path.realpath(dest) if os.path.islink(dest) else None
+    prefix = f".{base}."
+    removed = []
+    for name in sorted(os.listdir(parent)):
+        path = os.path.join(parent, name)
+        if not name.startswith(prefix):
+            continue
+        if os.path.islink(path):  # a swap's new link, made but not renamed over ``dest``
+            os.unlink(path)
+        elif os.path.realpath(path) != keep:
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            continue
+        removed.append(path)
+    return removed
+
+
 def install(src_dir: str | os.PathLike[str], manifest: Manifest, dest: str | os.PathLike[str],
             checked: Checked | None = None) -> str:
     """Verify a checkpoint's files against ``manifest`` and atomically make ``dest`` point at a copy.

@@ -106,3 +106,24 @@ def test_a_store_not_installed_is_closed_and_deleted(tmp_path: Path) -> None:
     assert not never.claim()  # the task thread comes too late: it installs nothing
     assert rs.store.applied_offset == -1
     rs.close()
+
+
+def test_what_a_crash_mid_install_left_beside_a_store_is_removed_and_the_store_kept(tmp_path: Path) -> None:
+    dest = tmp_path / "state"
+    current = store_dir(dest)
+    (Path(current) / "CURRENT").write_text("kept")
+    staged = tmp_path / ".state.0123456789ab"  # staged, never swapped in
+    staged.mkdir()
+    (staged / "000007.sst").write_bytes(b"x" * 10)
+    link = tmp_path / ".state.0123456789ab.link"  # a swap's new link, never renamed over state
+    link.symlink_to(staged.name)
+    other = tmp_path / ".other.0123456789ab"  # not this store's
+    other.mkdir()
+
+    removed = checkpoint_mod.remove_stale_versions(dest)
+
+    assert sorted(removed) == sorted([str(staged), str(link)])
+    assert os.path.realpath(dest) == current and (Path(current) / "CURRENT").read_text() == "kept"
+    assert not staged.exists() and not os.path.lexists(link) and other.is_dir()
+    assert checkpoint_mod.remove_stale_versions(dest) == []
+    assert checkpoint_mod.remove_stale_versions(tmp_path / "absent" / "state") == []
