@@ -108,6 +108,7 @@ import msgpack
 from rich.console import Console
 from rich.table import Table
 
+from bench.cluster_topology import run_topology_only
 from bench.cluster_append_interval import interval_ratios, measure_interval
 from bench.design_floor import design_floor
 from bench.floor import percentile, transport_floor
@@ -616,6 +617,8 @@ def main(argv: list[str] | None = None) -> None:
                          "latency histograms cost (ratio_*_metrics_vs_off)")
     ap.add_argument("--secure", action="store_true", help="then the same workloads with mutual TLS on every link "
                                                           "(ratio_*_tls_vs_plain)")
+    ap.add_argument("--only", choices=("topology",), help="topology: only the sequential reference and the "
+                                                          "topology phase (bench.cluster_topology), to iterate quickly")
     args = ap.parse_args(argv)
     args.seconds = args.seconds or (5.0 if args.quick else 20.0)
     args.count = args.count or (2_000 if args.quick else 20_000)
@@ -627,6 +630,13 @@ def main(argv: list[str] | None = None) -> None:
     console = Console(width=None if sys.stdout.isatty() else 132)
     root = Path(tempfile.mkdtemp(prefix="millrace-cluster-bench-", dir=args.dir))
     t0 = time.monotonic()
+    if args.only == "topology":
+        try:
+            only = run_topology_only(args, root, console)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        print(json.dumps(only), flush=True)
+        return
     try:
         mr = run_millrace(args, root, console)
         if args.secure:
