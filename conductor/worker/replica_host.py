@@ -170,6 +170,9 @@ class ReplicaHost:
         self._next_request = 1
         self._stop = threading.Event()
         self._dirty = False
+        #: what `sync_ahead` did, for `finish` to take: (log end it covered, seconds spent, its error)
+        self._presync: tuple[int, tuple[float, float], Exception | None] | None = None
+        self._step_now = 0  # the clock of the drain `begin` started (`finish` goes on with it)
         #: peer messages of this drain, shipped in one transport call, and held beats (replog.outbox's policy)
         self.outbox = Outbox()
         #: follower: apply up to here once this drain's fsync and acks are out (see `_perform`)
@@ -246,13 +249,41 @@ class ReplicaHost:
     def stopping(self) -> bool:
         return self._stop.is_set()
 
-    def step(self, items: list[InboxItem]) -> bool:
-        """One drain of ``items`` on the task thread; False once this replica stopped (its disk is closed)."""
+    # One drain of the inbox on the task thread is `begin` then `finish`, split at its fsync so that a shared
+    # task thread's pass can overlap the fsyncs of the replicas it steps (TaskThread._pass): it has the fsync
+    # done on a helper thread (`sync_ahead`) while it goes on with the next replica, and ends the drain once
+    # that fsync is over. Only the fsync runs elsewhere, while nothing else touches this replica.
+
+    def begin(self, items: list[InboxItem]) -> bool:
+        """A drain of ``items`` up to its fsync (entries written, and shipped to followers); False once this
+        replica stopped (its disk is closed)."""
+        return self._guarded(lambda: self._step_begin(items))
+
+    @property
+    def sync_owed(self) -> bool:
+        """After ``begin``: the drain wrote entries that must be fsynced before they are acknowledged."""
+        return self._dirty and not self.replica.config.acks_from_page_cache
+
+    def sync_ahead(self) -> None:
+        """Any thread, between ``begin`` and ``finish`` (the task thread waits for it before ``finish``): the
+        drain's fsync, whose outcome ``finish`` takes (an error there is the replica's fault, raised there)."""
+        assert self._presync is None
+        end = self.log.end_offset
+        try:
+            self._presync = (end, self.durability.written(self.replica.config, now_ms()), None)
+        except Exception as e:  # raised again by `finish`, on the task thread, where faults are handled
+            self._presync = (end, (0.0, 0.0), e)
+
+    def finish(self) -> bool:
+        """The rest of the drain ``begin`` started (after ``sync_ahead``, if called); False as ``begin``."""
+        return self._guarded(self._step_finish)
+
+    def _guarded(self, run: Callable[[], None]) -> bool:
         if self._stop.is_set():
             self._close_disk()
             return False
         try:
-            self._step(items)
+            run()
         except Exception as exc:
             failed = Fault(fault_kind(exc), describe(exc), time.time())
             log.error("%s: replica failed (%s): %s; it stops serving, gives up leadership and restarts",
@@ -271,8 +302,8 @@ class ReplicaHost:
         self._close_disk()
         return False
 
-    def _step(self, items: list[InboxItem]) -> None:
-        now = now_ms()
+    def _step_begin(self, items: list[InboxItem]) -> None:
+        now = self._step_now = now_ms()
         appends: list[PendingEntry] = []
         for item in items:
             if isinstance(item, PendingEntry):
@@ -289,6 +320,11 @@ class ReplicaHost:
         if now >= self._next_tick and tick_due is not None and now >= tick_due:
             self._feed(Tick())
             self._next_tick = now + TICK_MS
+        if self._dirty:
+            self._ship(hold_acks=True)  # entries for followers leave before our own fsync, so theirs overlaps ours
+
+    def _step_finish(self) -> None:
+        now = self._step_now
         self._flush_if_dirty()
         self.durability.sync_if_due(now)
         self._ship()
@@ -442,11 +478,20 @@ class ReplicaHost:
             # Entries for followers leave before our own fsync, so theirs overlaps ours.
             self._ship(hold_acks=True)
             self._dirty = False
-            spent = self.durability.written(self.replica.config, now_ms())  # before anything is acknowledged
+            spent = self._synced()  # before anything is acknowledged
             if self.timings is not None and spent[0]:
                 self.timings.flushed(self.replica.role.value, *spent)
             self.stats["flushes"] += 1
             self._feed(LocalFlushed(self.log.end_offset))
+
+    def _synced(self) -> tuple[float, float]:
+        """The drain's fsync: the one ``sync_ahead`` did for this log end, or one now."""
+        pre, self._presync = self._presync, None
+        if pre is not None and pre[0] == self.log.end_offset:
+            if pre[2] is not None:
+                raise pre[2]
+            return pre[1]
+        return self.durability.written(self.replica.config, now_ms())
 
     # --------------------------------------------------------------------------------- actions
 
