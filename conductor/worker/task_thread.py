@@ -31,6 +31,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+from conductor.worker.pending_entry import PendingEntry
 from conductor.worker.task_clock import MAX_SLEEP_MS, now_ms
 
 if TYPE_CHECKING:
@@ -195,7 +196,8 @@ class TaskThread:
         Each replica's drain runs up to its fsync (``begin``); when another replica is still to step in this
         pass, that fsync goes to a helper thread while this one goes on, and the drain ends (``finish``: acks,
         applies, replies) once its fsync is over, as soon as this thread sees it. A lone replica, or the last
-        one, does its fsync here, as ``step`` does (the others' run meanwhile).
+        one, does its fsync here (the others' run meanwhile). A replica with client appends to build first ends
+        the drains whose fsyncs are out: a build can take milliseconds, and their acks must not wait for it.
         """
         now = now_ms()
         order = self._pass_order(woken)
@@ -207,6 +209,10 @@ class TaskThread:
         for i, h in enumerate(order):
             items = h.drain_inbox()
             if items or h.stopping or h in woken or dues.get(h, now) <= now:
+                if syncing and items and isinstance(items[-1], PendingEntry):
+                    # client appends (last in a drain) can take milliseconds to build (10,000 records: about
+                    # 10 ms); the acks and replies of the drains whose fsyncs are out must not wait behind them
+                    syncing = self._finish_synced(syncing, wait=True)
                 if not h.begin(items):
                     self._drop(h)
                 elif h.sync_owed and (i < last or any(position.get(r, -1) > i for r in list(self._ready))):
@@ -215,19 +221,18 @@ class TaskThread:
                     self._drop(h)
             if syncing and syncing[0][1].done():
                 syncing = self._finish_synced(syncing)
-        for h, fut in syncing:
-            fut.result()  # (sync_ahead keeps its own error for finish)
-            if not h.finish():
-                self._drop(h)
+        self._finish_synced(syncing, wait=True)
 
-    def _finish_synced(self, syncing: list[tuple[ReplicaHost, Future[None]]]
+    def _finish_synced(self, syncing: list[tuple[ReplicaHost, Future[None]]], wait: bool = False
                        ) -> list[tuple[ReplicaHost, Future[None]]]:
-        """End the drains whose fsync is over; returns those still waiting for theirs."""
+        """End the drains whose fsync is over (``wait``: all of them, once it is); returns those still waiting."""
         left = []
         for h, fut in syncing:
-            if not fut.done():
+            if not wait and not fut.done():
                 left.append((h, fut))
-            elif not h.finish():
+                continue
+            fut.result()  # (sync_ahead keeps its own error for finish)
+            if not h.finish():
                 self._drop(h)
         return left
 

@@ -200,7 +200,8 @@ def test_a_shared_task_thread_overlaps_its_replicas_fsyncs_and_a_failed_one_stop
         tmp_path: Path) -> None:
     """Replicas posted to while their thread was busy step in one pass: the fsync of each but the last runs on a
     helper thread while the next one's drain goes on here (issue 32: a worker's groups replicating at once
-    fsynced in series). An fsync that fails on the helper thread is that replica's fault, raised on the task
+    fsynced in series; here the next one has a client append to build, so the first one's drain ends before
+    that build starts). An fsync that fails on the helper thread is that replica's fault, raised on the task
     thread; the others go on."""
     runner = TaskThread("task-test")
     faults: list[ReplicaHost] = []
