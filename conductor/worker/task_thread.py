@@ -17,8 +17,9 @@ over (``TaskThread._pass``; ``ReplicaHost.begin``, ``sync_ahead``,
 ``finish``). On the reference box three write+fdatasync of three files in a
 row took 2.4-4.1 ms, against 0.43-0.57 ms at once: a disk takes concurrent
 flushes together. Issue 32's two-hop topology replicates three groups at once
-on every worker, whose thread fsynced one leader and two followers in series. Each replica still has its
-own inbox, state machine, disk and faults: a replica that fails stops alone.
+on every worker, whose thread fsynced one leader and two followers in series.
+Each replica still has its own inbox, state machine, disk and faults: a
+replica that fails stops alone.
 ``--task-threads 0`` gives each replica a *dedicated* task thread, the same
 loop serving one replica, which ends with it.
 """
@@ -237,9 +238,9 @@ class TaskThread:
         return left
 
     def _syncer(self) -> ThreadPoolExecutor:
-        """The helper threads of this task thread's fsyncs: one fewer than the replicas it runs, at most
-        ``MAX_SYNC_THREADS``. Its queue holds at most one fsync per replica of a pass, which waits for all of
-        them before the next: bounded by the thread's load."""
+        """The helper threads of this task thread's fsyncs, up to ``MAX_SYNC_THREADS`` started as needed. Its
+        queue holds at most one fsync per replica of a pass, which waits for all of them before the next:
+        bounded by the thread's load."""
         if self._sync_pool is None:
             self._sync_pool = ThreadPoolExecutor(MAX_SYNC_THREADS, thread_name_prefix=f"{self.thread.name}-fsync")
         return self._sync_pool
@@ -248,7 +249,6 @@ class TaskThread:
         """``h`` stopped or failed: its disk is closed."""
         self._hosts.remove(h)
         self.release(h)
-
 
     def _pass_order(self, woken: dict[ReplicaHost, None]) -> list[ReplicaHost]:
         """The replicas to look at in this pass: those posted to first, in the order they were posted to, then
@@ -260,7 +260,8 @@ class TaskThread:
         replication round of a topology's tree) queued behind the follower steps of other groups posted to
         after them (issue 32).
         """
-        first = [h for h in woken if h in self._hosts]
+        present = set(self._hosts)
+        first = [h for h in woken if h in present]
         if len(first) == len(self._hosts):
             return first
         return first + [h for h in self._hosts if h not in woken]
