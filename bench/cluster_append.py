@@ -56,6 +56,9 @@ Workloads, in this order, on one cluster:
   author's task and hops to each of the author's 30 followers' tasks, across the groups; the call returns once
   every follower's timeline holds it). ``topology_p50_ms`` over the sequential ``p50_ms`` of the same run is
   ``ratio_topology_p50_vs_p50`` (goal <= 1.5); the deliveries are checked in ``$$unread`` afterwards.
+  Alternating with those posts, ``topology_chain_p50_ms``: an author with one follower on another group, two
+  replicated entries in series plus two messages, the floor of this design for two hops
+  (:mod:`bench.cluster_topology`). ``--only topology`` runs the sequential reference and this phase alone.
 
 Every worker node's RSS is sampled from ``/proc/<pid>/status`` (VmRSS) every
 200 ms during the depot's workloads; the maximum is reported. At the end the sum
@@ -97,7 +100,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,6 +112,14 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.cluster_append_interval import interval_ratios, measure_interval
+from bench.cluster_topology import (
+    TIMELINE_FOLLOWERS,
+    TIMELINE_GROUPS,
+    log_topology,
+    run_topology_only,
+    topology_figures,
+    topology_sequential,
+)
 from bench.design_floor import design_floor
 from bench.floor import percentile, transport_floor
 from bench.run_comparison import compare_runs
@@ -133,8 +144,6 @@ GOAL_PIPELINED_VS_JETSTREAM = 2.0
 GOAL_BATCHED_PER_S = 200_000
 GOAL_NODE_RSS_MB = 512.0
 GOAL_TOPOLOGY_VS_P50 = 1.5
-#: the topology phase: Timeline at this many task groups, authors with this many followers each
-TIMELINE_GROUPS, TIMELINE_AUTHORS, TIMELINE_FOLLOWERS, TIMELINE_USERS = 4, 20, 30, 1_000
 
 
 # ------------------------------------------------------------------------------------ records
@@ -257,6 +266,13 @@ def deploy(hosts: str, tasks: int, threads: int, timeout_s: float = 30.0) -> dic
             if time.monotonic() > deadline:
                 raise TimeoutError(f"task groups of {MODULE} did not all get a serving leader in {timeout_s}s")
             time.sleep(0.1)
+
+
+def plain_append(cluster: Cluster) -> Callable[[], Any]:
+    """One sequential ``ack="applied"`` append to the bench's depot (a reference for other phases)."""
+    depot = cluster.depot(MODULE, DEPOT)
+    record = make_record(0)
+    return lambda: depot.append(record, ack="applied")
 
 
 def tasks_by_group(tasks: int, threads: int) -> dict[int, list[int]]:
@@ -474,29 +490,6 @@ def depot_total(cluster: Cluster, tasks: int) -> int:
 # ------------------------------------------------------------------------------------ main
 
 
-def topology_sequential(cluster: Cluster, hosts: str, count: int, warmup: int) -> dict[str, float]:
-    """One post at a time through Timeline's two hops, ``ack="applied"``: p50/p99 ms; every delivery checked."""
-    from bench.topology import deploy as deploy_module  # (Timeline on the same cluster, RF 3)
-    from bench.topology import follow_graph
-
-    deploy_module(hosts, "Timeline", "examples.timeline:Timeline", TIMELINE_GROUPS)
-    graph = follow_graph(cluster, 5, TIMELINE_AUTHORS, TIMELINE_FOLLOWERS, TIMELINE_USERS)
-    posts = cluster.depot("Timeline", "*posts")
-    samples = []
-    for i in range(warmup + count):
-        t0 = time.perf_counter()
-        posts.append({"author": f"a{i % TIMELINE_AUTHORS}", "id": i, "text": "hello"}, ack="applied")
-        if i >= warmup:
-            samples.append((time.perf_counter() - t0) * 1000)
-    want = Counter(u for i in range(warmup + count) for u in graph[f"a{i % TIMELINE_AUTHORS}"])
-    unread = cluster.pstate("Timeline", "$$unread")
-    got = {u: unread.select_one(u) or 0 for u in want}
-    if got != dict(want):
-        raise AssertionError(f"topology: {sum(got.values())} deliveries counted, {sum(want.values())} expected")
-    samples.sort()
-    return {"p50_ms": statistics.median(samples), "p99_ms": samples[int(len(samples) * 0.99) - 1]}
-
-
 def run_millrace(args: argparse.Namespace, root: Path, console: Console, secure: bool = False,
                  metrics: bool = True) -> dict[str, Any]:
     """The Millrace workloads on a fresh RF=3 dev cluster (`secure`: mutual TLS on every link; every gRPC
@@ -542,9 +535,9 @@ def run_millrace(args: argparse.Namespace, root: Path, console: Console, secure:
                 # partitions must hold exactly the acknowledged records once every request has answered.
                 stored = depot_total(cluster, args.tasks)
                 rss = sampler.max_mb()  # (the depot's workloads: the topology's module comes on top)
-                topo = topology_sequential(cluster, dc.hosts, max(200, args.count // 4), 50)
-                console.log(f"topology (Timeline, 2 hops to {TIMELINE_FOLLOWERS} followers over {TIMELINE_GROUPS} "
-                            f"groups): p50 {topo['p50_ms']:.3f} ms, p99 {topo['p99_ms']:.3f} ms")
+                topo = topology_sequential(cluster, dc.hosts, max(200, args.count // 4), 50,
+                                           [p.pid for p in dc.nodes.values()], plain_append(cluster))
+                log_topology(console, topo)
         finally:
             sampler.stop()
         node_pids = {nid: p.pid for nid, p in dc.nodes.items()}
@@ -569,8 +562,7 @@ def run_millrace(args: argparse.Namespace, root: Path, console: Console, secure:
         "batched_wire_records_per_s": round(wire["per_s"]),
         "batched_wire_driver": f"AppendStream, {args.batch} records per AppendRequest, "
                                f"{args.wire_inflight} in flight per group",
-        "topology_p50_ms": round(topo["p50_ms"], 3), "topology_p99_ms": round(topo["p99_ms"], 3),
-        "ratio_topology_p50_vs_p50": round(topo["p50_ms"] / seq["p50_ms"], 2),
+        **topology_figures(seq, topo),
         "max_node_rss_mb": round(max(rss.values()), 1),
         "node_rss_mb": {n: round(v, 1) for n, v in rss.items()},
         "rss_samples": sampler.samples,
@@ -616,6 +608,8 @@ def main(argv: list[str] | None = None) -> None:
                          "latency histograms cost (ratio_*_metrics_vs_off)")
     ap.add_argument("--secure", action="store_true", help="then the same workloads with mutual TLS on every link "
                                                           "(ratio_*_tls_vs_plain)")
+    ap.add_argument("--only", choices=("topology",), help="topology: only the sequential reference and the "
+                                                          "topology phase (bench.cluster_topology), to iterate quickly")
     args = ap.parse_args(argv)
     args.seconds = args.seconds or (5.0 if args.quick else 20.0)
     args.count = args.count or (2_000 if args.quick else 20_000)
@@ -627,6 +621,13 @@ def main(argv: list[str] | None = None) -> None:
     console = Console(width=None if sys.stdout.isatty() else 132)
     root = Path(tempfile.mkdtemp(prefix="millrace-cluster-bench-", dir=args.dir))
     t0 = time.monotonic()
+    if args.only == "topology":
+        try:
+            only = run_topology_only(args, root, console)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        print(json.dumps(only), flush=True)
+        return
     try:
         mr = run_millrace(args, root, console)
         if args.secure:
@@ -692,6 +693,9 @@ def main(argv: list[str] | None = None) -> None:
     table.add_row(f"  two-hop topology p50 ms (Timeline, {TIMELINE_FOLLOWERS} followers over {TIMELINE_GROUPS} groups)",
                   fmt(mr["topology_p50_ms"], ".3f"), "-", f"{mr['ratio_topology_p50_vs_p50']:.2f} (vs p50)",
                   f"<= {GOAL_TOPOLOGY_VS_P50}x {mark(goals['topology<=1.5x_p50'])}")
+    table.add_row("  two-hop chain p50 ms (1 follower on another group: 2 replicated entries + 2 messages)",
+                  fmt(mr["topology_chain_p50_ms"], ".3f"), "-", f"{mr['ratio_topology_chain_p50_vs_p50']:.2f} (vs p50)",
+                  "")
     table.add_row(f"pipelined rec/s (append_async, window {args.window})", fmt(mr["pipelined_records_per_s"], ",.0f"),
                   fmt(js_pipe, ",.0f"), fmt(ratio_pipe, ".2f"),
                   f">= {GOAL_PIPELINED_VS_JETSTREAM}x {mark(goals['pipelined>=2x_jetstream'])}")

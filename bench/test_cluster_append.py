@@ -54,3 +54,11 @@ def test_design_floor_adds_a_replication_link_round_trip_to_a_worker_that_does_n
     floor = design_floor(transport, 200)  # (a real PeerTransport to a real PeerServer in an echo process)
     assert 0 < floor["peer_rtt_p50_ms"] < 100 and floor["peer_rtt_p50_ms"] <= floor["peer_rtt_p99_ms"]
     assert floor["p50_ms"] == 0.2 + floor["peer_rtt_p50_ms"] + 0.3
+
+
+def test_the_topology_chains_follower_lives_on_another_group_than_its_author() -> None:
+    from bench.cluster_topology import CHAIN_AUTHOR, chain_follower
+    from topology.partitioners import task_for_key
+
+    follower = chain_follower(16, 4)
+    assert task_for_key(follower, 16) % 4 != task_for_key(CHAIN_AUTHOR, 16) % 4

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, assert_never
 
 from conductor.worker.dataflow import DataflowDriver, Inflow
+from conductor.worker.drain_sync import DrainSync
 from conductor.worker.durability import LogDurability, machine_boot
 from conductor.worker.entry_applier import EntryApplier
 from conductor.worker.inbox import (
@@ -36,7 +37,8 @@ from conductor.worker.pending_entry import PendingEntry
 from conductor.worker.replica_disk import open_disk
 from conductor.worker.replica_faults import REPLICA_FAULTS, Fault, describe, fault_kind
 from conductor.worker.task_clock import RETAIN_INTERVAL_MS, TICK_MS, next_wake_ms, now_ms
-from conductor.worker.timings import ReplicaTimings, measure_reply, replica_counters
+from conductor.worker.timings import ReplicaTimings, replica_counters
+from conductor.worker.waiting_appends import WaitingAppends
 from pstate.checkpoint import Manifest
 from pstate.errors import PStateError
 from replog.batch import scan_frames
@@ -135,6 +137,7 @@ class ReplicaHost:
         self.log, self.epoch_file, self.marks = disk.log, disk.epoch_file, disk.marks
         #: where writes are fsynced: before every ack, or every replication.flush.ms (conductor.worker.durability)
         self.durability = LogDurability(self.log, self.marks, boot)
+        self.syncs = DrainSync(self.durability, self.log)  # a drain's fsync, maybe ahead on a helper thread
         self.reads = ReplicateReads()  # the drain's log reads for its followers (shared by those in step)
         #: why this storage is not intact (it lost entries it acknowledged), None if it is
         self.storage_lost = disk.storage_lost
@@ -167,10 +170,10 @@ class ReplicaHost:
         self._retain_owed = True
         #: what other threads post to the task thread, typed and bounded (conductor.worker.inbox)
         self.inbox = ReplicaInbox(self.name)
-        self._pending: dict[int, list[PendingEntry]] = {}
-        self._next_request = 1
+        self.waiting = WaitingAppends(self.name)
         self._stop = threading.Event()
         self._dirty = False
+        self._step_now = 0  # the clock of the drain `begin` started (`finish` goes on with it)
         #: peer messages of this drain, shipped in one transport call, and held beats (replog.outbox's policy)
         self.outbox = Outbox()
         #: follower: apply up to here once this drain's fsync and acks are out (see `_perform`)
@@ -247,13 +250,30 @@ class ReplicaHost:
     def stopping(self) -> bool:
         return self._stop.is_set()
 
-    def step(self, items: list[InboxItem]) -> bool:
-        """One drain of ``items`` on the task thread; False once this replica stopped (its disk is closed)."""
+    def begin(self, items: list[InboxItem]) -> bool:
+        """A drain of ``items`` up to its fsync (entries written and shipped); False once it stopped (disk closed).
+        The rest is ``finish``: a shared task thread's pass overlaps its replicas' fsyncs (``TaskThread._pass``)."""
+        return self._guarded(lambda: self._step_begin(items))
+
+    @property
+    def sync_owed(self) -> bool:
+        """After ``begin``: the drain wrote entries that must be fsynced before they are acknowledged."""
+        return self._dirty and not self.replica.config.acks_from_page_cache
+
+    def sync_ahead(self) -> None:
+        """Any thread, between ``begin`` and ``finish``: the drain's fsync (conductor.worker.drain_sync)."""
+        self.syncs.ahead(self.replica.config)
+
+    def finish(self) -> bool:
+        """The rest of the drain ``begin`` started (after ``sync_ahead``, if called); False as ``begin``."""
+        return self._guarded(self._step_finish)
+
+    def _guarded(self, run: Callable[[], None]) -> bool:
         if self._stop.is_set():
             self._close_disk()
             return False
         try:
-            self._step(items)
+            run()
         except Exception as exc:
             failed = Fault(fault_kind(exc), describe(exc), time.time())
             log.error("%s: replica failed (%s): %s; it stops serving, gives up leadership and restarts",
@@ -266,14 +286,14 @@ class ReplicaHost:
         # Out of the handler: the exception's frames (which hold RocksDB handles) are gone before the disk closes.
         self.fault = failed
         self.last_error = failed.reason
-        self._fail_all(ReplicaFailed(self.name, failed.kind, failed.reason))
+        self.waiting.fail_all(self.dataflow, ReplicaFailed(self.name, failed.kind, failed.reason))
         if self._on_fault is not None:
             self._on_fault(self)  # first: leadership moves while this disk closes (the restart waits for it)
         self._close_disk()
         return False
 
-    def _step(self, items: list[InboxItem]) -> None:
-        now = now_ms()
+    def _step_begin(self, items: list[InboxItem]) -> None:
+        now = self._step_now = now_ms()
         appends: list[PendingEntry] = []
         for item in items:
             if isinstance(item, PendingEntry):
@@ -290,6 +310,11 @@ class ReplicaHost:
         if now >= self._next_tick and tick_due is not None and now >= tick_due:
             self._feed(Tick())
             self._next_tick = now + TICK_MS
+        if self._dirty:
+            self._ship(hold_acks=True)  # entries for followers leave before our own fsync, so theirs overlaps ours
+
+    def _step_finish(self) -> None:
+        now = self._step_now
         self._flush_if_dirty()
         self.durability.sync_if_due(now)
         self._ship()
@@ -390,9 +415,7 @@ class ReplicaHost:
                 runs.append((p.ack, []))
             runs[-1][1].append((p, payload))
         for i, (ack, group) in enumerate(runs):
-            rid = self._next_request
-            self._next_request += 1
-            self._pending[rid] = [p for p, _b in group]
+            rid = self.waiting.add([p for p, _b in group])
             before = self.replica.log_end
             self._feed(ClientAppend(rid, len(group), sum(p.nbytes for p, _b in group), ack,
                                     data=[b for _p, b in group]))
@@ -442,7 +465,7 @@ class ReplicaHost:
             # Entries for followers leave before our own fsync, so theirs overlaps ours.
             self._ship(hold_acks=True)
             self._dirty = False
-            spent = self.durability.written(self.replica.config, now_ms())  # before anything is acknowledged
+            spent = self.syncs.take(self.replica.config)  # before anything is acknowledged
             if self.timings is not None and spent[0]:
                 self.timings.flushed(self.replica.role.value, *spent)
             self.stats["flushes"] += 1
@@ -463,7 +486,7 @@ class ReplicaHost:
             case Send():
                 self.outbox.add(a.msg.dst, a.msg)
             case Reply():
-                self._reply(a)
+                self.waiting.reply(a, self.dataflow, self.stats, self.timings)
             case Apply():
                 if self.replica.is_leader:
                     self._apply(a.up_to)  # before the Reply that follows: replies must see applied state
@@ -564,34 +587,9 @@ class ReplicaHost:
         assert self.marks.current is not None
         self.marks.update(applied=max(self.marks.current.applied, up_to), sync=False)
 
-    def _reply(self, a: Reply) -> None:
-        group = self._pending.pop(a.request_id, None)
-        if group is None:
-            return
-        assert a.error is not None or a.count == len(group), (a, len(group))
-        self.stats["appends"] += len(group)
-        measure_reply(self.stats, self.timings, a.error, group)
-        for i, p in enumerate(group):
-            if a.error is None and self.dataflow is not None and self.dataflow.hold_reply(a.first + i, p):
-                continue  # answered when the hops its entry sent are applied too
-            try:
-                p.done(a.first + i, p.result if a.error is None else None, a.error)
-            except Exception:
-                log.exception("%s: append callback failed", self.name)
-
-    def _fail_all(self, err: Exception) -> None:
-        if self.dataflow is not None:
-            self.dataflow.fail_waiting(err)
-        for p in [p for group in self._pending.values() for p in group]:
-            try:
-                p.done(-1, None, err)
-            except Exception:
-                log.exception("%s: append callback failed", self.name)
-        self._pending.clear()
-
     def _close_disk(self) -> None:
         try:
-            self._fail_all(ReplogError(f"{self.name}: the replica is closing"))
+            self.waiting.fail_all(self.dataflow, ReplogError(f"{self.name}: the replica is closing"))
             self.log.flush()
             self.log.close()
             if self.fault is None:

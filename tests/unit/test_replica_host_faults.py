@@ -10,8 +10,9 @@ a task thread shared by several replicas, the fault stops that replica alone.
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -193,3 +194,61 @@ def test_a_dedicated_task_thread_ends_with_its_replica_or_when_it_never_started(
     never.release()
     never.thread.join(timeout=10)
     assert not never.thread.is_alive()
+
+
+def test_a_shared_task_thread_overlaps_its_replicas_fsyncs_and_a_failed_one_stops_that_replica_alone(
+        tmp_path: Path) -> None:
+    """Replicas posted to while their thread was busy step in one pass: the fsync of each but the last runs on a
+    helper thread while the next one's drain goes on here (issue 32: a worker's groups replicating at once
+    fsynced in series; here the next one has a client append to build, so the first one's drain ends before
+    that build starts). An fsync that fails on the helper thread is that replica's fault, raised on the task
+    thread; the others go on."""
+    runner = TaskThread("task-test")
+    faults: list[ReplicaHost] = []
+    a, b, c = (_open(tmp_path / n, g, faults, runner) for g, n in enumerate("abc"))
+    synced: list[tuple[str, str]] = []
+    release = threading.Event()
+    failing: set[str] = set()
+
+    def recorded(h: ReplicaHost, name: str) -> None:
+        written = h.durability.written
+
+        def written_here(config: ReplicationConfig, now: int) -> tuple[float, float]:
+            synced.append((name, threading.current_thread().name))
+            if name == "c" and not release.is_set():
+                assert release.wait(10)  # holds the task thread while the others are posted to
+            if name in failing:
+                raise OSError(5, "Input/output error")
+            return written(config, now)
+        h.durability.written = written_here  # type: ignore[method-assign]
+
+    def busy_while(*posts: Callable[[], concurrent.futures.Future[int]]) -> list[concurrent.futures.Future[int]]:
+        """``posts`` made while the task thread is in c's fsync (it runs them in the pass after it)."""
+        release.clear()
+        seen = len(synced)
+        first = _append(c, _records(c, {"id": seen}))
+        while len(synced) == seen:
+            time.sleep(0.005)
+        out = [first, *(post() for post in posts)]
+        release.set()
+        return out
+    try:
+        for h, name in ((a, "a"), (b, "b"), (c, "c")):
+            _leading(h)
+            recorded(h, name)
+        futs = busy_while(lambda: _append(a, _records(a, {"id": 0})), lambda: _append(b, _records(b, {"id": 0})))
+        assert [f.result(timeout=10) for f in futs] == [0, 0, 0]
+        assert synced == [("c", "task-test"), ("a", "task-test-fsync_0"), ("b", "task-test")]
+        failing.add("a")
+        lost, kept = busy_while(lambda: _append(a, _records(a, {"id": 1})), lambda: _append(b, _records(b, {"id": 1})))[1:]
+        with pytest.raises(ReplicaFailed):
+            lost.result(timeout=10)
+        assert a.closed.wait(timeout=10) and faults == [a] and a.fault is not None
+        assert kept.result(timeout=10) == 1 and _append(b, _records(b, {"id": 2})).result(timeout=10) == 2
+        assert b.fault is None and c.fault is None and runner.load == 2
+    finally:
+        release.set()
+        for h in (a, b, c):
+            h.stop()
+    runner.stop()
+    runner.thread.join(timeout=10)

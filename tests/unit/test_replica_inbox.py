@@ -210,3 +210,20 @@ def test_posts_on_the_event_loop_wake_the_task_thread_once_its_iteration_is_over
     off_loop.start()
     off_loop.join()
     assert list(tt._ready) == [a]
+
+
+def test_a_task_threads_pass_steps_the_replicas_posted_to_first_in_the_order_they_were_posted_to() -> None:
+    """Not the order they were added in: a destination leader's envelopes that came first must not wait behind
+    the fsyncs of follower steps posted to after them (issue 32). The others follow (a deadline may be due)."""
+    tt = TaskThread("task-test")
+    tt.stop()
+    tt.thread.join(timeout=10)
+    a: Any = _Stub("a")
+    b: Any = _Stub("b")
+    c: Any = _Stub("c")
+    tt._hosts = [a, b, c]
+    assert tt._pass_order(dict.fromkeys([c, a])) == [c, a, b]
+    assert tt._pass_order(dict.fromkeys([b, c, a])) == [b, c, a]
+    assert tt._pass_order({}) == [a, b, c]
+    gone: Any = _Stub("gone")  # woken, then closed and taken out of the thread's list: not stepped
+    assert tt._pass_order(dict.fromkeys([gone, b])) == [b, a, c]
