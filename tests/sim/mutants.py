@@ -187,14 +187,14 @@ def ignores_page_cache_rule(marks: StorageMarks | None, *, log_end: int, applied
 
 
 # ----------------------------------------------------------------------- driver: where the marks' fsync goes
-# (issue 32 asked whether the storage marks' fsync could leave the path of every flush; docs/data-on-disk.md,
-# "Why the mark is synced after the log", says why not, and these are the two ways it could, as drivers)
+# (issue 32: the storage marks' fsync left the path of every flush; docs/data-on-disk.md, "Why the mark claims
+# the flush in flight", says what each write must say, and these are the two naive ways, as drivers)
 
 
 class MarksBesideTheLog(Sim):
-    """The marks fsynced in parallel with the replog, claiming the flush in flight: a crash before the replog's
-    fsync finishes leaves a mark ahead of the log, so an intact storage counts as lost; a group whose last ISR
-    member crashed so is left without an electable replica."""
+    """The marks fsynced in parallel with the replog, their acknowledged mark claiming the flush in flight: a crash
+    before the replog's fsync finishes leaves a mark ahead of the log, so an intact storage counts as lost; a group
+    whose last ISR member crashed so is left without an electable replica."""
 
     def _flush_later(self, n: Node) -> None:
         super()._flush_later(n)
@@ -203,15 +203,12 @@ class MarksBesideTheLog(Sim):
 
 
 class MarksTrailingTheLog(Sim):
-    """The mark written for the flush before (overlapping the next flush's fsync): a storage that lost the
-    tail of its last acknowledged flush passes the open-time check."""
+    """The marks written beside the log's fsync without the claim (only the flushes reported before): a storage that
+    lost the tail of its last acknowledged flush passes the open-time check as sure."""
 
-    def _flushed(self, nid: str, inc: int, gen: int, end: int, synced: bool = True) -> None:
-        d = self.nodes[nid].disk
-        before, acked = d.durable_end, d.acked
-        super()._flushed(nid, inc, gen, end, synced)
-        if synced and d.durable_end == end > before:
-            d.acked = d.acked_synced = max(acked, before - 1)
+    def _flush_later(self, n: Node) -> None:
+        super()._flush_later(n)
+        n.disk.claimed = -1
 
 
 def trusts_the_driver(marks: StorageMarks | None, *, log_end: int, applied: int, boot: int = 0) -> str | None:

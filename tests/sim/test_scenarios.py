@@ -325,6 +325,10 @@ def test_last_isr_member_loses_its_unflushed_tail() -> None:
     sim.metastore_ms = (1, 5)
     a.flush_ms = 2
     sim.restart("a")
+    # Its marks claimed the flush the crash cut: a is unsure of its log (replog.eligibility), registers it in
+    # the leaderless epoch its registration starts, and is elected as the most up-to-date (the only) ISR member.
+    sim.run_until_true(lambda: a.replica.registered and sim.znode.leader is None)
+    assert sim.znode.unsure == (("a", 1, 3, sim.znode.epoch),)
     sim.elect("a")
     sim.run_until_true(lambda: a.replica.is_leader)
     after = sim.append(1, Ack.APPLIED, to="a")
