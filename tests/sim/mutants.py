@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from replog.eligibility import StorageMarks, check_storage
+from replog.election import next_leadership
+from replog.eligibility import StorageMarks, check_storage, unsure_of
 from replog.messages import EpochResponse, GroupState, RecordStorage
 from replog.reassignment import Step, advance_reassignment, cancel_reassignment, min_isr_for
 from replog.replica import Replica
@@ -215,3 +216,48 @@ def trusts_the_driver(marks: StorageMarks | None, *, log_end: int, applied: int,
     """replog's own check, under another name: the simulator then judges its verdicts by their consequences
     only (it compares check_storage's verdicts with the storages it damaged)."""
     return check_storage(marks, log_end=log_end, applied=applied, boot=boot)
+
+
+# ------------------------------------------------------------------- unsure storage (replog.eligibility, issue 32)
+
+
+class ElectsUnsureAtOnce(Sim):
+    """The controller elects an unsure ISR member like a sure one (no witnesses): a replica whose lying disk dropped
+    the flush it had acknowledged, back first, leads without the applied entries it lost."""
+
+    def _elect(self) -> None:
+        self.electing = False
+        live = {m: n.session for m, n in self.nodes.items() if n.alive and n.session_live}
+        order = list(self.ids)
+        self.rng.shuffle(order)
+        z = self.znode
+        new = next_leadership(replace(z, unsure=()), live, order=order)
+        if new is not None:
+            self._write_znode(replace(new, unsure=tuple(r for r in z.unsure if r[0] != new.leader)))
+        if self.znode.leader is None:
+            self._elect_later(20)
+
+
+def up_to_date_without_waiting(state: GroupState, live: dict[str, int]) -> list[str] | None:
+    """The most up-to-date of the unsure members registered so far, without waiting for the others (for
+    ``replog.election.most_up_to_date``): the first back may be the one whose disk lost what it acknowledged."""
+    ready = tuple(m for m in state.isr + state.elr
+                  if m in live and state.storage_session(m) == live[m] and (unsure_of(state, m) or (0, 0, -1))[2] == state.epoch)
+    if not ready or state.leader is not None:
+        return None
+    best = max(unsure_of(state, m)[:2] for m in ready)  # type: ignore[index]
+    return [m for m in ready if unsure_of(state, m)[:2] == best]  # type: ignore[index]
+
+
+class KeepsWhatAnUnsureFollowerAcked(Replica):
+    """The leader keeps what it knew of a follower whose storage came back unsure (under a new incarnation): it counts
+    that follower's old acknowledgement of an entry its disk has since dropped."""
+
+    def _adopt_znode(self, st: GroupState) -> None:
+        ls = self._ls
+        assert ls is not None
+        kept = dict(ls.peers)
+        super()._adopt_znode(st)
+        for r, *_log in st.unsure:
+            if r in kept and r in ls.peers:
+                ls.peers[r] = kept[r]

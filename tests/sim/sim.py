@@ -32,7 +32,14 @@ from typing import Any
 from replog.catchup import round_is_last
 from replog.config import FSYNC_INTERVAL, ReplicationConfig
 from replog.election import next_leadership
-from replog.eligibility import StorageMarks, check_storage, most_up_to_date, storage_unsure, sure, without_doubt
+from replog.eligibility import (
+    StorageMarks,
+    check_storage,
+    most_up_to_date,
+    storage_unsure,
+    sure,
+    without_doubt,
+)
 from replog.messages import (
     Ack,
     Action,
@@ -382,8 +389,8 @@ class Sim:
                              claimed=d.claimed)
         lost = self.storage_rule(marks, log_end=d.durable_end, applied=d.applied, boot=n.boot)
         unsure = lost is None and storage_unsure(marks, log_end=d.durable_end)
-        if self.storage_rule is check_storage and (lost is not None and not d.damaged
-                                                   or d.damaged and lost is None and not unsure):
+        if self.storage_rule is check_storage and ((lost is not None and not d.damaged)
+                                                   or (d.damaged and lost is None and not unsure)):
             self.fail(f"{n.id}: the open-time check says {lost!r} of a storage that is "
                       f"{'damaged' if d.damaged else 'intact'} (log end {d.durable_end}, acked {d.acked}, "
                       f"claimed {d.claimed})")
@@ -1279,6 +1286,9 @@ class Sim:
 
     def cut_link(self, src: str, dst: str) -> None:
         self.cut.add((src, dst))
+
+    def heal_link(self, src: str, dst: str) -> None:
+        self.cut.discard((src, dst))
 
     def heal(self) -> None:
         self.cut.clear()
