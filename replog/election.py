@@ -240,10 +240,12 @@ def leaderless_reason(state: GroupState, live_nodes: Iterable[str] | Mapping[str
                 "or damaged) and is never elected; the group stalls (writes it acknowledged may be lost: "
                 "restore its data)")
     unconfirmed = unconfirmed_members(state, live)
-    doubted = [x for x in state.isr + state.elr if not sure(state, x)]
-    if doubted and not unconfirmed and all(x in live for x in state.isr + state.elr if x not in lost):
+    doubted = [x for x in state.isr + state.elr if not sure(state, x) and x in live]
+    if doubted:
+        waiting = [x for x in state.isr + state.elr if x not in lost and x not in doubted]
         return (f"replica(s) {doubted} may lack entries they acknowledged (a power loss during a flush, or a lost "
-                "tail); the most up-to-date is elected once every in-sync replica has registered its log")
+                "tail); the most up-to-date in-sync replica is elected once every one has registered its log"
+                + (f" (waiting for {waiting})" if waiting else ""))
     if unconfirmed:
         return (f"in-sync replica(s) {unconfirmed} are live but have not confirmed their storage since they "
                 "(re)started; the conductor elects one once it has")
