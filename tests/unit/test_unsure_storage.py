@@ -4,7 +4,15 @@ most up-to-date once every ISR and ELR member has registered its log in the lead
 
 from __future__ import annotations
 
+import struct
+from pathlib import Path
+
 import pytest
+from crc32c import crc32c
+
+from conductor.worker.durability import LogDurability
+from conductor.worker.replica_disk import open_disk
+from replog.config import ReplicationConfig
 
 from replog.election import leaderless_reason, next_leadership
 from replog.eligibility import (
@@ -16,6 +24,7 @@ from replog.eligibility import (
     sure,
     unsure_of,
 )
+from replog.marks_file import SIZE, MarksFile
 from replog.messages import STORAGE_LOST, GroupState, InvalidGroupState
 from replog.retirement import take_back
 
@@ -112,3 +121,49 @@ def test_retired_copies_are_taken_back_when_the_kept_replicas_are_unsure_which_s
     assert back is not None and set(back.isr) == {"n1", "n2"} and back.retired == () and back.unsure == s.unsure
     assert take_back(GroupState(None, 4, ("n1",), (), 9, 0, ("n1",), (("n1", 100, 11),),
                                 retired=(("n2", 200, 22),), reconfirming=("n1",))) is None
+
+
+# ------------------------------------------------------------------------------------- the driver's marks and open
+
+
+def test_marks_round_trip_their_claim_and_the_format_before_it_reads_as_none(tmp_path: Path) -> None:
+    f = MarksFile(tmp_path / "marks")
+    f.save(StorageMarks(9, acked=4, claimed=7))
+    f.close()
+    assert MarksFile(tmp_path / "marks").load() == StorageMarks(9, acked=4, claimed=7)
+    assert (tmp_path / "marks").stat().st_size == SIZE
+    body = struct.pack("<8sQqqqIIQ", b"MRMARKS3", 5, 30, -1, 12, 0, 0, 0)  # the format before the claim
+    (tmp_path / "v3").write_bytes(body + struct.pack("<I", crc32c(body)))
+    assert MarksFile(tmp_path / "v3").load() == StorageMarks(5, acked=30, applied=12)
+    f = MarksFile(tmp_path / "marks")
+    f.load()
+    f.lower_to(3)
+    assert f.current == StorageMarks(9, acked=2, claimed=2)
+    f.close()
+
+
+def test_a_flush_claims_its_entries_beside_the_log_and_an_open_within_the_claim_is_unsure(tmp_path: Path) -> None:
+    d = open_disk("g", tmp_path, -1, 1 << 20, boot=1)
+    assert not d.unsure and d.storage_lost is None
+    durability = LogDurability(d.log, d.marks, boot=1)
+    d.log.append(1, 0, [b"a", b"b", b"c"])
+    durability.written(ReplicationConfig(), 0)
+    assert d.marks.current is not None and (d.marks.current.acked, d.marks.current.claimed) == (-1, 2)
+    d.log.append(1, 0, [b"d"])
+    durability.written(ReplicationConfig(), 0)
+    assert (d.marks.current.acked, d.marks.current.claimed) == (2, 3)
+    inc = d.incarnation
+    d.log.close()
+    d.marks.close()
+    # As a power loss during a flush of [3, 6) leaves it: the marks claimed up to 5, the replog holds [0, 4).
+    MarksFile(tmp_path / "marks").save(StorageMarks(inc, acked=3, claimed=5))
+    again = open_disk("g", tmp_path, -1, 1 << 20, boot=1)
+    assert again.unsure and again.storage_lost is None and again.incarnation != inc
+    assert again.marks.current == StorageMarks(again.incarnation, acked=3, claimed=5)  # unsure until it registers
+    again.log.close()
+    again.marks.close()
+    MarksFile(tmp_path / "marks").save(StorageMarks(inc, acked=4, claimed=5))  # a reported flush is gone: lost
+    lost = open_disk("g", tmp_path, -1, 1 << 20, boot=1)
+    assert not lost.unsure and lost.storage_lost is not None
+    lost.log.close()
+    lost.marks.close()
