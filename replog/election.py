@@ -265,8 +265,9 @@ def unconfirmed_members(state: GroupState, live_nodes: Iterable[str] | Mapping[s
 
 def switch_leader(state: GroupState, to: str, session: int = 0) -> GroupState:
     """Hand leadership to an in-sync replica (balancing or a resign) under ``session``, bumping the epoch."""
-    if to not in state.isr:
-        raise InvalidGroupState(f"cannot hand leadership to {to}: not in the ISR {list(state.isr)}")
+    if to not in state.isr or not sure(state, to):
+        raise InvalidGroupState(f"cannot hand leadership to {to}: not a sure member of the ISR {list(state.isr)} "
+                                f"(unsure: {[r[0] for r in state.unsure]})")
     return replace(state, leader=to, epoch=state.epoch + 1, version=state.version + 1, leader_session=session)
 
 

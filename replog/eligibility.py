@@ -9,8 +9,10 @@ hole). The rules:
 
 * **Storage marks** (kept by the driver beside the epoch file, fsynced): the
   storage's *incarnation* (a random id made with the storage directory), the
-  highest offset it ever *acknowledged* (persisted after each log flush,
-  before the flush is reported, so it never trails an ack), and the offset of
+  highest offset it *acknowledged* (in ``always`` mode: the flushes reported
+  before the last marks write), the flush in flight that write *claimed*
+  (synced beside the log's fsync, before the flush is reported, so the claim
+  never trails an ack), and the offset of
   a far-horizon checkpoint whose install is in progress. :func:`check_storage`
   tells at open whether the storage lost anything acknowledged; if it did (or
   the marks themselves are damaged) the driver gives it a *new* incarnation.

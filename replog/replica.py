@@ -78,7 +78,9 @@ Rules, and why:
   records its storage's incarnation; storage that lost entries it acknowledged
   is recorded in the same CAS that takes it out of the ISR and the leadership,
   and a leader counts only acks of the recorded incarnation
-  (:mod:`replog.eligibility`, KIP-966/KIP-903).
+  (:mod:`replog.eligibility`, KIP-966/KIP-903). Storage unsure of its last
+  flush (``unsure``) registers its log with its incarnation and keeps its
+  place; the leader vouches for it once it holds the leader's whole log.
 
 Assertions state invariants the protocol guarantees; a failing one is a bug in
 the protocol or the driver, not bad input (bad input is rejected by the event

@@ -13,7 +13,6 @@ from crc32c import crc32c
 from conductor.worker.durability import LogDurability
 from conductor.worker.replica_disk import open_disk
 from replog.config import ReplicationConfig
-
 from replog.election import leaderless_reason, next_leadership
 from replog.eligibility import (
     StorageMarks,
