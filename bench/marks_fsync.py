@@ -1,6 +1,6 @@
 """One ``replication.fsync=always`` flush: the storage marks synced after the replog (serial) or beside it.
 
-    python -m bench.marks_fsync [--quick] [--procs N] [--dir PATH]
+    python -m bench.marks_fsync [--quick] [--procs N] [--rounds N] [--flushes N] [--dir PATH]
 
 Each flush appends one ~100 B entry to a replog and makes it acknowledgeable as a replica's task thread does
 (``conductor.worker.durability.LogDurability.written``, issue 32):
@@ -81,8 +81,11 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="3 rounds of 300 flushes per mode (default 5 of 1,000)")
     ap.add_argument("--procs", type=int, default=3, help="processes flushing at once (default 3)")
     ap.add_argument("--dir", type=Path, default=None, help="where the replogs go (default: a temporary directory)")
+    ap.add_argument("--rounds", type=int, default=None, help="rounds per mode (3 quick, 5 full)")
+    ap.add_argument("--flushes", type=int, default=None, help="flushes per process and round (300 quick, 1,000)")
     args = ap.parse_args()
-    rounds, count = (3, 300) if args.quick else (5, 1_000)
+    rounds = args.rounds or (3 if args.quick else 5)
+    count = args.flushes or (300 if args.quick else 1_000)
     root = Path(tempfile.mkdtemp(prefix="marks-fsync-", dir=args.dir))
     try:
         times: dict[str, list[float]] = {"serial": [], "beside": []}
