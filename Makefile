@@ -100,6 +100,7 @@ demo: setup
 
 bench: setup
 	$(PY) -m bench.replog_append --quick
+	$(PY) -m bench.marks_fsync --quick
 	$(PY) -m bench.pstate --quick
 	$(PY) -m bench.cluster_append --quick
 	$(PY) -m bench.batched_cpu --quick

@@ -18,6 +18,7 @@ from typing import TypeVar
 
 from conductor.metastore import GroupState
 from replog.election import leader_alive, live_sessions
+from replog.eligibility import sure
 
 K = TypeVar("K", bound=Hashable)
 
@@ -63,7 +64,8 @@ def fully_in_sync(state: GroupState, live_nodes: Iterable[str] | Mapping[str, in
     leadership to a replica that is about to be dropped from the ISR.
     """
     live = live_sessions(live_nodes)
-    return leader_alive(state, live) and not state.osr and all(r in live for r in state.replicas)
+    return (leader_alive(state, live) and not state.osr and not state.unsure
+            and all(r in live for r in state.replicas))
 
 
 # ---- leader balancing ----------------------------------------------------------------------------
@@ -95,7 +97,7 @@ def balance_leaders(groups: Mapping[K, GroupState], live_nodes: Iterable[str] | 
     for g, st in groups.items():
         if st.leader is None or not leader_alive(st, sessions):
             continue
-        options = {x for x in st.isr if x in live and x not in banned}
+        options = {x for x in st.isr if x in live and x not in banned and sure(st, x)}  # (replog.eligibility)
         if st.leader not in banned:
             options.add(st.leader)
         if not options:

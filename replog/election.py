@@ -13,6 +13,10 @@ Safety rules (docs/replication.md, Election):
   deposed leader's messages are fenced;
 * only *eligible* ISR members are elected: not one whose storage lost entries
   it acknowledged (``replog.eligibility``; KIP-966's eligible leader replicas);
+* *sure* members first: one unsure of its log (a power loss during a flush, or
+  a lost tail: ``replog.eligibility``) only when no sure ISR or ELR member can
+  lead and every ISR and ELR member registered its log in this leaderless
+  epoch, as the most up-to-date of them (:func:`_elect_unsure`);
 * if no eligible ISR member is live, an eligible *ELR* member is elected
   (``GroupState.elr``: a leader deposed by a failover, while nothing was
   applied since, holds every applied entry; KIP-966); failing that the group
@@ -39,7 +43,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
-from replog.eligibility import eligible
+from replog.eligibility import eligible, most_up_to_date, sure, without_doubt
 from replog.messages import STORAGE_LOST, GroupState, InvalidGroupState
 
 
@@ -85,8 +89,8 @@ def _pick(state: GroupState, pool: Iterable[str], live_nodes: Iterable[str] | Ma
     sessions = live_sessions(live_nodes)
     live = set(sessions) - set(exclude)
     members = set(pool)
-    candidates = [node for node in (order or state.replicas)
-                  if node in members and node in live and eligible(state, node, sessions[node])]
+    candidates = [node for node in (order or state.replicas) if node in members and node in live
+                  and eligible(state, node, sessions[node]) and sure(state, node)]
     banned, leaving = set(disallowed), set(state.removing)
     tiers = ([n for n in candidates if n not in banned and n not in leaving],
              [n for n in candidates if n not in leaving], candidates)
@@ -124,7 +128,7 @@ def next_leadership(state: GroupState, live_nodes: Iterable[str] | Mapping[str, 
     if state.leader is None:
         new_leader = elect_leader(state, live, disallowed=disallowed, order=order)
         if new_leader is None:
-            return _elect_from_elr(state, live, disallowed, order)
+            return _elect_from_elr(state, live, disallowed, order) or _elect_unsure(state, live, disallowed, order)
         return replace(state, leader=new_leader, epoch=state.epoch + 1, version=state.version + 1,
                        leader_session=live[new_leader])
     old = state.leader
@@ -139,7 +143,7 @@ def next_leadership(state: GroupState, live_nodes: Iterable[str] | Mapping[str, 
             elr=_elr_after_failover(state, old, [x for x in state.isr if x != old], live),
             leader_session=live[new_leader],
         )
-    if old in live and eligible(state, old, live[old]):  # restarted, and the only live in-sync replica
+    if old in live and eligible(state, old, live[old]) and sure(state, old):  # restarted, the only live in-sync one
         return replace(state, epoch=state.epoch + 1, version=state.version + 1, leader_session=live[old])
     from_elr = _elect_from_elr(state, live, disallowed, order)
     if from_elr is not None:
@@ -165,7 +169,7 @@ def _elr_after_failover(state: GroupState, old: str, isr_left: Iterable[str], li
     """
     if old in state.elr:
         return state.elr
-    copies = [x for x in isr_left if x in live and eligible(state, x, live[x])]
+    copies = [x for x in isr_left if x in live and eligible(state, x, live[x]) and sure(state, x)]
     if len(copies) > 1:
         return state.elr
     return (*state.elr, old)
@@ -197,6 +201,26 @@ def _elect_from_elr(state: GroupState, live: dict[str, int], disallowed: Iterabl
     )
 
 
+def _elect_unsure(state: GroupState, live: dict[str, int], disallowed: Iterable[str],
+                  order: Sequence[str]) -> GroupState | None:
+    """The state electing the most up-to-date unsure member (``replog.eligibility.most_up_to_date``) when no sure
+    one can lead; None while some ISR or ELR member has not registered its log in this leaderless epoch.
+
+    The one elected holds every applied entry, so its record is dropped in the same write; an ELR member elected
+    so joins the ISR as in :func:`_elect_from_elr`.
+    """
+    best = most_up_to_date(state, live)
+    if not best:
+        return None
+    pick = _pick(replace(state, unsure=()), best, live, (), disallowed, order)
+    assert pick is not None, (state, best)
+    keep = {x for x in state.isr if state.incarnation_of(x) != STORAGE_LOST} | {pick}
+    isr = tuple(x for x in state.replicas if x in keep)
+    return replace(state, leader=pick, epoch=state.epoch + 1, version=state.version + 1, leader_session=live[pick],
+                   isr=isr, osr=tuple(x for x in state.replicas if x not in isr),
+                   elr=tuple(x for x in state.elr if x != pick), unsure=without_doubt(state, pick))
+
+
 def leaderless_reason(state: GroupState, live_nodes: Iterable[str] | Mapping[str, int]) -> str | None:
     """Why a group has no (live) leader, in words for `conductor status`; None if it is led."""
     live = live_sessions(live_nodes)
@@ -216,6 +240,12 @@ def leaderless_reason(state: GroupState, live_nodes: Iterable[str] | Mapping[str
                 "or damaged) and is never elected; the group stalls (writes it acknowledged may be lost: "
                 "restore its data)")
     unconfirmed = unconfirmed_members(state, live)
+    doubted = [x for x in state.isr + state.elr if not sure(state, x) and x in live]
+    if doubted:
+        waiting = [x for x in state.isr + state.elr if x not in lost and x not in doubted]
+        return (f"replica(s) {doubted} may lack entries they acknowledged (a power loss during a flush, or a lost "
+                "tail); the most up-to-date in-sync replica is elected once every one has registered its log"
+                + (f" (waiting for {waiting})" if waiting else ""))
     if unconfirmed:
         return (f"in-sync replica(s) {unconfirmed} are live but have not confirmed their storage since they "
                 "(re)started; the conductor elects one once it has")
@@ -235,8 +265,9 @@ def unconfirmed_members(state: GroupState, live_nodes: Iterable[str] | Mapping[s
 
 def switch_leader(state: GroupState, to: str, session: int = 0) -> GroupState:
     """Hand leadership to an in-sync replica (balancing or a resign) under ``session``, bumping the epoch."""
-    if to not in state.isr:
-        raise InvalidGroupState(f"cannot hand leadership to {to}: not in the ISR {list(state.isr)}")
+    if to not in state.isr or not sure(state, to):
+        raise InvalidGroupState(f"cannot hand leadership to {to}: not a sure member of the ISR {list(state.isr)} "
+                                f"(unsure: {[r[0] for r in state.unsure]})")
     return replace(state, leader=to, epoch=state.epoch + 1, version=state.version + 1, leader_session=session)
 
 

@@ -9,8 +9,10 @@ hole). The rules:
 
 * **Storage marks** (kept by the driver beside the epoch file, fsynced): the
   storage's *incarnation* (a random id made with the storage directory), the
-  highest offset it ever *acknowledged* (persisted after each log flush,
-  before the flush is reported, so it never trails an ack), and the offset of
+  highest offset it *acknowledged* (in ``always`` mode: the flushes reported
+  before the last marks write), the flush in flight that write *claimed*
+  (synced beside the log's fsync, before the flush is reported, so the claim
+  never trails an ack), and the offset of
   a far-horizon checkpoint whose install is in progress. :func:`check_storage`
   tells at open whether the storage lost anything acknowledged; if it did (or
   the marks themselves are damaged) the driver gives it a *new* incarnation.
@@ -32,6 +34,23 @@ hole). The rules:
   electing an empty replica.
 * The leader counts only acks carrying the incarnation the znode records, and
   forgets what it knew about a follower whose incarnation changes.
+* **Unsure storage** (``replication.fsync=always`` with the marks written beside
+  the log, not after it: docs/data-on-disk.md). Each flush's marks write
+  *claims* the flush in flight (``claimed``) while ``acked`` covers only the
+  flushes reported before it. A log ending below ``acked`` lost what it
+  acknowledged; one ending at or below ``claimed`` only may have
+  (:func:`storage_unsure`): a power loss during that flush (nothing of it was
+  acknowledged) looks the same as a lying disk that dropped the acknowledged
+  tail. Such a replica takes a new incarnation (the leader forgets its acks)
+  but stays in the ISR (or ELR), its record in the znode's ``unsure`` carrying
+  its log's last epoch and end (:func:`record_storage` with ``log``). It is not
+  elected like a sure member (:func:`sure`); it is elected only when no sure
+  member can be and every ISR and ELR member registered its log in the current
+  leaderless epoch, as the most up-to-date of them (Raft's rule:
+  :func:`most_up_to_date`), since an intact member holds every applied entry
+  and a member that lost some has a log that is a strict prefix of the applied
+  entries. A leader drops a follower's record once it holds the leader's whole
+  log (``replog.replica_leader``); the election drops the one it elects.
 """
 
 from __future__ import annotations
@@ -62,6 +81,9 @@ class StorageMarks:
     volatile: bool = False
     #: the machine's boot (an id of the running kernel) when ``volatile`` was written: the page cache dies with it
     boot: int = 0
+    #: marks written beside the log's fsync (``always``): the last offset of the flush in flight when they were
+    #: written (``acked`` then covers the flushes reported before it); -1: none claimed
+    claimed: int = -1
 
     def __post_init__(self) -> None:
         assert self.incarnation > STORAGE_LOST, f"an incarnation is a positive id, got {self.incarnation}"
@@ -110,7 +132,54 @@ def check_storage(marks: StorageMarks | None, *, log_end: int, applied: int, boo
     return None
 
 
-def record_storage(state: GroupState, node: str, incarnation: int, session: int) -> GroupState | None:
+def storage_unsure(marks: StorageMarks | None, *, log_end: int) -> bool:
+    """The log may lack entries this storage acknowledged, or may not: it ends at or below the flush its marks
+    claimed (``check_storage`` found nothing lost below ``acked``). A power loss during that flush leaves this
+    state with nothing lost; so does a lying disk that dropped the flush after it was acknowledged."""
+    return marks is not None and marks.claimed >= log_end
+
+
+def unsure_of(state: GroupState, node: str) -> tuple[int, int, int] | None:
+    """``node``'s unsure record: its log's last epoch and end, and the znode epoch they were registered in."""
+    return next(((r[1], r[2], r[3]) for r in state.unsure if r[0] == node), None)
+
+
+def sure(state: GroupState, node: str) -> bool:
+    """The znode does not doubt ``node``'s log (no unsure record)."""
+    return all(r[0] != node for r in state.unsure)
+
+
+def without_doubt(state: GroupState, node: str) -> tuple[tuple[str, int, int, int], ...]:
+    """The unsure records with ``node``'s dropped (for a ``replace``: the leader, or the election, vouches for it)."""
+    return tuple(r for r in state.unsure if r[0] != node)
+
+
+def most_up_to_date(state: GroupState, live: dict[str, int]) -> list[str] | None:
+    """The members an election may pick when no sure member can lead: the ISR and ELR members (but those marked
+    lost) with the most up-to-date logs (highest last epoch, then longest), if every one of them is live, confirmed
+    under its session and registered its log in this leaderless epoch; None while one has not.
+
+    Why the first of them holds every applied entry: an applied entry was held by every ISR member, so an intact
+    member holds them all, and a member that lost some (a lying disk) holds a strict prefix of them, which is
+    less up to date than the intact member's log (a lower last epoch, or the same one and a shorter log).
+    """
+    if state.leader is not None or state.retired:
+        return None  # (a leader's followers still change their logs; retired copies are taken back instead)
+    pool = [m for m in state.isr + state.elr if state.incarnation_of(m) != STORAGE_LOST]
+    logs = {}
+    for m in pool:
+        doubt = unsure_of(state, m)
+        if m not in live or not eligible(state, m, live[m]) or doubt is None or doubt[2] != state.epoch:
+            return None
+        logs[m] = doubt[:2]
+    if not logs:
+        return None
+    best = max(logs.values())
+    return [m for m in pool if logs[m] == best]
+
+
+def record_storage(state: GroupState, node: str, incarnation: int, session: int,
+                   log: tuple[int, int] | None = None) -> GroupState | None:
     """The znode recording ``node``'s storage ``incarnation`` under ``session``; None when there is nothing to write.
 
     * already recorded under this session: None;
@@ -130,10 +199,18 @@ def record_storage(state: GroupState, node: str, incarnation: int, session: int)
     While a plan's retired copies are kept (:mod:`replog.retirement`), a
     replica on the znode's ``reconfirming`` list records its storage again
     even if recorded under this session: the write takes it off the list
-    (unless it marks it lost), and releases the copies if it was the last.
+    (unless it marks it lost, or unsure), and releases the copies if it was the last.
+
+    ``log`` (last epoch, log end) says the replica is unsure of its log
+    (:func:`storage_unsure` at open, or the znode's record): an ISR or ELR
+    member stays where it is with an unsure record, leaving only the
+    leadership (epoch + 1); the record is written again under each new session
+    and in each new leaderless epoch, with the log as it is then.
     """
     assert incarnation > STORAGE_LOST, incarnation
     recorded = state.incarnation_of(node)
+    if log is not None and recorded not in (None, STORAGE_LOST) and (node in state.isr or node in state.elr):
+        return _record_unsure(state, node, incarnation, session, log)
     if recorded == incarnation and state.storage_session(node) == session and node not in state.reconfirming:
         return None
     if recorded in (None, incarnation) or node not in state.isr:
@@ -152,6 +229,23 @@ def record_storage(state: GroupState, node: str, incarnation: int, session: int)
     if state.leader == node:
         change.update(leader=None, leader_session=0, epoch=state.epoch + 1)
     return confirmed(replace(state, **change), node)  # type: ignore[arg-type]
+
+
+def _record_unsure(state: GroupState, node: str, incarnation: int, session: int,
+                   log: tuple[int, int]) -> GroupState | None:
+    """``record_storage`` of an unsure ISR or ELR member (see there); None when the znode says it all already."""
+    doubt = unsure_of(state, node)
+    fresh = doubt is not None and (state.leader is not None or doubt[2] == state.epoch)
+    if (state.incarnation_of(node), state.storage_session(node)) == (incarnation, session) and fresh:
+        return None
+    change: dict[str, object] = {"version": state.version + 1,
+                                 "storage": state.with_storage(node, incarnation, session)}
+    epoch = state.epoch
+    if state.leader == node:
+        epoch += 1
+        change.update(leader=None, leader_session=0, epoch=epoch)
+    change["unsure"] = (*without_doubt(state, node), (node, *log, epoch))
+    return replace(state, **change)  # type: ignore[arg-type]
 
 
 def eligible(state: GroupState, node: str, session: int = 0) -> bool:

@@ -30,12 +30,10 @@ Driver contract (what the state machine relies on):
   is also delivered to every replica as :class:`MetastoreChanged`.
 * Leader election and the epoch bump are one CAS by the controller (which picks
   only ISR members); the elected replica learns it via MetastoreChanged.
-* :class:`RecordStorage` is a compare-and-set on the group znode too, by any
-  replica: it records the replica's storage incarnation, leaving the ISR (and
-  the leadership) first when its storage lost something it acknowledged (see
-  :mod:`replog.eligibility`). Its outcome comes back like a ChangeIsr's. Until
-  the znode records its incarnation a replica acknowledges, applies and leads
-  nothing.
+* :class:`RecordStorage` is a compare-and-set on the group znode too, by any replica: it records the replica's
+  storage incarnation, leaving the ISR (and the leadership) first when its storage lost something it acknowledged
+  (:mod:`replog.eligibility`); its outcome comes back like a ChangeIsr's. Until the znode records its
+  incarnation a replica acknowledges, applies and leads nothing.
 * :class:`HandOff` is the one exception: a resigning leader's own CAS that makes
   an in-sync follower leader of the next epoch and withdraws the resign request
   (``/millrace/modules/<m>/resign/<g>``) in the same transaction. Its outcome
@@ -91,14 +89,10 @@ RoleChanged                  start/stop stream topologies, refresh client routin
 Removed                      close the replica, delete its data unless retired (a reassignment removed it)
 ==========================  =================================================================
 
-A restarted replica is rebuilt with ``Replica(node, group, config, session=...,
-log_start=<first offset on disk>, log_end=<recovered end>, epoch_pairs=<checkpoint>,
-applied=<_meta.applied>, incarnation=<storage incarnation>)`` and then fed
-``MetastoreChanged(<current znode>)``. The driver keeps the storage marks of
-:mod:`replog.eligibility`: the highest offset ever acknowledged is persisted
-(fsync) after each log flush and before its LocalFlushed, lowered before a
-Truncate, and set to the checkpoint's offset when far horizon installs one; at
-open, storage that lost anything acknowledged gets a new incarnation.
+A restarted replica is rebuilt with ``Replica(node, group, config, session=..., log_start=<first offset on
+disk>, log_end=<recovered end>, epoch_pairs=<checkpoint>, applied=<_meta.applied>, incarnation=<storage
+incarnation>, unsure=<the open-time check's doubt>)`` and then fed ``MetastoreChanged(<current znode>)``; the
+storage marks the driver keeps, and checks at open, are :mod:`replog.eligibility`'s.
 """
 
 from __future__ import annotations
@@ -177,6 +171,8 @@ class GroupState:
     copies*: removed from the ISR by the write that ended a plan, kept on disk
     (no longer replicas) until every replica in ``reconfirming`` that is in the
     ISR or ELR recorded its storage again after that write (:mod:`replog.retirement`).
+    ``unsure``: ISR/ELR members whose log may lack what they acknowledged, as (name, last epoch, log end, epoch
+    registered in) (:func:`replog.eligibility.storage_unsure`); dropped when the member leaves the ISR and ELR.
     Construction validates, so no process can store or act on a broken state.
     """
 
@@ -193,6 +189,7 @@ class GroupState:
     removing: tuple[str, ...] = ()
     retired: tuple[tuple[str, int, int], ...] = ()
     reconfirming: tuple[str, ...] = ()
+    unsure: tuple[tuple[str, int, int, int], ...] = ()
 
     def __post_init__(self) -> None:
         # Accept lists from callers but store tuples, so states are hashable and immutable.
@@ -202,6 +199,7 @@ class GroupState:
                 object.__setattr__(self, name, tuple(value))
         for name in ("storage", "retired"):
             object.__setattr__(self, name, tuple(sorted(tuple(r) for r in getattr(self, name))))
+        object.__setattr__(self, "unsure", tuple(sorted(tuple(r) for r in self.unsure if r[0] in self.isr + self.elr)))
         self.validate()
 
     def incarnation_of(self, node: str) -> int | None:
@@ -294,6 +292,9 @@ class GroupState:
                 or (self.reconfirming and not self.retired)):
             raise InvalidGroupState(f"retired copies {list(self.retired)} must be distinct non-replicas with their "
                                     f"storage, kept only after a plan, reconfirming {list(self.reconfirming)} replicas")
+        if len({r[0] for r in self.unsure}) != len(self.unsure) or any(len(r) != 4 or any(
+                isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in r[1:]) for r in self.unsure):
+            raise InvalidGroupState(f"unsure records {list(self.unsure)} must be (replica, epoch, end, epoch), one each")
 
     def to_dict(self) -> dict[str, Any]:
         """The znode's document (the version is the znode's own, not part of it)."""
@@ -311,6 +312,8 @@ class GroupState:
         if self.retired:
             doc["retired"] = {name: [inc, session] for name, inc, session in self.retired}
             doc["reconfirming"] = list(self.reconfirming)
+        if self.unsure:
+            doc["unsure"] = {name: list(rest) for name, *rest in self.unsure}
         return doc
 
     def to_json(self) -> bytes:
@@ -331,7 +334,8 @@ class GroupState:
                        removing=tuple(str(x) for x in doc.get("removing", ())),
                        retired=tuple((str(name), int(inc), int(session))
                                      for name, (inc, session) in dict(doc.get("retired", {})).items()),
-                       reconfirming=tuple(str(x) for x in doc.get("reconfirming", ())))
+                       reconfirming=tuple(str(x) for x in doc.get("reconfirming", ())),
+                       unsure=tuple((str(n), int(e), int(end), int(at)) for n, (e, end, at) in dict(doc.get("unsure", {})).items()))
         except (ValueError, KeyError, TypeError) as e:
             raise InvalidGroupState(f"malformed group state {raw!r}: {e}") from None
 
@@ -546,13 +550,9 @@ class LogStartAdvanced:
             raise ValueError(f"log start {self.start} is negative")
 
 
-Event = (
-    ClientAppend | LocalFlushed | Tick | MetastoreChanged | IsrChanged | IsrChangeFailed
-    | SessionExpired | SessionStarted | Replicate | ReplicateAck | EpochRequest | EpochResponse
-    | LogStartAdvanced
-    | ResignRequested
-    | ConfigChanged
-)
+Event = (ClientAppend | LocalFlushed | Tick | MetastoreChanged | IsrChanged | IsrChangeFailed | SessionExpired
+         | SessionStarted | Replicate | ReplicateAck | EpochRequest | EpochResponse | LogStartAdvanced
+         | ResignRequested | ConfigChanged)
 
 # ----------------------------------------------------------------------------------------------- actions
 

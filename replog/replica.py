@@ -78,7 +78,9 @@ Rules, and why:
   records its storage's incarnation; storage that lost entries it acknowledged
   is recorded in the same CAS that takes it out of the ISR and the leadership,
   and a leader counts only acks of the recorded incarnation
-  (:mod:`replog.eligibility`, KIP-966/KIP-903).
+  (:mod:`replog.eligibility`, KIP-966/KIP-903). Storage unsure of its last
+  flush (``unsure``) registers its log with its incarnation and keeps its
+  place; the leader vouches for it once it holds the leader's whole log.
 
 Assertions state invariants the protocol guarantees; a failing one is a bug in
 the protocol or the driver, not bad input (bad input is rejected by the event
@@ -88,7 +90,7 @@ constructors or answered with typed errors).
 from __future__ import annotations
 
 from replog.config import ReplicationConfig
-from replog.eligibility import record_storage
+from replog.eligibility import record_storage, unsure_of
 from replog.errors import NotLeader
 from replog.messages import (
     Action,
@@ -248,7 +250,9 @@ class Replica(LeaderRules, FollowerRules):
 
         A checkpoint belongs to one leadership: only a follower of ``leader`` in
         ``epoch`` takes it. It is installed only outside the ISR (``in_isr`` as
-        the driver last saw the znode) and only if it covers the whole log
+        the driver last saw the znode), or by an ISR member the znode doubts
+        (``replog.eligibility``: it promises nothing, and may lack entries the
+        leader's log no longer has), and only if it covers the whole log
         (``upto >= log_end - 1``), so no entry this replica acknowledged is
         dropped, and only if it brings something not yet applied.
         """
@@ -256,7 +260,7 @@ class Replica(LeaderRules, FollowerRules):
             return f"no longer following {leader} in epoch {epoch}"
         if upto is None:
             return None
-        if in_isr:
+        if in_isr and (self._seen is None or unsure_of(self._seen, self.node_id) is None):
             return "this replica is in the ISR"
         if upto < self.log_end - 1 or upto <= self.applied:
             return f"the checkpoint (offset {upto}) does not cover this log (end {self.log_end}, applied {self.applied})"
@@ -344,6 +348,8 @@ class Replica(LeaderRules, FollowerRules):
     def _on_storage_znode(self, st: GroupState) -> None:
         if self._seen is None or st.version >= self._seen.version:
             self._seen = st
+        if st.incarnation_of(self.node_id) == self.incarnation and self._recording is None:
+            self.opened_unsure = False  # registered: from now on the znode says whether its log is doubted
         self._propose_storage(st)
         if st.incarnation_of(self.node_id) == self.incarnation:
             self.registered = True
@@ -355,12 +361,21 @@ class Replica(LeaderRules, FollowerRules):
         assert self.incarnation is not None
         if self._recording is not None or not self.session_ok:
             return
-        new = record_storage(st, self.node_id, self.incarnation, self.session)
+        new = self._storage_record(st)
         if new is None:
             return  # recorded already (or lost as the last ISR member: it serves nothing until data is restored)
         self._recording = new
         self._recording_ms = self._now
         self._out.append(RecordStorage(st.version, new))
+
+    def _storage_record(self, st: GroupState) -> GroupState | None:
+        """:func:`record_storage` of ``st`` for this replica, with its log when its storage is unsure."""
+        assert self.incarnation is not None
+        log = None
+        if self.opened_unsure or (unsure_of(st, self.node_id) is not None
+                                  and st.incarnation_of(self.node_id) == self.incarnation):
+            log = (self.epochs.epoch_at(self.flushed_end - 1) or 0, self.flushed_end)  # (what it holds durably)
+        return record_storage(st, self.node_id, self.incarnation, self.session, log)
 
     def _while_unregistered(self, event: Event) -> bool:
         """Until the znode records this storage's incarnation the replica serves nothing; True if ``event`` is done.
@@ -418,7 +433,8 @@ class Replica(LeaderRules, FollowerRules):
         peers = {r: Peer(last_progress_ms=self._now, last_heard_ms=self._now) for r in st.replicas if r != self.node_id}
         self._ls = LeaderState(isr=st.isr, osr=st.osr, version=st.version, peers=peers, storage=st.storage,
                                 elr=st.elr, adding=st.adding, removing=st.removing, retired=st.retired,
-                                reconfirming=st.reconfirming, batch_ends=[self.log_end], batch_times=[self._now],
+                                reconfirming=st.reconfirming, unsure=st.unsure, batch_ends=[self.log_end],
+                                batch_times=[self._now],
                                 bytes_base=self.log_end)
         # The apply offset learnt from the previous leader is group-wide: every ISR
         # member (this one included) holds it durably.
@@ -479,7 +495,7 @@ class Replica(LeaderRules, FollowerRules):
     def _storage_next_tick(self) -> int | None:
         """When a tick proposes this storage's record again (``_storage_event``), if one would."""
         if (self.incarnation is None or self._recording is not None or self._seen is None or not self.session_ok
-                or record_storage(self._seen, self.node_id, self.incarnation, self.session) is None):
+                or self._storage_record(self._seen) is None):
             return None
         return self._recording_ms + self.config.request_timeout_ms
 

@@ -236,17 +236,25 @@ class LeaderRules(ReplicaState):
             if p.reconciled and p.held + 1 >= self.log_end and p.held >= self.apply_offset:
                 self._propose((*ls.isr, r), tuple(o for o in ls.osr if o != r))
                 return
+        for r, *_log in ls.unsure:
+            p = ls.peers.get(r, Peer())
+            if r in ls.isr and p.reconciled and p.held + 1 >= self.log_end:
+                # An unsure member holding this leader's whole log holds every applied entry: no more doubt
+                # (replog.eligibility). (Its acks count meanwhile: they come from its new incarnation.)
+                self._propose(ls.isr, ls.osr, vouch=r)
+                return
         if ls.elr:
             self._propose(ls.isr, ls.osr)  # empties the ELR (every proposal does), so applying may go on
 
-    def _propose(self, isr: tuple[str, ...], osr: tuple[str, ...]) -> None:
+    def _propose(self, isr: tuple[str, ...], osr: tuple[str, ...], vouch: str | None = None) -> None:
         """One ISR compare-and-set; the state it proposes has an empty ELR: this leader's ISR now carries
-        every applied entry."""
+        every applied entry. ``vouch``: an unsure member whose record it drops (it holds the whole log)."""
         ls = self._ls
         assert ls is not None and self.node_id in isr
         new = released(GroupState(self.node_id, self.epoch, isr, osr, ls.version + 1, self.session,
                                   storage=ls.storage, adding=ls.adding, removing=ls.removing, retired=ls.retired,
-                                  reconfirming=ls.reconfirming))  # (moving the last unconfirmed one out releases)
+                                  reconfirming=ls.reconfirming,  # (moving the last unconfirmed one out releases)
+                                  unsure=tuple(r for r in ls.unsure if r[0] != vouch)))
         ls.pending_change = new
         self._out.append(ChangeIsr(ls.version, new))
 
@@ -322,7 +330,8 @@ class LeaderRules(ReplicaState):
         assert ls is not None
         end = self.log_end
         if (not self.session_ok or ls.wait_append or ls.wait_applied or ls.resign is not None
-                or ls.pending_change is not None or ls.stalled or ls.osr or ls.elr or self.apply_offset != end - 1
+                or ls.pending_change is not None or ls.stalled or ls.osr or ls.elr or ls.unsure
+                or self.apply_offset != end - 1
                 or self.flushed_end != end):
             return self._now
         due = None
@@ -339,6 +348,7 @@ class LeaderRules(ReplicaState):
         assert ls is not None and st.epoch == self.epoch and st.leader == self.node_id
         ls.isr, ls.osr, ls.version, ls.elr = st.isr, st.osr, st.version, st.elr
         ls.adding, ls.removing, ls.retired, ls.reconfirming = st.adding, st.removing, st.retired, st.reconfirming
+        ls.unsure = st.unsure
         assert self.node_id in ls.isr, f"leader {self.node_id} removed from its own ISR {st.isr}"
         for r in [r for r in ls.peers if r not in st.replicas]:
             del ls.peers[r]  # removed by a reassignment: nothing more is sent to it, nothing it sends counts
@@ -392,7 +402,8 @@ class LeaderRules(ReplicaState):
         )
         new = GroupState(rs.to, self.epoch + 1, ls.isr, ls.osr, ls.version + 1, rs.to_session,
                          storage=ls.storage, adding=ls.adding, removing=ls.removing, retired=ls.retired,
-                         reconfirming=ls.reconfirming)
+                         reconfirming=ls.reconfirming,  # (the successor holds the whole log: no doubt about it)
+                         unsure=tuple(r for r in ls.unsure if r[0] != rs.to))
         ls.pending_change = new
         self._out.append(HandOff(ls.version, new))
 

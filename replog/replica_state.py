@@ -73,6 +73,8 @@ class LeaderState:
     #: applied while any copy is retired
     retired: tuple[tuple[str, int, int], ...] = ()
     reconfirming: tuple[str, ...] = ()
+    #: the znode's unsure records (replog.eligibility): the leader drops one once that member holds its whole log
+    unsure: tuple[tuple[str, int, int, int], ...] = ()
     #: proposed znode of an in-flight ChangeIsr (at most one at a time)
     pending_change: GroupState | None = None
     #: ends and append times of batches not yet applied, for the time-lag rule
@@ -108,6 +110,7 @@ class ReplicaState:
         applied: int = -1,
         incarnation: int | None = None,
         applied_floor: int = -1,
+        unsure: bool = False,
     ) -> None:
         assert applied < log_end or (applied == -1 and log_end >= 0), (
             f"applied offset {applied} is not in the recovered log [0, {log_end})"
@@ -160,6 +163,9 @@ class ReplicaState:
         self.incarnation = incarnation
         #: the znode records this incarnation; until then the replica acknowledges, applies and leads nothing
         self.registered = incarnation is None
+        #: the open-time check doubts this storage's log (replog.eligibility.storage_unsure): it registers its log
+        #: with its storage until the znode does not doubt it (the znode's ``unsure`` record decides from then on)
+        self.opened_unsure = unsure
         self._recording: GroupState | None = None
         self._recording_ms = 0
         self._seen: GroupState | None = None

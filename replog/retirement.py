@@ -34,7 +34,8 @@ asynchronously. So the write that ends a plan does not delete them:
    after it has recorded its storage again is a fault after the plan, which
    the group survives only with another intact in-sync copy.
 5. **Take back** (:func:`take_back`). If instead every ISR member lost its
-   storage (marked lost; no ELR member left), the retired copies become ISR
+   storage (marked lost) or is unsure of it (``replog.eligibility``: those stay
+   in the ISR), and no sure ELR member is left, the retired copies become ISR
    members again, leaderless, so the conductor's election picks one of them;
    the lost replicas move to the OSR, record their new storage and catch up
    from it. The plan is then undone for that group, and the conductor starts
@@ -92,13 +93,16 @@ def confirmed(state: GroupState, node: str) -> GroupState:
 
 
 def take_back(state: GroupState) -> GroupState | None:
-    """The write taking the retired copies back, if every ISR member lost its storage and no ELR member is left
-    (nothing else can be elected); None otherwise. See the module docstring (step 5)."""
-    if not state.retired or state.elr or any(state.incarnation_of(r) != STORAGE_LOST for r in state.isr):
+    """The write taking the retired copies back, if every ISR member lost its storage or is unsure of it and no sure
+    ELR member is left (nothing else can be elected); None otherwise. See the module docstring (step 5)."""
+    doubted = {r[0] for r in state.unsure}  # (replog.eligibility: unsure ones may have lost entries, or not)
+    if not state.retired or any(r not in doubted for r in state.elr) or any(
+            state.incarnation_of(r) != STORAGE_LOST and r not in doubted for r in state.isr):
         return None
     back = retired_names(state)
-    new = replace(state, version=state.version + 1, leader=None, leader_session=0,
-                  placement=state.replicas + back, isr=back, osr=state.osr + state.isr,
+    keep = tuple(r for r in state.isr if r in doubted)  # (witnesses for the election, if a copy is lost too)
+    new = replace(state, version=state.version + 1, leader=None, leader_session=0, placement=state.replicas + back,
+                  isr=back + keep, osr=state.osr + tuple(r for r in state.isr if r not in keep),
                   storage=state.storage + state.retired, retired=(), reconfirming=())
     assert not new.reassigning, new
     return new

@@ -1,7 +1,9 @@
 """When a replica's replog writes reach the disk: the two durability modes of ``replication.fsync``.
 
-``always`` (the default contract): every drain's writes are fsynced, and the acknowledged mark saved with a
-sync, before anything written is acknowledged (group commit: one fsync per drain). ``interval``: what a drain
+``always`` (the default contract): every drain's writes are fsynced before anything written is acknowledged
+(group commit: one fsync per drain), and the storage marks with them: written beside the log's fsync, claiming
+the flush in flight, and synced on another thread while the log's fsync runs (replog.eligibility's unsure
+storage says why that is enough; docs/data-on-disk.md, "The storage marks"). ``interval``: what a drain
 wrote is acknowledged once it is in the page cache, which a killed process does not lose; the log is fsynced
 at most ``replication.flush.ms`` later, so only a power loss (or a kernel crash) of the machine can lose
 acknowledged entries, and only on this replica: an entry is applied once every ISR member holds it, so the
@@ -14,8 +16,11 @@ mode survives.
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 from replog.config import ReplicationConfig
@@ -36,6 +41,21 @@ def machine_boot() -> int:
         return UNKNOWN_BOOT
 
 
+#: threads syncing storage marks beside the log's fsync, shared by a worker's replicas (each task thread waits for
+#: its own sync before going on, so at most one per task thread is queued: the pool's queue is bounded by them)
+MARKS_SYNC_THREADS = 8
+_marks_pool: ThreadPoolExecutor | None = None
+_marks_pool_lock = threading.Lock()
+
+
+def _marks_sync_pool() -> ThreadPoolExecutor:
+    global _marks_pool
+    with _marks_pool_lock:
+        if _marks_pool is None:
+            _marks_pool = ThreadPoolExecutor(MARKS_SYNC_THREADS, thread_name_prefix="millrace-marks-sync")
+        return _marks_pool
+
+
 class LogDurability:
     """One replica's fsync placement (task thread only): :meth:`written` after a drain wrote entries, before
     they are reported flushed; :meth:`sync_if_due` on every drain; :attr:`next_sync_ms` for the wake-up."""
@@ -49,7 +69,7 @@ class LogDurability:
 
     def written(self, config: ReplicationConfig, now_ms: int) -> tuple[float, float]:
         """Make what the log holds acknowledgeable under ``config``'s mode; returns the seconds spent in the
-        replog's fsync and then in the storage marks' (in series: docs/data-on-disk.md says why)."""
+        replog's fsync and then waiting for the storage marks' (which runs beside it)."""
         marks = self._marks.current
         assert marks is not None, "marks are saved at open, before anything is written"
         acked = self._log.end_offset - 1
@@ -61,11 +81,17 @@ class LogDurability:
                 self.next_sync_ms = now_ms + config.flush_ms
             return 0.0, 0.0
         t0 = time.perf_counter()
-        self._log.flush()
-        t1 = time.perf_counter()
-        # Everything written so far is now on disk, page-cache acknowledgements of an earlier interval mode
-        # included: the storage no longer depends on the page cache.
-        self._marks.update(acked=acked, volatile=False)
+        # The marks claim this flush (its last offset), acked covering the flushes reported before it; once both
+        # fsyncs returned, everything written so far is on disk, page-cache acknowledgements of an earlier
+        # interval mode included: the storage no longer depends on the page cache.
+        self._marks.save(replace(marks, acked=min(self._log.flushed_offset - 1, acked), claimed=acked,
+                                 volatile=False), sync=False)
+        marks_synced = _marks_sync_pool().submit(self._marks.sync)
+        try:
+            self._log.flush()
+        finally:
+            t1 = time.perf_counter()
+            marks_synced.result()  # (never left running: nothing else may touch the marks meanwhile)
         self.next_sync_ms = None
         return t1 - t0, time.perf_counter() - t1
 

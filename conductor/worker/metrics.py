@@ -35,8 +35,8 @@ HISTOGRAMS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "apply": ("millrace_apply_duration_seconds", "replog entry applied to RocksDB (a drain's apply time split "
               "evenly over its entries), per role and entry type", ("role", "type")),
     "fsync": ("millrace_replog_fsync_seconds", "replog fsync (one per drain: group commit)", ("role",)),
-    "marks_fsync": ("millrace_marks_fsync_seconds", "the storage marks' write and fsync after a replog fsync, "
-                    "before the drain's entries are acknowledged (replication.fsync=always)", ("role",)),
+    "marks_fsync": ("millrace_marks_fsync_seconds", "the wait for the storage marks' fsync after the replog's "
+                    "returned (the two run side by side; replication.fsync=always)", ("role",)),
     "peer_round_trip": ("millrace_peer_round_trip_seconds", "leader: entries sent to a follower -> its ack "
                         "covering them", ()),
     "far_horizon_rate": ("millrace_far_horizon_transfer_bytes_per_second", "far-horizon transfer rate, "

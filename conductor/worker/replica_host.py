@@ -160,7 +160,7 @@ class ReplicaHost:
         self.fault: Fault | None = None
         #: the last fault of this group's replica on this node, before it was (re)opened (status, metrics)
         self.last_fault: Fault | None = None
-        self.replica = self._new_replica(session, applied, disk.floor)
+        self.replica = self._new_replica(session, applied, disk.floor, unsure=disk.unsure)
         #: the group znode as last fed to the state machine (far-horizon install checks ISR membership)
         self._znode: GroupState | None = None
         #: follower: the far-horizon transfer running for this replica, if any (set by the node)
@@ -194,11 +194,11 @@ class ReplicaHost:
         log.info("%s: opened replica on %s (log [%d, %d), applied %d)", self.name, node_id,
                  self.log.start_offset, self.log.end_offset, applied)
 
-    def _new_replica(self, session: int, applied: int, floor: int) -> Replica:
+    def _new_replica(self, session: int, applied: int, floor: int, unsure: bool = False) -> Replica:
         return Replica(
             self.node_id, self.name, self.config, session=session, log_start=self.log.start_offset,
             log_end=self.log.end_offset, epoch_pairs=self.epoch_file.load(), applied=applied,
-            incarnation=self.incarnation, applied_floor=floor,
+            incarnation=self.incarnation, applied_floor=floor, unsure=unsure,
         )
 
     # ------------------------------------------------------------------ called from other threads
@@ -498,8 +498,7 @@ class ReplicaHost:
                 self._apply_deferred()
                 log.warning("%s: truncating replog to offset %d (epoch reconciliation)", self.name, a.end)
                 self.store.drop_staged()
-                assert self.marks.current is not None
-                self.marks.update(acked=min(self.marks.current.acked, a.end - 1))  # lowered before the cut
+                self.marks.lower_to(a.end)  # before the cut
                 self.log.truncate(a.end)
                 self.log.flush()
             case PersistEpochs():
@@ -677,7 +676,7 @@ class ReplicaHost:
         self.marks.update(installing=upto)
         self.store.install_prepared(prepared)
         self.log.reset(upto + 1)
-        self.marks.update(acked=upto, installing=-1, applied=upto)
+        self.marks.update(acked=upto, installing=-1, applied=upto, claimed=-1)
         self.replica = self._new_replica(r.session, upto, upto)
         self.stats["far_horizon_installs"] += 1
         if not r.session_ok:

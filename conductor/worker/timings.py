@@ -177,7 +177,7 @@ class ReplicaTimings:
                 h.observe(now - p.received)
 
     def flushed(self, role: str, replog_s: float, marks_s: float) -> None:
-        """A drain's writes were made durable: the replog's fsync, then the storage marks' (in series)."""
+        """A drain's writes were made durable: the replog's fsync, then the wait for the storage marks' (beside it)."""
         self.get("fsync", role).observe(replog_s)
         self.get("marks_fsync", role).observe(marks_s)
 

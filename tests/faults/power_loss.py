@@ -8,7 +8,7 @@ what the power loss would have done: every group's last replog segment loses its
 mid-frame as likely as not), and the storage marks are rewritten as the last *synced* version would read: the
 acknowledged mark and the applied floor no further than the shortened log (their page-cache writes are gone
 too), not clean, and written
-under another boot (the documented ``MRMARKS3`` record, replog.marks_file). Only the page-cache rule
+under another boot (the documented ``MRMARKS4`` record, replog.marks_file). Only the page-cache rule
 (replog.eligibility.check_storage) can then tell the storage lost what it acknowledged: the other marks agree
 with the log.
 """

@@ -27,6 +27,7 @@ from conductor.devcluster import DevCluster
 from conductor.metastore import Metastore
 from conductor.worker.worker import Worker
 from replog.batch import scan_frames
+from replog.marks_file import MarksFile
 from tests.faults.conftest import SESSION_TIMEOUT
 from tests.integration.cluster_helpers import (
     Appender,
@@ -60,12 +61,30 @@ def _cut_replog_tail(gdir: Path) -> None:
         f.truncate(frames[len(frames) // 2].start + 5)
 
 
+def _drop_the_last_acknowledged_flush(gdir: Path) -> None:
+    """A lying disk that drops only the last flush the replica reported (and so may have acknowledged, applied
+    entries included): the replog is cut at the first frame after its marks' acknowledged mark, within the flush
+    they claimed, so the open-time check cannot tell it from a power loss during that flush (unsure storage,
+    replog.eligibility), and only the other replicas can."""
+    marks = MarksFile(gdir / "marks").load()
+    assert marks is not None and marks.claimed > marks.acked, f"{gdir}: no flush claimed beyond the acked mark: {marks}"
+    for seg in sorted((gdir / "replog").glob("*.log"), key=lambda p: p.name, reverse=True):
+        frames = [f for f in scan_frames(seg.read_bytes()).frames if marks.acked < f.base_offset <= marks.claimed]
+        if frames:
+            with seg.open("r+b") as f:
+                f.truncate(frames[0].start)
+            return
+    raise AssertionError(f"{gdir}: no frame of the claimed flush ({marks.acked + 1}..{marks.claimed}) found")
+
+
 def _live(dc: DevCluster) -> list[str]:
     with Metastore(dc.hosts) as ms:
         return ms.nodes.live()
 
 
-def _follower_loses_storage_then_leader_dies(dc: DevCluster, damage: Callable[[Path], None]) -> str:
+def _follower_loses_storage_then_leader_dies(dc: DevCluster, damage: Callable[[Path], None],
+                                             leaves_isr: bool = True,
+                                             converged_check: Callable[[], None] = lambda: None) -> str:
     # A lag limit above the time the follower is down keeps it in the ISR until it restarts (the case
     # that lost writes); appends wait for it meanwhile.
     groups = deploy(dc, options={"replication.min.isr": "2", "replication.max.time.lag.millis": "20000"})
@@ -107,10 +126,11 @@ def _follower_loses_storage_then_leader_dies(dc: DevCluster, damage: Callable[[P
     wait_for(lambda: {damaged, leader} <= set(groups_of(dc, "Clicks")[0].isr), 60,
              "the damaged follower and the old leader to rejoin the ISR of group 0")
     wait_for(lambda: converged(dc, "Clicks"), 60, "every replica to catch up")
+    converged_check()
     assert appender.count() > 600
     assert_replicas_identical(dc, "Clicks", appender.acked)  # 0 acknowledged writes lost, replicas identical
     log = (dc.root / "logs" / f"node-{damaged}.log").read_text()
-    assert "leaving the ISR" in log, "the damaged follower never left the ISR by itself"
+    assert ("leaving the ISR" in log) == leaves_isr, "the damaged follower left the ISR by itself, or did not"
     return log
 
 
@@ -125,6 +145,18 @@ def test_follower_that_lost_an_acknowledged_tail_is_not_elected_when_the_leader_
     log = _follower_loses_storage_then_leader_dies(dc, _cut_replog_tail)
     # (the tear may also reach below what it applied: its applied floor then says so first)
     assert "this replica's storage lost entries it acknowledged" in log
+
+
+def test_follower_whose_disk_dropped_its_last_acknowledged_flush_is_unsure_and_not_elected(dc: DevCluster) -> None:
+    """Issue 32: the marks are synced beside the replog, so a follower whose disk dropped only the flush it last
+    reported opens unsure: it keeps its place in the ISR with its log registered, the intact replica is elected
+    when the leader dies (it is sure), and the unsure one catches up and is vouched for by the new leader."""
+    def vouched() -> None:
+        wait_for(lambda: not groups_of(dc, "Clicks")[0].unsure, 30, "the new leader to vouch for the unsure follower")
+
+    log = _follower_loses_storage_then_leader_dies(dc, _drop_the_last_acknowledged_flush, leaves_isr=False,
+                                                   converged_check=vouched)
+    assert "within the flush its storage marks claimed" in log
 
 
 class _InProcessWorker:

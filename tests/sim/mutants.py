@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from replog.eligibility import StorageMarks, check_storage
+from replog.election import next_leadership
+from replog.eligibility import StorageMarks, check_storage, unsure_of
 from replog.messages import EpochResponse, GroupState, RecordStorage
 from replog.reassignment import Step, advance_reassignment, cancel_reassignment, min_isr_for
 from replog.replica import Replica
@@ -198,14 +199,14 @@ def ignores_page_cache_rule(marks: StorageMarks | None, *, log_end: int, applied
 
 
 # ----------------------------------------------------------------------- driver: where the marks' fsync goes
-# (issue 32 asked whether the storage marks' fsync could leave the path of every flush; docs/data-on-disk.md,
-# "Why the mark is synced after the log", says why not, and these are the two ways it could, as drivers)
+# (issue 32: the storage marks' fsync left the path of every flush; docs/data-on-disk.md, "Why the mark claims
+# the flush in flight", says what each write must say, and these are the two naive ways, as drivers)
 
 
 class MarksBesideTheLog(Sim):
-    """The marks fsynced in parallel with the replog, claiming the flush in flight: a crash before the replog's
-    fsync finishes leaves a mark ahead of the log, so an intact storage counts as lost; a group whose last ISR
-    member crashed so is left without an electable replica."""
+    """The marks fsynced in parallel with the replog, their acknowledged mark claiming the flush in flight: a crash
+    before the replog's fsync finishes leaves a mark ahead of the log, so an intact storage counts as lost; a group
+    whose last ISR member crashed so is left without an electable replica."""
 
     def _flush_later(self, n: Node) -> None:
         super()._flush_later(n)
@@ -214,18 +215,60 @@ class MarksBesideTheLog(Sim):
 
 
 class MarksTrailingTheLog(Sim):
-    """The mark written for the flush before (overlapping the next flush's fsync): a storage that lost the
-    tail of its last acknowledged flush passes the open-time check."""
+    """The marks written beside the log's fsync without the claim (only the flushes reported before): a storage that
+    lost the tail of its last acknowledged flush passes the open-time check as sure."""
 
-    def _flushed(self, nid: str, inc: int, gen: int, end: int, synced: bool = True) -> None:
-        d = self.nodes[nid].disk
-        before, acked = d.durable_end, d.acked
-        super()._flushed(nid, inc, gen, end, synced)
-        if synced and d.durable_end == end > before:
-            d.acked = d.acked_synced = max(acked, before - 1)
+    def _flush_later(self, n: Node) -> None:
+        super()._flush_later(n)
+        n.disk.claimed = -1
 
 
 def trusts_the_driver(marks: StorageMarks | None, *, log_end: int, applied: int, boot: int = 0) -> str | None:
     """replog's own check, under another name: the simulator then judges its verdicts by their consequences
     only (it compares check_storage's verdicts with the storages it damaged)."""
     return check_storage(marks, log_end=log_end, applied=applied, boot=boot)
+
+
+# ------------------------------------------------------------------- unsure storage (replog.eligibility, issue 32)
+
+
+class ElectsUnsureAtOnce(Sim):
+    """The controller elects an unsure ISR member like a sure one (no witnesses): a replica whose lying disk dropped
+    the flush it had acknowledged, back first, leads without the applied entries it lost."""
+
+    def _elect(self) -> None:
+        self.electing = False
+        live = {m: n.session for m, n in self.nodes.items() if n.alive and n.session_live}
+        order = list(self.ids)
+        self.rng.shuffle(order)
+        z = self.znode
+        new = next_leadership(replace(z, unsure=()), live, order=order)
+        if new is not None:
+            self._write_znode(replace(new, unsure=tuple(r for r in z.unsure if r[0] != new.leader)))
+        if self.znode.leader is None:
+            self._elect_later(20)
+
+
+def up_to_date_without_waiting(state: GroupState, live: dict[str, int]) -> list[str] | None:
+    """The most up-to-date of the unsure members registered so far, without waiting for the others (for
+    ``replog.election.most_up_to_date``): the first back may be the one whose disk lost what it acknowledged."""
+    ready = tuple(m for m in state.isr + state.elr
+                  if m in live and state.storage_session(m) == live[m] and (unsure_of(state, m) or (0, 0, -1))[2] == state.epoch)
+    if not ready or state.leader is not None:
+        return None
+    best = max(unsure_of(state, m)[:2] for m in ready)  # type: ignore[index]
+    return [m for m in ready if unsure_of(state, m)[:2] == best]  # type: ignore[index]
+
+
+class KeepsWhatAnUnsureFollowerAcked(Replica):
+    """The leader keeps what it knew of a follower whose storage came back unsure (under a new incarnation): it counts
+    that follower's old acknowledgement of an entry its disk has since dropped."""
+
+    def _adopt_znode(self, st: GroupState) -> None:
+        ls = self._ls
+        assert ls is not None
+        kept = dict(ls.peers)
+        super()._adopt_znode(st)
+        for r, *_log in st.unsure:
+            if r in kept and r in ls.peers:
+                ls.peers[r] = kept[r]

@@ -32,7 +32,14 @@ from typing import Any
 from replog.catchup import round_is_last
 from replog.config import FSYNC_INTERVAL, ReplicationConfig
 from replog.election import next_leadership
-from replog.eligibility import StorageMarks, check_storage
+from replog.eligibility import (
+    StorageMarks,
+    check_storage,
+    most_up_to_date,
+    storage_unsure,
+    sure,
+    without_doubt,
+)
 from replog.messages import (
     Ack,
     Action,
@@ -167,6 +174,12 @@ class Disk:
     #: the storage marks' page-cache flag and the machine's boot it was written under (replog.eligibility)
     volatile: bool = False
     boot: int = 0
+    #: ``always`` mode, the marks written beside the log's fsync: the last offset of the flush in flight they
+    #: claim (``acked`` then covers the flushes reported before it)
+    claimed: int = -1
+    #: the storage opened unsure (replog.eligibility.storage_unsure) and did lose entries it acknowledged: it holds
+    #: less than the applied entries until the znode no longer doubts it (the sim checks it then holds them all)
+    lacks: bool = False
 
 
 @dataclass
@@ -362,20 +375,34 @@ class Sim:
         self._incarnations += 1
         return Disk(incarnation=self._incarnations)
 
-    def _new_replica(self, nid: str, disk: Disk, session: int) -> Replica:
+    def _new_replica(self, nid: str, disk: Disk, session: int, unsure: bool = False) -> Replica:
         return self.replica_cls(nid, "g", self.config, session=session, log_start=disk.start,
                                 log_end=disk.durable_end, epoch_pairs=disk.epoch_pairs, applied=disk.applied,
-                                incarnation=disk.incarnation, applied_floor=disk.floor)
+                                incarnation=disk.incarnation, applied_floor=disk.floor, unsure=unsure)
 
-    def _open_storage(self, n: Node) -> None:
+    def _open_storage(self, n: Node) -> bool:
         """The driver's open-time check (replog.eligibility): storage that lost acknowledged entries gets a
-        new incarnation. The sim knows which storages were damaged, so it checks the rule finds each one."""
+        new incarnation; so does storage unsure of its last flush (True: the replica registers its log with it).
+        The sim knows which storages were damaged, so it checks the rule finds each one, as lost or unsure."""
         d = n.disk
-        lost = self.storage_rule(StorageMarks(d.incarnation, d.acked, applied=d.floor, volatile=d.volatile,
-                                          boot=d.boot), log_end=d.durable_end, applied=d.applied, boot=n.boot)
-        if (lost is not None) != d.damaged and self.storage_rule is check_storage:
+        marks = StorageMarks(d.incarnation, d.acked, applied=d.floor, volatile=d.volatile, boot=d.boot,
+                             claimed=d.claimed)
+        lost = self.storage_rule(marks, log_end=d.durable_end, applied=d.applied, boot=n.boot)
+        unsure = lost is None and storage_unsure(marks, log_end=d.durable_end)
+        if self.storage_rule is check_storage and ((lost is not None and not d.damaged)
+                                                   or (d.damaged and lost is None and not unsure)):
             self.fail(f"{n.id}: the open-time check says {lost!r} of a storage that is "
-                      f"{'damaged' if d.damaged else 'intact'} (log end {d.durable_end}, acked {d.acked})")
+                      f"{'damaged' if d.damaged else 'intact'} (log end {d.durable_end}, acked {d.acked}, "
+                      f"claimed {d.claimed})")
+        if unsure:
+            self.note(f"{n.id} opens unsure storage (log end {d.durable_end}, claimed {d.claimed}, "
+                      f"{'damaged' if d.damaged else 'intact'})")
+            self._incarnations += 1
+            d.incarnation = self._incarnations
+            d.acked = d.acked_synced = min(d.acked, d.durable_end - 1)
+            d.lacks = d.lacks or d.damaged  # (claimed stays: reopened before it registers, it is unsure again)
+            d.damaged = False
+            return True
         if lost is not None:
             self.note(f"{n.id} opens damaged storage: {lost}")
             self._incarnations += 1
@@ -385,11 +412,19 @@ class Sim:
             d.damaged = False
             d.volatile = False  # the new incarnation's marks (set again before its first page-cache ack)
             d.synced_end = d.durable_end
+            d.claimed, d.lacks = -1, False
+        return False
 
     def intact(self, nid: str) -> bool:
-        """The znode records ``nid``'s current storage, which holds everything it acknowledged."""
+        """The znode records ``nid``'s current storage, which holds everything it acknowledged, and does not doubt
+        it (an unsure member promises nothing until the leader or an election vouches for it)."""
+        return self.holds(nid) and sure(self.znode, nid)
+
+    def holds(self, nid: str) -> bool:
+        """``nid``'s storage is the one the znode records and holds everything it acknowledged (the ground truth:
+        the znode may doubt it yet)."""
         d = self.nodes[nid].disk
-        return not d.damaged and self.znode.incarnation_of(nid) == d.incarnation
+        return not d.damaged and not d.lacks and self.znode.incarnation_of(nid) == d.incarnation
 
     def _tick(self, nid: str, inc: int) -> None:
         n = self.nodes[nid]
@@ -560,6 +595,11 @@ class Sim:
                 n.sync_pending = True
                 self.at(self.now + n.replica.config.flush_ms, self._sync, n.id, n.incarnation)
             return
+        # replication.fsync=always: the marks are written (and synced, at once here: the adversarial order)
+        # beside the log's fsync, claiming the flush in flight; ``acked`` covers the flushes reported before it
+        d = n.disk
+        d.acked, d.claimed = max(d.acked, d.durable_end - 1), len(d.entries) - 1
+        d.acked_synced, d.floor_synced = d.acked, d.floor  # (the floor rides in the same write)
         self.at(self.now + n.flush_ms + self.rng.randrange(2), self._flushed, n.id, n.incarnation,
                 n.disk.gen, len(n.disk.entries))
 
@@ -569,11 +609,10 @@ class Sim:
             return
         if end > n.disk.durable_end:
             n.disk.durable_end = end
-            n.disk.acked = end - 1  # the acknowledged mark, persisted before the flush is reported
-            if synced:
+            if not synced:  # interval mode: the acknowledged mark, in the page cache before the flush is reported
+                n.disk.acked = end - 1
+            else:
                 n.disk.synced_end = end
-                n.disk.acked_synced = n.disk.acked
-                n.disk.floor_synced = n.disk.floor  # in the same write
             self._deliver(nid, inc, LocalFlushed(end))
 
     def _sync(self, nid: str, inc: int) -> None:
@@ -595,6 +634,7 @@ class Sim:
             self.fail(f"{n.id} truncates to {end}, below its applied offset {disk.applied}")
         disk.acked = min(disk.acked, end - 1)  # lowered before the cut
         disk.acked_synced = min(disk.acked_synced, end - 1)
+        disk.claimed = min(disk.claimed, end - 1)
         del disk.entries[end:]
         disk.durable_end = min(disk.durable_end, end)
         disk.synced_end = min(disk.synced_end, end)
@@ -793,6 +833,10 @@ class Sim:
         for m in st.elr:
             if m not in old.elr and self.intact(m):
                 self._check_holds_committed(self.nodes[m], "joined the ELR")
+        for m in st.isr + st.elr:
+            if not sure(old, m) and sure(st, m) and st.incarnation_of(m) == self.nodes[m].disk.incarnation:
+                self._check_holds_committed(self.nodes[m], "is no longer doubted")  # (the leader, or the election)
+                self.nodes[m].disk.lacks = False
         for nid in self.ids:
             if self.nodes[nid].alive and self.nodes[nid].session_live:  # watches die with the session
                 self._notify(nid, st)
@@ -823,6 +867,8 @@ class Sim:
                     or (new.retired != z.retired and (new.retired or any(r in new.isr for r in z.reconfirming)))):
                 self.fail(f"bad CAS from {nid}: {a} over {z}")
             # (growing back towards min-ISR is fine)
+            if not set(new.unsure) <= set(z.unsure):
+                self.fail(f"{nid}'s ISR change adds unsure records: {a.new} over {z}")
             if len(new.isr) < len(z.isr) and not min_isr_met(new.isr, new.replicas, new.adding, new.removing,
                                                               config):
                 self.fail(f"{nid} shrank the ISR to {a.new.isr}, below its min-ISR {config.effective_min_isr} "
@@ -841,8 +887,14 @@ class Sim:
                     or new.incarnation_of(nid) not in (n.disk.incarnation, 0)
                     or (new.storage_session(nid) or 0) > n.session
                     or set(new.isr) - set(z.isr) or set(z.isr) - set(new.isr) - {nid}
-                    or (new.leader != z.leader and (z.leader != nid or new.leader is not None))):
+                    or (new.leader != z.leader and (z.leader != nid or new.leader is not None))
+                    or {r for r in new.unsure if r[0] != nid} - set(z.unsure)):
                 self.fail(f"bad storage record from {nid} (storage {n.disk.incarnation}): {new} over {z}")
+            mine = [r for r in new.unsure if r[0] == nid and r not in z.unsure]
+            d = n.disk
+            if mine and (mine[0][2] > d.durable_end or mine[0][1] != (d.entries[mine[0][2] - 1][0] if mine[0][2] else 0)):
+                self.fail(f"{nid} registers its log as {mine[0]} but holds {d.durable_end} durable entries, the last "
+                          f"of epoch {d.entries[d.durable_end - 1][0] if d.durable_end else None}")
             self._write_znode(new)
             self.at(back, self._deliver, nid, inc, IsrChanged(new))
             if new.leader is None:
@@ -902,12 +954,17 @@ class Sim:
         self._elect_later(self.session_timeout_ms)  # the controller replaces a successor that died meanwhile
 
     def elect(self, nid: str) -> None:
-        """Scenario control: the controller elects ``nid`` now (it must be a live ISR member)."""
+        """Scenario control: the controller elects ``nid`` now (it must be a live ISR member; if the znode doubts
+        its log, one the election's rule for unsure members allows, replog.eligibility.most_up_to_date)."""
         n = self.nodes[nid]
-        if nid not in self.znode.isr or not n.alive or not n.session_live:
-            self.fail(f"cannot elect {nid}: not a live ISR member of {self.znode}")
         z = self.znode
-        self._write_znode(replace(z, leader=nid, epoch=z.epoch + 1, version=z.version + 1, leader_session=n.session))
+        if nid not in z.isr or not n.alive or not n.session_live:
+            self.fail(f"cannot elect {nid}: not a live ISR member of {z}")
+        live = {m: x.session for m, x in self.nodes.items() if x.alive and x.session_live}
+        if not sure(z, nid) and nid not in (most_up_to_date(z, live) or ()):
+            self.fail(f"cannot elect {nid}: the znode doubts its log and the rule does not allow it yet: {z}")
+        self._write_znode(replace(z, leader=nid, epoch=z.epoch + 1, version=z.version + 1, leader_session=n.session,
+                                  unsure=without_doubt(z, nid)))
 
     def _elect_later(self, delay: int) -> None:
         if not self.auto_elect:
@@ -1021,7 +1078,8 @@ class Sim:
         kept = all(m in z.reconfirming for m in z.isr + z.elr) and any(
             m != nid and not self.nodes[m].disk.damaged and self.nodes[m].disk.incarnation == inc
             for m, inc, _ in z.retired)
-        return kept or all(any(self.intact(m) for m in z.isr + z.elr if m != nid and m in keep) for keep in survivors)
+        # (an unsure member that holds everything counts: the election's witnesses find it, replog.eligibility)
+        return kept or all(any(self.holds(m) for m in z.isr + z.elr if m != nid and m in keep) for keep in survivors)
 
     def power_loss(self, nid: str, restart_after_ms: int) -> None:
         """The node's machine loses power (and restarts later)."""
@@ -1040,8 +1098,8 @@ class Sim:
         n.session_live = True
         if not n.hosting:
             return  # a worker without a replica of the group
-        self._open_storage(n)
-        n.replica = self._new_replica(nid, n.disk, n.session)
+        unsure = self._open_storage(n)
+        n.replica = self._new_replica(nid, n.disk, n.session, unsure)
         if n.replica.applied < n.disk.applied:
             self.fail(f"{nid} recovered applied {n.replica.applied} < durable {n.disk.applied}")
         n.max_applied = n.replica.applied
@@ -1098,6 +1156,7 @@ class Sim:
         d.start = upto + 1
         d.applied = d.store_durable = d.floor = d.floor_synced = upto
         d.acked = d.acked_synced = upto
+        d.claimed = -1
         d.epoch_pairs = pairs
         d.gen += 1
         # Rebuilt like a restarted replica (same session), told the current znode at once.
@@ -1154,16 +1213,16 @@ class Sim:
         n.outbox.clear()
         self._lose_copies(d, offset if offset > d.applied and offset >= d.start else 0)
         if offset > d.applied and offset >= d.start:
+            d.damaged = d.durable_end > offset  # (what it flushed was reported: acknowledged, or about to be)
             del d.entries[offset:]
             d.durable_end = min(d.durable_end, offset)
             d.synced_end = min(d.synced_end, offset)
             d.gen += 1
-            d.damaged = d.acked >= offset
             d.applied = d.store_durable  # the failed replica's store is abandoned unflushed
         else:
             n.disk = self.new_disk()
-        self._open_storage(n)
-        n.replica = self._new_replica(nid, n.disk, n.session)
+        unsure = self._open_storage(n)
+        n.replica = self._new_replica(nid, n.disk, n.session, unsure)
         n.max_applied = n.replica.applied
         n.max_epoch = n.replica.epoch
         self.at(self.now + self.rng.randrange(self.tick_ms), self._tick, nid, n.incarnation)
@@ -1175,10 +1234,11 @@ class Sim:
         """The worker opens a replica of the group, which a reassignment added to it: empty, new storage; or from
         the retired copy it kept, which the group takes back (checked at open like any storage)."""
         n.hosting = True
+        unsure = False
         if n.retained and self.znode.incarnation_of(n.id) is not None:  # (re-added by a later plan: empty)
             self.note(f"{n.id} reopens its retired copy: taken back")
             n.retained = False
-            self._open_storage(n)
+            unsure = self._open_storage(n)
         else:
             if n.retained:
                 n.retained, n.deleted[:] = False, [n.disk]
@@ -1187,7 +1247,7 @@ class Sim:
         n.incarnation += 1
         n.outbox.clear()
         n.max_applied, n.max_epoch = -1, 0
-        n.replica = self._new_replica(n.id, n.disk, n.session)
+        n.replica = self._new_replica(n.id, n.disk, n.session, unsure)
         if n.alive:
             self.at(self.now + self.rng.randrange(self.tick_ms), self._tick, n.id, n.incarnation)
             if n.session_live:
@@ -1226,6 +1286,9 @@ class Sim:
 
     def cut_link(self, src: str, dst: str) -> None:
         self.cut.add((src, dst))
+
+    def heal_link(self, src: str, dst: str) -> None:
+        self.cut.discard((src, dst))
 
     def heal(self) -> None:
         self.cut.clear()

@@ -15,6 +15,7 @@ from tests.sim.mutants import (
     CountsRemovingTowardMinIsr,
     DeletesAtCompletion,
     ElectsEmptiedReplica,
+    ElectsUnsureAtOnce,
     ForgetsAppliedFloor,
     MarksBesideTheLog,
     MarksTrailingTheLog,
@@ -103,3 +104,15 @@ def test_marks_trailing_the_log_miss_a_lost_tail(monkeypatch: pytest.MonkeyPatch
                 result.error
             return
     pytest.fail(f"marks trailing the log survived {WITHIN} seeds: the checker is too weak")
+
+
+def test_random_seeds_catch_electing_an_unsure_replica_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The controller electing an unsure replica like a sure one (no witnesses, replog.eligibility): a replica whose
+    disk dropped the flush it acknowledged leads, or is vouched for, without applied entries (caught at seed 144)."""
+    monkeypatch.setattr(sim, "Sim", ElectsUnsureAtOnce)
+    for seed in range(200):
+        result = run_seed(seed, interval=False)
+        if result.error is not None:
+            assert "replay:" in result.error and "lacks applied entry" in result.error, result.error
+            return
+    pytest.fail("electing unsure replicas at once survived 200 seeds: the checker is too weak")

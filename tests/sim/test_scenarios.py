@@ -13,7 +13,9 @@ from collections.abc import Callable
 
 import pytest
 
+from replog import election
 from replog.election import leaderless_reason
+from replog.eligibility import unsure_of
 from replog.messages import (
     STORAGE_LOST,
     Ack,
@@ -31,10 +33,13 @@ from tests.sim.mutants import (
     CountsRemovingTowardMinIsr,
     DeletesAtCompletion,
     DropsEarlyResetAcks,
+    ElectsUnsureAtOnce,
     HandOffWithoutCatchUp,
+    KeepsWhatAnUnsureFollowerAcked,
     ReasksOnlyAfterTheTimeout,
     SingleRoundEpochExchange,
     TruncateToHighWatermark,
+    up_to_date_without_waiting,
 )
 from tests.sim.sim import ClientRequest, InvariantViolation, Sim, sim_config
 
@@ -327,6 +332,10 @@ def test_last_isr_member_loses_its_unflushed_tail() -> None:
     sim.metastore_ms = (1, 5)
     a.flush_ms = 2
     sim.restart("a")
+    # Its marks claimed the flush the crash cut: a is unsure of its log (replog.eligibility), registers it in
+    # the leaderless epoch its registration starts, and is elected as the most up-to-date (the only) ISR member.
+    sim.run_until_true(lambda: a.replica.registered and sim.znode.leader is None)
+    assert sim.znode.unsure == (("a", 1, 3, sim.znode.epoch),)
     sim.elect("a")
     sim.run_until_true(lambda: a.replica.is_leader)
     after = sim.append(1, Ack.APPLIED, to="a")
@@ -931,4 +940,158 @@ def test_copies_are_released_once_the_kept_replicas_reconfirm() -> None:
     assert not re.start(["a", "b", "c"]), "no plan starts while copies are retired"
     write_until(sim, plan_done(sim, re), reqs)
     assert any("c deletes its retired copy" in line for line in sim.log) and sim.nodes["c"].disk.entries == []
+    sim.heal_and_settle()
+
+
+# ------------------------------------------------------------- unsure storage: the marks beside the log (issue 32)
+
+
+def leads(sim: Sim) -> str | None:
+    """The leader the znode names, if it is up and leading."""
+    n = sim.nodes.get(sim.znode.leader or "")
+    return n.id if n is not None and n.alive and n.replica.is_leader else None
+
+
+def every_isr_member_loses_power(mutant: type[Sim] = Sim, lying: str | None = None, lying_back_first: bool = False,
+                                 **config: int) -> tuple[Sim, list[ClientRequest]]:
+    """ISR {a, b, c}, a leading: entries are applied, then the next ones are in flight on every disk (their marks
+    claimed them) when every machine loses power at once. ``lying``: that replica's disk also drops the last
+    flush it acknowledged, and (``lying_back_first``) it restarts well before the others."""
+    sim = mutant(7, nodes=3, config=sim_config(3, **config), trace=True)
+    sim.auto_elect = False
+    sim.start()
+    sim.run_until_true(lambda: all(n.replica.registered for n in sim.nodes.values()))
+    sim.elect("a")
+    applied = [sim.append(2, Ack.APPLIED) for _ in range(3)]
+    sim.run_until_true(lambda: all(r.outcome == "ok" for r in applied))
+    if lying is not None:
+        sim.cut_link("a", lying)  # its last flush is the one it acknowledged: no later one claims more
+    for n in sim.nodes.values():
+        n.flush_ms = 40
+    in_flight = [sim.append(1, Ack.APPLIED) for _ in range(2)]
+    sim.run_for(15)  # the followers received them and started flushing
+    for m in "abc":
+        if m == lying:
+            sim.lose_tail(m, 2, restart_after_ms=5 if lying_back_first else 60)
+        else:
+            sim.power_loss(m, restart_after_ms=(150 if lying_back_first else 60) + 10 * "abc".index(m))
+    sim.heal()
+    for n in sim.nodes.values():
+        n.flush_ms = 2
+    sim.auto_elect = True
+    sim._elect_later(sim.session_timeout_ms)  # the conductor notices the leader's session is gone
+    return sim, applied + in_flight
+
+
+def test_every_isr_member_losing_power_during_a_flush_elects_the_most_up_to_date() -> None:
+    """`always` mode survives a power loss of every ISR member at once without a stall: each comes back unsure
+    (its marks claimed a flush the loss cut), registers its log in the leaderless epoch, and once all have the
+    most up-to-date is elected; nothing applied is lost, every replica stays in the ISR."""
+    sim, reqs = every_isr_member_loses_power()
+    sim.run_for(100)  # all back
+    sim.run_until_true(lambda: leads(sim), max_ms=1_000)
+    assert sum("opens unsure storage" in line for line in sim.log) == 3
+    assert set(sim.znode.isr) == {"a", "b", "c"} and STORAGE_LOST not in [r[1] for r in sim.znode.storage]
+    sim.run_until_true(lambda: not sim.znode.unsure, max_ms=1_000)  # the leader vouched for the others
+    sim.heal_and_settle()
+    assert all(r.outcome == "ok" for r in reqs[:3])
+
+
+def test_a_lying_disk_back_first_waits_for_the_witnesses() -> None:
+    """Every machine loses power and b's disk also drops the flush it acknowledged (applied entries): b comes
+    back first, unsure, and is not elected; once a and c registered their logs the most up-to-date of them is,
+    and b catches up from it and is vouched for."""
+    sim, reqs = every_isr_member_loses_power(lying="b", lying_back_first=True)
+    z = lambda: sim.znode  # noqa: E731
+    sim.run_until_true(lambda: z().leader is None and (unsure_of(z(), "b") or (0, 0, -1))[2] == z().epoch)
+    assert not sim.nodes["a"].alive and not sim.nodes["c"].alive
+    reason = leaderless_reason(sim.znode, {m: n.session for m, n in sim.nodes.items() if n.alive})
+    assert reason is not None and "waiting for ['a', 'c']" in reason
+    sim.run_until_true(lambda: leads(sim) in ("a", "c"), max_ms=1_000)
+    assert any("b opens unsure storage" in line and "damaged" in line for line in sim.log)
+    sim.run_until_true(lambda: not sim.znode.unsure and "b" in sim.znode.isr, max_ms=1_000)
+    sim.heal_and_settle()
+    assert all(r.outcome == "ok" for r in reqs[:3])
+
+
+@pytest.mark.parametrize("how", ["at once", "without waiting"])
+def test_electing_the_lying_disk_is_caught(how: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same with the election not waiting for the witnesses: b, back first, leads without what it lost."""
+    mutant: type[Sim] = ElectsUnsureAtOnce if how == "at once" else Sim
+    if how == "without waiting":
+        monkeypatch.setattr(election, "most_up_to_date", up_to_date_without_waiting)
+    with pytest.raises(InvariantViolation, match="lacks applied entry"):
+        sim, _ = every_isr_member_loses_power(mutant, lying="b", lying_back_first=True)
+        sim.run_for(500)
+
+
+def unsure_follower(replica_cls: type[Replica] = Replica) -> tuple[Sim, ClientRequest]:
+    """min-ISR 3. b acknowledged an entry c has not (a -> c is cut), then b's disk drops that flush: b comes back
+    unsure, with a new incarnation. The entry must not be applied on b's old acknowledgement when c catches up."""
+    sim = Sim(7, nodes=3, config=sim_config(3, min_isr=3), replica_cls=replica_cls, trace=True)
+    sim.auto_elect = False
+    sim.start()
+    sim.run_until_true(lambda: all(n.replica.registered for n in sim.nodes.values()))
+    sim.elect("a")
+    first = sim.append(1, Ack.APPLIED)
+    sim.run_until_true(lambda: first.outcome == "ok")
+    sim.cut_link("a", "c")
+    held = sim.append(1, Ack.APPLIED)
+    b = sim.nodes["b"]
+    sim.run_until_true(lambda: b.disk.durable_end == 2)
+    sim.run_for(5)  # b's ack reached a
+    sim.lose_tail("b", 1, restart_after_ms=5)
+    sim.run_until_true(lambda: sim.znode.unsure != () and sim.nodes["b"].replica.registered)
+    sim.cut_link("a", "b")  # b cannot fetch it again yet
+    sim.heal_link("a", "c")
+    sim.run_for(60)
+    return sim, held
+
+
+def test_an_unsure_follower_s_old_acks_do_not_count() -> None:
+    sim, held = unsure_follower()
+    assert held.outcome == "pending" and sim.nodes["c"].disk.durable_end == 2
+    assert sim.znode.unsure[0][:3] == ("b", 1, 1)
+    sim.heal()
+    sim.run_until_true(lambda: held.outcome == "ok" and not sim.znode.unsure)
+    sim.heal_and_settle()
+
+
+def test_counting_an_unsure_follower_s_old_acks_is_caught() -> None:
+    """A leader keeping what it knew of b: it vouches for b on b's old ack, of an entry b's disk dropped, and
+    applies that entry without b."""
+    with pytest.raises(InvariantViolation, match="applied while ISR member b holds None"):
+        unsure_follower(KeepsWhatAnUnsureFollowerAcked)
+
+
+def test_a_hand_off_to_an_unsure_follower_waits_for_its_catch_up() -> None:
+    """The balancer asks a to hand leadership to b while b is unsure and behind: a hands off once b holds its
+    whole log, and the hand-off write drops b's unsure record (the simulator checks b then holds every applied
+    entry)."""
+    sim, held = unsure_follower()
+    sim.request_resign("b")
+    sim.run_for(50)
+    assert sim.znode.leader == "a"
+    sim.heal()
+    sim.run_until_true(lambda: sim.znode.leader == "b" and sim.nodes["b"].replica.is_leader)
+    assert not sim.znode.unsure and held.outcome == "ok"
+    sim.heal_and_settle()
+
+
+def test_a_plan_keeps_its_retired_copies_until_an_unsure_replica_is_vouched_for() -> None:
+    """RF 3 -> 2 while b is unsure of its log (its disk dropped the flush it acknowledged): c's copy is retired
+    and kept; b's unsure registration does not reconfirm it, the leader's vouching does, then c's copy goes."""
+    sim, re = membership_sim(3, 0)
+    reqs: list[ClientRequest] = []
+    write_until(sim, lambda: len(reqs) > 20, reqs)
+    sim.cut_link("a", "b")
+    write_until(sim, lambda: len(reqs) > 22, reqs, settle=False)
+    sim.lose_tail("b", 1, restart_after_ms=5)
+    sim.run_until_true(lambda: bool(sim.znode.unsure))
+    assert re.start(["a", "b"])
+    write_until(sim, lambda: bool(sim.znode.retired) or not sim.znode.reassigning, reqs, settle=False)
+    sim.heal()
+    write_until(sim, plan_done(sim, re), reqs)
+    assert set(sim.znode.replicas) == {"a", "b"} and not sim.znode.unsure
+    assert any("c is removed" in line and "keeps its data (retired)" in line for line in sim.log)
     sim.heal_and_settle()

@@ -46,6 +46,12 @@ load 5-12), and seeds 0-9,999 and the default runs all pass. On merged main (90f
 other changes), 31,000,000-31,019,999 all pass (7 min 20 s); on ff4998e (the recovery fix), 32,000,000-32,009,999 all pass.
 Session 14, a leader keeps a new replica's early reset ack (LeaderState.early_resets): 33,140,000-33,142,999
 all pass (with the 200-seed membership, trim and interval runs), 316 s on a loaded machine.
+Session 14, unsure storage (issue 32: the storage marks synced beside the replog, claiming the flush in flight; the
+election waits for every in-sync replica's log and elects the most up-to-date; replog/eligibility.py): the first
+3,000 seeds from 40,000,000 found 40001167 (a take-back moved the unsure replica out of the ISR, then the retired
+copy turned out lost: fixed in replog.retirement.take_back, which keeps unsure members as witnesses); then
+40,000,000-40,022,999 all pass (23,000 seeds, membership changes, trims, half in interval mode; about 6.5 min per
+5,000 on 2 workers at load 9 to 16).
 """
 
 from __future__ import annotations
@@ -364,4 +370,15 @@ def test_regression_seed_a_stale_epoch_leadership_after_a_failover() -> None:
     2, refuses its frames), which every other check still verifies. The check now asks for the entries applied
     before the new leader's epoch ended (Sim.committed_in)."""
     result = run_seed(15131442)
+    assert result.error is None, result.error
+
+
+def test_regression_seed_a_take_back_keeps_the_unsure_replicas_as_witnesses() -> None:
+    """Seed 40001167 (session 14, the first sweep of unsure storage): 3 nodes + 1 spare. b came back unsure of its
+    last flush and stayed in the ISR; the leader c lost its disk while down; a plan shrinking the group onto b
+    completed, retiring c's copy (its znode record still the old storage); with every ISR member unsure the copy
+    was taken back and b moved to the OSR, then c reopened empty and was marked lost as the last ISR member: the
+    group stalled with the only intact copy out of sync. A take-back now keeps the unsure members in the ISR, so
+    the election can pick b once c's lost storage leaves (replog.retirement.take_back)."""
+    result = run_seed(40001167)
     assert result.error is None, result.error
