@@ -41,8 +41,9 @@ def machine_boot() -> int:
         return UNKNOWN_BOOT
 
 
-#: threads syncing storage marks beside the log's fsync, shared by a worker's replicas (each task thread waits for
-#: its own sync before going on, so at most one per task thread is queued: the pool's queue is bounded by them)
+#: threads syncing storage marks beside the log's fsync, shared by a worker's replicas. Each flush waits for its
+#: own marks' sync before it returns, so at most one per flush in progress is queued: one per task thread plus its
+#: helper threads (conductor.worker.task_thread.MAX_SYNC_THREADS), a bound the pool's queue inherits
 MARKS_SYNC_THREADS = 8
 _marks_pool: ThreadPoolExecutor | None = None
 _marks_pool_lock = threading.Lock()
