@@ -382,3 +382,14 @@ def test_regression_seed_a_take_back_keeps_the_unsure_replicas_as_witnesses() ->
     the election can pick b once c's lost storage leaves (replog.retirement.take_back)."""
     result = run_seed(40001167)
     assert result.error is None, result.error
+
+
+def test_regression_seed_a_vouch_landing_after_a_lying_disk_crash() -> None:
+    """Seed 41017400 (session 14, the sweep of merged main): d, back unsure and caught up, was being removed by a
+    plan when the leader vouched for it (it reported the whole log durable); before the znode write landed d
+    crashed and its lying disk dropped the tail it had reported. The simulator's check that a replica no longer
+    doubted holds every applied entry fired for that ended incarnation. Not a rule's fault: the damaged storage
+    is found at open and gets a new incarnation, and a dead replica leads nothing; the check now skips a storage
+    damaged since, as the ISR-join check does."""
+    result = run_seed(41017400)
+    assert result.error is None, result.error
