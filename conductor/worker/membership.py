@@ -40,6 +40,7 @@ from conductor.worker.replica_faults import describe
 from conductor.worker.replica_host import ReplicaHost
 from conductor.worker.runtime import LocalModules, ModuleRuntime
 from conductor.worker.throttle import CopyBudget, CopyPacing
+from pstate.checkpoint import remove_stale_versions
 from replog.messages import GroupState, MetastoreChanged
 from replog.retirement import retired_names
 
@@ -177,3 +178,14 @@ class ReplicaMembership:
                 shutil.rmtree(child, ignore_errors=True)
                 log.warning("node %s deleted its data of %s/%s: the group no longer lists it (a reassignment "
                             "removed it while it was down)", self.node_id, module, child.name)
+
+    def sweep_stale_stores(self, module: str, groups: Mapping[int, GroupState]) -> None:
+        """Delete the store versions a crash mid-install left beside this worker's replicas of ``module``.
+
+        Only at the module's first open in this process: no far-horizon install of it runs yet, so every
+        version its ``state`` does not point at is left over (``pstate.checkpoint.remove_stale_versions``)."""
+        for g, st in groups.items():
+            if self.node_id in st.replicas:
+                for stale in remove_stale_versions(self.data_dir / module / str(g) / "state"):
+                    log.warning("node %s deleted %s, a store version a far-horizon install left behind",
+                                self.node_id, stale)

@@ -72,7 +72,7 @@ from conductor.worker.services import AdminService, ClientService, LoopSettler, 
 from conductor.worker.store_swap import hand_over
 from conductor.worker.task_thread import TaskThreadPool
 from conductor.worker.transport import PeerTransport, from_proto
-from pstate.checkpoint import Checked, Manifest, remove_stale_versions
+from pstate.checkpoint import Checked, Manifest
 from pstate.errors import CorruptStore, PStateError
 from replog.errors import NotLeader, ReplogError
 from replog.messages import (
@@ -403,14 +403,10 @@ class Worker:
         code.get(spec.version)  # the version leaders switch to, loaded now (off the task threads)
         rt = ModuleRuntime(spec, code)
         run.membership.sweep_unlisted(module, groups)
+        run.membership.sweep_stale_stores(module, groups)
         unopened: dict[int, tuple[str, str]] = {}  # group -> (fault kind, reason)
         for g, st in sorted(groups.items()):
             if self.node_id in st.replicas:
-                # the module's first open in this process: no install of it runs yet, so any other version of
-                # its store is what a crash mid-install left
-                for stale in remove_stale_versions(self.data_dir / module / str(g) / "state"):
-                    log.warning("node %s deleted %s, a store version a far-horizon install left behind",
-                                self.node_id, stale)
                 rec = rt.hosted[g] = HostedReplica(module, g, tuple(st.replicas))
                 try:
                     rec.host = self.open_replica(rt, rec)
