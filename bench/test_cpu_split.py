@@ -33,7 +33,8 @@ def test_a_child_listed_as_a_node_counts_as_nodes_and_others_as_other() -> None:
         _result, cpu = split.measure(burn)
         assert set(cpu) == set(CLASSES)
         assert cpu["nodes"] >= 0.2 and cpu["other"] >= 0.2, cpu
-        assert cpu["spark_jvm"] == cpu["spark_python"] == 0, cpu
+        # neither burner is counted as Spark; a Spark JVM another test left running below pytest may tick idly
+        assert cpu["spark_jvm"] + cpu["spark_python"] < 0.1, cpu
     finally:
         for p in (node, other):
             p.kill()

@@ -21,6 +21,10 @@ from topology import errors as topology_errors
 
 METADATA_KEY = "millrace-error"
 
+#: the status gRPC's asyncio layer makes up, on this side, when an operation on a call fails in its core: a write
+#: to a connection that a node's death reset. The node never said it, so it is a lost connection, not a node's error.
+_LOCAL_CORE_FAILURE = (grpc.StatusCode.INTERNAL, "Internal error from Core")
+
 
 class MillraceError(Exception):
     """An error from a Millrace node that this client has no typed class for."""
@@ -146,7 +150,7 @@ def error_from_rpc(err: grpc.RpcError) -> Exception:
                 return cls(**data["args"])
             except (KeyError, TypeError, ValueError):
                 break
-    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) or (code, details) == _LOCAL_CORE_FAILURE:
         return Unavailable(code.name, details)
     if code == grpc.StatusCode.UNAUTHENTICATED:
         return Unauthenticated(code.name, details)

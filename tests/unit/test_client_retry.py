@@ -7,12 +7,13 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
+import grpc
 import pytest
 
 from conductor.client.retry import Retry
 from conductor.client.router import LeaderRouter
 from conductor.metastore import GroupState, ModuleSpec
-from conductor.wire.errors import Unavailable
+from conductor.wire.errors import MillraceError, Unavailable
 from replog.errors import NotLeader, StalledGroup
 
 SPEC = ModuleSpec("M", "examples.clicks:Clicks", tasks=2, threads=2, workers=2, replication_factor=2)
@@ -55,6 +56,30 @@ def test_other_errors_and_an_exhausted_deadline_are_raised() -> None:
     assert late.remaining() == 0.1  # a last call still gets a usable timeout
     with pytest.raises(NotLeader):
         late.backoff(NotLeader("M/1", None, None))
+
+
+class _Status(grpc.RpcError):  # type: ignore[misc]
+    """A finished call's status, as the client reads it."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        self._code, self._details = code, details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+    def trailing_metadata(self) -> tuple[()]:
+        return ()
+
+
+def test_a_call_the_client_lost_to_a_reset_connection_is_retried_and_a_nodes_internal_error_is_not() -> None:
+    """gRPC's asyncio layer reports a write on a connection reset by a dying node as INTERNAL with its own text."""
+    r = Retry(30.0, "M/1")
+    assert r.backoff(_Status(grpc.StatusCode.INTERNAL, "Internal error from Core")) == 0.02
+    with pytest.raises(MillraceError, match="INTERNAL: disk on fire"):
+        r.backoff(_Status(grpc.StatusCode.INTERNAL, "disk on fire"))
 
 
 def test_router_caches_until_refresh_and_follows_observed_states() -> None:
