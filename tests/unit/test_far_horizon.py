@@ -6,6 +6,7 @@ import asyncio
 import os
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,40 @@ def test_shelf_keeps_one_checkpoint_per_follower_and_releases_it(tmp_path: Path)
     assert not shelf.release(("M", 0, "n2"))
     other.last_used = time.monotonic() - 1_000
     assert shelf.sweep() == 1 and not other.directory.exists() and shelf.keys() == []
+
+
+def test_shelf_shares_a_fresh_checkpoint_between_followers_of_a_group(tmp_path: Path) -> None:
+    """Issue 27: the followers a scale adds start their rounds together; one checkpoint (one flush, one GIL-holding
+    RocksDB checkpoint, one checksum pass on the leader) serves them all, each in its own directory."""
+    shelf = CheckpointShelf(tmp_path / "shelf")
+    made: list[Path] = []
+
+    def make(files: dict[str, bytes], offset: int = 41) -> Callable[[Path], Shelved]:
+        def counted(directory: Path) -> Shelved:
+            made.append(directory)
+            s = _make(files)(directory)
+            return Shelved(directory, replace(s.manifest, applied_offset=offset), s.epoch_pairs, s.leader_log_end)
+        return counted
+
+    first = shelf.take(("M", 0, "n2"), make({"a.sst": b"x"}), lambda: 50, epoch=3)
+    second = shelf.take(("M", 0, "n3"), make({"b.sst": b"y"}), lambda: 57, epoch=3)
+    assert made == [first.directory] and shelf.shared == 1, "the second follower's round links the first's"
+    assert second.directory != first.directory and second.manifest == first.manifest
+    assert (second.directory / "a.sst").read_bytes() == b"x" and second.leader_log_end == 57, "its log end is now's"
+    assert shelf.release(("M", 0, "n2")) and (second.directory / "a.sst").exists(), "each follower's own links"
+    assert shelf.take(("M", 1, "n3"), make({"c.sst": b"z"}), lambda: 9, epoch=3).directory == made[-1], \
+        "only the same group's"
+    assert shelf.take(("M", 0, "n4"), make({"d.sst": b"w"}), lambda: 60, epoch=4).directory == made[-1], \
+        "only the same leader epoch's"
+    # a follower's next round never gets a checkpoint at or below its last one's offset
+    again = shelf.take(("M", 0, "n3"), make({"e.sst": b"v"}, offset=41), lambda: 61, epoch=4)
+    assert again.directory == made[-1]
+    stale = CheckpointShelf(tmp_path / "stale", share_within_s=0.0)
+    stale.take(("M", 0, "n2"), make({"a.sst": b"x"}), lambda: 50, epoch=3)
+    time.sleep(0.01)
+    stale.take(("M", 0, "n3"), make({"a.sst": b"x"}), lambda: 50, epoch=3)
+    assert stale.shared == 0, "a checkpoint older than share_within_s is not shared"
+    assert shelf.take(("M", 0, "n2"), make({"g.sst": b"t"}), epoch=4).directory == made[-1], "no log_end: made"
 
 
 def test_round_streams_only_missing_files_in_order(tmp_path: Path) -> None:
