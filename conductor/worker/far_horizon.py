@@ -4,7 +4,8 @@ The leader's state machine decides *that* a follower needs it (``StartFarHorizon
 see :mod:`replog.replica`); this module moves the bytes. The follower pulls: it
 calls ``FetchCheckpoint`` on the leader once per **round**. Each call makes a
 fresh RocksDB checkpoint (hard links to immutable SST files, so it costs a
-memtable flush, not a copy) and streams, in large chunks, only the files the
+memtable flush, not a copy; or shares one just made for another follower of
+the group: :meth:`CheckpointShelf.take`) and streams, in large chunks, only the files the
 follower does not already hold: SST names are stable across checkpoints, so a
 second round copies just what was flushed or compacted during the first. Rounds
 go on until :func:`replog.catchup.round_is_last` says so (the checkpoint is
