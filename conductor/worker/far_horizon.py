@@ -100,7 +100,8 @@ class CheckpointShelf:
     hard links, so what both share costs nothing and the rest is freed).
     Checkpoints are made one at a time on a worker, and one made for a
     follower serves the other followers of its group whose rounds start
-    within :data:`SHARE_WITHIN_S` (:meth:`take`): each costs the leader a
+    within :data:`SHARE_WITHIN_S`, even one whose follower released it
+    meanwhile (:meth:`take`): each costs the leader a
     memtable flush, a RocksDB checkpoint that holds the GIL (every thread of
     the worker waits, the event loop serving writers included; 75 ms when two
     groups' first checkpoints of a reassignment ran at once) and a checksum
@@ -132,6 +133,7 @@ class CheckpointShelf:
         round of a follower gets a newer checkpoint than its last.
         """
         with self._making:
+            self._drop_old_slots()
             with self._lock:
                 previous = self._kept.get(key)
                 self._seq += 1
@@ -143,9 +145,40 @@ class CheckpointShelf:
                 shelved = self._share(key, directory, floor, epoch, log_end)
             if shelved is None:
                 shelved = make(directory)
+                if log_end is not None:
+                    self._keep_for_sharing(key, shelved)
             with self._lock:
                 self._kept[key] = shelved
         return shelved
+
+    def _keep_for_sharing(self, key: ShelfKey, shelved: Shelved) -> None:
+        """(holding ``_making``) Link a checkpoint just made into the group's own slot (the follower ``""``), so
+        it still serves another follower's round after its own follower released it: the first follower to
+        finish a copy releases its checkpoint before the other's last round asks (one more flush and
+        checkpoint, at the busiest moment of a scale). Dropped once older than :data:`SHARE_WITHIN_S`, at the
+        next :meth:`take` or :meth:`sweep`."""
+        slot: ShelfKey = (key[0], key[1], "")
+        self.release(slot)
+        with self._lock:
+            self._seq += 1
+            directory = self.root / f"{key[0]}-{key[1]}--{self._seq}"
+        try:
+            directory.mkdir(parents=True)
+            for f in shelved.manifest.files:
+                os.link(shelved.directory / f.name, directory / f.name)
+        except OSError:
+            shutil.rmtree(directory, ignore_errors=True)
+            return
+        with self._lock:
+            self._kept[slot] = Shelved(directory, shelved.manifest, shelved.epoch_pairs, shelved.leader_log_end,
+                                       made=shelved.made)
+
+    def _drop_old_slots(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            old = [k for k, s in self._kept.items() if not k[2] and now - s.made > self.share_within_s]
+        for k in old:
+            self.release(k)
 
     def _share(self, key: ShelfKey, directory: Path, floor: int, epoch: int | None,
                log_end: Callable[[], int]) -> Shelved | None:
@@ -177,7 +210,8 @@ class CheckpointShelf:
         return shelved is not None
 
     def sweep(self) -> int:
-        """Release checkpoints idle longer than the TTL; returns how many."""
+        """Release checkpoints idle longer than the TTL; returns how many (and drop the groups' old slots)."""
+        self._drop_old_slots()
         now = time.monotonic()
         with self._lock:
             stale = [k for k, s in self._kept.items() if now - s.last_used > self.idle_ttl_s]

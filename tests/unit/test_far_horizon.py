@@ -82,6 +82,15 @@ def test_shelf_shares_a_fresh_checkpoint_between_followers_of_a_group(tmp_path: 
     stale.take(("M", 0, "n3"), make({"a.sst": b"x"}), lambda: 50, epoch=3)
     assert stale.shared == 0, "a checkpoint older than share_within_s is not shared"
     assert shelf.take(("M", 0, "n2"), make({"g.sst": b"t"}), epoch=4).directory == made[-1], "no log_end: made"
+    # the first follower to finish a copy releases its checkpoint before the other's last round asks: still shared
+    late = CheckpointShelf(tmp_path / "late")
+    late.take(("M", 0, "n2"), make({"a.sst": b"x"}, offset=50), lambda: 60, epoch=3)
+    assert late.release(("M", 0, "n2"))
+    kept = late.take(("M", 0, "n3"), make({"b.sst": b"y"}), lambda: 61, epoch=3)
+    assert late.shared == 1 and kept.manifest.applied_offset == 50 and (kept.directory / "a.sst").read_bytes() == b"x"
+    late.share_within_s = 0.0  # the group's own copy goes once older than that
+    time.sleep(0.01)
+    assert late.sweep() == 0 and late.keys() == [("M", 0, "n3")] and (kept.directory / "a.sst").exists()
 
 
 def test_round_streams_only_missing_files_in_order(tmp_path: Path) -> None:
