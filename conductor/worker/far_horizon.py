@@ -162,16 +162,10 @@ class CheckpointShelf:
         with self._lock:
             self._seq += 1
             directory = self.root / f"{key[0]}-{key[1]}--{self._seq}"
-        try:
-            directory.mkdir(parents=True)
-            for f in shelved.manifest.files:
-                os.link(shelved.directory / f.name, directory / f.name)
-        except OSError:
-            shutil.rmtree(directory, ignore_errors=True)
-            return
-        with self._lock:
-            self._kept[slot] = Shelved(directory, shelved.manifest, shelved.epoch_pairs, shelved.leader_log_end,
-                                       made=shelved.made)
+        linked = _linked(shelved, directory, shelved.leader_log_end)
+        if linked is not None:
+            with self._lock:
+                self._kept[slot] = linked
 
     def _drop_old_slots(self) -> None:
         now = time.monotonic()
@@ -191,16 +185,10 @@ class CheckpointShelf:
                      and (epoch is None or s.manifest.leader_epoch == epoch)]
         if not fresh:
             return None
-        source = max(fresh, key=lambda s: s.manifest.applied_offset)
-        try:
-            directory.mkdir(parents=True)
-            for f in source.manifest.files:
-                os.link(source.directory / f.name, directory / f.name)
-        except OSError:
-            shutil.rmtree(directory, ignore_errors=True)
-            return None
-        self.shared += 1
-        return Shelved(directory, source.manifest, source.epoch_pairs, log_end(), made=source.made)
+        linked = _linked(max(fresh, key=lambda s: s.manifest.applied_offset), directory, log_end())
+        if linked is not None:
+            self.shared += 1
+        return linked
 
     def release(self, key: ShelfKey) -> bool:
         with self._lock:
@@ -228,6 +216,19 @@ class CheckpointShelf:
     def close(self) -> None:
         for k in self.keys():
             self.release(k)
+
+
+def _linked(source: Shelved, directory: Path, log_end: int) -> Shelved | None:
+    """``source``'s checkpoint hard-linked into ``directory`` (made: a checkpoint's directory is only streamed from,
+    never written), with ``log_end`` and the time ``source`` was made; None if its files went meanwhile."""
+    try:
+        directory.mkdir(parents=True)
+        for f in source.manifest.files:
+            os.link(source.directory / f.name, directory / f.name)
+    except OSError:
+        shutil.rmtree(directory, ignore_errors=True)
+        return None
+    return Shelved(directory, source.manifest, source.epoch_pairs, log_end, made=source.made)
 
 
 # ---------------------------------------------------------------------------------------- leader side
