@@ -138,7 +138,7 @@ class CheckpointShelf:
                 previous = self._kept.get(key)
                 self._seq += 1
                 directory = self.root / f"{key[0]}-{key[1]}-{key[2]}-{self._seq}"
-            self.release(key)
+            self._drop(key)  # (not release: the group's slot is what this round may share)
             floor = -1 if previous is None else previous.manifest.applied_offset
             shelved = None
             if log_end is not None:
@@ -155,10 +155,10 @@ class CheckpointShelf:
         """(holding ``_making``) Link a checkpoint just made into the group's own slot (the follower ``""``), so
         it still serves another follower's round after its own follower released it: the first follower to
         finish a copy releases its checkpoint before the other's last round asks (one more flush and
-        checkpoint, at the busiest moment of a scale). Dropped once older than :data:`SHARE_WITHIN_S`, at the
-        next :meth:`take` or :meth:`sweep`."""
+        checkpoint, at the busiest moment of a scale). Dropped once older than :data:`SHARE_WITHIN_S` (at the
+        next :meth:`take` or :meth:`sweep`) or with the group's last follower's (:meth:`release`)."""
         slot: ShelfKey = (key[0], key[1], "")
-        self.release(slot)
+        self._drop(slot)
         with self._lock:
             self._seq += 1
             directory = self.root / f"{key[0]}-{key[1]}--{self._seq}"
@@ -172,7 +172,7 @@ class CheckpointShelf:
         with self._lock:
             old = [k for k, s in self._kept.items() if not k[2] and now - s.made > self.share_within_s]
         for k in old:
-            self.release(k)
+            self._drop(k)
 
     def _share(self, key: ShelfKey, directory: Path, floor: int, epoch: int | None,
                log_end: Callable[[], int]) -> Shelved | None:
@@ -191,6 +191,16 @@ class CheckpointShelf:
         return linked
 
     def release(self, key: ShelfKey) -> bool:
+        """Drop ``key``'s checkpoint (its follower is done, or it sat idle); its group's slot goes with the last
+        follower's, so no checkpoint outlives the transfers of its group."""
+        dropped = self._drop(key)
+        with self._lock:
+            last = key[2] and not any(k[:2] == key[:2] and k[2] for k in self._kept)
+        if last:
+            self._drop((key[0], key[1], ""))
+        return dropped
+
+    def _drop(self, key: ShelfKey) -> bool:
         with self._lock:
             shelved = self._kept.pop(key, None)
         if shelved is not None:

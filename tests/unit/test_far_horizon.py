@@ -84,13 +84,21 @@ def test_shelf_shares_a_fresh_checkpoint_between_followers_of_a_group(tmp_path: 
     assert shelf.take(("M", 0, "n2"), make({"g.sst": b"t"}), epoch=4).directory == made[-1], "no log_end: made"
     # the first follower to finish a copy releases its checkpoint before the other's last round asks: still shared
     late = CheckpointShelf(tmp_path / "late")
-    late.take(("M", 0, "n2"), make({"a.sst": b"x"}, offset=50), lambda: 60, epoch=3)
-    assert late.release(("M", 0, "n2"))
-    kept = late.take(("M", 0, "n3"), make({"b.sst": b"y"}), lambda: 61, epoch=3)
-    assert late.shared == 1 and kept.manifest.applied_offset == 50 and (kept.directory / "a.sst").read_bytes() == b"x"
+    late.take(("M", 0, "n2"), make({"a.sst": b"x"}, offset=50), lambda: 55, epoch=3)
+    late.take(("M", 0, "n3"), make({"b.sst": b"y"}), lambda: 56, epoch=3)  # (round 1: n2's, shared)
+    late.take(("M", 0, "n2"), make({"c.sst": b"z"}, offset=60), lambda: 65, epoch=3)  # n2's last round
+    assert late.release(("M", 0, "n2"))  # n2 installed first
+    kept = late.take(("M", 0, "n3"), make({"d.sst": b"w"}), lambda: 66, epoch=3)
+    assert late.shared == 2 and kept.manifest.applied_offset == 60 and (kept.directory / "c.sst").read_bytes() == b"z"
     late.share_within_s = 0.0  # the group's own copy goes once older than that
     time.sleep(0.01)
-    assert late.sweep() == 0 and late.keys() == [("M", 0, "n3")] and (kept.directory / "a.sst").exists()
+    assert late.sweep() == 0 and late.keys() == [("M", 0, "n3")] and (kept.directory / "c.sst").exists()
+    # ... or with the last follower's release: no checkpoint outlives its group's transfers
+    late.share_within_s = 60.0
+    late.take(("M", 0, "n2"), make({"e.sst": b"v"}, offset=70), lambda: 80, epoch=4)  # (made: a new epoch)
+    slot = ("M", 0, "")
+    assert late.keys().count(slot) == 1 and late.release(("M", 0, "n3")) and late.keys().count(slot) == 1
+    assert late.release(("M", 0, "n2")) and late.keys() == [] and list((tmp_path / "late").iterdir()) == []
 
 
 def test_round_streams_only_missing_files_in_order(tmp_path: Path) -> None:
