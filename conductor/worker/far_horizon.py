@@ -4,7 +4,8 @@ The leader's state machine decides *that* a follower needs it (``StartFarHorizon
 see :mod:`replog.replica`); this module moves the bytes. The follower pulls: it
 calls ``FetchCheckpoint`` on the leader once per **round**. Each call makes a
 fresh RocksDB checkpoint (hard links to immutable SST files, so it costs a
-memtable flush, not a copy) and streams, in large chunks, only the files the
+memtable flush, not a copy; or shares one just made for another follower of
+the group: :meth:`CheckpointShelf.take`) and streams, in large chunks, only the files the
 follower does not already hold: SST names are stable across checkpoints, so a
 second round copies just what was flushed or compacted during the first. Rounds
 go on until :func:`replog.catchup.round_is_last` says so (the checkpoint is
@@ -64,6 +65,10 @@ MIN_CHUNK_BYTES = 128 * 1024
 CHUNK_PACE_S = 1 / 64
 #: a checkpoint kept for a follower that has not come back for this long is released
 IDLE_TTL_S = 300.0
+#: a checkpoint made for one follower's round serves another follower of the same group whose round starts
+#: within this many seconds (a reassignment to RF 3 starts both copies together, and their rounds stay in step):
+#: one memtable flush, one GIL-holding RocksDB checkpoint and one checksum pass instead of one per follower
+SHARE_WITHIN_S = 1.0
 #: how long the follower's install may wait for its task thread
 INSTALL_TIMEOUT_S = 120.0
 #: a received file is synced each time this many more bytes are written (RocksDB's ``bytes_per_sync``, for the
@@ -84,6 +89,8 @@ class Shelved:
     epoch_pairs: Pairs
     leader_log_end: int
     last_used: float = field(default_factory=time.monotonic)
+    #: when the checkpoint itself was made (a shared one keeps its maker's: see :meth:`CheckpointShelf.take`)
+    made: float = field(default_factory=time.monotonic)
 
 
 class CheckpointShelf:
@@ -91,29 +98,109 @@ class CheckpointShelf:
 
     A new round replaces the follower's previous checkpoint (its files are
     hard links, so what both share costs nothing and the rest is freed).
+    Checkpoints are made one at a time on a worker, and one made for a
+    follower serves the other followers of its group whose rounds start
+    within :data:`SHARE_WITHIN_S`, even one whose follower released it
+    meanwhile (:meth:`take`): each costs the leader a
+    memtable flush, a RocksDB checkpoint that holds the GIL (every thread of
+    the worker waits, the event loop serving writers included; 75 ms when two
+    groups' first checkpoints of a reassignment ran at once) and a checksum
+    pass, and four at once were the longest stall of a scale to RF 3.
     """
 
-    def __init__(self, root: Path, idle_ttl_s: float = IDLE_TTL_S) -> None:
+    def __init__(self, root: Path, idle_ttl_s: float = IDLE_TTL_S, share_within_s: float = SHARE_WITHIN_S) -> None:
         self.root = root
         self.idle_ttl_s = idle_ttl_s
+        self.share_within_s = share_within_s
         shutil.rmtree(root, ignore_errors=True)  # leftovers of an earlier run belong to no transfer
         root.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
+        #: held while a checkpoint is made or shared: one at a time per worker
+        self._making = threading.Lock()
         self._kept: dict[ShelfKey, Shelved] = {}
         self._seq = 0
+        #: checkpoints that were served by linking another follower's (shared) rather than made
+        self.shared = 0
 
-    def take(self, key: ShelfKey, make: Callable[[Path], Shelved]) -> Shelved:
-        """Replace ``key``'s checkpoint with a fresh one made by ``make(directory)`` (blocking: call off the loop)."""
-        self.release(key)
-        with self._lock:
-            self._seq += 1
-            directory = self.root / f"{key[0]}-{key[1]}-{key[2]}-{self._seq}"
-        shelved = make(directory)
-        with self._lock:
-            self._kept[key] = shelved
+    def take(self, key: ShelfKey, make: Callable[[Path], Shelved], log_end: Callable[[], int] | None = None,
+             epoch: int | None = None) -> Shelved:
+        """Replace ``key``'s checkpoint with a fresh one made by ``make(directory)`` (blocking: call off the loop).
+
+        With ``log_end`` (the leader's log end now) and ``epoch``, a checkpoint of the same group made in that
+        leader epoch within :data:`SHARE_WITHIN_S` for another follower is hard-linked into ``key``'s directory
+        instead, with the log end now: it is the group's applied state at its offset as much as a new one would
+        be, only a little older. Never one at or below the offset of ``key``'s previous checkpoint, so every
+        round of a follower gets a newer checkpoint than its last.
+        """
+        with self._making:
+            self._drop_old_slots()
+            with self._lock:
+                previous = self._kept.get(key)
+                self._seq += 1
+                directory = self.root / f"{key[0]}-{key[1]}-{key[2]}-{self._seq}"
+            self._drop(key)  # (not release: the group's slot is what this round may share)
+            floor = -1 if previous is None else previous.manifest.applied_offset
+            shelved = None
+            if log_end is not None:
+                shelved = self._share(key, directory, floor, epoch, log_end)
+            if shelved is None:
+                shelved = make(directory)
+                if log_end is not None:
+                    self._keep_for_sharing(key, shelved)
+            with self._lock:
+                self._kept[key] = shelved
         return shelved
 
+    def _keep_for_sharing(self, key: ShelfKey, shelved: Shelved) -> None:
+        """(holding ``_making``) Link a checkpoint just made into the group's own slot (the follower ``""``), so
+        it still serves another follower's round after its own follower released it: the first follower to
+        finish a copy releases its checkpoint before the other's last round asks (one more flush and
+        checkpoint, at the busiest moment of a scale). Dropped once older than :data:`SHARE_WITHIN_S` (at the
+        next :meth:`take` or :meth:`sweep`) or with the group's last follower's (:meth:`release`)."""
+        slot: ShelfKey = (key[0], key[1], "")
+        self._drop(slot)
+        with self._lock:
+            self._seq += 1
+            directory = self.root / f"{key[0]}-{key[1]}--{self._seq}"
+        linked = _linked(shelved, directory, shelved.leader_log_end)
+        if linked is not None:
+            with self._lock:
+                self._kept[slot] = linked
+
+    def _drop_old_slots(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            old = [k for k, s in self._kept.items() if not k[2] and now - s.made > self.share_within_s]
+        for k in old:
+            self._drop(k)
+
+    def _share(self, key: ShelfKey, directory: Path, floor: int, epoch: int | None,
+               log_end: Callable[[], int]) -> Shelved | None:
+        """(holding ``_making``) Another follower's fresh checkpoint of ``key``'s group, linked into ``directory``;
+        None when there is none (or it went meanwhile: its follower released it)."""
+        now = time.monotonic()
+        with self._lock:
+            fresh = [s for k, s in self._kept.items() if k[:2] == key[:2] and k != key
+                     and now - s.made <= self.share_within_s and s.manifest.applied_offset > floor
+                     and (epoch is None or s.manifest.leader_epoch == epoch)]
+        if not fresh:
+            return None
+        linked = _linked(max(fresh, key=lambda s: s.manifest.applied_offset), directory, log_end())
+        if linked is not None:
+            self.shared += 1
+        return linked
+
     def release(self, key: ShelfKey) -> bool:
+        """Drop ``key``'s checkpoint (its follower is done, or it sat idle); its group's slot goes with the last
+        follower's, so no checkpoint outlives the transfers of its group."""
+        dropped = self._drop(key)
+        with self._lock:
+            last = key[2] and not any(k[:2] == key[:2] and k[2] for k in self._kept)
+        if last:
+            self._drop((key[0], key[1], ""))
+        return dropped
+
+    def _drop(self, key: ShelfKey) -> bool:
         with self._lock:
             shelved = self._kept.pop(key, None)
         if shelved is not None:
@@ -121,7 +208,8 @@ class CheckpointShelf:
         return shelved is not None
 
     def sweep(self) -> int:
-        """Release checkpoints idle longer than the TTL; returns how many."""
+        """Release checkpoints idle longer than the TTL; returns how many (and drop the groups' old slots)."""
+        self._drop_old_slots()
         now = time.monotonic()
         with self._lock:
             stale = [k for k, s in self._kept.items() if now - s.last_used > self.idle_ttl_s]
@@ -138,6 +226,19 @@ class CheckpointShelf:
     def close(self) -> None:
         for k in self.keys():
             self.release(k)
+
+
+def _linked(source: Shelved, directory: Path, log_end: int) -> Shelved | None:
+    """``source``'s checkpoint hard-linked into ``directory`` (made: a checkpoint's directory is only streamed from,
+    never written), with ``log_end`` and the time ``source`` was made; None if its files went meanwhile."""
+    try:
+        directory.mkdir(parents=True)
+        for f in source.manifest.files:
+            os.link(source.directory / f.name, directory / f.name)
+    except OSError:
+        shutil.rmtree(directory, ignore_errors=True)
+        return None
+    return Shelved(directory, source.manifest, source.epoch_pairs, log_end, made=source.made)
 
 
 # ---------------------------------------------------------------------------------------- leader side

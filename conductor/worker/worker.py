@@ -612,15 +612,14 @@ class Worker:
         return host.replicas if host is not None else None
 
     def checkpoint_round(self, request: pb.FetchCheckpointRequest) -> Shelved:
-        """Leader, off the loop: a fresh checkpoint for this follower's round (NotLeader if we no longer lead)."""
+        """Leader, off the loop: a fresh checkpoint for this follower's round, or another follower's just made
+        (CheckpointShelf.take); NotLeader if we no longer lead."""
         host = self.modules.leader(request.module, request.group).host
         if host.replica.epoch != request.epoch:
             raise NotLeader(host.name, host.replica.leader, host.replica.epoch)
-
-        def make(directory: Path) -> Shelved:
-            manifest, pairs, log_end = host.checkpoint_for_transfer(directory)
-            return Shelved(directory, manifest, pairs, log_end)
-        shelved = self.shelf.take((request.module, request.group, request.follower), make)
+        shelved = self.shelf.take((request.module, request.group, request.follower),
+                                  lambda d: Shelved(d, *host.checkpoint_for_transfer(d)),
+                                  lambda: host.replica.log_end, request.epoch)
         log.info("%s: round for %s: checkpoint at offset %d, %d file(s), %.1f MB", host.name, request.follower,
                  shelved.manifest.applied_offset, len(shelved.manifest.files), shelved.manifest.total_bytes() / 1e6)
         return shelved

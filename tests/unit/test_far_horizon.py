@@ -6,6 +6,7 @@ import asyncio
 import os
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,57 @@ def test_shelf_keeps_one_checkpoint_per_follower_and_releases_it(tmp_path: Path)
     assert not shelf.release(("M", 0, "n2"))
     other.last_used = time.monotonic() - 1_000
     assert shelf.sweep() == 1 and not other.directory.exists() and shelf.keys() == []
+
+
+def test_shelf_shares_a_fresh_checkpoint_between_followers_of_a_group(tmp_path: Path) -> None:
+    """Issue 27: the followers a scale adds start their rounds together; one checkpoint (one flush, one GIL-holding
+    RocksDB checkpoint, one checksum pass on the leader) serves them all, each in its own directory."""
+    shelf = CheckpointShelf(tmp_path / "shelf")
+    made: list[Path] = []
+
+    def make(files: dict[str, bytes], offset: int = 41) -> Callable[[Path], Shelved]:
+        def counted(directory: Path) -> Shelved:
+            made.append(directory)
+            s = _make(files)(directory)
+            return Shelved(directory, replace(s.manifest, applied_offset=offset), s.epoch_pairs, s.leader_log_end)
+        return counted
+
+    first = shelf.take(("M", 0, "n2"), make({"a.sst": b"x"}), lambda: 50, epoch=3)
+    second = shelf.take(("M", 0, "n3"), make({"b.sst": b"y"}), lambda: 57, epoch=3)
+    assert made == [first.directory] and shelf.shared == 1, "the second follower's round links the first's"
+    assert second.directory != first.directory and second.manifest == first.manifest
+    assert (second.directory / "a.sst").read_bytes() == b"x" and second.leader_log_end == 57, "its log end is now's"
+    assert shelf.release(("M", 0, "n2")) and (second.directory / "a.sst").exists(), "each follower's own links"
+    assert shelf.take(("M", 1, "n3"), make({"c.sst": b"z"}), lambda: 9, epoch=3).directory == made[-1], \
+        "only the same group's"
+    assert shelf.take(("M", 0, "n4"), make({"d.sst": b"w"}), lambda: 60, epoch=4).directory == made[-1], \
+        "only the same leader epoch's"
+    # a follower's next round never gets a checkpoint at or below its last one's offset
+    again = shelf.take(("M", 0, "n3"), make({"e.sst": b"v"}, offset=41), lambda: 61, epoch=4)
+    assert again.directory == made[-1]
+    stale = CheckpointShelf(tmp_path / "stale", share_within_s=0.0)
+    stale.take(("M", 0, "n2"), make({"a.sst": b"x"}), lambda: 50, epoch=3)
+    time.sleep(0.01)
+    stale.take(("M", 0, "n3"), make({"a.sst": b"x"}), lambda: 50, epoch=3)
+    assert stale.shared == 0, "a checkpoint older than share_within_s is not shared"
+    assert shelf.take(("M", 0, "n2"), make({"g.sst": b"t"}), epoch=4).directory == made[-1], "no log_end: made"
+    # the first follower to finish a copy releases its checkpoint before the other's last round asks: still shared
+    late = CheckpointShelf(tmp_path / "late")
+    late.take(("M", 0, "n2"), make({"a.sst": b"x"}, offset=50), lambda: 55, epoch=3)
+    late.take(("M", 0, "n3"), make({"b.sst": b"y"}), lambda: 56, epoch=3)  # (round 1: n2's, shared)
+    late.take(("M", 0, "n2"), make({"c.sst": b"z"}, offset=60), lambda: 65, epoch=3)  # n2's last round
+    assert late.release(("M", 0, "n2"))  # n2 installed first
+    kept = late.take(("M", 0, "n3"), make({"d.sst": b"w"}), lambda: 66, epoch=3)
+    assert late.shared == 2 and kept.manifest.applied_offset == 60 and (kept.directory / "c.sst").read_bytes() == b"z"
+    late.share_within_s = 0.0  # the group's own copy goes once older than that
+    time.sleep(0.01)
+    assert late.sweep() == 0 and late.keys() == [("M", 0, "n3")] and (kept.directory / "c.sst").exists()
+    # ... or with the last follower's release: no checkpoint outlives its group's transfers
+    late.share_within_s = 60.0
+    late.take(("M", 0, "n2"), make({"e.sst": b"v"}, offset=70), lambda: 80, epoch=4)  # (made: a new epoch)
+    slot = ("M", 0, "")
+    assert late.keys().count(slot) == 1 and late.release(("M", 0, "n3")) and late.keys().count(slot) == 1
+    assert late.release(("M", 0, "n2")) and late.keys() == [] and list((tmp_path / "late").iterdir()) == []
 
 
 def test_round_streams_only_missing_files_in_order(tmp_path: Path) -> None:
