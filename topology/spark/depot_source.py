@@ -104,6 +104,7 @@ from topology.spark.planning import (
     resolve_starts,
     validate_offsets,
 )
+from topology.spark.timeline import mark
 
 
 class DepotDataSource(DataSource):
@@ -138,12 +139,15 @@ class DepotBatchReader(DataSourceReader):
         self.schema = schema
 
     def partitions(self) -> list[DepotPartition]:
+        mark("plan_start")
         with ModuleMeta(self.opts.cluster, self.opts.module, shared=True, tls=self.opts.tls) as meta:
             statuses = meta.depot_statuses(self.opts.depot)
             starts = resolve_starts(self.opts, statuses, meta)
             ends = resolve_ends(self.opts, statuses, starts, meta)
             ranges = {t: (starts[t], ends[t]) for t in statuses}
-            return plan_partitions(self.opts, meta, ranges, {t: st.epoch for t, st in statuses.items()})
+            parts = plan_partitions(self.opts, meta, ranges, {t: st.epoch for t, st in statuses.items()})
+        mark("plan_end", len(parts))
+        return parts
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, DepotPartition):

@@ -29,6 +29,7 @@ from topology.spark.planning import (
     client_stub,
     validate_offsets,
 )
+from topology.spark.timeline import mark
 
 log = logging.getLogger("millrace.spark")
 
@@ -171,8 +172,10 @@ class Fetcher:
         # as long as one call a request would have had, however slowly Spark takes the batches
         timeout = RPC_TIMEOUT_S * (1 + sum(r.end - r.start for r in self.todo) // max(1, p.records_per_request))
         call = client_stub(self.address, p.tls).DepotStream(req, timeout=timeout)
+        mark("stream_open", p.group)
         try:
             for reply in call:
+                mark("reply", len(reply.lengths) // 4)
                 if not self.todo or reply.task != self.todo[0].task:
                     raise MillraceSourceError(f"depot {p.module}/{p.depot}: a DepotStream reply for task {reply.task} "
                                               f"while reading {self.todo[0] if self.todo else 'nothing'}; the node "
@@ -288,10 +291,14 @@ def read_partition(p: DepotPartition, rows: RowBuilder) -> Iterator[pa.RecordBat
     processed the one before, so smaller batches keep it busy while this
     process decodes the next reply, and leave it less to do once we are done.
     """
+    mark("read_start", p.group)
     for task, first, epoch, raw, offsets in Fetcher(p).chunks():
         batch = rows.batch(task, first, epoch, raw, offsets)
+        mark("decoded", batch.num_rows)
         if batch.num_rows <= ARROW_BATCH_ROWS:
             yield batch
         else:
             for i in range(0, batch.num_rows, ARROW_BATCH_ROWS):
                 yield batch.slice(i, ARROW_BATCH_ROWS)
+        mark("taken", p.group)  # Spark asked for the next batch
+    mark("read_end", p.group)
