@@ -1,6 +1,6 @@
 """Where a Spark job over a depot spends its wall time, phase by phase, beside the same job over the API's ceiling.
 
-    python -m bench.spark_timeline [--quick] [--records N] [--runs K]
+    python -m bench.spark_timeline [--quick] [--records N] [--runs K] [--marks DIR]
 
 The cluster, the records, the Spark session (local[2]) and the job are
 ``bench.microbatch``'s (200,000 records with ``--quick``); the Delta table is
@@ -21,7 +21,8 @@ Python workers) are lined up against its start and end in this process:
 
 It prints the phases' medians in ms and, as its last line, one JSON object with them and
 ``depot_vs_ceiling`` (the ceiling's median job time over the depot's, the ratio ``bench.microbatch``
-reports as rows/s). Run it on a quiet box: on a loaded one every phase stretches.
+reports as rows/s), and each job's median CPU seconds by process (``cpu_s_depot``, ``cpu_s_ceiling``:
+:mod:`bench.cpu_split`). Run it on a quiet box: on a loaded one every phase stretches.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from bench.cpu_split import CpuSplit
 from bench.microbatch import DEPOT, MODULE, append_records, deploy, depot_df, job
 from bench.python_ceiling import NAME as CEILING
 from bench.python_ceiling import CeilingSource
@@ -114,23 +116,29 @@ def medians(rows: list[dict[str, float]]) -> dict[str, float]:
     return {k: round(statistics.median(r[k] for r in rows), 2) for k in rows[0]}
 
 
-def timed_rounds(jobs: dict[str, Callable[[], Any]], runs: int, console: Console) -> dict[str, list[tuple[float, float]]]:
-    """(start, end) wall-clock times of each job's runs, the jobs alternating."""
+def timed_rounds(jobs: dict[str, Callable[[], Any]], runs: int, split: CpuSplit, console: Console
+                 ) -> tuple[dict[str, list[tuple[float, float]]], dict[str, list[dict[str, float]]]]:
+    """(start, end) wall-clock times of each job's runs, the jobs alternating, and their CPU seconds by process
+    class (:mod:`bench.cpu_split`)."""
     spans: dict[str, list[tuple[float, float]]] = {k: [] for k in jobs}
+    cpu: dict[str, list[dict[str, float]]] = {k: [] for k in jobs}
     for i in range(runs):
         for k, fn in jobs.items():
             t0 = time.time()
-            fn()
+            cpu[k].append(split.measure(fn)[1])
             spans[k].append((t0, time.time()))
         console.log(f"run {i + 1}/{runs}: " + ", ".join(f"{k} {v[-1][1] - v[-1][0]:.3f}s" for k, v in spans.items()))
-    return spans
+    return spans, cpu
 
 
-def run(args: argparse.Namespace, root: Path, console: Console) -> dict[str, list[dict[str, float]]]:
+def run(args: argparse.Namespace, root: Path, console: Console
+        ) -> tuple[dict[str, list[dict[str, float]]], dict[str, list[dict[str, float]]]]:
+    """Each job's phases and CPU seconds by process class, run by run."""
     from topology.spark import register
     from topology.spark.session import spark_session
 
-    timeline.start(root / "marks")  # before Spark's JVM starts: it and its Python workers inherit it
+    marks_dir = Path(args.marks) if args.marks else root / "marks"
+    timeline.start(marks_dir)  # before Spark's JVM starts: it and its Python workers inherit it
     with DevCluster(root / "cluster", nodes=3, session_timeout=6.0) as dc:
         deploy(dc.hosts, args.tasks, args.threads)
         console.log(f"appending {args.records:,} records to {MODULE}/{DEPOT}")
@@ -147,11 +155,14 @@ def run(args: argparse.Namespace, root: Path, console: Console) -> dict[str, lis
             for _ in range(3):  # untimed: Python workers, the ceiling's batches, the JIT (bench.microbatch)
                 for fn in jobs.values():
                     fn()
-            spans = timed_rounds(jobs, args.runs, console)
+            split = CpuSplit(lambda: [p.pid for p in dc.nodes.values()])
+            spans, cpu = timed_rounds(jobs, args.runs, split, console)
         finally:
             spark.stop()
-    marks = timeline.read_marks(root / "marks")
-    return {k: [phases(marks, s, e) for s, e in v] for k, v in spans.items()}
+    if args.marks:
+        Path(args.marks, "jobs.json").write_text(json.dumps(spans))
+    marks = timeline.read_marks(marks_dir)
+    return {k: [phases(marks, s, e) for s, e in v] for k, v in spans.items()}, cpu
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -161,15 +172,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--runs", type=int, default=8, help="timed runs per source")
     ap.add_argument("--tasks", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2, help="task groups")
+    ap.add_argument("--marks", default=None,
+                    help="keep the raw marks in this folder (with jobs.json: each job's start and end)")
     args = ap.parse_args(argv)
     args.records = args.records or (200_000 if args.quick else 1_000_000)
     console = Console()
     root = Path(tempfile.mkdtemp(prefix="millrace-spark-timeline-"))
     try:
-        rows = run(args, root, console)
+        rows, cpu = run(args, root, console)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     med = {k: medians(v) for k, v in rows.items()}
+    cpu_med = {k: medians(v) for k, v in cpu.items() if v and v[0]}
     table = Table(title=f"Spark local[2] groupBy job over {args.records:,} records: phases, median ms "
                         f"of {args.runs} runs")
     for col in ("phase", "millrace.depot", "API ceiling", "depot - ceiling"):
@@ -181,6 +195,7 @@ def main(argv: list[str] | None = None) -> None:
     console.print(table)
     print(json.dumps({"bench": "spark_timeline", "quick": bool(args.quick), "records": args.records,
                       "runs": args.runs, "depot_ms": med["depot"], "ceiling_ms": med["ceiling"],
+                      **{f"cpu_s_{k}": v for k, v in cpu_med.items()},
                       "depot_vs_ceiling": round(med["ceiling"]["job"] / med["depot"]["job"], 3)}))
 
 
