@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import grpc
@@ -42,12 +42,53 @@ READ_WINDOW = 4
 FIRST_REQUEST_RECORDS = 4096
 
 
+#: how long the planner waits for a leader to take a read-ahead hint (it answers before reading)
+PREFETCH_TIMEOUT_S = 2.0
+
+
 #: rows per Arrow batch handed to Spark (slices of a reply's batch)
 ARROW_BATCH_ROWS = 8192
 
 
 #: (task, first offset, epoch, msgpack records, each record's offset or None: dense from the first)
 Chunk = tuple[int, int, int, Raw, np.ndarray | None]
+
+
+def stream_request(p: DepotPartition, ranges: Iterable[TaskRange], first: bool = True) -> pb.DepotStreamRequest:
+    """The ``DepotStream`` request for ``ranges`` of ``p`` (``first``: the partition's first, with a small first
+    reply); the prefetch hint sends the very same request (:func:`prefetch`)."""
+    size = min(p.records_per_request, 0xFFFFFFFF)  # (a uint32; the node caps it further)
+    return pb.DepotStreamRequest(module=p.module, depot=p.depot, records=size,
+                                 first_records=min(size, FIRST_REQUEST_RECORDS) if first else size,
+                                 max_bytes=p.max_bytes,
+                                 ranges=[pb.DepotRange(task=r.task, start=r.start, end=r.end) for r in ranges])
+
+
+def _to_read(p: DepotPartition) -> list[TaskRange]:
+    """The ranges of ``p`` a :class:`Fetcher` reads (the non-empty ones)."""
+    return [r for r in p.ranges if r.start < r.end]
+
+
+def prefetch(parts: Sequence[DepotPartition]) -> int:
+    """Ask each partition's leader to read its stream's replies ahead while Spark plans the stage (the planner
+    calls it once the partitions are known; conductor/worker/depot_stream.py); how many leaders accepted.
+
+    A hint only: a leader that is gone, busy, full or of a version without it is not asked again, and the
+    tasks' streams read live as before. The wait is one round trip (the leader answers before it reads).
+    """
+    calls = []
+    for p in parts:
+        ranges = _to_read(p)
+        if ranges:
+            req = stream_request(p, ranges)
+            calls.append(client_stub(p.address, p.tls).DepotPrefetch.future(req, timeout=PREFETCH_TIMEOUT_S))
+    accepted = 0
+    for call in calls:
+        try:
+            accepted += bool(call.result().accepted)
+        except grpc.RpcError as e:
+            log.debug("depot read-ahead not taken: %s", e.code())
+    return accepted
 
 
 class Fetcher:
@@ -79,7 +120,7 @@ class Fetcher:
         self.min_epoch = max((r.epoch for r in p.ranges), default=0)
         self._meta: ModuleMeta | None = None
         #: the ranges not read yet, the first one from where the last reply ended
-        self.todo: deque[TaskRange] = deque(r for r in p.ranges if r.start < r.end)
+        self.todo: deque[TaskRange] = deque(_to_read(p))
         #: False once the leader answered UNIMPLEMENTED (a worker without DepotStream): DepotRead calls
         self.streams = True
         self._first = True
@@ -163,12 +204,8 @@ class Fetcher:
         """Read on from ``todo`` on one stream, until done, a failure (handled: the caller opens the next stream)
         or UNIMPLEMENTED (``streams`` turns False)."""
         p = self.p
-        size = min(p.records_per_request, 0xFFFFFFFF)  # (a uint32; the node caps it further)
-        first = min(size, FIRST_REQUEST_RECORDS) if self._first else size
+        req = stream_request(p, self.todo, self._first)
         self._first = False
-        req = pb.DepotStreamRequest(module=p.module, depot=p.depot, records=size,
-                                    first_records=first, max_bytes=p.max_bytes,
-                                    ranges=[pb.DepotRange(task=r.task, start=r.start, end=r.end) for r in self.todo])
         # as long as one call a request would have had, however slowly Spark takes the batches
         timeout = RPC_TIMEOUT_S * (1 + sum(r.end - r.start for r in self.todo) // max(1, p.records_per_request))
         call = client_stub(self.address, p.tls).DepotStream(req, timeout=timeout)
