@@ -131,7 +131,9 @@ class DepotStreams:
         if key in self._ahead or len(self._ahead) >= PREFETCH_REQUESTS or self._ahead_bytes >= PREFETCH_BYTES:
             return False
         ahead = self._ahead[key] = _ReadAhead(replies(request, read), time.monotonic() + PREFETCH_TTL_S)
-        ahead.filling = asyncio.get_running_loop().create_task(self._fill(key, ahead))
+        loop = asyncio.get_running_loop()
+        ahead.filling = loop.create_task(self._fill(key, ahead))
+        loop.call_later(PREFETCH_TTL_S + 0.01, self._expire)  # unclaimed: its memory goes back even if nothing follows
         return True
 
     async def _fill(self, key: bytes, ahead: _ReadAhead) -> None:
