@@ -14,11 +14,13 @@ the stream with ``OffsetOutOfRange``. A read that makes no progress before its r
 end is below it: truncated records) is sent as it is and ends the stream: the reader checks the range
 and fails with the truncation error, as with ``DepotRead``.
 
-**Read-ahead** (``DepotPrefetch``, session 15). On two shared cores a Spark job over a depot is CPU-bound
-while its tasks read, and the leader's reads (the RocksDB iterator, the packing: 0.05 CPU-s per 200,000
-records) compete there with the Python workers' decoding and Spark's JVM; meanwhile, the ~100 ms in which
-Spark plans the stage after the source's ``partitions()`` leave a core idle (``bench.spark_timeline``).
-The planner therefore sends each partition's stream request ahead (:func:`topology.spark.fetch.prefetch`),
+**Read-ahead** (``DepotPrefetch``, session 15; the source's ``readAhead`` option, off by default). On two
+shared cores a Spark job over a depot is CPU-bound while its tasks read, and the leader's reads (the RocksDB
+iterator, the packing: 0.05 CPU-s per 200,000 records) compete there with the Python workers' decoding and
+Spark's JVM; meanwhile, on a quiet box, the ~100 ms in which Spark plans the stage after the source's
+``partitions()`` leave a core idle (``bench.spark_timeline``; on a loaded one they do not, and the read-ahead
+then delays Spark's planning as much as it shortens the read: docs/performance.md).
+The planner then sends each partition's stream request ahead (:func:`topology.spark.fetch.prefetch`),
 and the worker runs the very reads of that stream into a buffer then, one reply per turn of the event loop;
 the stream with the same request takes the buffer and goes on live where it stopped. The buffer is bounded
 (``PREFETCH_BYTES`` over all requests, ``PREFETCH_REQUESTS`` requests) and dropped when no stream claims it

@@ -22,7 +22,7 @@ no record is that recent); batch reads only: ``endingOffsets`` = ``latest`` (def
 | JSON ``{"<task>": offset}`` (exclusive, -1 = latest) or ``endingTimestamp`` (ms,
 exclusive: the offset for that time); ``maxRecordsPerTrigger`` (streaming,
 shared across tasks in proportion to their backlog); ``valueSchema`` (DDL);
-tuning: ``readAhead`` (default ``true``: the planner asks each leader to read its partitions' first
+tuning: ``readAhead`` (default ``false``; ``true``: the planner asks each leader to read its partitions'
 replies while Spark plans the stage, conductor/worker/depot_stream.py), ``minPartitions`` (default:
 one Spark partition per task group),
 ``recordsPerPartition`` (default 1,000,000), ``recordsPerRequest`` (default
