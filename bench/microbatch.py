@@ -35,6 +35,8 @@ Diagnostics (not goals), to show where the time goes:
 * ``fetch_decode_rows_per_s``: the source's own read path (a ``DepotStream``
   per partition + msgpack + Arrow, exactly the code a Spark task runs) in this
   process, one partition after another, without Spark: the Python ceiling;
+* ``depot_runs_s`` and ``ceiling_runs_s``: every timed job's seconds, in the order run (the jobs
+  alternate), for the spread behind the medians;
 * ``cpu_s_depot``, ``cpu_s_ceiling`` and ``depot_extra_cpu_s``: the median CPU
   seconds of one timed job by process (``nodes``, ``spark_jvm``,
   ``spark_python``, ``bench``, ``other``: :mod:`bench.cpu_split`), and the
@@ -208,8 +210,9 @@ def visibility_latencies(spark: Any, hosts: str, root: Path, samples: int) -> li
             query.stop()
 
 
-def depot_df(spark: Any, hosts: str, with_schema: bool = True) -> Any:
+def depot_df(spark: Any, hosts: str, with_schema: bool = True, read_ahead: bool = False) -> Any:
     r = spark.read.format("millrace.depot").option("cluster", hosts).option("module", MODULE).option("depot", DEPOT)
+    r = r.option("readAhead", "true") if read_ahead else r
     return r.option("valueSchema", VALUE_SCHEMA).load() if with_schema else r.load()
 
 
@@ -267,6 +270,7 @@ def time_jobs(jobs: dict[str, Callable[[], Any]], expected: tuple[int, int], run
     for k, v in times.items():
         out[f"{k}_rows_per_s"] = expected[0] / statistics.median(v)
         out[f"{k}_median_s"] = statistics.median(v)
+        out[f"{k}_runs_s"] = [round(x, 3) for x in v]
         if cpu[k] and cpu[k][0]:
             out[f"cpu_{k}"] = {c: round(statistics.median(d[c] for d in cpu[k]), 3) for c in cpu[k][0]}
     return out
@@ -445,6 +449,8 @@ def main(argv: list[str] | None = None) -> None:
         "ceiling_ratio_vs_delta": round(r["ceiling_rows_per_s"] / r["delta_rows_per_s"], 3),
         "depot_vs_ceiling": round(r["depot_rows_per_s"] / r["ceiling_rows_per_s"], 3),
         "depot_json_rows_per_s": round(r["depot_json_rows_per_s"]),
+        "depot_runs_s": r["depot_runs_s"],
+        "ceiling_runs_s": r["ceiling_runs_s"],
         "fetch_decode_rows_per_s": round(r["fetch_decode_rows_per_s"]),
         "append_records_per_s": round(r["append_records_per_s"]),
         "delta_export_s": round(r["delta_export_s"], 2),

@@ -25,6 +25,8 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
+from topology.spark.timeline import mark
+
 NAME = "millrace.bench.ceiling"
 #: rows per Arrow batch handed to Spark, as ``millrace.depot`` does
 BATCH_ROWS = 8192
@@ -72,10 +74,16 @@ class CeilingReader(DataSourceReader):
         self.parts = partitions
 
     def partitions(self) -> list[InputPartition]:
+        mark("plan_start")
+        mark("plan_end", self.parts)
         return [InputPartition(p) for p in range(self.parts)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        mark("read_start", partition.value)
         key = (self.records, partition.value)
         if key not in _built:
             _build(self.records, self.parts)
-        yield from _built[key]
+        for batch in _built[key]:
+            yield batch
+            mark("taken", partition.value)  # the same marks as millrace.depot's read (topology.spark.timeline)
+        mark("read_end", partition.value)

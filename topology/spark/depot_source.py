@@ -22,7 +22,9 @@ no record is that recent); batch reads only: ``endingOffsets`` = ``latest`` (def
 | JSON ``{"<task>": offset}`` (exclusive, -1 = latest) or ``endingTimestamp`` (ms,
 exclusive: the offset for that time); ``maxRecordsPerTrigger`` (streaming,
 shared across tasks in proportion to their backlog); ``valueSchema`` (DDL);
-tuning: ``minPartitions`` (default: one Spark partition per task group),
+tuning: ``readAhead`` (default ``false``; ``true``: the planner asks each leader to read its partitions'
+replies while Spark plans the stage, conductor/worker/depot_stream.py), ``minPartitions`` (default:
+one Spark partition per task group),
 ``recordsPerPartition`` (default 1,000,000), ``recordsPerRequest`` (default
 8,192: one reply, one Arrow batch) and ``maxBytesPerRequest`` (default 16 MiB).
 
@@ -91,7 +93,7 @@ from pyspark.sql.types import StructType
 from conductor.client.handles import PartitionStatus
 from topology.spark.arrow import RowBuilder
 from topology.spark.errors import SourceOptionError
-from topology.spark.fetch import read_partition
+from topology.spark.fetch import prefetch, read_partition
 from topology.spark.options import SOURCE_NAME, DepotOptions
 from topology.spark.planning import (
     DepotPartition,
@@ -104,6 +106,7 @@ from topology.spark.planning import (
     resolve_starts,
     validate_offsets,
 )
+from topology.spark.timeline import mark
 
 
 class DepotDataSource(DataSource):
@@ -138,12 +141,17 @@ class DepotBatchReader(DataSourceReader):
         self.schema = schema
 
     def partitions(self) -> list[DepotPartition]:
+        mark("plan_start")
         with ModuleMeta(self.opts.cluster, self.opts.module, shared=True, tls=self.opts.tls) as meta:
             statuses = meta.depot_statuses(self.opts.depot)
             starts = resolve_starts(self.opts, statuses, meta)
             ends = resolve_ends(self.opts, statuses, starts, meta)
             ranges = {t: (starts[t], ends[t]) for t in statuses}
-            return plan_partitions(self.opts, meta, ranges, {t: st.epoch for t, st in statuses.items()})
+            parts = plan_partitions(self.opts, meta, ranges, {t: st.epoch for t, st in statuses.items()})
+        if self.opts.read_ahead:
+            prefetch(parts)
+        mark("plan_end", len(parts))
+        return parts
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, DepotPartition):
@@ -231,7 +239,10 @@ class DepotStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         validate_offsets(self.opts.module, self.opts.depot, {**s, **e}, statuses)
         validate_offsets(self.opts.module, self.opts.depot, s, statuses)
         ranges = {t: (s[t][0] if t in s else statuses[t].start, off) for t, (off, _ep) in e.items()}
-        return plan_partitions(self.opts, self._m(), ranges, {t: ep for t, (_o, ep) in e.items()})
+        parts = plan_partitions(self.opts, self._m(), ranges, {t: ep for t, (_o, ep) in e.items()})
+        if self.opts.read_ahead:
+            prefetch(parts)
+        return parts
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, DepotPartition)
