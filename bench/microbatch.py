@@ -210,9 +210,8 @@ def visibility_latencies(spark: Any, hosts: str, root: Path, samples: int) -> li
             query.stop()
 
 
-def depot_df(spark: Any, hosts: str, with_schema: bool = True, read_ahead: bool = False) -> Any:
+def depot_df(spark: Any, hosts: str, with_schema: bool = True) -> Any:
     r = spark.read.format("millrace.depot").option("cluster", hosts).option("module", MODULE).option("depot", DEPOT)
-    r = r.option("readAhead", "true") if read_ahead else r
     return r.option("valueSchema", VALUE_SCHEMA).load() if with_schema else r.load()
 
 

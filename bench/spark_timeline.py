@@ -4,11 +4,9 @@
 
 The cluster, the records, the Spark session (local[2]) and the job are
 ``bench.microbatch``'s (200,000 records with ``--quick``); the Delta table is
-not built. With :mod:`topology.spark.timeline`'s marks on, the jobs are warmed
-up, then run alternately ``--runs`` times (8): over the depot, over the depot with
-the leaders' read-ahead (``readAhead=true``: ``depot_read_ahead``) and over the ceiling.
-Each job's marks (planner, Python workers) are lined up against its start and end
-in this process:
+not built. With :mod:`topology.spark.timeline`'s marks on, both jobs are warmed
+up, then run alternately ``--runs`` times (8), and each job's marks (planner,
+Python workers) are lined up against its start and end in this process:
 
 * ``to_plan``: the job's start to ``partitions()`` (Spark's analysis, the data source's creation);
 * ``plan``: ``partitions()`` (the depot's: ZooKeeper, ``PartitionInfo`` from each leader);
@@ -23,8 +21,7 @@ in this process:
 
 It prints the phases' medians in ms and, as its last line, one JSON object with them and
 ``depot_vs_ceiling`` (the ceiling's median job time over the depot's, the ratio ``bench.microbatch``
-reports as rows/s; ``depot_read_ahead_vs_ceiling`` the same with the read-ahead), and each job's
-median CPU seconds by process (``cpu_s_depot``, ``cpu_s_depot_read_ahead``, ``cpu_s_ceiling``:
+reports as rows/s), and each job's median CPU seconds by process (``cpu_s_depot``, ``cpu_s_ceiling``:
 :mod:`bench.cpu_split`). Run it on a quiet box: on a loaded one every phase stretches.
 """
 
@@ -152,7 +149,6 @@ def run(args: argparse.Namespace, root: Path, console: Console
             spark.dataSource.register(CeilingSource)
             jobs: dict[str, Callable[[], Any]] = {
                 "depot": lambda: job(depot_df(spark, dc.hosts)),
-                "depot_read_ahead": lambda: job(depot_df(spark, dc.hosts, read_ahead=True)),
                 "ceiling": lambda: job(spark.read.format(CEILING).option("records", str(args.records))
                                        .option("partitions", str(args.threads)).load()),
             }
@@ -190,19 +186,17 @@ def main(argv: list[str] | None = None) -> None:
     cpu_med = {k: medians(v) for k, v in cpu.items() if v and v[0]}
     table = Table(title=f"Spark local[2] groupBy job over {args.records:,} records: phases, median ms "
                         f"of {args.runs} runs")
-    for col in ("phase", "millrace.depot", "readAhead=true", "API ceiling", "depot - ceiling"):
+    for col in ("phase", "millrace.depot", "API ceiling", "depot - ceiling"):
         table.add_column(col, justify="left" if col == "phase" else "right")
     for p in (*PHASES, *DEPOT_PHASES):
-        d, ahead, c = med["depot"].get(p), med["depot_read_ahead"].get(p), med["ceiling"].get(p)
-        table.add_row(p, *("-" if v is None else f"{v:.1f}" for v in (d, ahead, c)),
+        d, c = med["depot"].get(p), med["ceiling"].get(p)
+        table.add_row(p, "-" if d is None else f"{d:.1f}", "-" if c is None else f"{c:.1f}",
                       "-" if d is None or c is None else f"{d - c:+.1f}")
     console.print(table)
     print(json.dumps({"bench": "spark_timeline", "quick": bool(args.quick), "records": args.records,
-                      "runs": args.runs, "depot_ms": med["depot"], "depot_read_ahead_ms": med["depot_read_ahead"],
-                      "ceiling_ms": med["ceiling"],
+                      "runs": args.runs, "depot_ms": med["depot"], "ceiling_ms": med["ceiling"],
                       **{f"cpu_s_{k}": v for k, v in cpu_med.items()},
-                      "depot_vs_ceiling": round(med["ceiling"]["job"] / med["depot"]["job"], 3),
-                      "depot_read_ahead_vs_ceiling": round(med["ceiling"]["job"] / med["depot_read_ahead"]["job"], 3)}))
+                      "depot_vs_ceiling": round(med["ceiling"]["job"] / med["depot"]["job"], 3)}))
 
 
 if __name__ == "__main__":

@@ -81,7 +81,6 @@ RULES: dict[str, Rule] = {
     "/millrace.Client/Select": Rule(QUERY),
     "/millrace.Client/DepotRead": Rule(QUERY),
     "/millrace.Client/DepotStream": Rule(QUERY),  # the same reads as DepotRead, on one server stream
-    "/millrace.Client/DepotPrefetch": Rule(QUERY),  # the same reads, ahead of the DepotStream that serves them
     "/millrace.Client/PartitionInfo": Rule(QUERY),
     "/millrace.Client/Progress": Rule(QUERY),
     "/millrace.Client/GroupStatus": Rule(QUERY),

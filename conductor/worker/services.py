@@ -30,7 +30,7 @@ from conductor.wire import millrace_pb2_grpc as pbg
 from conductor.wire.errors import InvalidRequest, error_json, status_of
 from conductor.wire.packing import pack_lengths
 from conductor.worker.backup_folder import check_folder, folder_round
-from conductor.worker.depot_stream import DepotStreams, ReadFn
+from conductor.worker.depot_stream import DepotStreams
 from conductor.worker.far_horizon import CheckpointShelf, Shelved, served_chunk_bytes, stream_checkpoint
 from conductor.worker.hooks import ChunkFilter
 from conductor.worker.lifecycle import code_status
@@ -319,32 +319,14 @@ class ClientService(pbg.ClientServicer):
     async def DepotStream(self, request: pb.DepotStreamRequest, context: Any) -> AsyncIterator[pb.DepotStreamReply]:
         """A Spark partition's ranges on one stream; each reply read as a strict, packed ``DepotRead``."""
 
-        def holds(task: int, start: int, epoch: int) -> bool:
-            """Replies read ahead for ``task`` at ``epoch`` may still be served from ``start`` (DepotPrefetch)."""
-            try:
-                host, store = self._leader_store(request.module, task)
-                return bool(host.replica.epoch == epoch and store.depot_info(request.depot, task)[0] <= start)
-            except SERVICE_ERRORS:
-                return False
-
-        async for reply in self.depot_streams.serve(request, self._stream_read(request), holds):
-            yield reply
-
-    @maps_errors
-    async def DepotPrefetch(self, request: pb.DepotStreamRequest, context: Any) -> pb.DepotPrefetchReply:
-        """Read a coming DepotStream's replies ahead (conductor/worker/depot_stream.py)."""
-        return pb.DepotPrefetchReply(accepted=self.depot_streams.prefetch(request, self._stream_read(request)))
-
-    def _stream_read(self, request: pb.DepotStreamRequest) -> ReadFn:
-        """A DepotStream's reads: each a strict, packed ``DepotRead`` on the group's local leader."""
-
         def read(task: int, start: int, end: int, max_bytes: int) -> tuple[list[bytes], int, int, list[int], int]:
             host, store = self._leader_store(request.module, task)
             with reports_damage(host):
                 records, first, nxt, offsets = store.depot_read(request.depot, task, start, end, max_bytes, True)
             return records, first, nxt, offsets, host.replica.epoch
 
-        return read
+        async for reply in self.depot_streams.serve(request, read):
+            yield reply
 
     @maps_errors
     async def PartitionInfo(self, request: pb.PartitionInfoRequest, context: Any) -> pb.PartitionInfoReply:

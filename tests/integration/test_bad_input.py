@@ -458,9 +458,6 @@ def test_well_formed_requests_with_wild_fields_get_a_status(env: Env, task: int,
                                            pb.DepotRange(task=task % 8, start=start % 100, end=end % 200)])
     code, details = raw_call(env, node, "/millrace.Client/DepotStream", stream.SerializeToString(), server_stream=True)
     assert code == "OK" or code in TYPED, (stream, code, details)
-    # and its read-ahead hint: taken or not, never an error; the read-ahead meets the same statuses, then is dropped
-    code, details = raw_call(env, node, "/millrace.Client/DepotPrefetch", stream.SerializeToString())
-    assert code == "OK", (stream, code, details)
 
 
 def test_nothing_changed_and_every_worker_serves_after_all_of_it(env: Env) -> None:

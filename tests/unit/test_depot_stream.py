@@ -22,12 +22,11 @@ from conductor.wire import millrace_pb2 as pb
 from conductor.wire import millrace_pb2_grpc as pbg
 from conductor.wire.checked import checked_handler
 from conductor.wire.errors import error_from_rpc
-from conductor.worker import depot_stream
 from conductor.worker.depot_stream import DepotStreams
 from conductor.worker.services import ClientService
 from replog.errors import NotLeader, OffsetOutOfRange
 from topology.spark.errors import DepotOffsetOutOfRange
-from topology.spark.fetch import Fetcher, prefetch
+from topology.spark.fetch import Fetcher
 from topology.spark.planning import DepotPartition, TaskRange
 
 EPOCH = 3
@@ -56,7 +55,7 @@ class _Store:
             size += len(rec)
         return out, start, start + len(out), []
 
-    def depot_info(self, depot: str, task: int) -> tuple[int, int]:  # (the read-ahead's check of a trim)
+    def depot_info(self, depot: str, task: int) -> tuple[int, int]:
         return self.start[task], len(self.records[task])
 
 
@@ -222,79 +221,3 @@ def _wait(cond: Callable[[], bool], timeout_s: float = 5.0) -> None:
     while not cond():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.02)
-
-
-def _hinted(p: DepotPartition) -> int:
-    """Send the read-ahead hint for ``p`` and wait for the leader's answer: 1 if it took it, else 0."""
-    try:
-        return sum(bool(call.result().accepted) for call in prefetch([p]))
-    except grpc.RpcError as e:
-        assert e.code() == grpc.StatusCode.UNIMPLEMENTED, e
-        return 0
-
-
-def _partition(address: str, ranges: list[tuple[int, int, int]], records: int = 100) -> DepotPartition:
-    return DepotPartition("zk", "M", "*d", 0, [TaskRange(t, s, e, EPOCH) for t, s, e in ranges], address, records,
-                          1 << 20)
-
-
-def test_replies_read_ahead_are_served_to_the_stream_with_the_same_request_then_it_reads_on_live(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """The planner's hint (prefetch) makes the leader read the stream's replies before the stream opens; the
-    stream serves them, then goes on live; the records are exactly those of a live read."""
-    monkeypatch.setattr(depot_stream, "PREFETCH_BYTES", 1_000)  # about half the ranges' bytes: then live
-    store = _Store({0: _records(0, 400), 1: _records(1, 100)})
-    svc = _service(store)
-    with _serving(svc) as address:
-        p = _partition(address, [(0, 0, 400), (1, 20, 100), (1, 5, 5)])
-        assert _hinted(p) == 1
-        _wait(lambda: store.reads >= 3)
-        time.sleep(0.2)
-        ahead = store.reads
-        assert ahead == 3, ahead  # stopped at the bound (5 replies of 100 or 80 records of 3-6 bytes: 2,300 B)
-        assert _hinted(p) == 0  # asked already
-        got = [(t, first, rec) for t, first, _e, raw, _o in Fetcher(p).chunks() for rec in raw.to_pylist()]
-    assert [rec for *_h, rec in got] == store.records[0] + store.records[1][20:100]
-    assert svc.depot_streams.prefetched == 3 and store.reads == 5  # the rest read live, nothing twice
-    assert svc.depot_streams._ahead_bytes == 0 and not svc.depot_streams._ahead
-
-
-def test_a_read_ahead_is_dropped_when_the_leader_epoch_moved_or_a_trim_passed_its_start() -> None:
-    store = _Store({0: _records(0, 300)})
-    svc = _service(store)
-    with _serving(svc) as address:
-        p = _partition(address, [(0, 0, 300)])
-        assert _hinted(p) == 1
-        _wait(lambda: store.reads == 3)  # every reply of the stream (100 records each)
-        _Host.replica.epoch = EPOCH + 1  # a new term here: the replies read ahead are not served
-        try:
-            replies = list(Fetcher(p).chunks())
-        finally:
-            _Host.replica.epoch = EPOCH
-        assert svc.depot_streams.prefetched == 0 and store.reads == 6 and {r[2] for r in replies} == {EPOCH + 1}
-        assert _hinted(p) == 1
-        _wait(lambda: store.reads == 9)
-        store.start[0] = 10  # trimmed past the read's start since: the stream fails as a live read does
-        with pytest.raises(DepotOffsetOutOfRange, match="trimmed"):
-            list(Fetcher(p).chunks())
-        assert svc.depot_streams.prefetched == 0
-
-
-def test_a_read_ahead_nobody_claims_expires_and_an_old_worker_ignores_the_hint(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(depot_stream, "PREFETCH_TTL_S", 0.0)
-    store = _Store({0: _records(0, 300)})
-    svc = _service(store)
-    with _serving(svc) as address:
-        p = _partition(address, [(0, 0, 300)])
-        assert _hinted(p) == 1
-        _wait(lambda: not svc.depot_streams._ahead)  # dropped by its timer, with no call after it
-        assert svc.depot_streams._ahead_bytes == 0 and store.reads <= 3
-        assert _hinted(p) == 1  # asked again: read ahead again
-        assert [rec for *_h, raw, _o in Fetcher(p).chunks() for rec in raw.to_pylist()] == store.records[0]
-        assert svc.depot_streams._ahead_bytes == 0 and not svc.depot_streams._ahead
-    old = _Store({0: _records(0, 300)})
-    with _serving(_OldWorker(_service(old))) as address:
-        p = _partition(address, [(0, 0, 300)])
-        assert _hinted(p) == 0
-        assert [rec for *_h, raw, _o in Fetcher(p).chunks() for rec in raw.to_pylist()] == old.records[0]

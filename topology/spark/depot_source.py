@@ -22,9 +22,7 @@ no record is that recent); batch reads only: ``endingOffsets`` = ``latest`` (def
 | JSON ``{"<task>": offset}`` (exclusive, -1 = latest) or ``endingTimestamp`` (ms,
 exclusive: the offset for that time); ``maxRecordsPerTrigger`` (streaming,
 shared across tasks in proportion to their backlog); ``valueSchema`` (DDL);
-tuning: ``readAhead`` (default ``false``; ``true``: the planner asks each leader to read its partitions'
-replies while Spark plans the stage, conductor/worker/depot_stream.py), ``minPartitions`` (default:
-one Spark partition per task group),
+tuning: ``minPartitions`` (default: one Spark partition per task group),
 ``recordsPerPartition`` (default 1,000,000), ``recordsPerRequest`` (default
 8,192: one reply, one Arrow batch) and ``maxBytesPerRequest`` (default 16 MiB).
 
@@ -93,7 +91,7 @@ from pyspark.sql.types import StructType
 from conductor.client.handles import PartitionStatus
 from topology.spark.arrow import RowBuilder
 from topology.spark.errors import SourceOptionError
-from topology.spark.fetch import prefetch, read_partition
+from topology.spark.fetch import read_partition
 from topology.spark.options import SOURCE_NAME, DepotOptions
 from topology.spark.planning import (
     DepotPartition,
@@ -148,8 +146,6 @@ class DepotBatchReader(DataSourceReader):
             ends = resolve_ends(self.opts, statuses, starts, meta)
             ranges = {t: (starts[t], ends[t]) for t in statuses}
             parts = plan_partitions(self.opts, meta, ranges, {t: st.epoch for t, st in statuses.items()})
-        if self.opts.read_ahead:
-            prefetch(parts)
         mark("plan_end", len(parts))
         return parts
 
@@ -239,10 +235,7 @@ class DepotStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         validate_offsets(self.opts.module, self.opts.depot, {**s, **e}, statuses)
         validate_offsets(self.opts.module, self.opts.depot, s, statuses)
         ranges = {t: (s[t][0] if t in s else statuses[t].start, off) for t, (off, _ep) in e.items()}
-        parts = plan_partitions(self.opts, self._m(), ranges, {t: ep for t, (_o, ep) in e.items()})
-        if self.opts.read_ahead:
-            prefetch(parts)
-        return parts
+        return plan_partitions(self.opts, self._m(), ranges, {t: ep for t, (_o, ep) in e.items()})
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, DepotPartition)

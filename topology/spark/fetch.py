@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import grpc
@@ -42,60 +42,12 @@ READ_WINDOW = 4
 FIRST_REQUEST_RECORDS = 4096
 
 
-#: how long the planner waits for a leader to take a read-ahead hint (it answers before reading)
-PREFETCH_TIMEOUT_S = 2.0
-
-
 #: rows per Arrow batch handed to Spark (slices of a reply's batch)
 ARROW_BATCH_ROWS = 8192
 
 
 #: (task, first offset, epoch, msgpack records, each record's offset or None: dense from the first)
 Chunk = tuple[int, int, int, Raw, np.ndarray | None]
-
-
-def stream_request(p: DepotPartition, ranges: Iterable[TaskRange], first: bool = True) -> pb.DepotStreamRequest:
-    """The ``DepotStream`` request for ``ranges`` of ``p`` (``first``: the partition's first, with a small first
-    reply); the prefetch hint sends the very same request (:func:`prefetch`)."""
-    size = min(p.records_per_request, 0xFFFFFFFF)  # (a uint32; the node caps it further)
-    return pb.DepotStreamRequest(module=p.module, depot=p.depot, records=size,
-                                 first_records=min(size, FIRST_REQUEST_RECORDS) if first else size,
-                                 max_bytes=p.max_bytes,
-                                 ranges=[pb.DepotRange(task=r.task, start=r.start, end=r.end) for r in ranges])
-
-
-def _to_read(p: DepotPartition) -> list[TaskRange]:
-    """The ranges of ``p`` a :class:`Fetcher` reads (the non-empty ones)."""
-    return [r for r in p.ranges if r.start < r.end]
-
-
-def prefetch(parts: Sequence[DepotPartition]) -> list[grpc.Future]:
-    """Ask each partition's leader to read its stream's replies ahead while Spark plans the stage (the planner
-    calls it once the partitions are known; conductor/worker/depot_stream.py); the hints' calls.
-
-    A hint only, not waited for (waiting cost the planning 10-30 ms on two busy cores, while the leaders read):
-    a leader that is gone, busy, full or of a version without it answers so to nobody, and the tasks' streams
-    read live as before. The calls are kept until they end (``_HINTS``, bounded).
-    """
-    calls = []
-    for p in parts:
-        ranges = _to_read(p)
-        if ranges:
-            call = client_stub(p.address, p.tls).DepotPrefetch.future(stream_request(p, ranges),
-                                                                       timeout=PREFETCH_TIMEOUT_S)
-            _HINTS.add(call)
-            call.add_done_callback(_HINTS.discard)
-            calls.append(call)
-    while len(_HINTS) > MAX_HINTS:  # (calls that outlived their timeout's end: they end by themselves)
-        _HINTS.pop()
-    return calls
-
-
-#: read-ahead hints not answered yet (so that nothing collects a call in flight), at most ``MAX_HINTS``
-_HINTS: set[grpc.Future] = set()
-
-
-MAX_HINTS = 256
 
 
 class Fetcher:
@@ -127,7 +79,7 @@ class Fetcher:
         self.min_epoch = max((r.epoch for r in p.ranges), default=0)
         self._meta: ModuleMeta | None = None
         #: the ranges not read yet, the first one from where the last reply ended
-        self.todo: deque[TaskRange] = deque(_to_read(p))
+        self.todo: deque[TaskRange] = deque(r for r in p.ranges if r.start < r.end)
         #: False once the leader answered UNIMPLEMENTED (a worker without DepotStream): DepotRead calls
         self.streams = True
         self._first = True
@@ -211,8 +163,12 @@ class Fetcher:
         """Read on from ``todo`` on one stream, until done, a failure (handled: the caller opens the next stream)
         or UNIMPLEMENTED (``streams`` turns False)."""
         p = self.p
-        req = stream_request(p, self.todo, self._first)
+        size = min(p.records_per_request, 0xFFFFFFFF)  # (a uint32; the node caps it further)
+        first = min(size, FIRST_REQUEST_RECORDS) if self._first else size
         self._first = False
+        req = pb.DepotStreamRequest(module=p.module, depot=p.depot, records=size,
+                                    first_records=first, max_bytes=p.max_bytes,
+                                    ranges=[pb.DepotRange(task=r.task, start=r.start, end=r.end) for r in self.todo])
         # as long as one call a request would have had, however slowly Spark takes the batches
         timeout = RPC_TIMEOUT_S * (1 + sum(r.end - r.start for r in self.todo) // max(1, p.records_per_request))
         call = client_stub(self.address, p.tls).DepotStream(req, timeout=timeout)

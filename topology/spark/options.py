@@ -101,9 +101,6 @@ class DepotOptions:
     #: batch reads: end before these offsets (``latest``: each task's applied end), or before this time (ms)
     ending_offsets: str | dict[int, int] = "latest"
     ending_timestamp: int | None = None
-    #: ask the leaders to read the planned partitions ahead while Spark plans the stage (``readAhead``; off by
-    #: default until a quiet box shows it pays: docs/performance.md, session 15)
-    read_ahead: bool = False
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> DepotOptions:
@@ -138,12 +135,8 @@ class DepotOptions:
         if end_ts is not None and option(options, "endingOffsets") is not None:
             raise SourceOptionError("give endingOffsets or endingTimestamp, not both")
         ending = "latest" if raw_end.lower() == "latest" else _parse_starting_json(raw_end, "endingOffsets")
-        raw_ahead = (option(options, "readAhead") or "false").strip().lower()
-        if raw_ahead not in ("true", "false"):
-            raise SourceOptionError(f"option readAhead is true or false, got {raw_ahead!r}")
         return cls(cluster, module, depot, starting, mrpt, value_schema.strip() if value_schema else None,
-                   rpp, minp, rpr, mbr, tls_option(options, SOURCE_NAME), start_ts, ending, end_ts,
-                   raw_ahead == "true")
+                   rpp, minp, rpr, mbr, tls_option(options, SOURCE_NAME), start_ts, ending, end_ts)
 
     @property
     def bounded(self) -> bool:
