@@ -57,7 +57,8 @@ On merged main (9d0648b: unsure storage with the early reset acks and the task t
 41,020,000-41,039,999 all pass (7 min 53 s on 2 workers at load 3).
 On 0976a4a, 42,000,000-42,019,999 all pass (8 min 41 s beside a make test).
 Session 15 (no replication rule changed; far-horizon checkpoints shared by a group's followers, in the worker): on
-a6f63b1, 43,000,000-43,019,999 all pass (13 min, niced beside two helpers' benchmarks).
+a6f63b1, 43,000,000-43,019,999 all pass (13 min, niced beside two helpers' benchmarks); on a29ad8a
+43,020,000-43,039,999 all pass (6 min 43 s).
 """
 
 from __future__ import annotations
