@@ -87,11 +87,6 @@ from pstate.view import PStateView as PStateView
 #: envelopes a task group sends to others (see pstate.outbox); its own family, so trims never touch _meta
 OUTBOX = "_outbox"
 _APPLIED = b"applied"
-#: bytes applied since the last flush from which a flush first goes through ``TaskGroupStore._flush_releasing_gil``
-#: (a flush holding the GIL stalls the process for about 8 ms per MB). Any: what a small one costs is its fsyncs,
-#: not its bytes (issue 27: a 50 KB memtable held the GIL 7-16 ms through a checkpoint's flush on the 2-core box,
-#: 75 ms while another store flushed; through the compaction 2-3 ms, the store's own applies waiting instead)
-GIL_FLUSH_BYTES = 1
 #: bytes applied since the last flush from which a checkpoint first flushes without the store's lock
 #: (``TaskGroupStore._flush_ahead``): a leader's first checkpoint for a far-horizon copy flushed a 24 MB memtable
 #: under it, and the group's applies (an ``ack="applied"`` writer's replies) waited 55-100 ms
@@ -345,10 +340,13 @@ class TaskGroupStore:
         nothing to flush and adds no level-0 file (with applies going on, it added one more per checkpoint,
         which reached RocksDB's compaction trigger between a far-horizon copy's rounds, and the next round
         copied every file again). Applies to this store wait as they did; the rest of the process runs.
-        An empty memtable (nothing applied since the last flush, :data:`GIL_FLUSH_BYTES`) is left to the
-        caller's flush, which then holds the GIL only to link the files (3-4 ms).
+        Any memtable with something applied goes this way, however small: a flush holding the GIL costs about
+        8 ms per MB, and a small one its fsyncs (issue 27: a 50 KB memtable held the GIL 7-16 ms through a
+        checkpoint's flush on the 2-core box, 75 ms while another store flushed; through the compaction 2-3 ms,
+        the store's own applies waiting instead). An empty one is left to the caller's flush, which then holds
+        the GIL only to link the files (3-4 ms).
         """
-        if self._unflushed < GIL_FLUSH_BYTES:
+        if not self._unflushed:
             return
         self._compaction_flush()
         self._unflushed = 0

@@ -23,6 +23,8 @@ from typing import TextIO
 ENV = "MILLRACE_SPARK_TIMELINE"
 
 _DIR = os.environ.get(ENV) or None
+#: this process's file, by pid: a forked Python worker must not write through its parent's handle
+_files: dict[int, TextIO] = {}
 
 
 def start(folder: Path) -> None:
@@ -31,9 +33,6 @@ def start(folder: Path) -> None:
     global _DIR
     folder.mkdir(parents=True, exist_ok=True)
     os.environ[ENV] = _DIR = str(folder)
-
-#: this process's file, by pid: a forked Python worker must not write through its parent's handle
-_files: dict[int, TextIO] = {}
 
 
 def mark(event: str, detail: object = "") -> None:
