@@ -86,6 +86,9 @@ _STAMP = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) (\w+) WARNING millrace\.far_h
 COPY_START = re.compile(_STAMP + r"far-horizon catchup from \w+ \(.*\) started$", re.M)
 COPY_LINE = re.compile(_STAMP + r"far-horizon catchup from \w+: installed after \d+ round\(s\), ([\d.]+) MB in ([\d.]+) s",
                        re.M)
+#: a group's ISR as the leader records it (an added replica joined once it lists more than one)
+ISR_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \w+ WARNING millrace\.node: [\w$]+/\d+: ISR now \[([^\]]*)\]",
+                      re.M)
 PAD_BYTES = 2000  #: random bytes (hex: twice as many characters) per filler record
 #: filler records per request (one replog entry per group each): enough entries for a far-horizon copy
 FILL_BATCH = 20
@@ -136,6 +139,24 @@ def copies(logs: Path) -> tuple[list[tuple[float, float]], tuple[float, float]]:
     return [(float(mb), float(s)) for _t, _node, _g, mb, s in done], span
 
 
+def first_isr_join(logs: Path) -> float:
+    """The wall-clock time an added replica first joined an ISR (the module is at RF 1 before), nan if none did."""
+    text = "\n".join(p.read_text() for p in logs.glob("node-*.log"))
+    joins = [_stamp(t) for t, isr in ISR_LINE.findall(text) if "," in isr]
+    return min(joins) if joins else float("nan")
+
+
+def mixed_p99(rf1: list[float], rf3: list[float], n_rf1: int, n_rf3: int) -> float:
+    """The p99 of a window of ``n_rf1`` gaps distributed as ``rf1`` and ``n_rf3`` distributed as ``rf3``."""
+    weighted = sorted([(g, n_rf1 / len(rf1)) for g in rf1] + [(g, n_rf3 / len(rf3)) for g in rf3])
+    total, seen = n_rf1 + n_rf3, 0.0
+    for gap, weight in weighted:
+        seen += weight
+        if seen >= 0.99 * total:
+            return gap
+    return weighted[-1][0]
+
+
 def scale_under_writer(dc: DevCluster, megabytes: int, steady_s: float) -> dict[str, Any]:
     """Fill at RF 1, then steady / scale to RF 3 / after, one writer throughout; the writer's figures.
 
@@ -144,6 +165,9 @@ def scale_under_writer(dc: DevCluster, megabytes: int, steady_s: float) -> dict[
     (``writer_p99_during_vs_rf3_after``); ``copying_p99_ms`` is the p99 while the far-horizon copies ran (from
     the first one's start to the last one's install, as the workers' logs date them), the throttle's own window.
     ``max_gap_after_plan_ms``: the largest gap in the seconds after the plan, when its leaders are rebalanced.
+    ``rf3_floor_during_vs_steady``: what the figure would be if nothing but the replication factor cost the writer
+    anything: the window's appends up to the first ISR join as the steady ones, those after it as the ones at RF 3
+    after the plan (their p99 over the steady one; the part of the window at RF 3 is what the plan adds).
     """
     with Cluster.connect(dc.hosts, timeout_s=30) as client:
         filled = fill(client, megabytes)
@@ -166,6 +190,8 @@ def scale_under_writer(dc: DevCluster, megabytes: int, steady_s: float) -> dict[
     wall = time.time() - time.monotonic()  # the logs' clock minus the writer's
     _copied, (first, last) = copies(dc.root / "logs")
     copying = sorted(writer.gaps_ms(first - wall, last - wall))
+    n_rf1 = len(writer.gaps_ms(steady_to, first_isr_join(dc.root / "logs") - wall))
+    floor = mixed_p99(steady, after, n_rf1, len(during) - n_rf1) / mixed_p99(steady, after, len(during), 0)
     p99_steady, p99_during, p99_after = percentile(steady, 99), percentile(during, 99), percentile(after, 99)
     # once the plan is deleted the conductor rebalances leaders: a hand-off the writer sees as one long gap
     handoff = writer.gaps_ms(done, done + HANDOFF_WINDOW_S)
@@ -176,7 +202,8 @@ def scale_under_writer(dc: DevCluster, megabytes: int, steady_s: float) -> dict[
             "copying_p99_ms": round(percentile(copying, 99), 2) if copying else float("nan"),
             "failed_appends": len(writer.errors),
             "writer_p99_during_reassign_vs_steady": round(p99_during / p99_steady, 3),
-            "writer_p99_during_vs_rf3_after": round(p99_during / p99_after, 3)}
+            "writer_p99_during_vs_rf3_after": round(p99_during / p99_after, 3),
+            "rf3_floor_during_vs_steady": round(floor, 3), "rf3_share_of_window": round(1 - n_rf1 / len(during), 3)}
 
 
 def probe_copy(ms: Metastore, work: Path) -> tuple[float, Manifest, Path]:

@@ -97,6 +97,12 @@ AHEAD_FLUSH_BYTES = 4 << 20
 #: and the next round copies them all again. Two copies of two rounds each (a scale from RF 1 to 3) reached 4
 #: exactly; 8 leaves room for a third round or a flush ahead (point reads look in every level-0 file: still few)
 L0_COMPACTION_TRIGGER = 8
+#: threads that open a column family's table files when the store opens (RocksDB's default is 16). RocksDB starts
+#: that many less one for every column family, even one with no file: 15 x 9 families, about 135 threads started
+#: and joined per open while the caller holds the GIL (rocksdict does not release it). A follower's far-horizon
+#: install opened its store in 25-60 ms of GIL on a loaded 2-core box, stopping every other replica of the worker;
+#: one thread (the caller's own) opens the few files a replica's families hold in about half of that
+FILE_OPENING_THREADS = 1
 _BATCH = b"b:"
 
 
@@ -175,6 +181,7 @@ class TaskGroupStore:
         o.create_missing_column_families(True)
         o.set_atomic_flush(True)
         o.set_level_zero_file_num_compaction_trigger(L0_COMPACTION_TRIGGER)
+        o.set_max_file_opening_threads(FILE_OPENING_THREADS)
         if write_buffer_size is not None:
             o.set_write_buffer_size(write_buffer_size)
         return o

@@ -180,12 +180,25 @@ class GroupCode:
         elif cs.topology == MIGRATE:
             store.migrations = self._migrations(self.module.get(self.current), store)
 
+    def open_empty(self) -> None:
+        """A replica whose store does not exist yet (it is empty: ``ReplicaStore.deferred``): the initial version's
+        runner now; :meth:`open` defines the store once it is created."""
+        self.applied = self.module.initial
+        self.staged = None
+        self.current = ""
+        self.runner = self.runner_of(self.build)
+
+    def shape(self) -> tuple[dict[str, Any], tuple[str, ...]]:
+        """The build version's PStates (name: schema) and depots: what :meth:`use` defines the store by."""
+        d = self.module.get(self.build)
+        return {n: p.schema for n, p in d.pstates.items()}, tuple(d.depot_names())
+
     def use(self, store: TaskGroupStore) -> None:
         """Define the store by the build version (a no-op unless it changed), with its running migrations."""
         version = self.build
         d = self.module.get(version)
         if version != self.current:
-            store.redefine({n: p.schema for n, p in d.pstates.items()}, d.depot_names())
+            store.redefine(*self.shape())
             self.current = version
             self.runner = self.runner_of(version)
             if self.flow is not None:

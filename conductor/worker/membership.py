@@ -6,7 +6,9 @@ replica of the group, opens an empty one (:meth:`ReplicaMembership.on_group`):
 it follows the leader and catches up by the existing paths (a far-horizon
 copy of the leader's checkpoint when what it lacks is gone from the leader's
 log, then near-horizon replay), and the leader admits it to the ISR by its
-usual rejoin rule. A replica the znode stops listing says ``Removed`` itself
+usual rejoin rule. Its store is not created until first used
+(``ReplicaStore.deferred``): a far-horizon install replaces it before, in the
+common case. A replica the znode stops listing says ``Removed`` itself
 (the state machine's action): its host stops and deletes its directory, and
 a later plan that adds the worker back gets a new, empty replica here.
 
@@ -30,8 +32,9 @@ import functools
 import logging
 import shutil
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Protocol
 
 from conductor.metastore import GroupNotFound, Metastore, MetastoreError
 from conductor.metastore.module_spec import REASSIGN_COPY_BYTES_PER_S
@@ -50,11 +53,17 @@ log = logging.getLogger("millrace.node")
 REMOVED_CLOSE_POLL_S = 0.2
 
 
+class OpenAdded(Protocol):
+    """Opens a replica added here, not started: ``Worker.open_replica``."""
+
+    def __call__(self, rt: ModuleRuntime, rec: HostedReplica, *, defer_empty: bool) -> ReplicaHost: ...
+
+
 class ReplicaMembership:
     """Opens replicas the group znode adds to this worker; a collaborator of the worker (any thread)."""
 
     def __init__(self, node_id: str, data_dir: Path, metastore: Metastore, modules: LocalModules,
-                 open_replica: Callable[[ModuleRuntime, HostedReplica], ReplicaHost]) -> None:
+                 open_replica: OpenAdded) -> None:
         self.node_id = node_id
         self.data_dir = data_dir
         self.metastore = metastore
@@ -115,7 +124,8 @@ class ReplicaMembership:
         kept = gdir.is_dir()  # (a retired copy taken back: the znode records its storage again)
         rec = HostedReplica(module, g, tuple(st.replicas))
         try:
-            host = self._open_replica(rt, rec)
+            # (empty: its store is created when first used, never if a far-horizon install replaces it first)
+            host = self._open_replica(rt, rec, defer_empty=True)
         except Exception as e:  # a full disk, say: the next znode of the group tries again
             log.error("%s/%d: could not open the replica a reassignment added here: %s", module, g, describe(e))
             return

@@ -147,7 +147,7 @@ class ReplicaCollector(Collector):
 def _live_sst_bytes(host: Any) -> int | None:
     """The replica's RocksDB live SST bytes, None while its store is closed (a restart, a far-horizon install)."""
     try:
-        return int(host.store.current().live_sst_bytes())
+        return int(host.store.current().live_sst_bytes()) if host.store.created else 0  # (not created: no files)
     except Exception:
         log.debug("%s: no PState size (its store is closing)", host.name, exc_info=True)
         return None

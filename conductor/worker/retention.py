@@ -142,7 +142,7 @@ class RetentionDriver:
         ``rt`` hosted here."""
         best: tuple[int, Any, str, bytes, bytes, tuple[str, int, str, int], tuple[int, int]] | None = None
         for rec in list(rt.hosted.values()):
-            if rec.store is None:
+            if rec.store is None or not rec.store.created:  # (not created yet: empty, and not created for this)
                 continue
             store = rec.store.current()
             reader = store.applied_reader()

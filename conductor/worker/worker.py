@@ -426,25 +426,26 @@ class Worker:
         log.warning("node %s hosts %d replica(s) of module %s: groups %s", self.node_id, len(hosts), module,
                     sorted(hosts))
 
-    def open_replica(self, rt: ModuleRuntime, rec: HostedReplica) -> ReplicaHost:
+    def open_replica(self, rt: ModuleRuntime, rec: HostedReplica, *, defer_empty: bool = False) -> ReplicaHost:
         """Open the local replica ``rec`` from disk (store verified first) and its host, not started.
 
-        Its store is defined by the code version its applied state is in; it
-        switches where its replog says (``group_code``). A store that fails
-        verification, or found by the open itself (damage done while the replica was
-        down), is quarantined and the replica opens empty, to be rebuilt from the leader.
+        Its store is defined by the code version its applied state is in; it switches where its replog says
+        (``group_code``). A store that fails verification, or found by the open itself (damage done while the
+        replica was down), is quarantined and the replica opens empty, to be rebuilt from the leader.
+        ``defer_empty``: a store not on disk is created when first used (``ReplicaStore.deferred``).
         """
         run = self.running
         spec, module, g = rt.spec, rt.spec.name, rec.group
         gdir = self.data_dir / module / str(g)
 
         def open_store() -> ReplicaStore:
-            return ReplicaStore.open_versioned(gdir / "state", GroupCode(rt.code, spec.tasks, spec.threads, g))
+            code = GroupCode(rt.code, spec.tasks, spec.threads, g)
+            return ReplicaStore.open_versioned(gdir / "state", code, defer_empty=defer_empty)
 
         def open_verified() -> ReplicaStore:
             store = open_store()
             try:
-                store.store.verify()
+                store.verify()
             except CorruptStore:
                 store.abandon()
                 raise

@@ -34,7 +34,8 @@ def setup(tmp_path: Path, retired_host: bool) -> tuple[ReplicaMembership, FakeMe
     ms = FakeMetastore()
     opened: list[Path] = []
 
-    def open_replica(rt: Any, rec: Any) -> Any:
+    def open_replica(rt: Any, rec: Any, *, defer_empty: bool) -> Any:
+        assert defer_empty  # (a store not on disk waits for its first use; a copy kept here is on disk)
         opened.append(gdir)
         return SimpleNamespace(start=lambda: None, post=lambda ev: None, removed=False, retired=False)
 

@@ -70,7 +70,7 @@ def test_the_collector_exports_histograms_and_the_conductor_charts_their_interva
     monkeypatch.setattr("conductor.worker.metrics.replica_status", lambda h: h.status())
     t = ReplicaTimings()
     stats = replica_counters()
-    store = SimpleNamespace(current=lambda: SimpleNamespace(live_sst_bytes=lambda: 4096))
+    store = SimpleNamespace(created=True, current=lambda: SimpleNamespace(live_sst_bytes=lambda: 4096))
     host = SimpleNamespace(module="M", group=0, name="M/0", stats=stats, timings=t, store=store,
                            log=SimpleNamespace(size_bytes=lambda: 1234), inbox=SimpleNamespace(dropped=0),
                            status=lambda: {"role": "leader", "epoch": 1, "log_end": 5, "log_start": 0, "applied": 4,
