@@ -129,41 +129,47 @@ class Slice:
         return [o for first, n in self.spans for o in range(first, first + n)]
 
 
-def read_slice(reader: Reader, cf: str, partition: int, lo: int, hi: int, end: int, max_bytes: int) -> Slice:
+def read_slice(reader: Reader, cf: str, partition: int, lo: int, hi: int, end: int, max_bytes: int,
+               dense: bool = True) -> Slice:
     """Records ``lo <= offset < hi`` of a partition whose records are below ``end``, stopping once ``max_bytes``
     are read (at least one record, up to and including the one that reaches it).
 
     One step per key: a run of record keys (the older layout, or single-record appends) is gathered by
     key, a batch's share taken as two slices of its value (a prefix sum of its lengths only when the read
-    starts or stops inside it).
+    starts or stops inside it). ``dense``: the partition's offsets have no gaps (no key compaction ran), so
+    a run of record keys is checked at its ends only.
     """
     spans: list[tuple[int, int]] = []
     lens: list[bytes | memoryview] = []
     data: list[bytes | memoryview] = []
     total = 0
     full = False
-    run: list[bytes] = []  # consecutive record keys not yet in lens/data
-    run_first = run_next = 0
+    run: list[bytes] = []  # consecutive record keys not yet in lens/data, from run_key on
+    run_key = last_key = b""
 
     def flush_run() -> None:
         if run:
-            spans.append((run_first, len(run)))
+            first = int.from_bytes(run_key[4:], "big")
+            assert int.from_bytes(last_key[4:], "big") - first + 1 == len(run), (run_key.hex(), last_key.hex())
+            spans.append((first, len(run)))
             lens.append(pack_lengths(run))
             data.extend(run)
             run.clear()
 
     if hi > lo:
         hi_key = record_key(partition, hi)
+        add = run.append
         for k, v in reader.scan(cf, record_key(partition, lo), record_key(partition, max(end, hi))):
-            if len(k) == 12:
+            if len(k) == 12:  # a record key: the loop's hot path for older stores, kept lean
                 if k >= hi_key:
                     break
-                off = int.from_bytes(k[4:], "big")
-                if not run or off != run_next:
+                if not run:
+                    run_key = k
+                elif not dense and int.from_bytes(k[4:], "big") != int.from_bytes(last_key[4:], "big") + 1:
                     flush_run()
-                    run_first = off
-                run.append(v)
-                run_next = off + 1
+                    run_key = k
+                add(v)
+                last_key = k
                 total += len(v)
                 if total >= max_bytes:
                     full = True

@@ -106,16 +106,18 @@ class DepotView:
         """The times of records ``start <= offset < stop`` as runs (first offset, time ms; -1 = none)."""
         return time_runs(self._reader, self.name, partition, start, stop)
 
-    def _slice(self, partition: int, start: int, end: int | None, max_bytes: int) -> tuple[Slice, int]:
-        """Records ``max(start, partition start) <= offset < end`` (:func:`pstate.depot_batches.read_slice`), and
-        where the range read stops (``end`` clamped to the partition's end)."""
+    def _slice(self, partition: int, start: int, end: int | None, max_bytes: int) -> tuple[Slice, int, bool]:
+        """Records ``max(start, partition start) <= offset < end`` (:func:`pstate.depot_batches.read_slice`),
+        where the range read stops (``end`` clamped to the partition's end), and whether the partition is
+        key-compacted (:meth:`compacted`: its offsets may have gaps)."""
         check_partition(partition)
         check_offset(start, "start")
         info = self.partition_info(partition)
         stop = info.end if end is None else min(check_offset(end, "end"), info.end)
+        compacted = self.compacted(partition)
         with rocks_errors("read", self._store.path):
             return read_slice(self._reader, self._cf, partition, max(start, info.start), stop, info.end,
-                              max_bytes), stop
+                              max_bytes, not compacted), stop, compacted
 
     def read(self, partition: int, start: int, end: int | None = None,
              max_bytes: int = 1 << 20) -> list[tuple[int, Any]]:
@@ -124,7 +126,7 @@ class DepotView:
         At least one record is returned if any is in range, so a record larger
         than ``max_bytes`` never stalls a reader.
         """
-        sl, _stop = self._slice(partition, start, end, max_bytes)
+        sl, _stop, _compacted = self._slice(partition, start, end, max_bytes)
         return list(zip(sl.offsets(), unpack_many([sl.records.data]), strict=True))
 
     def read_packed(self, partition: int, start: int, end: int | None = None, max_bytes: int = 1 << 20
@@ -136,8 +138,8 @@ class DepotView:
         read lists them, and its ``next`` is past the gap after the last record when the read reached ``end``
         or the partition's end (:meth:`read_sparse`).
         """
-        sl, stop = self._slice(partition, start, end, max_bytes)
-        if self.compacted(partition):
+        sl, stop, compacted = self._slice(partition, start, end, max_bytes)
+        if compacted:
             offsets = sl.offsets()
             nxt = offsets[-1] + 1 if sl.full else max(start, stop)
             return sl.records, offsets[0] if offsets else nxt, nxt, offsets
@@ -164,7 +166,7 @@ class DepotView:
         """Records of a partition that may have gaps (key compaction): ``(offsets, records, next)``, records as
         stored; ``next`` is where to read on (past the gap after the last record when the read reached ``end``
         or the partition's end)."""
-        sl, stop = self._slice(partition, start, end, max_bytes)
+        sl, stop, _compacted = self._slice(partition, start, end, max_bytes)
         offsets = sl.offsets()
         return offsets, sl.records.split(), offsets[-1] + 1 if sl.full else max(start, stop)
 
