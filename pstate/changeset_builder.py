@@ -7,12 +7,12 @@ replica.
 
 from __future__ import annotations
 
-import struct
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pstate.changes import ChangeSet, Writes
+from pstate.depot_batches import append_writes
 from pstate.depots import (
     META,
     PartitionInfo,
@@ -47,9 +47,6 @@ from pstate.schema import Map, Scalar
 
 if TYPE_CHECKING:
     from pstate.store import TaskGroupStore
-
-#: a depot record's key: partition (u32) + offset (u64), big-endian (pstate.depots)
-_RECORD_KEY = struct.Struct(">IQ")
 
 
 class ChangeSetBuilder:
@@ -195,8 +192,8 @@ class ChangeSetBuilder:
             run, last = time_run(depot, p, start, self.time_ms if time_ms is None else time_ms, last)
             if run is not None:
                 self.writes.put(META, *run)
-        key = _RECORD_KEY.pack  # = p + offset's 8 bytes, one C call per record
-        self.writes.put_many(depot_cf(depot), [key(partition, off) for off in range(start, end)], records)
+        # one key for the whole append (a batch value) or for its one record: pstate.depot_batches
+        self.writes.put_many(depot_cf(depot), *append_writes(partition, start, records))
         added = info.appended_bytes + sum(map(len, records))
         self.writes.put(META, depot_meta_key(depot, p), encode_partition_meta(PartitionInfo(info.start, end, added),
                                                                               last))

@@ -6,7 +6,9 @@ then points at this one. Records below the cursor therefore hold exactly the lat
 (checked against a model in tests/unit/test_compaction.py); records above it are not yet compacted. A
 tombstone (a record the depot's partitioner says deletes its key) is queued with the round's time and
 deleted, with its index entry, ``delete_retention_ms`` later, so a reader that saw the key's old value
-has that long to see it deleted. Offsets never change: readers see gaps (``DepotView.read_sparse``).
+has that long to see it deleted. Offsets never change: readers see gaps (``DepotView.read_sparse``). A record
+deleted from a stored batch (:mod:`pstate.depot_batches`) rewrites the batch's other records (at or above the
+partition's start) as record keys, in the same entry.
 
 Every write is in the round's entry (the leader reads, every replica applies the same deletes), and a
 round only indexes applied records (the promise rule of :mod:`pstate.retention`).
@@ -19,6 +21,7 @@ from typing import Any
 
 import msgpack
 
+from pstate.depot_batches import holding, record_key, walk
 from pstate.depots import COMPACTION_CURSOR, META, check_partition, depot_cf, read_partition_info
 from pstate.engine import Reader, pack, unpack
 from pstate.retention import RetentionState, read_state, write_state
@@ -44,7 +47,7 @@ def compact(builder: ChangeSetBuilder, depot: str, partition: int, key_of: Calla
             applied: Reader) -> int:
     """One bounded round (see the module docstring); returns the records it deleted."""
     assert limit > 0, limit
-    p = check_partition(partition)
+    check_partition(partition)
     cf = depot_cf(depot)
     reader = builder.reader
     info = read_partition_info(reader, depot, partition)
@@ -58,15 +61,23 @@ def compact(builder: ChangeSetBuilder, depot: str, partition: int, key_of: Calla
 
     def drop(offset: int) -> None:
         nonlocal deleted, deleted_bytes
-        k = p + offset.to_bytes(8, "big")
-        old = reader.get(cf, k)
-        if old is not None:
-            builder.writes.delete(cf, k)
-            deleted += 1
-            deleted_bytes += len(old)
+        held = holding(reader, cf, partition, offset, info.end)
+        if held is None:
+            return
+        old = held.value
+        if held.is_batch:  # the batch's other records stay, as record keys (pstate.depot_batches)
+            builder.writes.delete(cf, held.key)
+            for off, rec in zip(range(held.first, held.first + held.count), held.records(), strict=True):
+                if off == offset:
+                    old = rec
+                elif off >= info.start:
+                    builder.writes.put(cf, record_key(partition, off), rec)
+        else:
+            builder.writes.delete(cf, held.key)
+        deleted += 1
+        deleted_bytes += len(old)
 
-    for k, v in list(reader.scan(cf, p + start.to_bytes(8, "big"), p + stop.to_bytes(8, "big"))):
-        offset = int.from_bytes(k[4:], "big")
+    for offset, v in list(walk(reader, cf, partition, start, stop)):
         record = unpack(v)
         key = pack(key_of(record))
         tomb = bool(is_tombstone(record)) if is_tombstone is not None else False

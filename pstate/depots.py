@@ -1,9 +1,11 @@
 """A depot's partitions in a task group's store: the record keys, the partition bounds in ``_meta``, reads.
 
 Depot records live in their own column family, keyed by partition (u32) and offset (u64), big-endian, so
-one partition's records are one contiguous, ordered range; ``_meta`` holds each partition's
-``[start, end)`` and the bytes ever appended to it (what retention by size measures, :mod:`pstate.retention`). Writes go through ``ChangeSetBuilder`` (pstate.store); this module has the layout and
-the reads.
+one partition's records are one contiguous, ordered range: one key per record, or (since session 16) one
+value per appended batch, keyed by its last offset (:mod:`pstate.depot_batches` has the layout, its version
+and why). ``_meta`` holds each partition's ``[start, end)`` and the bytes ever appended to it (what retention
+by size measures, :mod:`pstate.retention`); every read clamps to ``start`` (a trim may leave a batch's records
+below it on disk). Writes go through ``ChangeSetBuilder`` (pstate.store); this module has the reads.
 
 Record times. Every record has a time in milliseconds: the leader's clock when it built the entry, or an
 event time the app gave with the append. Records appended together share one time, so times are kept as
@@ -26,9 +28,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pstate.engine import unpack
+from pstate.codec import unpack_many
+from pstate.depot_batches import Slice, read_slice
 from pstate.errors import SchemaMismatch, rocks_errors
-from pstate.reader import DbReader
+from pstate.packed_records import PackedRecords
 
 if TYPE_CHECKING:
     from pstate.engine import Reader
@@ -77,7 +80,7 @@ def check_offset(offset: int, what: str) -> int:
 
 
 class DepotView:
-    """Reads of one depot's per-partition logs (key = partition u32 + offset u64, big-endian)."""
+    """Reads of one depot's per-partition logs (records stored per key or per batch: :mod:`pstate.depot_batches`)."""
 
     def __init__(self, store: TaskGroupStore, name: str, reader: Reader) -> None:
         self._store = store
@@ -103,6 +106,19 @@ class DepotView:
         """The times of records ``start <= offset < stop`` as runs (first offset, time ms; -1 = none)."""
         return time_runs(self._reader, self.name, partition, start, stop)
 
+    def _slice(self, partition: int, start: int, end: int | None, max_bytes: int) -> tuple[Slice, int, bool]:
+        """Records ``max(start, partition start) <= offset < end`` (:func:`pstate.depot_batches.read_slice`),
+        where the range read stops (``end`` clamped to the partition's end), and whether the partition is
+        key-compacted (:meth:`compacted`: its offsets may have gaps)."""
+        check_partition(partition)
+        check_offset(start, "start")
+        info = self.partition_info(partition)
+        stop = info.end if end is None else min(check_offset(end, "end"), info.end)
+        compacted = self.compacted(partition)
+        with rocks_errors("read", self._store.path):
+            return read_slice(self._reader, self._cf, partition, max(start, info.start), stop, info.end,
+                              max_bytes, not compacted), stop, compacted
+
     def read(self, partition: int, start: int, end: int | None = None,
              max_bytes: int = 1 << 20) -> list[tuple[int, Any]]:
         """Records ``start <= offset < end`` as (offset, record), stopping once ``max_bytes`` are read.
@@ -110,62 +126,35 @@ class DepotView:
         At least one record is returned if any is in range, so a record larger
         than ``max_bytes`` never stalls a reader.
         """
-        p = check_partition(partition)
-        check_offset(start, "start")
-        hi = p + (check_offset(end, "end").to_bytes(8, "big") if end is not None else b"\xff" * 8)
-        out: list[tuple[int, Any]] = []
-        total = 0
-        for k, v in self._reader.scan(self._cf, p + start.to_bytes(8, "big"), hi):
-            out.append((int.from_bytes(k[4:], "big"), unpack(v)))
-            total += len(v)
-            if total >= max_bytes:
-                break
-        return out
+        sl, _stop, _compacted = self._slice(partition, start, end, max_bytes)
+        return list(zip(sl.offsets(), unpack_many([sl.records.data]), strict=True))
+
+    def read_packed(self, partition: int, start: int, end: int | None = None, max_bytes: int = 1 << 20
+                    ) -> tuple[PackedRecords, int, int, list[int]]:
+        """The records of :meth:`read` as stored, packed (a reply carries them as they are, the reader decodes
+        them once, at the far end): ``(records, first, next, offsets)``.
+
+        ``offsets`` is empty when the offsets are dense (``first .. next - 1``); a key-compacted partition's
+        read lists them, and its ``next`` is past the gap after the last record when the read reached ``end``
+        or the partition's end (:meth:`read_sparse`).
+        """
+        sl, stop, compacted = self._slice(partition, start, end, max_bytes)
+        if compacted:
+            offsets = sl.offsets()
+            nxt = offsets[-1] + 1 if sl.full else max(start, stop)
+            return sl.records, offsets[0] if offsets else nxt, nxt, offsets
+        if not sl.spans:
+            return sl.records, start, start, []
+        assert len(sl.spans) == 1, f"depot {self.name}[{partition}] offsets are not dense: {sl.spans[:4]}"
+        first, n = sl.spans[0]
+        return sl.records, first, first + n, []
 
     def read_raw(self, partition: int, start: int, end: int | None = None,
                  max_bytes: int = 1 << 20) -> tuple[int, int, list[bytes]]:
-        """Like :meth:`read` but the records as stored (msgpack bytes): ``(first, next, records)``.
-
-        Serving reads over the network needs no decoding here; the reader decodes
-        once, at the far end.
-        """
-        p = check_partition(partition)
-        check_offset(start, "start")
-        if end is not None:
-            check_offset(end, "end")
-        if isinstance(self._reader, DbReader) and not self.compacted(partition):
-            # Offsets are dense in [info.start, info.end): the count says which records came back.
-            info = self.partition_info(partition)
-            first = max(start, info.start)
-            stop = info.end if end is None else min(end, info.end)
-            if stop <= first:
-                return start, start, []
-            lo = p + first.to_bytes(8, "big")
-            got = self._reader.values(self._cf, lo, p + stop.to_bytes(8, "big"), stop - first, max_bytes)
-            # Trims only ever remove a prefix: if `first` is still there, the values started at it.
-            if (got and (len(got) == stop - first or sum(map(len, got)) >= max_bytes)
-                    and self._reader.get(self._cf, lo) is not None):
-                return first, first + len(got), got
-            # A trim ran between the reads (or the records are not what the partition info says): read by key.
-        hi = p + (end.to_bytes(8, "big") if end is not None else b"\xff" * 8)
-        out: list[bytes] = []
-        first_key = last_key = b""
-        total = 0
-        with rocks_errors("read", self._store.path):
-            for k, v in self._reader.scan(self._cf, p + start.to_bytes(8, "big"), hi):
-                if not out:
-                    first_key = k
-                last_key = k
-                out.append(v)
-                total += len(v)
-                if total >= max_bytes:
-                    break
-        if not out:
-            return start, start, out
-        first = int.from_bytes(first_key[4:], "big")
-        nxt = int.from_bytes(last_key[4:], "big") + 1
-        assert nxt - first == len(out), f"depot {self.name}[{partition}] offsets are not dense in [{first}, {nxt})"
-        return first, nxt, out
+        """Like :meth:`read` but the records as stored (msgpack bytes): ``(first, next, records)``; the
+        partition's offsets are dense (not key-compacted)."""
+        records, first, nxt, _ = self.read_packed(partition, start, end, max_bytes)
+        return first, nxt, records.split()
 
     def compacted(self, partition: int) -> bool:
         """Key compaction ran on the partition (pstate.compaction): its offsets may have gaps."""
@@ -177,21 +166,9 @@ class DepotView:
         """Records of a partition that may have gaps (key compaction): ``(offsets, records, next)``, records as
         stored; ``next`` is where to read on (past the gap after the last record when the read reached ``end``
         or the partition's end)."""
-        p = check_partition(partition)
-        check_offset(start, "start")
-        info = self.partition_info(partition)
-        stop = info.end if end is None else min(check_offset(end, "end"), info.end)
-        offsets: list[int] = []
-        out: list[bytes] = []
-        total = 0
-        with rocks_errors("read", self._store.path):
-            for k, v in self._reader.scan(self._cf, p + start.to_bytes(8, "big"), p + stop.to_bytes(8, "big")):
-                offsets.append(int.from_bytes(k[4:], "big"))
-                out.append(v)
-                total += len(v)
-                if total >= max_bytes:
-                    return offsets, out, offsets[-1] + 1
-        return offsets, out, max(start, stop)
+        sl, stop, _compacted = self._slice(partition, start, end, max_bytes)
+        offsets = sl.offsets()
+        return offsets, sl.records.split(), offsets[-1] + 1 if sl.full else max(start, stop)
 
 
 def depot_meta_key(name: str, p: bytes) -> bytes:

@@ -7,29 +7,9 @@ a ``repeated bytes`` field costs one per record on each side.
 
 from __future__ import annotations
 
-import array
-import itertools
-import sys
-
-
-def pack_lengths(items: list[bytes]) -> bytes:
-    """The lengths of ``items`` as little-endian uint32s (send ``b"".join(items)`` beside them)."""
-    lengths = array.array("I", map(len, items))
-    if sys.byteorder != "little":
-        lengths.byteswap()
-    return lengths.tobytes()
-
-
-def unpack_lengths(packed: bytes, lengths: bytes) -> list[bytes]:
-    """The byte strings ``pack_lengths`` described; ValueError when the lengths do not add up to ``packed``."""
-    sizes = array.array("I")
-    sizes.frombytes(lengths)
-    if sys.byteorder != "little":
-        sizes.byteswap()
-    ends = list(itertools.accumulate(sizes))
-    if (ends[-1] if ends else 0) != len(packed):
-        raise ValueError(f"{len(packed)} packed bytes, but the lengths add up to {ends[-1] if ends else 0}")
-    return [packed[e - n:e] for n, e in zip(sizes, ends, strict=True)]
+# the lengths codec is pstate's (a depot stores an appended batch in this form: pstate.depot_batches)
+from pstate.packed_records import pack_lengths as pack_lengths
+from pstate.packed_records import unpack_lengths as unpack_lengths
 
 
 def varint(n: int) -> bytes:

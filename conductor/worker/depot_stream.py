@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Callable
 
 from conductor.wire import millrace_pb2 as pb
 from conductor.wire.errors import InvalidRequest
-from conductor.wire.packing import pack_lengths
+from pstate.packed_records import PackedRecords
 
 #: records per reply when the request does not say (the Spark source's ``recordsPerRequest`` default)
 DEFAULT_RECORDS = 8192
@@ -32,9 +32,9 @@ MAX_BYTES = 48 << 20
 #: record bytes per reply when the request does not say (the source's ``maxBytesPerRequest`` default)
 DEFAULT_BYTES = 16 << 20
 
-#: ``read(task, start, end, max_bytes)``: (records, first offset, next, offsets of a compacted partition or [],
+#: ``read(task, start, end, max_bytes)``: (records as stored, packed; first offset, next, offsets of a compacted partition or [],
 #: the leader epoch it was read in); a strict ``DepotRead`` on the group's local leader, or its typed error
-ReadFn = Callable[[int, int, int, int], tuple[list[bytes], int, int, list[int], int]]
+ReadFn = Callable[[int, int, int, int], tuple[PackedRecords, int, int, list[int], int]]
 
 
 class DepotStreams:
@@ -60,7 +60,7 @@ class DepotStreams:
                     records, start, nxt, offsets, epoch = read(r.task, at, min(r.end, at + first), max_bytes)
                     first = size
                     yield pb.DepotStreamReply(task=r.task, start=start, next=nxt, epoch=epoch,
-                                              packed=b"".join(records), lengths=pack_lengths(records),
+                                              packed=records.data, lengths=records.lengths,
                                               offsets=offsets)
                     if nxt <= at:  # no progress before the range's end: the reader checks the range
                         return

@@ -35,6 +35,7 @@ from pstate.changes import ChangeSet
 from pstate.checkpoint import Checked, Manifest, store_dir, swap_in
 from pstate.diffs import WHOLE
 from pstate.errors import StoreClosed
+from pstate.packed_records import PackedRecords
 from pstate.path import P
 from pstate.query import ResolveFn, decode_query
 from pstate.retention import PartitionSize, partition_sizes
@@ -271,8 +272,9 @@ class ReplicaStore:
         return out
 
     def depot_read(self, depot: str, task: int, start: int, end: int | None, max_bytes: int, strict: bool = False
-                   ) -> tuple[list[bytes], int, int, list[int]]:
-        """(records, first offset, next, offsets): offsets only for a key-compacted partition (gaps), else [].
+                   ) -> tuple[PackedRecords, int, int, list[int]]:
+        """(records as stored, packed; first offset, next, offsets): offsets only for a key-compacted
+        partition (gaps), else [] (:meth:`pstate.depots.DepotView.read_packed`).
 
         ``strict``: a start below the partition's start (trimmed records) is :class:`OffsetOutOfRange`
         rather than a read from the start.
@@ -282,11 +284,7 @@ class ReplicaStore:
             info = view.partition_info(task)
             if start < info.start:
                 raise OffsetOutOfRange(start, info.start, info.end)
-        if view.compacted(task):
-            offsets, records, nxt = view.read_sparse(task, start, end, max_bytes)
-            return records, offsets[0] if offsets else nxt, nxt, offsets
-        first, nxt, records = view.read_raw(task, start, end, max_bytes)
-        return records, first, nxt, []
+        return view.read_packed(task, start, end, max_bytes)
 
     def depot_sizes(self) -> list[tuple[str, int, PartitionSize]]:
         """Each depot partition's offsets, records and bytes (applied state), for status and metrics."""

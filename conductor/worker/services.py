@@ -28,7 +28,6 @@ from conductor.wire import admin_pb2, admin_pb2_grpc
 from conductor.wire import millrace_pb2 as pb
 from conductor.wire import millrace_pb2_grpc as pbg
 from conductor.wire.errors import InvalidRequest, error_json, status_of
-from conductor.wire.packing import pack_lengths
 from conductor.worker.backup_folder import check_folder, folder_round
 from conductor.worker.depot_stream import DepotStreams
 from conductor.worker.far_horizon import CheckpointShelf, Shelved, served_chunk_bytes, stream_checkpoint
@@ -43,6 +42,7 @@ from conductor.worker.retention import depot_partitions
 from conductor.worker.runtime import LocalModules
 from conductor.worker.subscription_service import subscription_stream
 from pstate.errors import CorruptStore, PStateError
+from pstate.packed_records import PackedRecords
 from replog.errors import EntryTooLarge, NotLeader, ReplogError
 from replog.messages import Ack
 from topology.entries.requests import BatchChange, BatchCommit, DepotAppend, DepotTrim
@@ -303,10 +303,10 @@ class ClientService(pbg.ClientServicer):
                                                             request.end or None, request.max_bytes or 1 << 20,
                                                             request.strict)
         if request.packed:  # one bytes field instead of one per record: the reader slices it without copies
-            reply = pb.DepotReadReply(packed=b"".join(records), lengths=pack_lengths(records), start=start, next=nxt,
+            reply = pb.DepotReadReply(packed=records.data, lengths=records.lengths, start=start, next=nxt,
                                       epoch=host.replica.epoch, offsets=offsets)
         else:
-            reply = pb.DepotReadReply(records=records, start=start, next=nxt, epoch=host.replica.epoch,
+            reply = pb.DepotReadReply(records=records.split(), start=start, next=nxt, epoch=host.replica.epoch,
                                       offsets=offsets)
         if request.times:  # the records' times, as runs
             with reports_damage(host):
@@ -319,7 +319,7 @@ class ClientService(pbg.ClientServicer):
     async def DepotStream(self, request: pb.DepotStreamRequest, context: Any) -> AsyncIterator[pb.DepotStreamReply]:
         """A Spark partition's ranges on one stream; each reply read as a strict, packed ``DepotRead``."""
 
-        def read(task: int, start: int, end: int, max_bytes: int) -> tuple[list[bytes], int, int, list[int], int]:
+        def read(task: int, start: int, end: int, max_bytes: int) -> tuple[PackedRecords, int, int, list[int], int]:
             host, store = self._leader_store(request.module, task)
             with reports_damage(host):
                 records, first, nxt, offsets = store.depot_read(request.depot, task, start, end, max_bytes, True)

@@ -24,6 +24,7 @@ from conductor.wire.checked import checked_handler
 from conductor.wire.errors import error_from_rpc
 from conductor.worker.depot_stream import DepotStreams
 from conductor.worker.services import ClientService
+from pstate.packed_records import PackedRecords
 from replog.errors import NotLeader, OffsetOutOfRange
 from topology.spark.errors import DepotOffsetOutOfRange
 from topology.spark.fetch import Fetcher
@@ -41,7 +42,7 @@ class _Store:
         self.reads = 0
 
     def depot_read(self, depot: str, task: int, start: int, end: int | None, max_bytes: int,
-                   strict: bool = False) -> tuple[list[bytes], int, int, list[int]]:
+                   strict: bool = False) -> tuple[PackedRecords, int, int, list[int]]:
         assert strict, "the stream's reads are strict"
         self.reads += 1
         if start < self.start[task]:
@@ -53,7 +54,7 @@ class _Store:
                 break
             out.append(rec)
             size += len(rec)
-        return out, start, start + len(out), []
+        return PackedRecords.of(out), start, start + len(out), []
 
     def depot_info(self, depot: str, task: int) -> tuple[int, int]:
         return self.start[task], len(self.records[task])

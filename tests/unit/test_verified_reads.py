@@ -16,7 +16,7 @@ import pytest
 
 from pstate import CorruptStore, Map, P, TaskGroupStore
 from pstate.reader import scan_chunks
-from pstate.store import depot_cf, pstate_cf
+from pstate.store import pstate_cf
 
 SCHEMAS = {"$$m": Map(int, str)}
 N = 20_000
@@ -28,7 +28,8 @@ def _damaged(tmp_path: Path) -> TaskGroupStore:
     s = TaskGroupStore(path, SCHEMAS, depots=["*d"])
     b = s.changes()
     b.set_many("$$m", [(i, f"value-{i:08d}-" + "x" * 40) for i in range(N)])
-    b.depot_append("*d", 0, [f"record-{i:08d}-" + "y" * 40 for i in range(N)])
+    for lo in range(0, N, 100):  # appends of 100: stored batches, the damage inside one of them
+        b.depot_append("*d", 0, [f"record-{i:08d}-" + "y" * 40 for i in range(lo, lo + 100)])
     s.apply(0, b.encode())
     s.close()
     ssts = sorted(glob.glob(str(path / "*.sst")), key=os.path.getsize)
@@ -58,7 +59,6 @@ def test_intact_store_reads_everything_and_verifies(tmp_path: Path) -> None:
     first, nxt, raw = s.depot("*d").read_raw(0, 0, max_bytes=1 << 30)
     assert (first, nxt, len(raw)) == (0, 1000, 1000)
     r = s.applied_reader()
-    assert len(r.values(depot_cf("*d"), b"", b"\xff" * 12, 10_000, 1 << 30)) == 1000  # a range past its end
     assert len(list(r.scan(pstate_cf("$$m"), b"", None, reverse=True))) == 1000
     assert sum(map(len, scan_chunks(r, pstate_cf("$$m"), b"", None, lambda: 64))) == 1000
     s.close()
@@ -82,8 +82,6 @@ def test_damaged_sst_fails_every_scan_path(tmp_path: Path) -> None:
             s.depot("*d").read(0, 0, max_bytes=1 << 30)
         with pytest.raises(CorruptStore):
             s.depot("*d").read_raw(0, 0, max_bytes=1 << 30)
-        with pytest.raises(CorruptStore):
-            r.values(depot_cf("*d"), b"", b"\xff" * 12, 10 * N, 1 << 30)
     finally:
         s.close()
 
