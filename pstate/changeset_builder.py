@@ -16,6 +16,7 @@ from pstate.depot_batches import append_writes
 from pstate.depots import (
     META,
     PartitionInfo,
+    batched_key,
     check_offset,
     check_partition,
     depot_cf,
@@ -194,6 +195,8 @@ class ChangeSetBuilder:
                 self.writes.put(META, *run)
         # one key for the whole append (a batch value) or for its one record: pstate.depot_batches
         self.writes.put_many(depot_cf(depot), *append_writes(partition, start, records))
+        if len(records) > 1 and self._reader.get(META, batched_key(depot, p)) is None:
+            self.writes.put(META, batched_key(depot, p), b"")  # its first batch: reads go key by key (pstate.depots)
         added = info.appended_bytes + sum(map(len, records))
         self.writes.put(META, depot_meta_key(depot, p), encode_partition_meta(PartitionInfo(info.start, end, added),
                                                                               last))

@@ -7,6 +7,14 @@ and why). ``_meta`` holds each partition's ``[start, end)`` and the bytes ever a
 by size measures, :mod:`pstate.retention`); every read clamps to ``start`` (a trim may leave a batch's records
 below it on disk). Writes go through ``ChangeSetBuilder`` (pstate.store); this module has the reads.
 
+A partition that never stored a batch (an older store, or a depot filled one record an append) holds only record
+keys, so its offsets map to keys one to one, and a read takes its values in RocksDB's C loop without building
+a key object per record (:meth:`pstate.reader.DbReader.values`), as reads did before batches. The first batch a
+partition stores writes ``db:`` + depot + NUL + partition (u32) -> empty in ``_meta`` (:func:`batched_key`, in
+the same entry, so every replica has it with the batch and a reader that sees the batch sees it too); a
+partition with it is read key by key (:func:`pstate.depot_batches.read_slice`). It is never removed: a trim or a
+compaction that leaves no batch only keeps the partition on the general path.
+
 Record times. Every record has a time in milliseconds: the leader's clock when it built the entry, or an
 event time the app gave with the append. Records appended together share one time, so times are kept as
 *runs* in ``_meta``: ``dt:`` + depot + partition + first offset -> time (i64) + the partition's max-so-far
@@ -31,7 +39,8 @@ from typing import TYPE_CHECKING, Any
 from pstate.codec import unpack_many
 from pstate.depot_batches import Slice, read_slice
 from pstate.errors import SchemaMismatch, rocks_errors
-from pstate.packed_records import PackedRecords
+from pstate.packed_records import PackedRecords, pack_lengths
+from pstate.reader import DbReader
 
 if TYPE_CHECKING:
     from pstate.engine import Reader
@@ -44,6 +53,7 @@ DEPOT_META, DEPOT_META_END = _DEPOT_META, b"d;"
 #: pstate.compaction's cursor key prefix (a compacted partition has one)
 COMPACTION_CURSOR = b"kx:"
 _DEPOT_TIME = b"dt:"
+_BATCHED = b"db:"
 _TIME = 1 << 63
 _U32 = 1 << 32
 _U64 = 1 << 64
@@ -51,6 +61,11 @@ _U64 = 1 << 64
 
 def depot_cf(name: str) -> str:
     return "depot:" + name
+
+
+def batched_key(name: str, p: bytes) -> bytes:
+    """The ``_meta`` key saying the partition (``p``: u32) stored a batch (module docstring)."""
+    return _BATCHED + name.encode() + b"\x00" + p
 
 
 @dataclass(frozen=True)
@@ -116,8 +131,27 @@ class DepotView:
         stop = info.end if end is None else min(check_offset(end, "end"), info.end)
         compacted = self.compacted(partition)
         with rocks_errors("read", self._store.path):
+            first = max(start, info.start)
+            if not compacted and stop > first:
+                fast = self._record_keys_slice(partition, first, stop, max_bytes)
+                if fast is not None:
+                    return fast, stop, False
             return read_slice(self._reader, self._cf, partition, max(start, info.start), stop, info.end,
                               max_bytes, not compacted), stop, compacted
+
+    def _record_keys_slice(self, partition: int, first: int, stop: int, max_bytes: int) -> Slice | None:
+        """Records ``first <= offset < stop`` of a partition holding only record keys (module docstring), read
+        as values alone; None: not such a partition, or a trim ran between the reads (read it key by key)."""
+        p = check_partition(partition)
+        reader = self._reader
+        if not isinstance(reader, DbReader) or reader.get(META, batched_key(self.name, p)) is not None:
+            return None  # (read after the bounds: a batch below `stop` was applied with its mark before them)
+        lo = p + first.to_bytes(8, "big")
+        got = reader.values(self._cf, lo, p + stop.to_bytes(8, "big"), stop - first, max_bytes)
+        # Offsets are dense and trims only ever remove a prefix: if `first` is still there, the values began at it.
+        if not got or (len(got) < stop - first and sum(map(len, got)) < max_bytes) or reader.get(self._cf, lo) is None:
+            return None
+        return Slice([(first, len(got))], PackedRecords(b"".join(got), pack_lengths(got)), len(got) < stop - first)
 
     def read(self, partition: int, start: int, end: int | None = None,
              max_bytes: int = 1 << 20) -> list[tuple[int, Any]]:

@@ -25,6 +25,8 @@ import rocksdict
 
 from pstate.errors import translate
 
+#: values fetched per C call by :meth:`DbReader.values`
+_VALUES_CHUNK = 4096
 
 class DbReader:
     """Reads committed (applied) state straight from RocksDB."""
@@ -82,6 +84,45 @@ class DbReader:
             raise translate(exc, "scan", self._path) from exc
         finally:
             del ro  # (kept alive while rocksdict's iterator runs: see scan)
+
+    def values(self, cf: str, lo: bytes, hi: bytes, limit: int, max_bytes: int) -> list[bytes]:
+        """Values of keys in ``[lo, hi)``, at most ``limit``, stopping once ``max_bytes`` are read.
+
+        The keys are not built as Python objects and the loop runs in C, a
+        chunk at a time: a depot read serving Spark spends a third of its node
+        time on keys it only needs to count.
+        """
+        ro = rocksdict.ReadOptions()
+        ro.set_iterate_upper_bound(hi)
+        db: Any = self._cfs[cf]
+        out: list[bytes] = []
+        total = 0
+        try:
+            it = db.values(from_key=lo, read_opt=ro)
+            while len(out) < limit and total < max_bytes:
+                want = min(_VALUES_CHUNK, limit - len(out))
+                chunk = list(itertools.islice(it, want))
+                ended = len(chunk) < want
+                if ended:  # the iterator ended: at the range's end, or at a damaged block?
+                    # Values carry no keys, so the check walks the range's keys again; only a read that
+                    # reaches its range's end pays it (a depot read asks for the records it knows exist).
+                    _verify_keys(db, ro, lo)
+                if not chunk:
+                    break
+                size = sum(map(len, chunk))
+                if total + size >= max_bytes:  # keep up to the record that reaches max_bytes, as scan() readers do
+                    cut = next(i for i, c in enumerate(itertools.accumulate(map(len, chunk), initial=total))
+                               if c >= max_bytes)
+                    chunk = chunk[:max(1, cut)]
+                    size = sum(map(len, chunk))
+                out.extend(chunk)
+                total += size
+                if ended:
+                    break
+        except Exception as exc:
+            raise translate(exc, "scan", self._path) from exc
+        del ro  # rocksdict's iterator does not keep its ReadOptions (and upper bound) alive: we do, until here
+        return out
 
     @staticmethod
     def _forward(db: Any, items: Iterator[tuple[bytes, bytes]], lo: bytes, ro: rocksdict.ReadOptions,

@@ -14,8 +14,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pstate.compaction import compact, cursor
-from pstate.depot_batches import BATCH_TAG, batch_key, encode_batch, record_key
-from pstate.depots import META, PartitionInfo, check_partition, depot_meta_key, encode_partition_meta
+from pstate.depot_batches import BATCH_TAG, batch_key, encode_batch, read_slice, record_key
+from pstate.depots import (
+    META,
+    PartitionInfo,
+    batched_key,
+    check_partition,
+    depot_meta_key,
+    encode_partition_meta,
+)
 from pstate.errors import CorruptStore
 from pstate.retention import trim
 from pstate.store import TaskGroupStore, depot_cf
@@ -207,3 +214,27 @@ def test_reads_match_a_model_list(tmp_path_factory: Any, ops: list[tuple[str, in
             else:
                 assert (first, nxt) == ((want[0], want[n - 1] + 1) if want else (start, start))
             assert [o for o, _ in d.read(0, start, stop, max_bytes)] == want[:n]
+
+
+def test_a_partition_of_record_keys_only_is_read_as_values_until_its_first_batch(store: TaskGroupStore) -> None:
+    """A partition that never stored a batch (single-record appends, older stores) reads its values in RocksDB's
+    C loop (no key object per record); its first batch marks it in ``_meta`` and reads go key by key."""
+    run = Applier(store)
+    for r in "abcdef":
+        run(lambda b, r=r: b.depot_append(D, 1, [r]))
+    view = store.depot(D)
+    p = check_partition(1)
+    assert store.applied_reader().get(META, batched_key(D, p)) is None
+    fast = view._record_keys_slice(1, 1, 5, 1 << 20)
+    assert fast is not None and fast.spans == [(1, 4)] and fast.records.split() == [msgpack.packb(r) for r in "bcde"]
+    cut = view._record_keys_slice(1, 0, 6, 5)  # max_bytes: up to the record that reaches it (2-byte records)
+    assert cut is not None and cut.spans == [(0, 3)] and cut.full
+    assert cut == read_slice(store.applied_reader(), CF, 1, 0, 6, 6, 5)  # what the key-by-key read gives
+    assert view.read_packed(1, 2, 4, 1 << 20)[1:3] == (2, 4)
+    run(lambda b: b.depot_trim(D, 1, 2))
+    assert view.read(1, 0) == list(enumerate("abcdef"))[2:]  # from the start, the trimmed prefix never read
+    run(lambda b: b.depot_append(D, 1, ["g", "h"]))
+    assert store.applied_reader().get(META, batched_key(D, p)) == b""
+    assert view._record_keys_slice(1, 2, 8, 1 << 20) is None
+    assert view.read(1, 0) == list(enumerate("abcdefgh"))[2:]
+    assert view.read_packed(1, 3, 7, 1 << 20)[0].split() == [msgpack.packb(r) for r in "defg"]
