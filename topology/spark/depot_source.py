@@ -187,7 +187,7 @@ class DepotStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _statuses(self) -> dict[int, PartitionStatus]:
         m = self._m()
-        m.refresh()
+        m.reload()
         return m.depot_statuses(self.opts.depot)
 
     def initialOffset(self) -> dict[str, Any]:
