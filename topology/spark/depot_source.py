@@ -68,9 +68,13 @@ Why it is shaped this way:
   not handle exactly goes the general way (one msgpack call per reply, then
   pyarrow converts the dicts, or JSON for ``value``).
 * **Spark pays per job.** A batch read is planned in a Python worker Spark
-  reuses, so planning keeps one ZooKeeper session per process (it still reads
-  the module and its leaders from ZooKeeper, and every partition's offsets from
-  its leader, on every planning) and asks the leaders for all partitions at once.
+  reuses, so planning keeps one ZooKeeper session, the workers' addresses and
+  its gRPC stubs per process. It still reads the module and its leaders from
+  ZooKeeper on every planning (in one round trip: the reads pipelined, see
+  ``Modules.get_with_groups``) and every partition's offsets from its leader,
+  all at once (blocking calls on a kept thread pool: a ``.future()`` would
+  start the channel's spin thread again for every planning). An address that
+  went stale fails its call, which looks the worker up again.
 """
 
 from __future__ import annotations
