@@ -145,6 +145,7 @@ class DepotBatchReader(DataSourceReader):
     def partitions(self) -> list[DepotPartition]:
         mark("plan_start")
         with ModuleMeta(self.opts.cluster, self.opts.module, shared=True, tls=self.opts.tls) as meta:
+            mark("plan_leaders")  # the module and its leaders read; next, each partition's offsets
             statuses = meta.depot_statuses(self.opts.depot)
             starts = resolve_starts(self.opts, statuses, meta)
             ends = resolve_ends(self.opts, statuses, starts, meta)
