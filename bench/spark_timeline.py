@@ -16,8 +16,10 @@ Python workers) are lined up against its start and end in this process:
   depot's stream open, the node's first reply, its decoding);
 * ``read``: the first task's ``read`` to the last one's end (the Python workers' share of the stage);
 * ``tail``: the last read's end to the job's end (Spark finishing the stage, the shuffle, the second stage);
-* for the depot only: ``first_reply`` (a task's ``read`` to its first reply, median over tasks) and
-  ``decode`` (the time a task spends turning its replies into Arrow, summed, median over tasks).
+* for the depot only: ``plan_leaders`` (the part of ``plan`` that reads the module and its leaders from
+  ZooKeeper; the rest asks the leaders for the offsets), ``first_reply`` (a task's ``read`` to its first
+  reply, median over tasks) and ``decode`` (the time a task spends turning its replies into Arrow, summed,
+  median over tasks).
 
 It prints the phases' medians in ms and, as its last line, one JSON object with them and
 ``depot_vs_ceiling`` (the ceiling's median job time over the depot's, the ratio ``bench.microbatch``
@@ -52,7 +54,7 @@ from topology.spark.timeline import Mark
 #: the phases of every job, in order (module docstring)
 PHASES = ("job", "to_plan", "plan", "to_read", "stagger", "first_batch", "read", "tail")
 #: the depot's own phases
-DEPOT_PHASES = ("first_reply", "decode")
+DEPOT_PHASES = ("plan_leaders", "first_reply", "decode")
 
 
 def _tasks(marks: Sequence[Mark]) -> list[list[Mark]]:
@@ -93,6 +95,9 @@ def phases(marks: Sequence[Mark], start: float, end: float) -> dict[str, float]:
            "to_read": first - plan_end, "stagger": tasks[-1][0].at - first,
            "first_batch": statistics.median(batches) if batches else 0.0, "read": last_end - first,
            "tail": end - last_end}
+    leaders = [m.at for m in within if m.event == "plan_leaders"]
+    if leaders:
+        out["plan_leaders"] = max(leaders) - plan_start
     replies = [(at - t[0].at) for t in tasks if (at := first_at(t, "reply")) is not None]
     if replies:
         out["first_reply"] = statistics.median(replies)

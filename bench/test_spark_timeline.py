@@ -17,7 +17,7 @@ def at(ms: float, pid: int, event: str, detail: str = "") -> Mark:
 def test_a_depot_job_splits_into_its_phases() -> None:
     marks = [
         at(-50, 7, "read_end"),  # an earlier job's mark: outside this one
-        at(100, 1, "plan_start"), at(112, 1, "plan_end", "2"),
+        at(100, 1, "plan_start"), at(103, 1, "plan_leaders"), at(112, 1, "plan_end", "2"),
         at(200, 2, "read_start", "0"), at(201, 2, "stream_open", "0"), at(205, 2, "reply", "4096"),
         at(207, 2, "decoded", "4096"), at(208, 2, "taken", "0"), at(209, 2, "reply", "8192"),
         at(212, 2, "decoded", "8192"), at(213, 2, "taken", "0"), at(290, 2, "read_end", "0"),
@@ -27,7 +27,8 @@ def test_a_depot_job_splits_into_its_phases() -> None:
     p = phases(marks, T0, T0 + 0.45)
     assert set(p) == {*PHASES, *DEPOT_PHASES}
     assert p == pytest.approx({"job": 450, "to_plan": 100, "plan": 12, "to_read": 88, "stagger": 10,
-                               "first_batch": 10, "read": 100, "tail": 150, "first_reply": 7.5, "decode": 3.0},
+                               "first_batch": 10, "read": 100, "tail": 150, "plan_leaders": 3, "first_reply": 7.5,
+                               "decode": 3.0},
                               abs=0.01)
 
 

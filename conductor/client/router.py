@@ -56,8 +56,8 @@ class LeaderRouter:
         cached = self._modules.get(module)  # a dict read is atomic; writers hold the lock
         if cached is not None and not refresh:
             return cached
-        spec, _version = self.metastore.modules.get(module)
-        groups = {g: st for g, (st, _v) in self.metastore.groups.all(module).items()}
+        # one round trip when the module was seen before (its group count is known)
+        spec, groups = self.metastore.modules.get_with_groups(module, cached.spec.threads if cached else None)
         fresh = ModuleRoutes(spec, groups)
         with self._lock:
             self._modules[module] = fresh

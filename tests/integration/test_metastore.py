@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from kazoo.client import KazooClient
 
+from conductor.client.router import LeaderRouter
 from conductor.metastore import (
     GroupNotFound,
     GroupState,
@@ -277,3 +278,80 @@ def test_connection_hooks_pause_step_down_and_reregister(tmp_path: Path) -> None
 
 def test_group_path_layout() -> None:
     assert group_path("WordCount", 3) == "/millrace/modules/WordCount/groups/3"
+
+
+# ---- a module's spec and groups in one round trip (Modules.get_with_groups), as the leader router reads them
+
+
+def plain(ms: Metastore, name: str) -> tuple[ModuleSpec, dict[int, GroupState]]:
+    spec, _v = ms.modules.get(name)
+    return spec, {g: st for g, (st, _v) in ms.groups.all(name).items()}
+
+
+def test_the_pipelined_read_answers_what_the_plain_reads_answer(ms: Metastore,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    name = unique("Routes")
+    spec = make_spec(name, threads=3)
+    ms.modules.create(spec, initial_groups(3))
+    st, version = ms.groups.get(name, 1)
+    ms.groups.cas(name, 1, switch_leader(st, st.isr[1]), version)  # a version and a leader other than the initial
+    expected = plain(ms, name)
+    plain_reads = 0
+    sequential = ms.call
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal plain_reads
+        plain_reads += 1
+        return sequential(*args, **kwargs)
+
+    monkeypatch.setattr(ms, "call", counted)
+    for hint, reads in ((None, 5), (3, 0)):  # without a hint: spec, children, 3 groups; with it, none of those
+        plain_reads = 0
+        got = ms.modules.get_with_groups(name, hint)
+        assert got == expected and plain_reads == reads
+        assert got[0] == spec and got[1][1].leader == st.isr[1] and got[1][1].version == version + 1
+
+
+def test_a_module_deployed_again_with_another_group_count_is_read_whole(ms: Metastore) -> None:
+    """The hint is the group count seen last; a module destroyed and deployed again under the same name with
+    more or fewer groups is read the plain way, whole."""
+    name = unique("Redeployed")
+    ms.modules.create(make_spec(name), initial_groups())
+    for threads, hint in ((3, 2), (1, 3)):
+        ms.modules.delete(name)
+        ms.modules.create(make_spec(name, threads=threads), initial_groups(threads))
+        spec, groups = ms.modules.get_with_groups(name, hint)
+        assert spec.threads == threads and sorted(groups) == list(range(threads))
+
+
+def test_no_module_is_module_not_found_with_or_without_a_hint(ms: Metastore) -> None:
+    for hint in (None, 2):
+        with pytest.raises(ModuleNotFound):
+            ms.modules.get_with_groups(unique("Missing"), hint)
+
+
+def test_a_refresh_after_a_leader_move_sees_the_new_leader(ms: Metastore, zk_hosts: str) -> None:
+    """The router's refresh (what the Spark planner does before every plan) reads the moved leader, through
+    another session than the one that moved it."""
+    name = unique("Moved")
+    ms.modules.create(make_spec(name), initial_groups())
+    with Metastore(zk_hosts, session_timeout=2.0) as other:
+        router = LeaderRouter(other)
+        assert router.routes(name).groups[0].leader == "n1"
+        st, version = ms.groups.get(name, 0)
+        ms.groups.cas(name, 0, switch_leader(st, "n2"), version)
+        assert router.routes(name).groups[0].leader == "n1"  # cached until asked to refresh
+        fresh = router.routes(name, refresh=True).groups[0]
+        assert (fresh.leader, fresh.epoch) == ("n2", st.epoch + 1)
+
+
+def test_a_closed_session_fails_as_the_plain_reads_fail(ms: Metastore, zk_hosts: str) -> None:
+    name = unique("Closed")
+    ms.modules.create(make_spec(name), initial_groups())
+    other = Metastore(zk_hosts, session_timeout=2.0, op_timeout=1.0).start()
+    other.close()
+    with pytest.raises(Exception) as pipelined:
+        other.modules.get_with_groups(name, 2)
+    with pytest.raises(Exception) as sequential:
+        plain(other, name)
+    assert type(pipelined.value) is type(sequential.value)

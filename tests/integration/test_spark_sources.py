@@ -28,11 +28,12 @@ from topology.spark import (
     register,
 )
 from topology.spark.arrow import RowBuilder
-from topology.spark.depot_source import DepotStreamReader
+from topology.spark.depot_source import DepotBatchReader, DepotStreamReader
 from topology.spark.fetch import read_partition
 from topology.spark.options import DepotOptions
 from topology.spark.planning import (
     DepotPartition,
+    ModuleMeta,
     TaskRange,
     apply_limit,
     offsets_from_json,
@@ -168,6 +169,42 @@ def test_a_partition_planned_at_a_non_leader_finds_the_leader_through_zookeeper(
     got = [row for b in read_partition(part, RowBuilder(schema, True)) for row in b.to_pylist()]
     assert len(got) == sum(r.end - r.start for r in ranges)
     assert {(r["task"], r["offset"]) for r in got} == {(r.task, o) for r in ranges for o in range(r.start, r.end)}
+
+
+def test_each_plan_reads_the_leaders_again_and_a_stale_address_fails_over(
+        dc: DevCluster, client: Cluster, clicks: list[dict[str, Any]]) -> None:
+    """The planner keeps its ZooKeeper session and the workers' addresses between jobs (Spark reuses its Python
+    planner), not the leaders: a plan after a hand-off goes to the new leader, at its epoch, and an address
+    that went stale (a worker restarted elsewhere) fails its PartitionInfo and is looked up again."""
+    from pyspark.sql.types import StructType
+
+    opts = DepotOptions.parse({"cluster": dc.hosts, "module": "Clicks", "depot": "*clicks"})
+    reader = DepotBatchReader(opts, StructType.fromDDL("task int, offset long, epoch long, value string"))
+    ends = {t: client.depot("Clicks", "*clicks").partition_status(t).end for t in range(4)}
+
+    def planned() -> tuple[dict[int, str], dict[int, int]]:
+        parts = reader.partitions()
+        assert {(r.task, r.start, r.end) for p in parts for r in p.ranges} == {(t, 0, e) for t, e in ends.items()}
+        return ({p.group: p.address for p in parts},
+                {p.group: min(r.epoch for r in p.ranges) for p in parts})
+
+    planned()
+    with Metastore(dc.hosts) as ms:
+        st, _v = ms.groups.get("Clicks", 0)
+        to = next(r for r in st.isr if r != st.leader)
+        ms.resigns.request("Clicks", 0, to, st.epoch, ms.nodes.sessions()[to])
+        wait_for(lambda: ms.groups.get("Clicks", 0)[0].epoch > st.epoch, 20, f"group 0 handed to {to}")
+        moved, _v = ms.groups.get("Clicks", 0)
+        other, _v = ms.groups.get("Clicks", 1)
+        address = {n: info.address for n in (moved.leader, other.leader) if (info := ms.nodes.get(n)) is not None}
+    addresses, epochs = planned()
+    assert addresses[0] == address[moved.leader] and epochs[0] == moved.epoch
+    # A worker's address as this process last saw it, gone stale (nothing listens on port 9 here).
+    shared = ModuleMeta(dc.hosts, "Clicks", shared=True)
+    shared.router._addresses[other.leader] = "127.0.0.1:9"
+    addresses, epochs = planned()
+    assert addresses == {0: address[moved.leader], 1: address[other.leader]}
+    assert epochs == {0: moved.epoch, 1: other.epoch}
 
 
 # ------------------------------------------------------------------------------------------- streaming

@@ -31,8 +31,11 @@ def metastore(leaders: dict[int, str | None]) -> Any:
         reads.append(f"node {node_id}")
         return SimpleNamespace(address=f"10.0.0.{node_id[1:]}:1") if node_id != "n9" else None
 
-    return SimpleNamespace(modules=SimpleNamespace(get=lambda m: (SPEC, 0)), groups=SimpleNamespace(all=list_groups),
-                           nodes=SimpleNamespace(get=get_node), reads=reads)
+    def with_groups(module: str, _hint: int | None) -> tuple[Any, dict[int, GroupState]]:
+        return SPEC, {g: st for g, (st, _v) in list_groups(module).items()}
+
+    return SimpleNamespace(modules=SimpleNamespace(get=lambda m: (SPEC, 0), get_with_groups=with_groups),
+                           groups=SimpleNamespace(all=list_groups), nodes=SimpleNamespace(get=get_node), reads=reads)
 
 
 def test_moved_or_unreachable_leaders_are_retried_with_doubling_backoff() -> None:

@@ -68,9 +68,13 @@ Why it is shaped this way:
   not handle exactly goes the general way (one msgpack call per reply, then
   pyarrow converts the dicts, or JSON for ``value``).
 * **Spark pays per job.** A batch read is planned in a Python worker Spark
-  reuses, so planning keeps one ZooKeeper session per process (it still reads
-  the module and its leaders from ZooKeeper, and every partition's offsets from
-  its leader, on every planning) and asks the leaders for all partitions at once.
+  reuses, so planning keeps one ZooKeeper session, the workers' addresses and
+  its gRPC stubs per process. It still reads the module and its leaders from
+  ZooKeeper on every planning (in one round trip: the reads pipelined, see
+  ``Modules.get_with_groups``) and every partition's offsets from its leader,
+  all at once (blocking calls on a kept thread pool: a ``.future()`` would
+  start the channel's spin thread again for every planning). An address that
+  went stale fails its call, which looks the worker up again.
 """
 
 from __future__ import annotations
@@ -141,6 +145,7 @@ class DepotBatchReader(DataSourceReader):
     def partitions(self) -> list[DepotPartition]:
         mark("plan_start")
         with ModuleMeta(self.opts.cluster, self.opts.module, shared=True, tls=self.opts.tls) as meta:
+            mark("plan_leaders")  # the module and its leaders read; next, each partition's offsets
             statuses = meta.depot_statuses(self.opts.depot)
             starts = resolve_starts(self.opts, statuses, meta)
             ends = resolve_ends(self.opts, statuses, starts, meta)
@@ -187,7 +192,7 @@ class DepotStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _statuses(self) -> dict[int, PartitionStatus]:
         m = self._m()
-        m.refresh()
+        m.reload()
         return m.depot_statuses(self.opts.depot)
 
     def initialOffset(self) -> dict[str, Any]:

@@ -14,6 +14,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from pyspark.sql.datasource import InputPartition
 from conductor.client.code import default_cache, load_deployed
 from conductor.client.handles import PartitionStatus
 from conductor.client.retry import Retry
-from conductor.client.router import LeaderRouter
+from conductor.client.router import LeaderRouter, ModuleRoutes
 from conductor.metastore import Metastore, MetastoreError, ModuleNotFound
 from conductor.security.tls import TlsError, TlsFiles, TlsSource
 from conductor.wire import millrace_pb2 as pb
@@ -46,7 +47,9 @@ RPC_TIMEOUT_S = 30.0
 RETRY_S = 45.0
 
 
-_CHANNELS: dict[tuple[str, TlsPaths | None], grpc.Channel] = {}
+#: one stub on one channel per (address, TLS files): a stub costs 60 us to make (it registers each method
+#: with the channel), several a planning and one a Spark partition
+_STUBS: dict[tuple[str, TlsPaths | None], pbg.ClientStub] = {}
 
 
 #: the readers' channels: a ``DepotStream`` (their one server stream) is read on the thread that iterates it
@@ -77,48 +80,72 @@ def _tls_source(tls: TlsPaths) -> TlsSource:
 def client_stub(address: str, tls: TlsPaths | None = None) -> pbg.ClientStub:
     """A stub on a channel shared by every read in this Python process (Spark reuses its workers); mutual TLS
     with the files `tls` names (the read's tlsCa/tlsCert/tlsKey options)."""
+    stub = _STUBS.get((address, tls))  # a dict read is atomic; writers hold the lock
+    if stub is not None:
+        return stub
     with _CHANNELS_LOCK:
-        ch = _CHANNELS.get((address, tls))
-        if ch is None:
+        stub = _STUBS.get((address, tls))
+        if stub is None:
             if tls is None:
                 ch = grpc.insecure_channel(address, options=READER_CHANNEL_OPTIONS)
             else:
                 ch = grpc.secure_channel(address, _tls_source(tls).grpc_channel_credentials(),
                                          options=READER_CHANNEL_OPTIONS)
-            _CHANNELS[(address, tls)] = ch
-    return pbg.ClientStub(ch)
+            stub = _STUBS[(address, tls)] = pbg.ClientStub(ch)
+    return stub
 
 
-_SESSIONS: dict[tuple[int, str], Metastore] = {}
+_SESSIONS: dict[tuple[int, str], tuple[Metastore, LeaderRouter]] = {}
 
 
 _SESSIONS_LOCK = threading.Lock()
 
 
-def _shared_session(zk_hosts: str) -> Metastore:
-    """A ZooKeeper session kept for every planning in this process (Spark reuses its Python planner workers).
+def _shared_session(zk_hosts: str) -> tuple[Metastore, LeaderRouter]:
+    """A ZooKeeper session and its leader router, kept for every planning in this process (Spark reuses its
+    Python planner workers).
 
-    Only the connection is shared: every planning still reads the module and
-    its leaders from ZooKeeper and the offsets from the leaders, so nothing a
-    plan depends on is cached. A session that fails is dropped and replaced.
+    The connection and the workers' addresses are shared; every planning still
+    reads the module and its leaders from ZooKeeper (one round trip:
+    ``Modules.get_with_groups``) and the offsets from the
+    leaders, so nothing a plan depends on is taken from an earlier planning. An
+    address that went stale (a worker restarted elsewhere) fails its call, which
+    looks it up again (:meth:`ModuleMeta.call`). A session that fails is dropped
+    and replaced.
     """
     key = (os.getpid(), zk_hosts)  # a forked child must not use its parent's session
     with _SESSIONS_LOCK:
-        ms = _SESSIONS.get(key)
-        if ms is None or not ms.connected:
-            if ms is not None:
-                ms.close()
+        shared = _SESSIONS.get(key)
+        if shared is None or not shared[0].connected:
+            if shared is not None:
+                shared[0].close()
             ms = Metastore(zk_hosts, session_timeout=10.0).start()
-            _SESSIONS[key] = ms
-        return ms
+            shared = _SESSIONS[key] = (ms, LeaderRouter(ms))
+        return shared
 
 
 def _drop_shared_session(ms: Metastore) -> None:
     with _SESSIONS_LOCK:
         for key, cached in list(_SESSIONS.items()):
-            if cached is ms:
+            if cached[0] is ms:
                 del _SESSIONS[key]
     ms.close()
+
+
+#: threads that make a planning's PartitionInfo calls at once: blocking calls, each polled by its own thread
+#: (a ``.future()`` needs the channel's spin thread, which gRPC starts again, 2-4 ms, for every planning
+#: since none of its calls is in flight in between); kept for the process, as the channels are
+_INFO_THREADS = 8
+#: by pid: a forked child makes its own (its parent's threads are not in it)
+_INFO_POOLS: dict[int, ThreadPoolExecutor] = {}
+
+
+def _info_pool() -> ThreadPoolExecutor:
+    """(holding _CHANNELS_LOCK) this process's pool for PartitionInfo calls."""
+    pool = _INFO_POOLS.get(os.getpid())
+    if pool is None:
+        pool = _INFO_POOLS[os.getpid()] = ThreadPoolExecutor(_INFO_THREADS, thread_name_prefix="millrace-plan")
+    return pool
 
 
 class ModuleMeta:
@@ -127,8 +154,10 @@ class ModuleMeta:
     Used on the Spark driver for planning and, on executors, only after a read
     failed with ``NotLeader`` or an unreachable node. Holds a kazoo session, so
     it is never pickled: readers keep it out of their state. With ``shared``,
-    the session is this process's shared one (see :func:`_shared_session`),
-    which ``close`` leaves open.
+    the session and its router are this process's shared ones (see
+    :func:`_shared_session`; ``close`` leaves them open), and the module and
+    its leaders are read again now: a planning never starts from an earlier
+    one's leaders.
     """
 
     def __init__(self, zk_hosts: str, module: str, *, shared: bool = False, tls: TlsPaths | None = None) -> None:
@@ -139,17 +168,18 @@ class ModuleMeta:
         self._shared = shared
         try:
             if shared:
-                self._ms = _shared_session(zk_hosts)
+                self._ms, self.router = _shared_session(zk_hosts)
                 try:
-                    spec = self._spec()
+                    spec = self._spec(fresh=True)
                 except MetastoreError:  # a broken shared session: start over with a new one
                     _drop_shared_session(self._ms)
-                    self._ms = _shared_session(zk_hosts)
-                    spec = self._spec()
+                    self._ms, self.router = _shared_session(zk_hosts)
+                    spec = self._spec(fresh=True)
             else:
                 self._ms = Metastore(zk_hosts, session_timeout=10.0)
                 self._ms.start()
-                spec = self._spec()
+                self.router = LeaderRouter(self._ms)
+                spec = self._spec(fresh=False)
         except MetastoreError as e:
             raise MillraceSourceError(f"cannot reach ZooKeeper at {zk_hosts!r} (option `cluster`): {e}; check the "
                                       "connect string and that the cluster runs (`conductor status`)") from e
@@ -157,10 +187,9 @@ class ModuleMeta:
         self.tasks: int = spec.tasks
         self.groups: int = spec.threads
 
-    def _spec(self) -> Any:
+    def _spec(self, fresh: bool) -> Any:
         try:
-            self.router = LeaderRouter(self._ms)
-            spec = self.router.routes(self.module).spec
+            spec = self.router.routes(self.module, refresh=fresh).spec
         except ModuleNotFound:
             known = self._ms.modules.names()
             self.close()
@@ -181,15 +210,22 @@ class ModuleMeta:
     def group_of(self, task: int) -> int:
         return int(self.spec.group_of(task))
 
+    def reload(self) -> None:
+        """Read every group's leader and epoch again (before a plan); the workers' addresses stay known (one that
+        went stale fails its call, and :meth:`call` looks it up again)."""
+        self._reload()
+
     def refresh(self) -> None:
-        """Reload every group's leader and epoch (and forget their addresses, which may have moved)."""
-        try:
-            routes = self.router.routes(self.module, refresh=True)
-        except MetastoreError as e:
-            raise MillraceSourceError(f"cannot read the task groups of module {self.module}: {e}") from e
-        for st in routes.groups.values():
+        """Reload every group's leader and epoch, and forget their addresses (a call failed: they may have moved)."""
+        for st in self._reload().groups.values():
             if st.leader is not None:
                 self.router.forget(st.leader)
+
+    def _reload(self) -> ModuleRoutes:
+        try:
+            return self.router.routes(self.module, refresh=True)
+        except MetastoreError as e:
+            raise MillraceSourceError(f"cannot read the task groups of module {self.module}: {e}") from e
 
     def leader(self, group: int) -> tuple[str, int]:
         """(gRPC address, epoch) of the group's leader; Unavailable while it has none."""
@@ -223,14 +259,16 @@ class ModuleMeta:
         Any failure of the first, concurrent round goes through :meth:`call`,
         which follows leader moves and raises what the leader said.
         """
-        first: dict[int, Any] = {}
+        first: dict[int, Future[Any]] = {}
+        with _CHANNELS_LOCK:
+            pool = _info_pool()
         for task in range(self.tasks):
             try:
                 address, _epoch = self.leader(self.group_of(task))
             except Unavailable:
                 continue
             req = pb.PartitionInfoRequest(module=self.module, depot=depot, task=task, time_ms=time_ms)
-            first[task] = client_stub(address, self.tls).PartitionInfo.future(req, timeout=RPC_TIMEOUT_S)
+            first[task] = pool.submit(client_stub(address, self.tls).PartitionInfo, req, timeout=RPC_TIMEOUT_S)
         out: dict[int, Any] = {}
         for task in range(self.tasks):
             req = pb.PartitionInfoRequest(module=self.module, depot=depot, task=task, time_ms=time_ms)
