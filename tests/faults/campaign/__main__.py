@@ -11,6 +11,7 @@ import logging
 import sys
 from pathlib import Path
 
+from tests.faults.campaign.history import BATCHED_SHARE
 from tests.faults.campaign.nemesis import EVERY_CLASS, POWER
 from tests.faults.campaign.report import Campaign
 from tests.faults.campaign.run import RunConfig, run_once
@@ -35,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fsync", choices=("always", "interval"), default="always",
                    help="the module's replication.fsync; interval also injects power_loss (unless --no power_loss)")
     p.add_argument("--flush-ms", type=int, default=100, help="the module's replication.flush.ms (interval mode)")
+    p.add_argument("--batched-share", type=float, default=BATCHED_SHARE,
+                   help="share of client calls appending 2-4 values at once, stored as one batch (0: one a call)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("kazoo", "millrace"):  # connection losses are what the nemesis causes: expected, not news
@@ -45,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("no fault class left to inject")
     campaign = Campaign()
     for i in range(args.runs):
-        cfg = RunConfig(args.seed + i, args.duration, faults, args.clients, args.secure, args.fsync, args.flush_ms)
+        cfg = RunConfig(args.seed + i, args.duration, faults, args.clients, args.secure, args.fsync, args.flush_ms,
+                        args.batched_share)
         try:
             result = run_once(cfg, args.workdir, args.keep)
         except Exception as e:

@@ -82,34 +82,65 @@ def outcome_of(error: BaseException) -> str:
 
 def append(cluster: Cluster, history: History, client: str, value: str, depot: str, key: str) -> Op:
     """One recorded append with ack="applied"."""
-    op = history.invoke(value, depot, key, client)
+    return append_batch(cluster, history, client, [value], depot, key)[0]
+
+
+def append_batch(cluster: Cluster, history: History, client: str, values: list[str], depot: str,
+                 key: str) -> list[Op]:
+    """Values appended with ack="applied" in one call, one op each: ``append`` for one, else ``append_many``.
+
+    One key, so one task: the records are one entry, stored as one batch value (pstate.depot_batches), and
+    every op ends as the call does.
+    """
+    ops = [history.invoke(v, depot, key, client) for v in values]
     handle = cluster.depot("Campaign", depot)
     try:
-        op.group = handle._route(op.record())[1]
-        handle.append(op.record(), ack="applied")
+        group = handle._route(ops[0].record())[1]
+        for op in ops:
+            op.group = group
+        if len(ops) == 1:
+            handle.append(ops[0].record(), ack="applied")
+        else:
+            handle.append_many([op.record() for op in ops], ack="applied")
     except Exception as e:
-        history.complete(op, outcome_of(e), e)
+        for op in ops:
+            history.complete(op, outcome_of(e), e)
     else:
-        history.complete(op, "ok")
-    return op
+        for op in ops:
+            history.complete(op, "ok")
+    return ops
+
+
+#: the share of a client's calls that append several values at once (a stored batch)
+BATCHED_SHARE = 0.25
+#: the most values one batched call appends
+MAX_BATCH = 4
 
 
 class Clients:
-    """`n` client threads, each appending one unique value at a time to a seeded choice of depot and key."""
+    """`n` client threads, each appending unique values to a seeded choice of depot and key: one at a time, or
+    (``batched_share`` of the calls, drawn from a generator of their own so the other draws stay as they were)
+    2 to ``MAX_BATCH`` in one call."""
 
-    def __init__(self, cluster: Cluster, history: History, n: int, seed: int) -> None:
+    def __init__(self, cluster: Cluster, history: History, n: int, seed: int,
+                 batched_share: float = BATCHED_SHARE) -> None:
+        assert 0 <= batched_share <= 1, batched_share
         self.cluster = cluster
         self.history = history
+        self.batched_share = batched_share
         self.halt = threading.Event()
-        self.threads = [threading.Thread(target=self._run, args=(f"c{i}", random.Random(seed * 1000 + i)),
+        self.threads = [threading.Thread(target=self._run, args=(f"c{i}", random.Random(seed * 1000 + i),
+                                                                 random.Random(seed * 1000 + i + 500)),
                                          name=f"campaign-client-{i}", daemon=True) for i in range(n)]
 
-    def _run(self, name: str, rng: random.Random) -> None:
+    def _run(self, name: str, rng: random.Random, sizes: random.Random) -> None:
         n = 0
         depots = sorted(COUNTED)
         while not self.halt.is_set():
-            n += 1
-            append(self.cluster, self.history, name, f"{name}-{n}", rng.choice(depots), rng.choice(KEYS))
+            k = sizes.randint(2, MAX_BATCH) if sizes.random() < self.batched_share else 1
+            values = [f"{name}-{n + j + 1}" for j in range(k)]
+            n += k
+            append_batch(self.cluster, self.history, name, values, rng.choice(depots), rng.choice(KEYS))
 
     def start(self) -> Clients:
         for t in self.threads:

@@ -19,7 +19,7 @@ from pathlib import Path
 from conductor.client import Cluster
 from tests.faults.campaign.checker import Findings, Inputs, check
 from tests.faults.campaign.cluster import WORKERS, ClusterSettings, FaultCluster
-from tests.faults.campaign.history import Clients, History, append
+from tests.faults.campaign.history import BATCHED_SHARE, Clients, History, append
 from tests.faults.campaign.module import KEYS
 from tests.faults.campaign.nemesis import EVERY_CLASS, POWER, Fault, Nemesis
 from tests.faults.campaign.replicas import ReplicaState, applied_on_disk, read_replica
@@ -44,12 +44,15 @@ class RunConfig:
     #: the module's durability mode and flush interval (ClusterSettings.fsync, flush_ms)
     fsync: str = "always"
     flush_ms: int = 100
+    #: the share of the clients' calls that append several values at once (history.Clients; 0: one a call, the
+    #: workload before session 16)
+    batched_share: float = BATCHED_SHARE
 
     def command(self) -> str:
         mode = f" --fsync interval --flush-ms {self.flush_ms}" if self.fsync == "interval" else ""
         return (f"python -m tests.faults.campaign --runs 1 --seed {self.seed} --duration {self.duration_s:g} "
                 f"--faults {','.join(self.faults)} --clients {self.clients}{' --secure' if self.secure else ''}"
-                f"{mode}")
+                f"{mode} --batched-share {self.batched_share:g}")
 
 
 @dataclass
@@ -127,7 +130,7 @@ def run_once(cfg: RunConfig, workdir: Path | None = None, keep: bool = False) ->
         nemesis = Nemesis(fc, recorder, random.Random(cfg.seed), cfg.faults, history.now)
         try:
             with Cluster.connect(fc.zk_hosts, timeout_s=CLIENT_TIMEOUT_S, tls=fc.app_tls()) as client:
-                clients = Clients(client, history, cfg.clients, cfg.seed).start()
+                clients = Clients(client, history, cfg.clients, cfg.seed, cfg.batched_share).start()
                 try:
                     nemesis.run(cfg.duration_s)
                 finally:
