@@ -96,9 +96,10 @@ class ParkedInstall:
         if error is not None:
             self.message.done.set_exception(error)
             return self.held
-        log.warning("%s: installed a checkpoint up to offset %d from %s; replaying from %d (task thread %.1f ms, "
-                    "parked %.1f ms)", name, self.upto, self.message.leader, self.upto + 1,
-                    self.task_ms + (time.perf_counter() - began) * 1e3, (began - self.began) * 1e3 - self.task_ms)
+        resume_ms = (time.perf_counter() - began) * 1e3
+        log.warning("%s: installed a checkpoint up to offset %d from %s; replaying from %d (task thread %.1f ms: "
+                    "%.1f before, %.1f after; parked %.1f ms)", name, self.upto, self.message.leader, self.upto + 1,
+                    self.task_ms + resume_ms, self.task_ms, resume_ms, (began - self.began) * 1e3 - self.task_ms)
         self.message.done.set_result(None)
         return self.held
 
