@@ -23,8 +23,8 @@ follower's checkpoint on a :class:`CheckpointShelf` until that follower's next
 round, its release call, or an idle timeout, so abandoned transfers do not pin
 old SST files forever.
 
-Install itself runs on the follower's task thread (it owns the store and the
-log): :meth:`conductor.worker.replica_host.ReplicaHost.install_checkpoint`.
+Install itself is checked and ordered by the follower's task thread (it owns the store and the
+log), its writes on an install thread while the replica is parked: :mod:`conductor.worker.checkpoint_install`.
 """
 
 from __future__ import annotations

@@ -76,7 +76,8 @@ class Fail:
 
 @dataclass(frozen=True, eq=False)
 class InstallCheckpoint:
-    """Install a fetched far-horizon checkpoint (``ReplicaHost.install_checkpoint``); ``done`` gets its answer."""
+    """Install a fetched far-horizon checkpoint (``ReplicaHost._start_install``, conductor.worker.checkpoint_install);
+    ``done`` gets its answer."""
 
     prepared: PreparedStore  #: its files verified and its store opened by the transfer's thread (store_swap)
     pairs: list[tuple[int, int]]

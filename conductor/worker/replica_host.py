@@ -12,6 +12,7 @@ The actions' contract is in :mod:`replog.messages`; this module only performs th
 
 from __future__ import annotations
 
+import functools
 import logging
 import shutil
 import threading
@@ -20,6 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, assert_never
 
+from conductor.worker import checkpoint_install
+from conductor.worker.checkpoint_install import ParkedInstall
 from conductor.worker.dataflow import DataflowDriver, Inflow
 from conductor.worker.drain_sync import DrainSync
 from conductor.worker.durability import LogDurability, machine_boot
@@ -36,7 +39,7 @@ from conductor.worker.log_frames import ReplicateReads, append_local
 from conductor.worker.pending_entry import PendingEntry
 from conductor.worker.replica_disk import open_disk
 from conductor.worker.replica_faults import REPLICA_FAULTS, Fault, describe, fault_kind
-from conductor.worker.task_clock import RETAIN_INTERVAL_MS, TICK_MS, next_wake_ms, now_ms
+from conductor.worker.task_clock import MAX_SLEEP_MS, RETAIN_INTERVAL_MS, TICK_MS, next_wake_ms, now_ms
 from conductor.worker.timings import ReplicaTimings, replica_counters
 from conductor.worker.waiting_appends import WaitingAppends
 from pstate.checkpoint import Manifest
@@ -93,7 +96,6 @@ from topology.entries.port import EntryPort
 from topology.errors import TopologyError
 
 if TYPE_CHECKING:
-    from conductor.worker.store_swap import PreparedStore
     from conductor.worker.task_thread import TaskThread
 
 log = logging.getLogger("millrace.node")
@@ -178,6 +180,8 @@ class ReplicaHost:
         self.outbox = Outbox()
         #: follower: apply up to here once this drain's fsync and acks are out (see `_perform`)
         self._apply_later = -1
+        #: a far-horizon install whose writes run off the task thread: this replica is parked meanwhile
+        self._parked: ParkedInstall | None = None
         #: the task thread this replica's loop runs on: a dedicated one, or one it shares with other replicas
         self.task_thread = task_thread
         self.thread = task_thread.thread
@@ -237,14 +241,16 @@ class ReplicaHost:
 
     def due_ms(self, now: int) -> int:
         """When this replica's loop must run next with nothing in its inbox (ticks, beats, dataflow, retention)."""
+        if self._parked is not None:  # (its install's writes wake it; a parked replica has nothing else due)
+            return now if self._parked.written else now + MAX_SLEEP_MS
         return next_wake_ms(now, self._next_tick, self.replica.next_tick_ms(), self.outbox.next_due(),
                             None if self.dataflow is None else self.dataflow.next_due_ms(now),
                             self._next_retain_ms if self._retain_owed else None, self._next_flow,
                             self.durability.next_sync_ms)
 
     def drain_inbox(self) -> list[InboxItem]:
-        """Everything posted so far, without waiting (the task thread's step)."""
-        return self.inbox.drain()
+        """Everything posted so far, without waiting (the task thread's step); nothing while parked."""
+        return [] if self._parked is not None else self.inbox.drain()
 
     @property
     def stopping(self) -> bool:
@@ -258,7 +264,7 @@ class ReplicaHost:
     @property
     def sync_owed(self) -> bool:
         """After ``begin``: the drain wrote entries that must be fsynced before they are acknowledged."""
-        return self._dirty and not self.replica.config.acks_from_page_cache
+        return self._dirty and not self.replica.config.acks_from_page_cache and self._parked is None
 
     def sync_ahead(self) -> None:
         """Any thread, between ``begin`` and ``finish``: the drain's fsync (conductor.worker.drain_sync)."""
@@ -266,7 +272,7 @@ class ReplicaHost:
 
     def finish(self) -> bool:
         """The rest of the drain ``begin`` started (after ``sync_ahead``, if called); False as ``begin``."""
-        return self._guarded(self._step_finish)
+        return self._parked is not None or self._guarded(self._step_finish)  # (parked: nothing to finish)
 
     def _guarded(self, run: Callable[[], None]) -> bool:
         if self._stop.is_set():
@@ -293,13 +299,21 @@ class ReplicaHost:
         return False
 
     def _step_begin(self, items: list[InboxItem]) -> None:
+        if self._parked is not None and not self._parked.written:
+            return  # (parked: its task thread is woken once the install's writes are over)
+        if self._parked is not None:  # resumed: what waited first, then what came meanwhile
+            p, self._parked = self._parked, None
+            items = p.resumed(self.name, self._installed) + items + self.inbox.drain()
         now = self._step_now = now_ms()
         appends: list[PendingEntry] = []
-        for item in items:
+        for i, item in enumerate(items):
             if isinstance(item, PendingEntry):
                 appends.append(item)
             else:
                 self._handle_item(item)
+                if self._parked is not None:  # an install's writes run: the rest waits until it resumes
+                    self._parked.held = [*appends, *items[i + 1:]]
+                    return
         if self.dataflow is not None:  # envelopes that arrived: one entry with this drain's appends
             appends += [PendingEntry(request, 0, Ack.NONE, done) for request, done in self.dataflow.entries(now)]
         if appends:
@@ -345,7 +359,7 @@ class ReplicaHost:
             case Fail():
                 raise item.error  # the replica's fault (step's handler stops it)
             case InstallCheckpoint():
-                self._install(item)
+                self._start_install(item)
             case AttachDataflow():
                 self._attach(item)
             case MetastoreChanged():
@@ -361,12 +375,6 @@ class ReplicaHost:
                 self._feed(item)
             case _:
                 assert_never(item)
-
-    def _install(self, m: InstallCheckpoint) -> None:  # (its answer, or its error, goes to the transfer thread)
-        try:
-            m.done.set_result(self.install_checkpoint(m.prepared, m.pairs, m.leader, m.epoch))
-        except Exception as e:
-            m.done.set_exception(e)
 
     def _attach(self, m: AttachDataflow) -> None:
         """Start the dataflow a newly prepared code version needs (none ran here before)."""
@@ -587,6 +595,9 @@ class ReplicaHost:
         self.marks.update(applied=max(self.marks.current.applied, up_to), sync=False)
 
     def _close_disk(self) -> None:
+        if self._parked is not None:  # (its writes end first)
+            self._parked.settle(self.name)
+            self._parked = None
         try:
             self.waiting.fail_all(self.dataflow, ReplogError(f"{self.name}: the replica is closing"))
             self.log.flush()
@@ -653,39 +664,32 @@ class ReplicaHost:
         pairs = [(e, s) for e, s in self.replica.epochs.to_pairs() if s <= manifest.applied_offset]
         return manifest, pairs, log_end
 
-    def install_checkpoint(self, prepared: PreparedStore, pairs: list[tuple[int, int]], leader: str,
-                           epoch: int) -> str | None:
-        """Task thread: replace store and replog with a fetched checkpoint (verified and opened off this thread:
-        :mod:`conductor.worker.store_swap`); None when done, else why not.
+    def _start_install(self, m: InstallCheckpoint) -> None:
+        """Task thread: install a fetched checkpoint (verified and opened off this thread: store_swap) if the
+        driver contract allows it, its writes on an install thread while this replica is parked."""
+        began = time.perf_counter()
+        try:
+            if checkpoint_install.refused(m, self.replica, self._znode, self.node_id):
+                return
+            self._apply_later = -1
+            self.outbox.clear()
+            self.store.drop_staged()
+        except Exception as e:
+            m.done.set_exception(e)
+            return
+        writes = functools.partial(checkpoint_install.durable_steps, self.epoch_file, self.marks, self.store,
+                                   self.log, m)
+        self._parked = checkpoint_install.start(m, began, writes, lambda: self.task_thread.wake(self))
 
-        Installed only under the driver contract of replog.messages: still following the leader that offered
-        it, outside the ISR, and holding no entry beyond the checkpoint, so nothing this replica acknowledged
-        is dropped. Crash order: the epoch history first (valid for the old log too, whose entries the
-        checkpoint covers), then the store's atomic swap, then the log reset; a crash between the last two is
-        finished at open.
-        """
-        r, upto, began = self.replica, prepared.manifest.applied_offset, time.perf_counter()
-        why_not = r.far_horizon_refusal(leader, epoch, upto,
-                                        in_isr=self._znode is not None and self.node_id in self._znode.isr)
-        if why_not is not None or not prepared.claim():
-            return why_not or "the copy stopped waiting for its install"
-        self._apply_later = -1
-        self.outbox.clear()
-        self.store.drop_staged()
-        self.epoch_file.save(pairs)
-        self.marks.update(installing=upto)
-        self.store.install_prepared(prepared)
-        self.log.reset(upto + 1)
-        self.marks.update(acked=upto, installing=-1, applied=upto, claimed=-1)
+    def _installed(self, upto: int) -> None:
+        """Task thread, an install's writes over (ParkedInstall.resumed): the replica's new state machine."""
+        r = self.replica
         self.replica = self._new_replica(r.session, upto, upto)
         self.stats["far_horizon_installs"] += 1
         if not r.session_ok:
             self._feed(SessionExpired())
-        log.warning("%s: installed a checkpoint up to offset %d from %s; replaying from %d (task thread %.1f ms)",
-                    self.name, upto, leader, upto + 1, (time.perf_counter() - began) * 1e3)
         if self._znode is not None:
             self._feed(MetastoreChanged(self._znode))
-        return None
 
     # ------------------------------------------------------------------------ introspection
 

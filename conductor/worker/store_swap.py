@@ -9,7 +9,8 @@ in session 13 against the workers' logs). None of that touches the replica:
 the store that nothing points at yet, and the new store is opened there, all
 in the copy's own thread (:meth:`PreparedStore.prepare`). The task thread
 keeps what orders the install against the replica's other steps, unchanged
-(``ReplicaHost.install_checkpoint``): the refusal check, the epoch file, the
+(``ReplicaHost._start_install``; its writes on an install thread while the replica is
+parked, :mod:`conductor.worker.checkpoint_install`): the refusal check, the epoch file, the
 ``installing`` mark, the old store's close where RocksDB names its files by
 the path the swap redirects, the atomic swap (``rename(2)`` of a symlink) and
 handing the opened store over, then the log reset and the marks. What is no

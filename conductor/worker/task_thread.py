@@ -9,8 +9,9 @@ replicas and steps each of them in turn; a worker's Python work runs on one
 core at a time anyway (the GIL).
 
 What sharing costs: one replica's step waits for the others' steps on the
-same thread, so a slow step (a far-horizon install, a long build) delays the
-other replicas on that thread. Not their fsyncs: a pass runs each replica's
+same thread, so a slow step (a long build) delays the other replicas on that
+thread; a far-horizon install's writes do not: its replica is parked while an
+install thread writes them (:mod:`conductor.worker.checkpoint_install`). Not their fsyncs: a pass runs each replica's
 drain up to its fsync, hands that fsync to a helper thread while it goes on
 with the next replica, and ends the drain (acks, applies, replies) once it is
 over (``TaskThread._pass``; ``ReplicaHost.begin``, ``sync_ahead``,
