@@ -13,6 +13,7 @@ import math
 import os
 import re
 import shutil
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -82,10 +83,15 @@ def settled(dc: DevCluster, module: str, rf: int) -> bool:
 
 
 @contextlib.contextmanager
-def writing(dc: DevCluster, pad: int = 0) -> Iterator[Appender]:
+def writing(dc: DevCluster, pad: int = 0, per_s: float | None = None) -> Iterator[Appender]:
     """An ``ack="applied"`` writer running throughout; afterwards no append failed and none was lost.
-    ``pad``: random bytes (in hex) per record, so the replicas' stores have bytes to copy."""
+    ``pad``: random bytes (in hex) per record, so the replicas' stores have bytes to copy; ``per_s``: at most
+    that many appends a second (None: as fast as the cluster acknowledges them)."""
+    began = time.monotonic()
+
     def make(n: int) -> dict[str, str]:
+        if per_s is not None:  # (the appender's thread makes each record just before its append)
+            time.sleep(max(0.0, began + n / per_s - time.monotonic()))
         return {"user": f"u{n % 13}", "id": f"r{n}", "pad": os.urandom(pad).hex()}
     with Cluster.connect(dc.hosts, timeout_s=30) as cluster:
         appender = Appender(cluster.depot("Clicks", "*raw"), window=16, make=make).start()
@@ -213,11 +219,13 @@ def test_replace_dead_node_then_decommission_live_one(dc: DevCluster) -> None:
 def test_throttled_copies_and_a_cancel_that_rolls_back_what_did_not_complete(dc: DevCluster) -> None:
     # (a copy slower than the group's writes never catches up: the rate and the near-horizon window leave room;
     # the window is 200 entries: the client batches a window of async appends into few entries, and with 1,000
-    # every added replica caught up by replay, no far-horizon copy to throttle)
+    # every added replica caught up by replay, no far-horizon copy to throttle. The writer is paced: unpaced, a
+    # quiet box acknowledged ~0.6 KB records faster than 0.5 MB/s a group, and every copy went round after round
+    # until the test gave up; 500 a second is ~80 KB/s a group, a sixth of the copy's rate)
     rate = 500_000
     testing.deploy(dc, MODULE_REF, name="Clicks", tasks=4, threads=4, replication_factor=1,
                    options={MAX_NEAR_SYNC_MESSAGE_LAG: "200", REASSIGN_COPY_BYTES_PER_S: str(rate)})
-    with writing(dc, pad=300) as appender:
+    with writing(dc, pad=300, per_s=500) as appender:
         wait_for(lambda: appender.count() > 8000, 90, "a store with bytes to copy")
         cli(dc, "scale", "Clicks", "--replicationFactor", "3", "--concurrency", "1", "--no-wait")
         wait_for(lambda: sum(len(st.replicas) == 3 and not st.reassigning
