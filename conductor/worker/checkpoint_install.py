@@ -22,14 +22,14 @@ closes (bounded: a few fsyncs).
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from conductor.worker.inbox import InboxItem, InstallCheckpoint
+from conductor.worker.lazy_pool import LazyPool
 from conductor.worker.pending_entry import PendingEntry
 from replog.errors import ReplogError
 
@@ -47,16 +47,7 @@ log = logging.getLogger("millrace.node")
 #: replica (a parked replica starts no other): bounded by the replicas the worker hosts
 INSTALL_THREADS = 2
 
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
-
-
-def _install_pool() -> ThreadPoolExecutor:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(INSTALL_THREADS, thread_name_prefix="millrace-install")
-        return _pool
+_install_pool = LazyPool(INSTALL_THREADS, "millrace-install")
 
 
 @dataclass
@@ -153,7 +144,7 @@ def start(install: InstallCheckpoint, began: float, writes: Callable[[], None],
     """Task thread, the install's checks passed (since ``began``, perf_counter) and its store claimed: run
     ``writes`` on an install thread; ``wake`` is called once they are over (the task thread then resumes
     the replica)."""
-    steps = _install_pool().submit(writes)
+    steps = _install_pool.get().submit(writes)
     parked = ParkedInstall(install, install.prepared.manifest.applied_offset, began, steps,
                            task_ms=(time.perf_counter() - began) * 1e3)
     steps.add_done_callback(lambda _f: wake())

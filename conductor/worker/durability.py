@@ -16,13 +16,12 @@ mode survives.
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
+from conductor.worker.lazy_pool import LazyPool
 from replog.config import ReplicationConfig
 from replog.eligibility import UNKNOWN_BOOT
 from replog.log import Log
@@ -45,16 +44,7 @@ def machine_boot() -> int:
 #: own marks' sync before it returns, so at most one per flush in progress is queued: one per task thread plus its
 #: helper threads (conductor.worker.task_thread.MAX_SYNC_THREADS), a bound the pool's queue inherits
 MARKS_SYNC_THREADS = 8
-_marks_pool: ThreadPoolExecutor | None = None
-_marks_pool_lock = threading.Lock()
-
-
-def _marks_sync_pool() -> ThreadPoolExecutor:
-    global _marks_pool
-    with _marks_pool_lock:
-        if _marks_pool is None:
-            _marks_pool = ThreadPoolExecutor(MARKS_SYNC_THREADS, thread_name_prefix="millrace-marks-sync")
-        return _marks_pool
+_marks_sync_pool = LazyPool(MARKS_SYNC_THREADS, "millrace-marks-sync")
 
 
 class LogDurability:
@@ -87,7 +77,7 @@ class LogDurability:
         # interval mode included: the storage no longer depends on the page cache.
         self._marks.save(replace(marks, acked=min(self._log.flushed_offset - 1, acked), claimed=acked,
                                  volatile=False), sync=False)
-        marks_synced = _marks_sync_pool().submit(self._marks.sync)
+        marks_synced = _marks_sync_pool.get().submit(self._marks.sync)
         try:
             self._log.flush()
         finally:

@@ -26,22 +26,9 @@ from pstate.depots import (
 from pstate.errors import CorruptStore
 from pstate.retention import trim
 from pstate.store import TaskGroupStore, depot_cf
+from tests.unit.depot_store import Applier, D
 
-D = "*d"
 CF = depot_cf(D)
-
-
-class Applier:
-    def __init__(self, store: TaskGroupStore) -> None:
-        self.store = store
-        self.offset = 0
-
-    def __call__(self, build: Any) -> Any:
-        b = self.store.changes()
-        out = build(b)
-        self.store.apply(self.offset, b.changeset())
-        self.offset += 1
-        return out
 
 
 @pytest.fixture

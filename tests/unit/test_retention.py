@@ -23,22 +23,8 @@ from pstate.retention import (
     write_planned,
 )
 from pstate.store import TaskGroupStore
+from tests.unit.depot_store import Applier, D
 from topology.entries.retention import build_retention_check, plan_retention_check
-
-D = "*d"
-
-
-class Applier:
-    def __init__(self, store: TaskGroupStore) -> None:
-        self.store = store
-        self.offset = 0
-
-    def __call__(self, build: Any) -> Any:
-        b = self.store.changes()
-        out = build(b)
-        self.store.apply(self.offset, b.changeset())
-        self.offset += 1
-        return out
 
 
 @pytest.fixture
