@@ -65,15 +65,13 @@ def compact(builder: ChangeSetBuilder, depot: str, partition: int, key_of: Calla
         if held is None:
             return
         old = held.value
+        builder.writes.delete(cf, held.key)
         if held.is_batch:  # the batch's other records stay, as record keys (pstate.depot_batches)
-            builder.writes.delete(cf, held.key)
             for off, rec in zip(range(held.first, held.first + held.count), held.records(), strict=True):
                 if off == offset:
                     old = rec
                 elif off >= info.start:
                     builder.writes.put(cf, record_key(partition, off), rec)
-        else:
-            builder.writes.delete(cf, held.key)
         deleted += 1
         deleted_bytes += len(old)
 

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from pstate.codec import unpack_many
 from pstate.depot_batches import Slice, read_slice
 from pstate.errors import SchemaMismatch, rocks_errors
-from pstate.packed_records import PackedRecords, pack_lengths
+from pstate.packed_records import PackedRecords
 from pstate.reader import DbReader
 
 if TYPE_CHECKING:
@@ -136,8 +136,8 @@ class DepotView:
                 fast = self._record_keys_slice(partition, first, stop, max_bytes)
                 if fast is not None:
                     return fast, stop, False
-            return read_slice(self._reader, self._cf, partition, max(start, info.start), stop, info.end,
-                              max_bytes, not compacted), stop, compacted
+            return read_slice(self._reader, self._cf, partition, first, stop, info.end, max_bytes,
+                              not compacted), stop, compacted
 
     def _record_keys_slice(self, partition: int, first: int, stop: int, max_bytes: int) -> Slice | None:
         """Records ``first <= offset < stop`` of a partition holding only record keys (module docstring), read
@@ -151,7 +151,7 @@ class DepotView:
         # Offsets are dense and trims only ever remove a prefix: if `first` is still there, the values began at it.
         if not got or (len(got) < stop - first and sum(map(len, got)) < max_bytes) or reader.get(self._cf, lo) is None:
             return None
-        return Slice([(first, len(got))], PackedRecords(b"".join(got), pack_lengths(got)), len(got) < stop - first)
+        return Slice([(first, len(got))], PackedRecords.of(got), len(got) < stop - first)
 
     def read(self, partition: int, start: int, end: int | None = None,
              max_bytes: int = 1 << 20) -> list[tuple[int, Any]]:

@@ -59,6 +59,8 @@ On 0976a4a, 42,000,000-42,019,999 all pass (8 min 41 s beside a make test).
 Session 15 (no replication rule changed; far-horizon checkpoints shared by a group's followers, in the worker): on
 a6f63b1, 43,000,000-43,019,999 all pass (13 min, niced beside two helpers' benchmarks); on a29ad8a
 43,020,000-43,039,999 all pass (6 min 43 s).
+Session 16 (no replication rule changed; in the worker: deferred stores of added replicas, a far-horizon install's
+writes off the task thread, stored depot batches): on 640a6d2, 44,000,000-44,019,999 all pass (5 min 16 s).
 """
 
 from __future__ import annotations
