@@ -150,6 +150,10 @@ class Writer:
 
     def gaps_ms(self, start: float, end: float) -> list[float]:
         """Gaps between consecutive acknowledgements that end within [start, end], in ms."""
+        return [ms for _at, ms in self.gap_times(start, end)]
+
+    def gap_times(self, start: float, end: float) -> list[tuple[float, float]]:
+        """``(end, ms)`` of each gap between consecutive acknowledgements that ends within [start, end]."""
         times = [a.at for a in self.acks]
-        return [(b - a) * 1000 for a, b in itertools.pairwise(times) if start <= b <= end]
+        return [(b, (b - a) * 1000) for a, b in itertools.pairwise(times) if start <= b <= end]
 

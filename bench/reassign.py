@@ -195,6 +195,8 @@ def scale_under_writer(dc: DevCluster, megabytes: int, steady_s: float) -> dict[
     p99_steady, p99_during, p99_after = percentile(steady, 99), percentile(during, 99), percentile(after, 99)
     # once the plan is deleted the conductor rebalances leaders: a hand-off the writer sees as one long gap
     handoff = writer.gaps_ms(done, done + HANDOFF_WINDOW_S)
+    window = writer.gap_times(steady_to, done)
+    phases = [("before the copies", steady_to), ("copying", first - wall), ("after the installs", last - wall)]
     return {"filler_records": filled, "rf1_to_rf3_s": round(done - steady_to, 2),
             "max_gap_after_plan_ms": round(max(handoff), 1) if handoff else float("nan"),
             "steady_p99_ms": round(p99_steady, 2), "reassign_p99_ms": round(p99_during, 2),
@@ -203,7 +205,30 @@ def scale_under_writer(dc: DevCluster, megabytes: int, steady_s: float) -> dict[
             "failed_appends": len(writer.errors),
             "writer_p99_during_reassign_vs_steady": round(p99_during / p99_steady, 3),
             "writer_p99_during_vs_rf3_after": round(p99_during / p99_after, 3),
-            "rf3_floor_during_vs_steady": round(floor, 3), "rf3_share_of_window": round(1 - n_rf1 / len(during), 3)}
+            "rf3_floor_during_vs_steady": round(floor, 3), "rf3_share_of_window": round(1 - n_rf1 / len(during), 3),
+            "slowest_by_phase": slowest_by_phase(window, phases, done, 2 * p99_steady),
+            #: the window's slowest 1%: (seconds from the plan's start, ms), in time order
+            "slowest_at": sorted((round(at - steady_to, 3), round(ms, 1))
+                                 for at, ms in sorted(window, key=lambda g: -g[1])[:max(1, len(window) // 100)])}
+
+
+def slowest_by_phase(gaps: list[tuple[float, float]], phases: list[tuple[str, float]], end: float,
+                     over_ms: float) -> dict[str, dict[str, Any]]:
+    """Where the window's slowest appends fell: of the gaps ``(end, ms)`` in the window's slowest 1% and of those
+    over ``over_ms`` (twice the steady p99: the goal's bound), how many ended in each phase (``phases``: a name
+    and the time it starts, in order; the last one lasts until ``end``), with the phase's seconds and its
+    slowest gap. The figure's p99 is about the window's ``len // 100``-th slowest gap, so these say which of the
+    plan's steps set it."""
+    top = sorted(gaps, key=lambda g: g[1], reverse=True)[:max(1, len(gaps) // 100)]
+    bounds = [start for _name, start in phases[1:]] + [end]
+    out: dict[str, dict[str, Any]] = {}
+    for (name, start), stop in zip(phases, bounds, strict=True):
+        in_phase = [ms for at, ms in gaps if start <= at < stop]
+        out[name] = {"s": round(stop - start, 2), "appends": len(in_phase),
+                     "in_top_1pct": sum(1 for at, _ in top if start <= at < stop),
+                     "over_bound": sum(1 for ms in in_phase if ms > over_ms),
+                     "max_ms": round(max(in_phase), 1) if in_phase else None}
+    return out
 
 
 def probe_copy(ms: Metastore, work: Path) -> tuple[float, Manifest, Path]:
@@ -271,7 +296,7 @@ def measure(root: Path, quick: bool, copy_rate: int | None = None, rounds: int |
         deploy_rf1(dc.hosts, copy_rate)
         out = scale_under_writer(dc, megabytes, steady_s)
         copied, (first, last) = copies(dc.root / "logs")
-        out |= copy_path_vs_plain(dc, root / "probe", rounds or (3 if quick else 5))
+        out |= copy_path_vs_plain(dc, root / "probe", rounds or (5 if quick else 7))
     finally:
         dc.stop()
     copy_mb, copy_s = sum(m for m, _ in copied), sum(s for _, s in copied)
@@ -306,6 +331,9 @@ def table(r: dict[str, Any]) -> Table:
     t.add_row(f"copy path unthrottled / plain gRPC, MB/s ({r['probe_mb']} MB, median of {r['probe_rounds']})",
               f"{r['copy_path_mb_per_s']} / {r['plain_grpc_mb_per_s']}", "")
     t.add_row("copy path / plain gRPC", str(r["ratio_copy_vs_plain_grpc"]), f">= {GOAL_COPY_RATIO}")
+    for name, p in r["slowest_by_phase"].items():
+        t.add_row(f"  {name}: {p['s']} s, {p['appends']} appends; of the slowest 1% / over 2x steady p99 / max ms",
+                  f"{p['in_top_1pct']} / {p['over_bound']} / {p['max_ms']}", "")
     return t
 
 
@@ -315,7 +343,8 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=None, help="where the cluster lives (default: a temp dir)")
     ap.add_argument("--copy-rate", type=int, default=None,
                     help=f"the module's {REASSIGN_COPY_BYTES_PER_S} (default: the option's default)")
-    ap.add_argument("--rounds", type=int, default=None, help="copy path / plain gRPC rounds (3 quick, else 5)")
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="copy path / plain gRPC rounds (5 quick, else 7; the ratio is their median)")
     args = ap.parse_args()
     root = args.dir or Path(tempfile.mkdtemp(prefix="bench-reassign-"))
     try:
