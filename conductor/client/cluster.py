@@ -471,12 +471,13 @@ class Cluster:
         key = (module, group)
         r = Retry(self.timeout_s, f"{module}/{group}")
         while True:
+            generation = self._generation[key]
             try:
                 generation, address = self._leader(r, key)
                 return attempt(_Try(key, generation, address, r))
             except (grpc.RpcError, Unavailable, NotLeader) as e:
                 err: Exception = e
-            time.sleep(r.backoff(err))
+            time.sleep(r.backoff(err, moved=self._generation[key] != generation))
 
     async def _retrying_aio(self, module: str, group: int, attempt: Callable[[_Try], Awaitable[T]], method: str) -> T:
         """:meth:`_retrying` on the event loop (the waits are awaited, a ZooKeeper read goes to a thread)."""
@@ -489,12 +490,13 @@ class Cluster:
         key = (module, group)
         r = Retry(self.timeout_s, f"{module}/{group}")
         while True:
+            generation = self._generation[key]
             try:
                 generation, address = await self._leader_aio(r, key)
                 return await attempt(_Try(key, generation, address, r))
             except (grpc.RpcError, Unavailable, NotLeader) as e:
                 err: Exception = e
-            await asyncio.sleep(r.backoff(err))
+            await asyncio.sleep(r.backoff(err, moved=self._generation[key] != generation))
 
     async def _call(self, module: str, group: int, method: str, request: Any) -> Any:
         """One RPC to the group leader on the event loop, following leader moves until `timeout_s`."""

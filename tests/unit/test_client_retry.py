@@ -47,6 +47,18 @@ def test_moved_or_unreachable_leaders_are_retried_with_doubling_backoff() -> Non
     assert r.refresh  # after a failure the cached leader is not trusted
 
 
+def test_a_move_the_watch_already_reported_is_followed_at_once_without_a_lookup() -> None:
+    r = Retry(30.0, "M/1")
+    assert r.backoff(NotLeader("M/1", "n2", 4), moved=True) == 0.0
+    assert not r.refresh  # the watch's state is in the cache: no ZooKeeper read
+    assert r.backoff(NotLeader("M/1", None, 4)) == 0.02  # the new leader not ready yet: the usual backoff,
+    assert r.refresh  # and a lookup
+    assert r.backoff(NotLeader("M/1", "n3", 5), moved=True) == 0.0
+    assert r.backoff(Unavailable("UNAVAILABLE", "down")) == 0.04  # the budget was not spent by the moves
+    with pytest.raises(StalledGroup):  # only what is worth another try
+        r.backoff(StalledGroup("M/1", ["n1"], 2), moved=True)
+
+
 def test_other_errors_and_an_exhausted_deadline_are_raised() -> None:
     r = Retry(30.0, "M/1")
     stalled = StalledGroup("M/1", ["n1"], 2)
