@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import struct
 from collections.abc import Sequence
@@ -165,7 +166,19 @@ _SIGNED = np.zeros(256, bool)
 _SIGNED[[0xD0, 0xD1, 0xD2, 0xD3]] = True
 
 
+#: per type byte, the right shift that leaves a big-endian word's first nb bytes (0 where nb is 0: unused)
+_MP_SHIFT = np.where(_MP_NBYTES > 0, 64 - 8 * _MP_NBYTES, 0).astype(np.uint64)
+
+
+#: per type byte, the size of a fixed-size item, or minus its header for str / bin / ext (its length follows)
+_MP_SIZE_OR_VAR = np.where(_VAR_LENGTH, -_MP_HDR, _MP_SIZE)
+
+
 _INT_BOUNDS = {pa.int8(): 1 << 7, pa.int16(): 1 << 15, pa.int32(): 1 << 31, pa.int64(): 1 << 63}
+
+
+#: numpy's type of each integer column (``DataType.to_pandas_dtype`` would import pandas: 0.3 s, in a new worker)
+_INT_DTYPES = {pa.int8(): np.int8, pa.int16(): np.int16, pa.int32(): np.int32, pa.int64(): np.int64}
 
 
 _EXACT_IN_DOUBLE = 1 << 53
@@ -191,12 +204,15 @@ class _Items:
         self.kind = np.take(_MP_KIND, t)
         if not self.kind.all():
             raise _Fallback
-        self.size = np.take(_MP_SIZE, t)
-        self.nb = np.take(_MP_NBYTES, t)
-        var = np.take(_VAR_LENGTH, t)
+        self.size = np.take(_MP_SIZE_OR_VAR, t)
+        var = self.size < 0
         if var.any():
             at = np.nonzero(var)[0]
-            self.size[at] += self._unsigned(at).astype(np.int64)
+            self.size[at] = np.take(_MP_HDR, t[at]) + self._unsigned(at).astype(np.int64)
+
+    @functools.cached_property
+    def nb(self) -> np.ndarray:
+        return np.take(_MP_NBYTES, self.t)
 
     def hdr(self) -> np.ndarray:
         return np.take(_MP_HDR, self.t)
@@ -206,24 +222,26 @@ class _Items:
         word = self.words[self.pos[at] + 1].astype(np.uint64)
         return word >> (np.uint64(64) - self.nb[at].astype(np.uint64) * np.uint64(8))  # type: ignore[no-any-return]
 
-    def ints(self) -> tuple[np.ndarray, np.ndarray]:
-        """(int64 value, fits) of integer items; fits is False for a uint64 beyond the int64 range."""
-        t = self.t.astype(np.int64)
-        val = np.where(t >= 0xE0, t - 256, t)  # fixints: the type byte is the value
-        fits = np.ones(len(t), bool)
-        big = np.nonzero(self.nb)[0]
-        if len(big):
-            u = self._unsigned(big)
-            v = u.view(np.int64).copy()
-            nb = self.nb[big]
-            signed = np.take(_SIGNED, self.t[big])
-            for k in (1, 2, 4):
-                m = signed & (nb == k)
-                if m.any():
-                    v[m] = np.where(v[m] >= 1 << (8 * k - 1), v[m] - (1 << (8 * k)), v[m])
-            val[big] = v
-            fits[big] = ~((self.t[big] == 0xCF) & (u >= np.uint64(1 << 63)))
-        return val, fits
+    def ints(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """(int64 value, fits) of integer items; fits is False for a uint64 beyond the int64 range (None: all fit).
+
+        Every item's word is read and shifted, fixints too (then replaced by
+        their type byte): cheaper than picking the others out and back in.
+        """
+        t = self.t
+        fixed = np.where(t >= 0xE0, t - 256, t)  # fixints: the type byte is the value
+        nb = self.nb
+        if not nb.any():
+            return fixed, None
+        word = self.words[self.pos + 1].astype(np.uint64)
+        shift = np.take(_MP_SHIFT, t)
+        val = (word >> shift).view(np.int64)
+        signed = np.take(_SIGNED, t)
+        if signed.any():  # int 8-64: the word as int64, shifted arithmetically, is the value sign-extended
+            val = np.where(signed, word.view(np.int64) >> shift.view(np.int64), val)
+        val = np.where(nb == 0, fixed, val)
+        big = t == 0xCF
+        return val, (~(big & (val < 0)) if big.any() else None)  # uint64 at or beyond 1 << 63
 
     def floats(self) -> np.ndarray:
         """float64 values of float32/float64 items (garbage elsewhere: callers pick the floats)."""
@@ -253,14 +271,67 @@ def _strings(buf: np.ndarray, first: np.ndarray, lengths: np.ndarray, valid: np.
     total = int(offsets[-1])
     if total >= 1 << 31:
         raise _Fallback
-    chars = np.take(buf, np.repeat(first - offsets[:-1], lengths) + np.arange(total))
+    chars = np.take(buf, _byte_index(first, lengths, offsets[:-1], total))
     bitmap = None if valid is None else pa.py_buffer(np.packbits(valid, bitorder="little"))
     arr = pa.StringArray.from_buffers(n, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(chars), bitmap, nulls)
-    try:
-        arr.validate(full=True)  # UTF-8, which msgpack's strict decoding insists on (for every str, keys too)
-    except pa.ArrowInvalid:
-        raise _Fallback from None
+    if total and chars.max() >= 0x80:  # not all ASCII (which is UTF-8, the offsets being ours)
+        try:
+            arr.validate(full=True)  # UTF-8, which msgpack's strict decoding insists on (for every str, keys too)
+        except pa.ArrowInvalid:
+            raise _Fallback from None
     return arr
+
+
+def _byte_index(first: np.ndarray, lengths: np.ndarray, out_at: np.ndarray, total: int) -> np.ndarray:
+    """Where in the buffer each byte of the ranges [first, first + length), back to back, comes from.
+
+    A running sum of steps: 1 within a range, a jump to the next range's
+    first byte where it starts (one pass over the bytes, none per range).
+    """
+    step = np.ones(total, np.int64)
+    if total == 0:
+        return step
+    keep = lengths > 0
+    if not keep.all():  # empty ranges take no byte: their jumps would land where the next range's does
+        first, lengths, out_at = first[keep], lengths[keep], out_at[keep]
+    jumps = np.empty(len(first), np.int64)
+    jumps[0] = first[0]
+    np.subtract(first[1:], first[:-1] + lengths[:-1] - 1, out=jumps[1:])
+    step[out_at] = jumps
+    return np.cumsum(step, out=step)
+
+
+def _numbers(values: np.ndarray, typ: pa.DataType, null: np.ndarray | None = None) -> pa.Array:
+    """An Arrow array over a numpy array's memory (booleans packed to bits), null where ``null`` is True.
+
+    Not ``pa.array``: its first call with a numpy array imports pandas (0.25-0.3 s of CPU in every new Spark
+    Python worker, on its first batch).
+    """
+    assert (values.dtype == bool) == pa.types.is_boolean(typ) and values.ndim == 1, (values.dtype, typ)
+    assert values.dtype == bool or values.dtype.itemsize * 8 == typ.bit_width, (values.dtype, typ)
+    data = np.packbits(values, bitorder="little") if values.dtype == bool else np.ascontiguousarray(values)
+    if null is None or not null.any():
+        return pa.Array.from_buffers(typ, len(values), [None, pa.py_buffer(data)], null_count=0)
+    bitmap = pa.py_buffer(np.packbits(~null, bitorder="little"))
+    return pa.Array.from_buffers(typ, len(values), [bitmap, pa.py_buffer(data)], null_count=int(null.sum()))
+
+
+def _same_bytes(buf: np.ndarray, words: np.ndarray, pos: np.ndarray, k: int) -> bool:
+    """Whether the k bytes at every ``pos`` are those at ``pos[0]``: a gather of the 8-byte words there (of
+    single bytes for k <= 2, 6x cheaper each than a word's)."""
+    if k <= 2:
+        return all(_all_same(np.take(buf, pos + j if j else pos)) for j in range(k))
+    for off in range(0, k, 8):
+        w = words[pos + off if off else pos].astype(np.uint64)
+        if k - off < 8:
+            w >>= np.uint64(64 - 8 * (k - off))
+        if not _all_same(w):
+            return False
+    return True
+
+
+def _all_same(a: np.ndarray) -> bool:
+    return bool((a == a[0]).all())
 
 
 def _check_skipped_strings(items: _Items) -> None:
@@ -319,7 +390,15 @@ class FlatDecoder:
         starts, ends = bounds[:-1], bounds[1:]
         if (ends <= starts).any():
             raise _Fallback
-        h = np.take(buf, starts).astype(np.int64)  # every record must be a map: fixmap, map16 or map32
+        h = np.take(buf, starts)  # every record must be a map: fixmap, map16 or map32
+        h0 = int(h[0])
+        tried = (h0 & 0xF0) == 0x80 and _all_same(h)  # the usual: every record a fixmap of as many keys
+        if tried:
+            same = self._same_keys(buf, words, starts + 1, ends, h0 & 0x0F)
+            if same is not None:
+                return [self._column(f.type, buf, words, n, same.get(i), None)
+                        for i, f in enumerate(self.fields)]
+        h = h.astype(np.int64)
         count = np.where((h & 0xF0) == 0x80, h & 0x0F, -1)
         pos = starts + 1
         for code, nb in ((0xDE, 2), (0xDF, 4)):
@@ -329,7 +408,7 @@ class FlatDecoder:
                 pos[m] += nb
         if (count < 0).any():
             raise _Fallback
-        if (count == count[0]).all():
+        if not tried and _all_same(count):
             same = self._same_keys(buf, words, pos, ends, int(count[0]))
             if same is not None:
                 return [self._column(f.type, buf, words, n, same.get(i), None)
@@ -341,22 +420,14 @@ class FlatDecoder:
         """Each field's values when every record has the same keys in the same order; None if they differ."""
         found: dict[int, _Items] = {}
         for _e in range(count):
-            t = np.take(buf, pos)
-            t0 = int(t[0])
-            if not 0xA0 <= t0 <= 0xBF or not (t == t0).all():
+            t0 = int(buf[pos[0]])
+            if not 0xA0 <= t0 <= 0xBF or not _same_bytes(buf, words, pos, 1 + (t0 & 0x1F)):
                 return None  # not all the same short key (fixstr)
             klen = t0 & 0x1F
-            kstart = pos + 1
-            vpos = kstart + klen
+            vpos = pos + (1 + klen)
             if (vpos >= ends).any():
                 raise _Fallback
-            k0 = int(kstart[0])
-            for off in range(0, klen, 8):
-                w = words[kstart + off].astype(np.uint64)
-                if klen - off < 8:
-                    w >>= np.uint64(64 - 8 * (klen - off))
-                if not (w == w[0]).all():
-                    return None
+            k0 = int(pos[0]) + 1
             items = _Items(buf, words, vpos)
             pos = vpos + items.size
             if (pos > ends).any():
@@ -462,21 +533,22 @@ class FlatDecoder:
         if pa.types.is_boolean(typ):
             if not (kinds == _BOOL).all():
                 raise _Fallback
-            return pa.array(spread(items.t == 0xC3, bool), mask=mask, type=typ)
+            return _numbers(spread(items.t == 0xC3, bool), typ, mask)
         ints, fits = items.ints()
         sel_ints = ints if rows is None else ints[set_]
-        sel_fits = fits if rows is None else fits[set_]
+        sel_fits = None if fits is None else fits if rows is None else fits[set_]
         if pa.types.is_float64(typ):
             whole = kinds != _FLOAT
-            if not ((kinds == _FLOAT) | (kinds == _INT)).all() or not sel_fits[whole].all() \
+            if not ((kinds == _FLOAT) | (kinds == _INT)).all() or (sel_fits is not None and not sel_fits[whole].all()) \
                     or (np.abs(sel_ints[whole]) >= _EXACT_IN_DOUBLE).any():
                 raise _Fallback  # pyarrow refuses ints a double cannot hold exactly
             doubles = np.where(items.kind == _FLOAT, items.floats(), ints.astype(np.float64))
-            return pa.array(spread(doubles, np.float64), mask=mask, type=typ)
+            return _numbers(spread(doubles, np.float64), typ, mask)
         bound = _INT_BOUNDS[typ]
-        if not (kinds == _INT).all() or not sel_fits.all() or ((sel_ints < -bound) | (sel_ints >= bound)).any():
+        if not (kinds == _INT).all() or (sel_fits is not None and not sel_fits.all()) \
+                or ((sel_ints < -bound) | (sel_ints >= bound)).any():
             raise _Fallback
-        return pa.array(spread(ints, typ.to_pandas_dtype()), mask=mask, type=typ)
+        return _numbers(spread(ints, _INT_DTYPES[typ]), typ, mask)
 
 
 class RowBuilder:
@@ -501,9 +573,9 @@ class RowBuilder:
         assert offsets is None or len(offsets) == n, (n, offsets)
         at = np.arange(first, first + n, dtype=np.int64) if offsets is None else offsets
         cols: dict[str, pa.Array] = {
-            "task": pa.array(np.full(n, task, dtype=np.int32)),
-            "offset": pa.array(at),
-            "epoch": pa.array(np.full(n, epoch, dtype=np.int64)),
+            "task": _numbers(np.full(n, task, dtype=np.int32), pa.int32()),
+            "offset": _numbers(at.astype(np.int64, copy=False), pa.int64()),
+            "epoch": _numbers(np.full(n, epoch, dtype=np.int64), pa.int64()),
         }
         flat = None if self.json_value else self.flat.decode(raw)
         if flat is not None:
