@@ -14,6 +14,7 @@ from conductor.client.metrics import ClientMetrics
 from conductor.client.retry import Retry
 from conductor.client.router import LeaderRouter
 from conductor.wire.errors import MillraceError, Unavailable
+from conductor.wire.heap_retention import keep_freed_memory
 from replog.errors import Backpressure, NotLeader, StalledGroup
 
 __all__ = [
@@ -33,4 +34,5 @@ __all__ = [
     "Retry",
     "StalledGroup",
     "Unavailable",
+    "keep_freed_memory",
 ]
