@@ -124,6 +124,7 @@ from bench.design_floor import design_floor
 from bench.floor import percentile, transport_floor
 from bench.run_comparison import compare_runs
 from conductor.client import Cluster, keep_freed_memory
+from conductor.client.batching import append_request
 from conductor.controller import Conductor
 from conductor.devcluster import DevCluster
 from conductor.metastore import Metastore
@@ -370,8 +371,7 @@ async def _drive_streams(leaders: dict[int, tuple[str, str]], groups: dict[int, 
             else:
                 start = (seq * per_request) % n
                 records = [pool.encoded[(start + j) % n] for j in range(per_request)]
-            return pb.AppendRequest(module=MODULE, group=g, ack=pb.ACK_APPLIED, appends=[
-                pb.DepotRecords(depot=DEPOT, task=task, records=records)]), len(records)
+            return append_request(MODULE, g, pb.ACK_APPLIED, [(DEPOT, task, records)]), len(records)
 
         makers.append(make)
     try:
@@ -443,8 +443,7 @@ def sequential_wire(leaders: dict[int, tuple[str, str]], groups: dict[int, list[
     with open_channel(address, GRPC_OPTIONS) as ch:
         append = pbg.ClientStub(ch).Append
         for i in range(count + 100):
-            req = pb.AppendRequest(module=MODULE, group=0, ack=pb.ACK_APPLIED, appends=[
-                pb.DepotRecords(depot=DEPOT, task=task, records=[pool.encoded[i % n]])])
+            req = append_request(MODULE, 0, pb.ACK_APPLIED, [(DEPOT, task, [pool.encoded[i % n]])])
             t0 = perf()
             append(req, timeout=30)
             if i >= 100:
