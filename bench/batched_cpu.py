@@ -39,7 +39,6 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.cluster_append import Pool, batched_client, deploy
-from conductor.client import keep_freed_memory
 from conductor.devcluster import DevCluster
 
 #: µs of CPU per record that 500,000 records/s leaves on two cores
@@ -126,7 +125,6 @@ def main(argv: list[str] | None = None) -> None:
     rounds = args.rounds or (2 if args.quick else 4)
     seconds = args.seconds or (6.0 if args.quick else 15.0)
     console = Console(width=None if os.isatty(1) else 132)
-    client_keeps = keep_freed_memory()  # as bench.cluster_append's client (conductor/wire/heap_retention.py)
     root = Path(tempfile.mkdtemp(prefix="millrace-batched-cpu-", dir=args.dir))
     try:
         rows = measure(root, seconds, rounds, args.batch, args.batch_threads, console)
@@ -146,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     print(json.dumps({"us_per_record_total": best["us_total"], "us_per_record_workers": best["us_workers"],
                       "us_per_record_client": best["us_client"], "records_per_s": best["records_per_s"],
                       "budget_us": BUDGET_US, "ratio_us_vs_budget": round(best["us_total"] / BUDGET_US, 3),
-                      "client_keeps_freed_memory": client_keeps, "rounds": rows}))
+                      "rounds": rows}))
 
 
 if __name__ == "__main__":

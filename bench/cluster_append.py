@@ -123,7 +123,7 @@ from bench.cluster_topology import (
 from bench.design_floor import design_floor
 from bench.floor import percentile, transport_floor
 from bench.run_comparison import compare_runs
-from conductor.client import Cluster, keep_freed_memory
+from conductor.client import Cluster
 from conductor.client.batching import append_request
 from conductor.controller import Conductor
 from conductor.devcluster import DevCluster
@@ -687,14 +687,12 @@ def main(argv: list[str] | None = None) -> None:
     console = Console(width=None if sys.stdout.isatty() else 132)
     root = Path(tempfile.mkdtemp(prefix="millrace-cluster-bench-", dir=args.dir))
     t0 = time.monotonic()
-    # The app's choice for a process sending megabytes a call (conductor/wire/heap_retention.py); recorded.
-    client_keeps = keep_freed_memory()
     if args.only is not None:
         try:
             only = (run_topology_only if args.only == "topology" else run_batched_only)(args, root, console)
         finally:
             shutil.rmtree(root, ignore_errors=True)
-        print(json.dumps({**only, "client_keeps_freed_memory": client_keeps}), flush=True)
+        print(json.dumps(only), flush=True)
         return
     try:
         mr = run_millrace(args, root, console)
@@ -817,7 +815,6 @@ def main(argv: list[str] | None = None) -> None:
         **{k: v for k, v in js.items() if k not in ("jetstream_p50_ms", "jetstream_p99_ms",
                                                     "jetstream_pipelined_per_s")},
         "durability_note": sync_note,
-        "client_keeps_freed_memory": client_keeps,
         "goals": goals,
         "goals_met": all(ok is True for ok in goals.values()) and mr["verified"],
         "seconds": round(time.monotonic() - t0, 1),

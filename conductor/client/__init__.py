@@ -14,7 +14,6 @@ from conductor.client.metrics import ClientMetrics
 from conductor.client.retry import Retry
 from conductor.client.router import LeaderRouter
 from conductor.wire.errors import MillraceError, Unavailable
-from conductor.wire.heap_retention import keep_freed_memory
 from replog.errors import Backpressure, NotLeader, StalledGroup
 
 __all__ = [
@@ -34,5 +33,4 @@ __all__ = [
     "Retry",
     "StalledGroup",
     "Unavailable",
-    "keep_freed_memory",
 ]

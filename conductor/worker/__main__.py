@@ -28,7 +28,6 @@ from conductor.settings import (
     resolve,
 )
 from conductor.wire.channels import use_process_credentials
-from conductor.wire.heap_retention import keep_freed_memory
 from conductor.worker import switch_interval
 from conductor.worker.hooks import WorkerHooks
 from conductor.worker.timings import configure as configure_timings
@@ -112,7 +111,6 @@ def main(argv: list[str] | None = None, hooks: WorkerHooks | None = None) -> Non
     switch_interval.apply_switch_interval(s["switch_interval"])
     logging.basicConfig(level=s["log_level"].upper(),
                         format=f"%(asctime)s {node_id} %(levelname)s %(name)s: %(message)s")
-    keep_freed_memory()  # before the threads start (heap_retention)
 
     # every channel this worker opens (far-horizon copies, code fetches) presents its certificate
     use_process_credentials(tls.grpc_channel_credentials if tls is not None else None)
