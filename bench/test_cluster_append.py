@@ -62,3 +62,18 @@ def test_the_topology_chains_follower_lives_on_another_group_than_its_author() -
 
     follower = chain_follower(16, 4)
     assert task_for_key(follower, 16) % 4 != task_for_key(CHAIN_AUTHOR, 16) % 4
+
+
+def test_the_goals_are_issue_32s_each_keyed_by_the_figure_it_judges() -> None:
+    from bench.cluster_append import GOAL_KEYS, issue_goals
+
+    mr = {"batched_records_per_s": 500_000, "topology_p50_ms": 4.5, "p50_ms": 3.0, "max_node_rss_mb": 512.0}
+    goals = issue_goals(mr, 1.0, 1.0, 1.0)
+    assert set(goals) == {"ratio_p50_vs_jetstream_sync_always<=1.0", "ratio_pipelined_vs_jetstream_sync_always>=1.0",
+                          "ratio_p50_interval_vs_jetstream_default<=1.0", "batched_records_per_s>=500000",
+                          "topology_p50_ms<=1.5x_p50_ms", "max_node_rss_mb<=512"}
+    assert all(goals.values())  # every figure exactly at its goal meets it
+    missed = issue_goals({**mr, "batched_records_per_s": 499_999, "topology_p50_ms": 4.6}, 1.01, 0.99, None)
+    assert missed[GOAL_KEYS["batched"]] is False and missed[GOAL_KEYS["topology"]] is False
+    assert missed[GOAL_KEYS["p50"]] is False and missed[GOAL_KEYS["pipelined"]] is False
+    assert missed[GOAL_KEYS["interval"]] is None  # not measured: neither met nor missed

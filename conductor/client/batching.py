@@ -46,6 +46,20 @@ def _set_exception(fut: concurrent.futures.Future[int], exc: BaseException) -> N
 _Item = tuple[str, int, bytes, concurrent.futures.Future[int]]
 
 
+def append_request(module: str, group: int, ack: int, appends: list[tuple[str, int, list[bytes]]],
+                   timestamp_ms: int | None = None) -> pb.AppendRequest:
+    """An ``AppendRequest`` of (depot, task, records) parts, each built in the request's own repeated field.
+
+    Not ``AppendRequest(appends=[DepotRecords(...)])``: protobuf merges a message built apart by serializing
+    and parsing it again, every record a second and a third time; for 10,000 records of 100 bytes that was
+    2.2-3.2 ms against 0.16 here (0.32 when malloc reuses the freed megabytes, which glibc mostly gives back
+    to the kernel, so each copy faults fresh pages in: 880 page faults per ``append_many`` then, 8 now)."""
+    req = pb.AppendRequest(module=module, group=group, ack=ack, timestamp_ms=timestamp_ms)  # type: ignore[arg-type]
+    for depot, task, records in appends:
+        req.appends.add(depot=depot, task=task, records=records)
+    return req
+
+
 class StickyTasks:
     """``append_async``'s task per depot whose partitioner ignores the record (``random``): one per batch window.
 
@@ -133,8 +147,7 @@ class GroupBatcher:
 
     async def _send(self, ack: int, items: list[_Item], parts: list[tuple[tuple[str, int], list[_Item]]]) -> None:
         nbytes = sum(len(it[2]) for it in items)
-        req = pb.AppendRequest(module=self.module, group=self.group, ack=ack, appends=[  # type: ignore[arg-type]
-            pb.DepotRecords(depot=d, task=t, records=[it[2] for it in its]) for (d, t), its in parts])
+        req = append_request(self.module, self.group, ack, [(d, t, [it[2] for it in its]) for (d, t), its in parts])
         self.c.stamp(req)
         try:
             reply = await self.c._append_aio(self.module, self.group, req)
@@ -166,8 +179,7 @@ def frame_group(module: str, depot: str, group: int, ack: int, partitions: list[
     size = 0
 
     def cut() -> None:
-        req = pb.AppendRequest(module=module, group=group, ack=ack, appends=[  # type: ignore[arg-type]
-            pb.DepotRecords(depot=depot, task=t, records=recs) for t, _idx, recs in parts], timestamp_ms=timestamp_ms)
+        req = append_request(module, group, ack, [(depot, t, recs) for t, _idx, recs in parts], timestamp_ms)
         out.append((req, [(t, idx) for t, idx, _recs in parts]))
         parts.clear()
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
-from conductor.client.batching import MANY_INFLIGHT_PER_GROUP, encode_record, frame_group
+from conductor.client.batching import MANY_INFLIGHT_PER_GROUP, append_request, encode_record, frame_group
 from conductor.client.errors import ClientError
 from conductor.client.queries import ScanPage, scan_pages
 from conductor.client.subscriptions import Change, Subscription, subscribe_request
@@ -151,9 +151,7 @@ class Depot:
         a = _ack(ack)
         data = encode_record(record)
         task, group = self._route(record)
-        req = pb.AppendRequest(module=self.module, group=group, ack=a,  # type: ignore[arg-type]
-                               appends=[pb.DepotRecords(depot=self.name, task=task, records=[data])],
-                               timestamp_ms=_check_time(timestamp_ms))
+        req = append_request(self.module, group, a, [(self.name, task, [data])], _check_time(timestamp_ms))
         return self.c._append_sync(self.module, group, self.c.stamp(req))
 
     def append_many(self, records: Sequence[Any] | Iterable[Any], ack: str = "applied",

@@ -58,8 +58,13 @@ assert MAX_SENDABLE_BYTES > MAX_ENTRY_BYTES_CEILING + 8 * 1024 * 1024, "an entry
 
 def to_proto(module: str, group: int, msg: Any) -> pb.PeerMessage:
     if isinstance(msg, RawReplicate):
-        return pb.PeerMessage(module=module, group=group, replicate=pb.ReplicateMsg(
-            epoch=msg.epoch, start=msg.start, frames=msg.frames, apply_offset=msg.apply_offset))
+        # The frames (an entry of a batched append: about 1 MB) are set on the message's own sub-message: a
+        # ReplicateMsg built apart and passed in is merged by serializing and parsing it, two more copies.
+        m = pb.PeerMessage(module=module, group=group)
+        r = m.replicate
+        r.SetInParent()  # (a heartbeat: no frames, every field at its default, still a replicate)
+        r.epoch, r.start, r.frames, r.apply_offset = msg.epoch, msg.start, msg.frames, msg.apply_offset
+        return m
     if isinstance(msg, ReplicateAck):
         return pb.PeerMessage(module=module, group=group, ack=pb.AckMsg(
             epoch=msg.epoch, held=msg.held, log_end=msg.log_end, reset=msg.reset, incarnation=msg.incarnation))

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conductor.client.batching import StickyTasks
+from conductor.client.batching import StickyTasks, append_request
 from conductor.client.cluster import Cluster
 from conductor.client.handles import Depot
 from conductor.wire import millrace_pb2 as pb
@@ -156,3 +156,15 @@ def test_linger_ms_holds_a_lone_record_that_long_and_batches_what_comes_meanwhil
 def test_batching_options_out_of_range_are_refused(option: dict[str, float]) -> None:
     with pytest.raises(ValueError, match="out of range"):
         Cluster("127.0.0.1:1", **option)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("timestamp_ms", [None, 0, 1_700_000_000_000])
+def test_an_append_request_built_in_place_is_the_request_built_from_parts(timestamp_ms: int | None) -> None:
+    """append_request adds each part to the request's own repeated field (no serialize-and-parse merge of a
+    DepotRecords built apart); on the wire it is the same request, timestamp presence included."""
+    parts = [("*raw", 4, [b"\x01", b"\xa1x" * 50]), ("*clicks", 1, [b"\x02"])]
+    req = append_request("Clicks", 1, pb.ACK_APPLIED, parts, timestamp_ms)
+    old = pb.AppendRequest(module="Clicks", group=1, ack=pb.ACK_APPLIED, timestamp_ms=timestamp_ms, appends=[
+        pb.DepotRecords(depot=d, task=t, records=r) for d, t, r in parts])
+    assert req.SerializeToString() == old.SerializeToString()
+    assert req.HasField("timestamp_ms") == (timestamp_ms is not None)

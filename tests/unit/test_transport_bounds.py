@@ -17,7 +17,7 @@ from conductor.wire import millrace_pb2 as pb
 from conductor.wire.peer_framing import LENGTH
 from conductor.worker import transport
 from conductor.worker.transport import PeerTransport, _PeerLink
-from replog.messages import FarHorizonOffer
+from replog.messages import FarHorizonOffer, RawReplicate
 
 
 def test_the_hand_off_from_task_threads_drops_the_newest_when_the_loop_is_behind(
@@ -136,3 +136,14 @@ async def _parked_link() -> tuple[asyncio.Server, asyncio.Queue[pb.PeerFrame], P
         await asyncio.sleep(0.01)
     assert link._parked
     return server, frames, t, link
+
+
+@pytest.mark.parametrize("frames,apply_offset", [(b"entries" * 1000, 7), (b"", -1), (b"", 0)])
+def test_a_replicate_is_encoded_as_the_message_it_was_and_comes_back_the_same(frames: bytes, apply_offset: int) -> None:
+    """(to_proto sets the frames on the message's own sub-message rather than merging one built apart, which
+    copied them twice more; the bytes on the wire are the same, and a heartbeat is still a replicate)"""
+    msg = RawReplicate("n1", 3, 11 if frames else 0, frames, apply_offset)
+    raw = transport.to_proto("M", 2, msg).SerializeToString()
+    assert raw == pb.PeerMessage(module="M", group=2, replicate=pb.ReplicateMsg(
+        epoch=3, start=msg.start, frames=frames, apply_offset=apply_offset)).SerializeToString()
+    assert transport.from_proto("n1", "n2", pb.PeerMessage.FromString(raw)) == msg
