@@ -44,6 +44,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.unwind import unwind_on
 from conductor.backups.take import take_backup
 from conductor.client import Cluster
 from conductor.devcluster import DevCluster
@@ -133,6 +134,7 @@ def measure(megabytes: int, rounds: int, root: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    unwind_on()  # a kill stops the processes this starts (bench.unwind)
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--quick", action="store_true", help=f"{QUICK_MB} MB, 3 rounds (about a minute)")
     ap.add_argument("--mb", type=int, default=None, help="data appended before the backups (256 full, 48 quick)")

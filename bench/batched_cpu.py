@@ -39,6 +39,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.cluster_append import Pool, batched_client, deploy
+from bench.unwind import unwind_on
 from conductor.devcluster import DevCluster
 
 #: µs of CPU per record that 500,000 records/s leaves on two cores
@@ -114,6 +115,7 @@ def measure(root: Path, seconds: float, rounds: int, batch: int, threads: int, c
 
 
 def main(argv: list[str] | None = None) -> None:
+    unwind_on()  # a kill stops the processes this starts (bench.unwind)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="2 rounds of 6 s")
     ap.add_argument("--rounds", type=int, default=None)

@@ -64,6 +64,7 @@ import grpc
 from rich.console import Console
 from rich.table import Table
 
+from bench.unwind import unwind_on
 from conductor.wire import millrace_pb2 as pb
 from conductor.wire import millrace_pb2_grpc as pbg
 from conductor.wire.options import GRPC_OPTIONS
@@ -392,9 +393,6 @@ def run(root: Path, megabytes: int, rounds: int) -> dict[str, Any]:
     return out
 
 
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -417,8 +415,7 @@ def main(argv: list[str] | None = None) -> None:
     # the Catchup thread logs start and end at WARNING; the progress lines below say it all
     logging.getLogger("millrace.far_horizon").setLevel(logging.ERROR)
     # unwind like Ctrl-C: children stopped, temp dirs removed (SIGINT too, in case a shell started us ignoring it)
-    signal.signal(signal.SIGTERM, _interrupt)
-    signal.signal(signal.SIGINT, _interrupt)
+    unwind_on(signal.SIGTERM, signal.SIGINT)
     parent = Path(args.dir) if args.dir else Path(__file__).resolve().parent.parent / "build"
     parent.mkdir(parents=True, exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix="millrace-catchup-bench-", dir=parent))

@@ -94,7 +94,6 @@ import argparse
 import asyncio
 import json
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
@@ -123,6 +122,7 @@ from bench.cluster_topology import (
 from bench.design_floor import design_floor
 from bench.floor import percentile, transport_floor
 from bench.run_comparison import compare_runs
+from bench.unwind import unwind_on
 from conductor.client import Cluster
 from conductor.client.batching import append_request
 from conductor.controller import Conductor
@@ -650,9 +650,6 @@ def issue_goals(mr: dict[str, Any], ratio_p50_sync: float | None, ratio_pipe_syn
     }
 
 
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -682,7 +679,7 @@ def main(argv: list[str] | None = None) -> None:
     args.warmup = args.warmup if args.warmup is not None else (200 if args.quick else 1_000)
 
     # SIGTERM unwinds like Ctrl-C so DevCluster stops every process it started.
-    signal.signal(signal.SIGTERM, _interrupt)
+    unwind_on()
     # A readable table also when piped (rich falls back to 80 columns without a terminal).
     console = Console(width=None if sys.stdout.isatty() else 132)
     root = Path(tempfile.mkdtemp(prefix="millrace-cluster-bench-", dir=args.dir))

@@ -66,6 +66,7 @@ from rich.table import Table
 from bench import reassign
 from bench.floor import percentile
 from bench.lifecycle_app import MODULE, REF, Writer, artifact
+from bench.unwind import unwind_on
 from conductor.client import Cluster
 from conductor.controller import Conductor
 from conductor.devcluster import DevCluster
@@ -197,6 +198,7 @@ def measure(root: Path, steady_s: float) -> dict[str, Any]:
 
 
 def main() -> None:
+    unwind_on()  # a kill stops the processes this starts (bench.unwind)
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="a short steady phase (the run stays near a minute)")
     ap.add_argument("--dir", type=Path, default=None, help="where the cluster lives (default: a temp dir)")

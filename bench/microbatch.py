@@ -8,7 +8,7 @@ three worker processes on 127.0.0.1) runs ``examples.clicks:Clicks`` (4 tasks,
 (``{"user", "n", "page"}``, ~40 B of msgpack each; 200,000 with ``--quick``)
 to ``*clicks`` with ``ack="applied"``, exports them once to a Delta table with
 :func:`topology.spark.export_depot_to_delta`, then times the *same Spark job*
-on both inputs, alternating, ``--runs`` (5) times each after three untimed rounds:
+on both inputs, alternating, ``--runs`` (11) times each after three untimed rounds:
 
     df.groupBy("user").agg(count("*"), sum("n")).collect()
 
@@ -64,7 +64,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
@@ -79,6 +78,7 @@ from rich.table import Table
 from bench.cpu_split import CpuSplit
 from bench.python_ceiling import NAME as CEILING
 from bench.python_ceiling import CeilingSource
+from bench.unwind import unwind_on
 from conductor.client import Cluster
 from conductor.controller import Conductor
 from conductor.devcluster import DevCluster
@@ -94,14 +94,16 @@ GOAL_VISIBLE_P50_MS = 1000.0
 APPEND_CHUNK = 20_000
 #: untimed rounds of every job before the timed ones
 WARMUP_ROUNDS = 3
+#: timed jobs per source: a job takes about 0.3 s and the ceiling's own swing between jobs is a third of that
+#: (0.22-0.42 s in session 17's quiet runs), so the median of 5 moved ``depot_vs_ceiling`` by +-0.08 between runs
+#: minutes apart (0.81-0.97, six runs); the median of 11 narrows that by a third (the square root of 11/5) for
+#: about 6 s more per run
+RUNS = 11
 
 
 def make_record(i: int) -> dict[str, Any]:
     return {"user": f"u{i % 1000}", "n": i, "page": f"/p/{i % 37}"}
 
-
-def _interrupt(_sig: int, _frame: Any) -> None:
-    raise KeyboardInterrupt
 
 
 def deploy(hosts: str, tasks: int, threads: int, timeout_s: float = 60.0) -> None:
@@ -370,7 +372,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="200,000 records instead of 1,000,000")
     ap.add_argument("--records", type=int, default=None, help="records to append (200,000 quick, 1,000,000 full)")
-    ap.add_argument("--runs", type=int, default=None, help="timed runs per source (5)")
+    ap.add_argument("--runs", type=int, default=None, help=f"timed runs per source ({RUNS})")
     ap.add_argument("--tasks", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2, help="task groups")
     ap.add_argument("--dir", help="parent of the working directory (default: the system temp dir)")
@@ -380,10 +382,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--visibility-samples", type=int, default=None, help="markers timed (20 quick, 100 full)")
     args = ap.parse_args(argv)
     args.records = args.records or (200_000 if args.quick else 1_000_000)
-    args.runs = args.runs or 5
+    args.runs = args.runs or RUNS
     args.visibility_samples = args.visibility_samples or (20 if args.quick else 100)
 
-    signal.signal(signal.SIGTERM, _interrupt)  # unwind so DevCluster stops what it started
+    unwind_on()  # unwind so DevCluster stops what it started
     console = Console(width=None if sys.stdout.isatty() else 132)
     root = Path(tempfile.mkdtemp(prefix="millrace-microbatch-bench-", dir=args.dir))
     try:

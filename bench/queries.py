@@ -41,6 +41,7 @@ from rich.table import Table
 
 from bench import subscription_figures
 from bench.topology import corpus, deploy
+from bench.unwind import unwind_on
 from conductor.client import Cluster
 from conductor.devcluster import DevCluster
 from conductor.wire import millrace_pb2 as pb
@@ -148,6 +149,7 @@ def raw_rate(db: rocksdict.Rdict) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
+    unwind_on()  # a kill stops the processes this starts (bench.unwind)
     p = argparse.ArgumentParser(prog="python -m bench.queries", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="fewer keys and calls (a few minutes on 2 cores)")
     p.add_argument("--dir", type=Path, default=None, help="cluster directory (default: a temporary one)")

@@ -63,6 +63,7 @@ from rich.table import Table
 from bench.catchup import ServerProcess, grpc_copy
 from bench.floor import percentile
 from bench.lifecycle_app import MODULE, REF, Writer, artifact
+from bench.unwind import unwind_on
 from conductor.client import Cluster
 from conductor.controller import Conductor
 from conductor.devcluster import DevCluster
@@ -338,6 +339,7 @@ def table(r: dict[str, Any]) -> Table:
 
 
 def main() -> None:
+    unwind_on()  # a kill stops the processes this starts (bench.unwind)
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="a 24 MB store and a short steady phase")
     ap.add_argument("--dir", type=Path, default=None, help="where the cluster lives (default: a temp dir)")

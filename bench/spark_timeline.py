@@ -47,6 +47,7 @@ from bench.cpu_split import CpuSplit
 from bench.microbatch import DEPOT, MODULE, append_records, deploy, depot_df, job
 from bench.python_ceiling import NAME as CEILING
 from bench.python_ceiling import CeilingSource
+from bench.unwind import unwind_on
 from conductor.devcluster import DevCluster
 from topology.spark import timeline
 from topology.spark.timeline import Mark
@@ -171,6 +172,7 @@ def run(args: argparse.Namespace, root: Path, console: Console
 
 
 def main(argv: list[str] | None = None) -> None:
+    unwind_on()  # a kill stops the processes this starts (bench.unwind)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="200,000 records instead of 1,000,000")
     ap.add_argument("--records", type=int, default=None)

@@ -35,6 +35,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from bench.unwind import unwind_on
 from conductor.client import Cluster
 from conductor.client.subscriptions import Change
 from conductor.devcluster import DevCluster
@@ -126,6 +127,7 @@ def measure(cluster: Cluster, quick: bool) -> dict[str, Any]:
 
 
 def main() -> None:
+    unwind_on()  # a kill stops the processes this starts (bench.unwind)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer appends and bursts")
     args = ap.parse_args()

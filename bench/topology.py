@@ -64,6 +64,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import dataflow_floor
+from bench.unwind import unwind_on
 from conductor.client import Cluster
 from conductor.controller import Conductor
 from conductor.devcluster import DevCluster
@@ -207,6 +208,7 @@ def latency(cluster: Cluster, module: str, text: list[str]) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    unwind_on()  # a kill stops the processes this starts (bench.unwind)
     p = argparse.ArgumentParser(prog="python -m bench.topology", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="fewer records (under five minutes on 2 cores)")
     p.add_argument("--dir", type=Path, default=None, help="cluster directory (default: a temporary one)")
