@@ -93,6 +93,9 @@ class Nemesis:
     faults: list[Fault] = field(default_factory=list)
     halt: threading.Event = field(default_factory=threading.Event)
     errors: list[str] = field(default_factory=list)
+    #: checks a heal could not make because its worker stays down until the final heal (it was cut from
+    #: ZooKeeper by an overlapping fault): :meth:`heal_all` makes them once every worker is back
+    after_final_heal: list[tuple[Fault, Heal]] = field(default_factory=list)
 
     # ---------------------------------------------------------------- schedule
 
@@ -160,6 +163,9 @@ class Nemesis:
                 c.start_conductor(name)
         for w in WORKERS:
             c.wait_worker(w, timeout_s)
+        for fault, check in self.after_final_heal:
+            self._heal(fault, check)
+        self.after_final_heal.clear()
 
     def injected(self) -> dict[str, int]:
         """Faults injected per class (those whose injection failed are not counted)."""
@@ -199,9 +205,13 @@ class Nemesis:
         return lambda: self._restart_worker(w, fault)
 
     def _restart_worker(self, w: str, fault: Fault) -> None:
-        """Start `w` again. If it exits while starting because an overlapping fault still cuts it from
-        ZooKeeper (a worker gives up after its connect timeout, as a Kafka broker does), the final heal starts
-        it again, where a failure is an error of the run."""
+        """A heal: :meth:`_start_again`."""
+        self._start_again(w, fault)
+
+    def _start_again(self, w: str, fault: Fault) -> bool:
+        """Start `w` again; True once it runs. If it exits while starting because an overlapping fault still
+        cuts it from ZooKeeper (a worker gives up after its connect timeout, as a Kafka broker does), False: the
+        final heal starts it again, where a failure is an error of the run."""
         if not self.cluster.workers[w].alive():
             self.cluster.start_worker(w)
         cut_from_zk = any((w, z) in self.cluster.net.cuts for z in ZOOKEEPERS)
@@ -211,6 +221,8 @@ class Nemesis:
             if not cut_from_zk:
                 raise
             fault.detail += " (its restart failed while it was cut from ZooKeeper; started again at the final heal)"
+            return False
+        return True
 
     def pause_worker(self, fault: Fault) -> Heal:
         w = self._leader(fault)
@@ -406,14 +418,19 @@ class Nemesis:
                                           for g, x in lost.items())
                                 or "nothing acknowledged from the page cache yet")
 
-        def heal() -> None:
-            self._restart_worker(w, fault)
+        def recorded() -> bool:
+            now = self.cluster.groups()
+            return all(now[g].incarnation_of(w) != before[g].incarnation_of(w) for g in lost)
 
-            def recorded() -> bool:
-                now = self.cluster.groups()
-                return all(now[g].incarnation_of(w) != before[g].incarnation_of(w) for g in lost)
+        def check() -> None:
             wait_until(recorded, 60, f"{w} to record a new storage incarnation in groups {sorted(lost)} "
                                      "(the page-cache rule)")
+
+        def heal() -> None:
+            if self._start_again(w, fault):
+                check()
+            else:  # (seed 3750 --fsync interval: waited out its 60 s for a worker a partition kept down)
+                self.after_final_heal.append((fault, check))
         return heal
 
     def disk_full(self, fault: Fault) -> Heal:
