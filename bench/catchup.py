@@ -222,21 +222,27 @@ class ServerProcess:
         return int(line)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
+        stop_child(self.proc)
+
+
+def stop_child(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a child started with pipes for stdin and stdout: closing its stdin first (the polite way: a server
+    child stops its server and its shelf), then SIGTERM, then SIGKILL; its pipes closed."""
+    if proc.poll() is None:
+        try:
+            assert proc.stdin is not None
+            proc.stdin.close()
+            proc.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            proc.terminate()
             try:
-                assert self.proc.stdin is not None
-                self.proc.stdin.close()  # the polite way: the child stops its server and its shelf
-                self.proc.wait(timeout=10)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.terminate()
-                try:
-                    self.proc.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    self.proc.wait()
-        for stream in (self.proc.stdin, self.proc.stdout):
-            if stream is not None and not stream.closed:
-                stream.close()
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    for stream in (proc.stdin, proc.stdout):
+        if stream is not None and not stream.closed:
+            stream.close()
 
 
 # ------------------------------------------------------------------------------------- client side
@@ -270,7 +276,7 @@ def catchup_copy(address: str, work: Path, manifest: Manifest) -> dict[str, floa
             "install": marks["install_end"] - marks["install_start"]}
 
 
-def _raw_messages(address: str) -> Iterator[bytes]:
+def raw_messages(address: str) -> Iterator[bytes]:
     with grpc.insecure_channel(address, options=GRPC_OPTIONS) as channel:
         yield from channel.unary_stream(RAW_METHOD)(b"", timeout=TRANSFER_TIMEOUT_S)
 
@@ -279,7 +285,7 @@ def grpc_copy(address: str, dest: Path) -> float:
     """The plain copy: write each streamed file as it comes, fsync it and, at the end, the directory."""
     dest.mkdir(parents=True)
     t0 = time.perf_counter()
-    messages = _raw_messages(address)
+    messages = raw_messages(address)
     files = json.loads(next(messages))
     for name, size in files:
         with open(dest / name, "wb") as fh:

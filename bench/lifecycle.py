@@ -38,7 +38,8 @@ Then :mod:`bench.reassign` (a scale from replication factor 1 to 3 under a
 writer) runs on its own cluster; its ``rf1_to_rf3_s``,
 ``reassign_copy_mb_per_s`` (the throttled copies' rate), ``ratio_copy_vs_plain_grpc``
 (the copy path unthrottled against a plain gRPC stream of the same files) and
-``writer_p99_during_reassign_vs_steady`` join the last line (all its figures
+``writer_p99_during_reassign_vs_steady`` join the last line with this box's floors for it,
+``writer_p99_beside_plain_copy_vs_steady`` and ``box_floor_during_vs_steady`` (all its figures
 under ``reassign``).
 
 Goal: ``update_max_ack_gap_ms <= 2 x steady_p99_ms`` (Rama pauses processing
@@ -77,7 +78,8 @@ from conductor.status import wait_serving
 GOAL_RATIO = 2.0
 #: bench.reassign's figures this benchmark's last line carries at its top level (the rest under "reassign")
 REASSIGN_FIGURES = ("rf1_to_rf3_s", "reassign_copy_mb_per_s", "ratio_copy_vs_plain_grpc",
-                    "writer_p99_during_reassign_vs_steady")
+                    "writer_p99_during_reassign_vs_steady", "writer_p99_beside_plain_copy_vs_steady",
+                    "box_floor_during_vs_steady")
 #: after the CLI returns, the writer runs this much longer inside the measured window
 TAIL_S = 0.5
 
@@ -241,7 +243,8 @@ def main() -> None:
     console.print(f"reassignment RF 1 -> 3: {moved['rf1_to_rf3_s']} s, copies {moved['reassign_copy_mb_per_s']} MB/s "
                   f"(throttled); copy path {moved['copy_path_mb_per_s']} MB/s unthrottled vs plain gRPC "
                   f"{moved['plain_grpc_mb_per_s']} MB/s, writer p99 x"
-                  f"{moved['writer_p99_during_reassign_vs_steady']} of steady (bench.reassign)")
+                  f"{moved['writer_p99_during_reassign_vs_steady']} of steady (this box's floor: x"
+                  f"{moved['box_floor_during_vs_steady']}, bench.reassign)")
     out.update({k: moved[k] for k in REASSIGN_FIGURES})
     out["reassign"] = moved
     print(json.dumps(out))

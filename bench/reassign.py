@@ -13,6 +13,11 @@ much) so the two replicas the scale adds copy the leader's store by far horizon
 * ``steady``: one writer appends one record at a time; ``steady_p99_ms`` is the
   p99 of the gaps between its acknowledgements (at RF 1; ``rf3_after_p99_ms``,
   the same after the scale, shows what RF 3 itself costs an append);
+* ``beside a plain copy``: the same bytes the plan will copy (a file of each group's size to each of the two
+  followers to be) through a plain paced gRPC copy between processes of their own, at the throttle's rate per
+  follower (:mod:`bench.paced_copy`), the writer still at RF 1: ``writer_p99_beside_plain_copy_vs_steady`` is
+  what moving those bytes on this one box costs any design (on separate machines the followers' disks and
+  cores would not be the leader's), and ``box_floor_during_vs_steady`` that floor and RF 3's own together;
 * the reassignment: a plan to replication factor 3 (what `conductor scale
   --replicationFactor 3` stores), timed until the conductor deleted it
   (``rf1_to_rf3_s``), with the copy throttle at its default
@@ -63,6 +68,7 @@ from rich.table import Table
 from bench.catchup import ServerProcess, grpc_copy
 from bench.floor import percentile
 from bench.lifecycle_app import MODULE, REF, Writer, artifact
+from bench.paced_copy import beside_plain_copy, make_files
 from bench.unwind import unwind_on
 from conductor.client import Cluster
 from conductor.controller import Conductor
@@ -97,6 +103,8 @@ FILL_BATCH = 20
 NEAR_LAG = 100
 #: the seconds after the plan's end in which its leader rebalancing falls (max_gap_after_plan_ms)
 HANDOFF_WINDOW_S = 3.0
+#: seconds between the plain copy's end and the plan (the writer back at its steady pace)
+PLAIN_SETTLE_S = 1.0
 PROBE = "bench-probe"  #: the follower id the copy-path probe asks the leader's checkpoints for
 
 
@@ -158,8 +166,8 @@ def mixed_p99(rf1: list[float], rf3: list[float], n_rf1: int, n_rf3: int) -> flo
     return weighted[-1][0]
 
 
-def scale_under_writer(dc: DevCluster, megabytes: int, steady_s: float) -> dict[str, Any]:
-    """Fill at RF 1, then steady / scale to RF 3 / after, one writer throughout; the writer's figures.
+def scale_under_writer(dc: DevCluster, megabytes: int, steady_s: float, rate: int, work: Path) -> dict[str, Any]:
+    """Fill at RF 1, then steady / a plain copy / scale to RF 3 / after, one writer throughout; the writer's figures.
 
     Context for the goal's figure (the p99 of the whole reassignment over the steady one at RF 1): once an added
     replica joins the ISR, appends wait for it, so part of the window runs at RF 3's own cost
@@ -169,14 +177,25 @@ def scale_under_writer(dc: DevCluster, megabytes: int, steady_s: float) -> dict[
     ``rf3_floor_during_vs_steady``: what the figure would be if nothing but the replication factor cost the writer
     anything: the window's appends up to the first ISR join as the steady ones, those after it as the ones at RF 3
     after the plan (their p99 over the steady one; the part of the window at RF 3 is what the plan adds).
+    ``writer_p99_beside_plain_copy_vs_steady``: the writer's p99 at RF 1 while the bytes the plan copies (a file
+    of each group's size to each of the two added followers, at ``rate`` per follower) go through a plain paced
+    gRPC copy between processes of their own (:mod:`bench.paced_copy`), before the plan; what moving them costs
+    on this box whatever the design. ``box_floor_during_vs_steady`` puts both floors together: the window's
+    appends before the first ISR join as those beside the plain copy, those after it as those at RF 3 after.
     """
+    files = work / "plain-source"
+    make_files(files, [megabytes] * 2)  # (each group's store is about `megabytes` MB)
     with Cluster.connect(dc.hosts, timeout_s=30) as client:
         filled = fill(client, megabytes)
+        os.sync()  # no writeback of the fill or the files inside the timed phases
         writer = Writer(client.depot(MODULE, "*events")).start()
         time.sleep(1.0)
         steady_from = time.monotonic()
         time.sleep(steady_s)
         steady_to = time.monotonic()
+        plain_from, plain_to = beside_plain_copy(files, work / "plain", receivers=2, rate=rate)
+        time.sleep(PLAIN_SETTLE_S)
+        plan_from = time.monotonic()
         with Metastore(dc.hosts) as ms:
             ms.plans.create(MODULE, scale_plan(ms, MODULE, replication_factor=3))
             while ms.plans.get(MODULE) is not None:
@@ -186,19 +205,22 @@ def scale_under_writer(dc: DevCluster, megabytes: int, steady_s: float) -> dict[
         after_to = time.monotonic()
         writer.stop()
     steady = sorted(writer.gaps_ms(steady_from, steady_to))
-    during = sorted(writer.gaps_ms(steady_to, done))
+    plain = sorted(writer.gaps_ms(plain_from, plain_to))
+    during = sorted(writer.gaps_ms(plan_from, done))
     after = sorted(writer.gaps_ms(done + 0.5, after_to))
     wall = time.time() - time.monotonic()  # the logs' clock minus the writer's
     _copied, (first, last) = copies(dc.root / "logs")
     copying = sorted(writer.gaps_ms(first - wall, last - wall))
-    n_rf1 = len(writer.gaps_ms(steady_to, first_isr_join(dc.root / "logs") - wall))
+    n_rf1 = len(writer.gaps_ms(plan_from, first_isr_join(dc.root / "logs") - wall))
     floor = mixed_p99(steady, after, n_rf1, len(during) - n_rf1) / mixed_p99(steady, after, len(during), 0)
+    box_floor = mixed_p99(plain, after, n_rf1, len(during) - n_rf1) / mixed_p99(steady, after, len(during), 0)
     p99_steady, p99_during, p99_after = percentile(steady, 99), percentile(during, 99), percentile(after, 99)
     # once the plan is deleted the conductor rebalances leaders: a hand-off the writer sees as one long gap
     handoff = writer.gaps_ms(done, done + HANDOFF_WINDOW_S)
-    window = writer.gap_times(steady_to, done)
-    phases = [("before the copies", steady_to), ("copying", first - wall), ("after the installs", last - wall)]
-    return {"filler_records": filled, "rf1_to_rf3_s": round(done - steady_to, 2),
+    window = writer.gap_times(plan_from, done)
+    top = slowest(window)
+    phases = [("before the copies", plan_from), ("copying", first - wall), ("after the installs", last - wall)]
+    return {"filler_records": filled, "rf1_to_rf3_s": round(done - plan_from, 2),
             "max_gap_after_plan_ms": round(max(handoff), 1) if handoff else float("nan"),
             "steady_p99_ms": round(p99_steady, 2), "reassign_p99_ms": round(p99_during, 2),
             "rf3_after_p99_ms": round(p99_after, 2), "reassign_appends": len(during),
@@ -207,20 +229,26 @@ def scale_under_writer(dc: DevCluster, megabytes: int, steady_s: float) -> dict[
             "writer_p99_during_reassign_vs_steady": round(p99_during / p99_steady, 3),
             "writer_p99_during_vs_rf3_after": round(p99_during / p99_after, 3),
             "rf3_floor_during_vs_steady": round(floor, 3), "rf3_share_of_window": round(1 - n_rf1 / len(during), 3),
-            "slowest_by_phase": slowest_by_phase(window, phases, done, 2 * p99_steady),
+            "plain_copy_s": round(plain_to - plain_from, 2), "plain_copy_p99_ms": round(percentile(plain, 99), 2),
+            "writer_p99_beside_plain_copy_vs_steady": round(percentile(plain, 99) / p99_steady, 3),
+            "box_floor_during_vs_steady": round(box_floor, 3),
+            "slowest_by_phase": slowest_by_phase(window, top, phases, done, 2 * p99_steady),
             #: the window's slowest 1%: (seconds from the plan's start, ms), in time order
-            "slowest_at": sorted((round(at - steady_to, 3), round(ms, 1))
-                                 for at, ms in sorted(window, key=lambda g: -g[1])[:max(1, len(window) // 100)])}
+            "slowest_at": sorted((round(at - plan_from, 3), round(ms, 1)) for at, ms in top)}
 
 
-def slowest_by_phase(gaps: list[tuple[float, float]], phases: list[tuple[str, float]], end: float,
-                     over_ms: float) -> dict[str, dict[str, Any]]:
-    """Where the window's slowest appends fell: of the gaps ``(end, ms)`` in the window's slowest 1% and of those
-    over ``over_ms`` (twice the steady p99: the goal's bound), how many ended in each phase (``phases``: a name
+def slowest(gaps: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The slowest 1% of the gaps ``(end, ms)`` (at least one): the figure's p99 is about the last of them."""
+    return sorted(gaps, key=lambda g: g[1], reverse=True)[:max(1, len(gaps) // 100)]
+
+
+def slowest_by_phase(gaps: list[tuple[float, float]], top: list[tuple[float, float]], phases: list[tuple[str, float]],
+                     end: float, over_ms: float) -> dict[str, dict[str, Any]]:
+    """Where the window's slowest appends fell: of the gaps ``(end, ms)`` in the window's slowest 1% (``top``,
+    :func:`slowest`) and of those over ``over_ms`` (twice the steady p99: the goal's bound), how many ended in each phase (``phases``: a name
     and the time it starts, in order; the last one lasts until ``end``), with the phase's seconds and its
     slowest gap. The figure's p99 is about the window's ``len // 100``-th slowest gap, so these say which of the
     plan's steps set it."""
-    top = sorted(gaps, key=lambda g: g[1], reverse=True)[:max(1, len(gaps) // 100)]
     bounds = [start for _name, start in phases[1:]] + [end]
     out: dict[str, dict[str, Any]] = {}
     for (name, start), stop in zip(phases, bounds, strict=True):
@@ -295,7 +323,8 @@ def measure(root: Path, quick: bool, copy_rate: int | None = None, rounds: int |
     dc.start()
     try:
         deploy_rf1(dc.hosts, copy_rate)
-        out = scale_under_writer(dc, megabytes, steady_s)
+        out = scale_under_writer(dc, megabytes, steady_s, copy_rate or DEFAULT_REASSIGN_COPY_BYTES_PER_S,
+                                 root / "plain-copy")
         copied, (first, last) = copies(dc.root / "logs")
         out |= copy_path_vs_plain(dc, root / "probe", rounds or (5 if quick else 7))
     finally:
@@ -324,6 +353,10 @@ def table(r: dict[str, Any]) -> Table:
     t.add_row("writer p99 steady (RF 1) / during / after (RF 3), ms",
               f"{r['steady_p99_ms']} / {r['reassign_p99_ms']} / {r['rf3_after_p99_ms']}", "")
     t.add_row("writer p99 during / steady", str(r["writer_p99_during_reassign_vs_steady"]), f"<= {GOAL_P99_RATIO}")
+    t.add_row(f"  floors: beside a plain paced copy of the same bytes ({r['plain_copy_s']} s, p99 "
+              f"{r['plain_copy_p99_ms']} ms) / RF 3 alone / both",
+              f"{r['writer_p99_beside_plain_copy_vs_steady']} / {r['rf3_floor_during_vs_steady']} / "
+              f"{r['box_floor_during_vs_steady']}", "")
     t.add_row("writer p99 while copying, ms; during / after (RF 3's own cost)",
               f"{r['copying_p99_ms']}; {r['writer_p99_during_vs_rf3_after']}", "")
     t.add_row(f"reassignment's {r['far_horizon_copies']} copies at the throttle "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from bench.reassign import first_isr_join, mixed_p99, slowest_by_phase
+from bench.reassign import first_isr_join, mixed_p99, slowest, slowest_by_phase
 
 
 def test_the_rf3_floor_mixes_the_two_rates_by_the_share_of_the_window_each_covers() -> None:
@@ -30,7 +30,9 @@ def test_the_slowest_appends_are_counted_in_the_phase_they_ended_in() -> None:
     # 200 gaps, one every 10 ms from t=0: two slow ones while copying (t in [0.5, 1.5)), one after the installs
     gaps = [(k / 100, 3.0) for k in range(200)]
     gaps[60], gaps[70], gaps[180] = (0.60, 40.0), (0.70, 12.0), (1.80, 30.0)
-    got = slowest_by_phase(gaps, [("before", 0.0), ("copying", 0.5), ("after", 1.5)], 2.0, over_ms=10.0)
+    assert slowest(gaps) == [(0.60, 40.0), (1.80, 30.0)]
+    got = slowest_by_phase(gaps, slowest(gaps), [("before", 0.0), ("copying", 0.5), ("after", 1.5)], 2.0,
+                           over_ms=10.0)
     assert got["before"] == {"s": 0.5, "appends": 50, "in_top_1pct": 0, "over_bound": 0, "max_ms": 3.0}
     assert got["copying"] == {"s": 1.0, "appends": 100, "in_top_1pct": 1, "over_bound": 2, "max_ms": 40.0}
     assert got["after"] == {"s": 0.5, "appends": 50, "in_top_1pct": 1, "over_bound": 1, "max_ms": 30.0}

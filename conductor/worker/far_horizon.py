@@ -51,6 +51,7 @@ from conductor.wire.checked import checked_handler
 from conductor.wire.packing import varint
 from conductor.worker.hooks import ChunkFilter
 from conductor.worker.throttle import CopyPacing, CopyThrottle
+from conductor.worker.unbuffered_file import UnbufferedFile
 from pstate.checkpoint import Checked, FileStamp, Manifest, ManifestFile, file_stamp
 from replog.catchup import MAX_ROUNDS, behind_at_install, round_is_last
 
@@ -71,10 +72,6 @@ IDLE_TTL_S = 300.0
 SHARE_WITHIN_S = 1.0
 #: how long the follower's install may wait for its task thread
 INSTALL_TIMEOUT_S = 120.0
-#: a received file is synced each time this many more bytes are written (RocksDB's ``bytes_per_sync``, for the
-#: same reason): one fsync of a whole 24 MB file put 24 MB ahead of every replog fdatasync on the disk it shares
-#: with the leader's and the other followers' logs, and ISR members' acknowledgements waited behind it
-SYNC_EVERY_BYTES = 1024 * 1024
 
 Pairs = list[tuple[int, int]]
 ShelfKey = tuple[str, int, str]  # (module, group, follower)
@@ -612,37 +609,31 @@ class _Stopped(Exception):
 
 
 class IncomingFile:
-    """A file being received: written as it comes, checksummed on the way."""
+    """A file being received: written as it comes, around the page cache where the disk allows
+    (:mod:`conductor.worker.unbuffered_file`), checksummed on the way."""
 
     def __init__(self, meta: ManifestFile, path: Path) -> None:
         self.meta = meta
         self.path = path
         self.size = 0
         self.crc = 0
-        #: bytes written out to the disk so far (:data:`SYNC_EVERY_BYTES`)
-        self._synced = 0
-        self._fh = open(path, "wb")  # noqa: SIM115 - closed by close(), across many chunks
+        self._out = UnbufferedFile(path)
 
     def write(self, data: bytes | memoryview) -> None:
-        self._fh.write(data)
+        self._out.write(data)
         self.crc = crc32c.crc32c(data, self.crc)
         self.size += len(data)
-        if self.size - self._synced >= SYNC_EVERY_BYTES:  # (the copy's own thread waits, nobody else)
-            self._fh.flush()
-            os.fdatasync(self._fh.fileno())
-            self._synced = self.size
 
     def flush(self) -> None:
-        """Hand the bytes to the kernel (the CRC verdict covers what was written)."""
-        self._fh.flush()
+        """Every byte in the file (the CRC verdict covers what was written; the file's stamp is taken next)."""
+        self._out.drain()
 
     def sync_and_close(self) -> None:
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
-        self._fh.close()
+        self._out.sync()
+        self._out.close()
 
     def close(self) -> None:
-        self._fh.close()
+        self._out.close()
 
 
 def describe(p: CatchupProgress) -> str:

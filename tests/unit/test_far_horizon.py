@@ -8,20 +8,17 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from conductor.wire import millrace_pb2 as pb
 from conductor.worker.far_horizon import (
     CHUNK_BYTES,
-    SYNC_EVERY_BYTES,
     CheckpointShelf,
-    IncomingFile,
     Shelved,
     decode_chunk,
     encode_data_chunk,
     stream_checkpoint,
 )
-from pstate.checkpoint import ManifestFile, take_checkpoint
+from pstate.checkpoint import take_checkpoint
 
 
 def _make(files: dict[str, bytes]) -> Callable[[Path], Shelved]:
@@ -178,15 +175,3 @@ def test_a_long_round_counts_the_entries_the_leader_appended_meanwhile() -> None
     assert round_is_last(behind_at_install(10, 0.2, 100.0, near_lag=100), 100, 2)  # a short diff round: install
 
 
-def test_a_received_file_goes_to_disk_every_mebibyte_not_in_one_burst(tmp_path: Path, monkeypatch: Any) -> None:
-    # one fsync of a whole 24 MB file queued ahead of the replog fdatasyncs of every replica on the same disk
-    synced: list[int] = []
-    real = os.fdatasync
-    monkeypatch.setattr(os, "fdatasync", lambda fd: (synced.append(os.fstat(fd).st_size), real(fd)))
-    data = os.urandom(256 * 1024)
-    f = IncomingFile(ManifestFile("000001.sst", 0, 0), tmp_path / "000001.sst")
-    for _ in range(12):
-        f.write(data)
-    f.sync_and_close()
-    assert synced == [SYNC_EVERY_BYTES * k for k in (1, 2, 3)]
-    assert (tmp_path / "000001.sst").stat().st_size == 12 * len(data)
