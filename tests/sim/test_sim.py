@@ -61,6 +61,7 @@ a6f63b1, 43,000,000-43,019,999 all pass (13 min, niced beside two helpers' bench
 43,020,000-43,039,999 all pass (6 min 43 s).
 Session 16 (no replication rule changed; in the worker: deferred stores of added replicas, a far-horizon install's
 writes off the task thread, stored depot batches): on 640a6d2, 44,000,000-44,019,999 all pass (5 min 16 s).
+Session 17 (no replication rule changed): on dbc8cbb, 45,000,000-45,019,999 all pass (5 min 44 s).
 """
 
 from __future__ import annotations
