@@ -292,14 +292,19 @@ class Conductor:
         self.metrics.forget_groups(seen)
 
     def _watch_groups(self, groups: set[tuple[str, int]]) -> None:
-        """Watch exactly ``groups``: a worker's CAS that leaves one leaderless wakes the active term at once."""
+        """Watch exactly ``groups``: a worker's CAS that leaves one leaderless wakes the active term at once, and
+        so does any change of a group while a plan is in progress (:meth:`_on_group_changed`)."""
         for key in set(self._group_watches) - groups:
             self._group_watches.pop(key).cancel()
         for module, g in sorted(groups - set(self._group_watches)):
             self._group_watches[(module, g)] = self.ms.groups.watch(module, g, self._on_group_changed)
 
     def _on_group_changed(self, state: GroupState | None, _version: int) -> None:
-        if state is not None and state.leader is None and self._active.is_set():
+        # While a plan is in progress its next step waits for a group write: a leader admitting an added replica
+        # to the ISR, a hand-off, this conductor's own step (after the last group's, the plan's end). Polling
+        # alone took up to half a second per step, the writer at RF 3 all along and the plan's leader move
+        # after it waiting (issue 27, session 18); a pass now follows each write.
+        if state is not None and (state.leader is None or self._planning) and self._active.is_set():
             self._kick.set()
 
     def _settle_group(self, module: str, g: int, state: GroupState, version: int,

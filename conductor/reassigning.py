@@ -3,7 +3,10 @@
 A plan (``conductor.metastore.plans``; made by `conductor scale`,
 `replace-node` and `decommission`, ``conductor.cli_scale``) names each moved
 group's target replicas. The active conductor runs :meth:`PlanExecutor.run`
-after every reconcile and, while a plan is in progress, every half second.
+after every reconcile and, while a plan is in progress, every half second and
+after every change of a group znode (``Conductor._on_group_changed``: a step
+that waits for a leader's ISR join, or for the last group's completion, is
+taken at once, not a poll later).
 Each pass reads the plan and the group znodes and asks :func:`group_step`,
 which composes ``replog.reassignment``'s pure steps (Kafka's KIP-455 order):
 

@@ -172,3 +172,26 @@ def test_a_group_is_done_once_the_copies_its_plan_retired_are_released_or_taken_
     assert back is not None and back.new is not None and set(back.new.isr) == {"a"} and back.new.retired == ()
     again = group_step(back.new, ["b"], live, cancel=False)
     assert again is not None and again.new is not None and again.new.removing == ("a",)
+
+
+def test_a_planned_groups_change_wakes_the_active_conductor_at_once() -> None:
+    """While a plan is in progress any group write (a leader's ISR join, the conductor's own step) wakes the
+    active conductor for its next pass, not only a group left leaderless: one half-second poll per step kept
+    the plan open with nothing left to do (issue 27, session 18). Without a plan only the leaderless case
+    does. (No ZooKeeper: the conductor is not started; only its watch's callback is exercised.)"""
+    from conductor.controller import Conductor
+
+    c = Conductor("127.0.0.1:1", "c1")
+    led = GroupState("a", 1, ("a", "b"), ("c",), 4, adding=("b", "c"))
+    c._active.set()
+    for planning, state, wakes in [(False, led, False), (True, led, True), (True, None, False),
+                                   (False, GroupState(None, 2, ("a",), (), 5), True)]:
+        c._kick.clear()
+        c._planning = planning
+        c._on_group_changed(state, 4)
+        assert c._kick.is_set() is wakes, (planning, state)
+    c._active.clear()
+    c._planning = True
+    c._kick.clear()
+    c._on_group_changed(led, 4)
+    assert not c._kick.is_set()  # a standby conductor runs no plan
