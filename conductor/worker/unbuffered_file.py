@@ -14,7 +14,7 @@ sync to push out.
 ``O_DIRECT`` needs aligned buffers, lengths and offsets: the file is written in
 whole :data:`BUFFER_BYTES` from one page-aligned buffer, and its last partial
 buffer through the page cache (``O_DIRECT`` cleared), before the final sync. A
-filesystem that refuses ``O_DIRECT`` (tmpfs, some network filesystems) gets
+filesystem that refuses ``O_DIRECT`` (tmpfs before Linux 6.6, some network filesystems) gets
 the buffered path, synced every :data:`SYNC_EVERY_BYTES` so that it too
 never holds many megabytes for one sync.
 """
