@@ -7,7 +7,7 @@ With retention, every ``CHECK_EVERY`` entries a second thread plans the leader's
 bound of ``BOUND`` bytes) from the applied state, as the worker's retention driver does
 (``plan_retention_check``), and posts it to the writer's thread, whose port builds it in its next entries
 (the writer waits, untimed, when a check is asked while the one before is not yet planned); a
-third thread compacts trimmed ranges when the driver would (``compaction_due``, ``TaskGroupStore.compact_range``).
+third thread compacts trimmed ranges when the driver would (``pstate.trimmed_ranges``, ``TaskGroupStore.compact_range``).
 Between drains the writer's thread gives the GIL up (untimed), as the worker's task thread does while it waits
 for the log's fsync: the other threads' Python work (planning) runs there, not inside a drain after Python's
 5 ms switch interval. Rounds with and without retention alternate, in
@@ -49,8 +49,10 @@ from bench.backup_figures import measure as backup_measure
 from conductor.metastore.depot_options import CHECK_COMPACTION_LIMIT
 from conductor.worker.replica_store import ReplicaStore
 from pstate import TaskGroupStore
-from pstate.depots import check_partition, depot_cf
-from pstate.retention import RetentionPolicy, compaction_due, partition_size, read_state
+from pstate.depot_batches import key_span
+from pstate.depots import depot_cf
+from pstate.retention import RetentionPolicy, partition_size, read_state
+from pstate.trimmed_ranges import DueRange, PartitionView, TrimmedRanges
 from topology.entries.port import EntryPort
 from topology.entries.requests import DepotAppend, RetentionCheck
 from topology.entries.retention import plan_retention_check
@@ -109,15 +111,13 @@ class Compactor:
 
     def __init__(self, store: TaskGroupStore) -> None:
         self.store = store
-        self.ranges: queue.Queue[tuple[int, int] | None] = queue.Queue(maxsize=64)
+        self.ranges: queue.Queue[DueRange[int] | None] = queue.Queue(maxsize=64)
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
-        p = check_partition(0)
         while (r := self.ranges.get()) is not None:
-            lo, hi = r
-            self.store.compact_range(depot_cf(DEPOT), p + lo.to_bytes(8, "big"), p + hi.to_bytes(8, "big"))
+            self.store.compact_range(depot_cf(DEPOT), *key_span(r.partition, r.lo, r.hi))
 
     def close(self) -> None:
         self.ranges.put(None)
@@ -137,7 +137,7 @@ def _run(entries: int, retention: bool) -> dict[str, float]:
     drains: list[float] = []
     cpu: list[float] = []  # the writer thread's CPU seconds per drain (other threads and processes are not in it)
     peak = 0
-    compacted = compacted_bytes = 0
+    trimmed: TrimmedRanges[int] = TrimmedRanges()
     offset = asked = 0
     try:
         staged: list[tuple[int, int, bytes]] = []
@@ -162,13 +162,15 @@ def _run(entries: int, retention: bool) -> dict[str, float]:
                 reader = store.applied_reader()
                 size = partition_size(reader, DEPOT, 0)
                 peak = max(peak, size.bytes)
-                trimmed = read_state(reader, DEPOT, 0).start_bytes - compacted_bytes
-                if compactor is not None and size.start > compacted and compaction_due(trimmed, size.bytes):
-                    try:
-                        compactor.ranges.put_nowait((compacted, size.start))
-                        compacted, compacted_bytes = size.start, compacted_bytes + trimmed
-                    except queue.Full:
-                        pass  # the next trim's range covers this one
+                if compactor is not None:
+                    view = PartitionView(size.start, read_state(reader, DEPOT, 0).start_bytes, size.bytes)
+                    in_memtable = store.memtable_entries(depot_cf(DEPOT))  # (after the partition: TrimmedRanges.look)
+                    for r in trimmed.look(DEPOT, in_memtable, time.monotonic(), {0: view}):
+                        try:
+                            compactor.ranges.put_nowait(r)
+                            trimmed.compacted(r)
+                        except queue.Full:
+                            pass  # the next look offers a range covering this one
                 while planner is not None and asked < (i + 1) // CHECK_EVERY:
                     # a check every CHECK_EVERY entries; one more is held back (untimed) while one waits unplanned:
                     # this writer runs many times faster than a replicated one, so a planning thread kept off the

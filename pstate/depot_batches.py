@@ -55,6 +55,13 @@ def batch_key(partition: int, last: int) -> bytes:
     return _BATCH_KEY.pack(partition, last, BATCH_TAG)
 
 
+def key_span(partition: int, lo: int, hi: int) -> tuple[bytes, bytes]:
+    """The first and the last key (both included) that can hold records of offsets ``[lo, hi)`` and no other:
+    what a compaction of that range asks RocksDB for (its ranges include their end)."""
+    assert 0 <= lo < hi, (lo, hi)
+    return record_key(partition, lo), batch_key(partition, hi - 1)
+
+
 def encode_batch(records: Sequence[bytes]) -> bytes:
     """A batch's stored value (module docstring); at least two records (one is stored as a record key)."""
     assert len(records) >= 2, len(records)

@@ -228,8 +228,18 @@ class TaskGroupStore:
             return {d: int(self._cfs[depot_cf(d)].property_int_value("rocksdb.live-sst-files-size") or 0)
                     for d in self.depots if depot_cf(d) in self._cfs}
 
+    def memtable_entries(self, cf: str) -> int:
+        """Entries in column family ``cf``'s active memtable (``rocksdb.num-entries-active-mem-table``): it drops
+        when the memtable switches, which tells the retention driver a trim's tombstone was flushed
+        (:mod:`pstate.trimmed_ranges`). Any thread."""
+        with self._lock:
+            self._check_open()
+            return int(self._cfs[cf].property_int_value("rocksdb.num-entries-active-mem-table") or 0)
+
     def compact_range(self, cf: str, lo: bytes, hi: bytes) -> None:
-        """Compact ``[lo, hi)`` of column family ``cf`` so the files of a deleted range go (disk space back).
+        """Compact keys ``lo`` to ``hi`` (both included, as RocksDB's CompactRange) of column family ``cf`` so
+        the files of a deleted range go (disk space back). RocksDB first flushes a memtable holding any key or
+        range tombstone in the range (:mod:`pstate.trimmed_ranges` avoids asking for those).
 
         Not under the store's lock: applies go on while RocksDB compacts (it orders its own work); closing
         and abandoning the store wait for it.

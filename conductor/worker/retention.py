@@ -16,8 +16,10 @@ with a steady writer may take long (the deleted keys are below every new one). S
 the start offset of every partition of every replica it hosts (leaders and followers) and, when one moved,
 compacts the trimmed key range of that depot's column family once it holds as many bytes as the partition
 keeps (:func:`pstate.retention.compaction_due`: the files of a bounded depot stay within about twice its
-bytes, and each compaction rewrites about what was trimmed since the last one): one range per
-tick (bounded background I/O, off the task threads), most trimmed first.
+bytes, and each compaction rewrites about what was trimmed since the last one), and once the trims' range
+tombstones have left the active memtable (:mod:`pstate.trimmed_ranges`: no compaction forces a flush, and
+records trimmed before their flush never reach disk; after a few seconds without a switch, anyway): one range
+per tick (bounded background I/O, off the task threads), most trimmed first.
 """
 
 from __future__ import annotations
@@ -32,8 +34,11 @@ from conductor.wire import millrace_pb2 as pb
 from conductor.worker.hosted import HostedReplica
 from conductor.worker.pending_entry import PendingEntry
 from conductor.worker.runtime import LocalModules, ModuleRuntime
-from pstate.depots import check_partition, depot_cf
-from pstate.retention import RetentionPolicy, compaction_due, partition_size, read_state
+from pstate import TaskGroupStore
+from pstate.depot_batches import key_span
+from pstate.depots import depot_cf
+from pstate.retention import RetentionPolicy, partition_size, read_state
+from pstate.trimmed_ranges import DueRange, PartitionView, TrimmedRanges
 from replog.messages import Ack
 from topology.entries.requests import RetentionCheck
 from topology.entries.retention import plan_retention_check
@@ -74,9 +79,9 @@ class RetentionDriver:
         self._stopped = threading.Event()
         self._next_check: dict[tuple[str, int], float] = {}
         self._in_flight: set[tuple[str, int]] = set()
-        #: per (module, group, depot, task): the start offset below which the range is compacted already, and
-        #: the bytes appended below it
-        self._compacted: dict[tuple[str, int, str, int], tuple[int, int]] = {}
+        #: what each hosted depot partition trimmed, compacted and flushed: keyed (module, group, depot, task),
+        #: families (module, group, depot)
+        self._trimmed: TrimmedRanges[tuple[str, int, str, int]] = TrimmedRanges()
         #: trimmed ranges compacted, bytes of live SST files seen to go (metrics)
         self.ranges_compacted = 0
         self._thread = threading.Thread(target=self._run, name="depot-retention", daemon=True)
@@ -93,7 +98,7 @@ class RetentionDriver:
             live = {rt.spec.name for rt in runtimes}
             # a destroyed module's keys go with it
             self._next_check = {k: v for k, v in self._next_check.items() if k[0] in live}
-            self._compacted = {k: v for k, v in self._compacted.items() if k[0] in live}
+            self._trimmed.forget(lambda key, names=live: key[0] in names)  # type: ignore[misc]
             for rt in runtimes:
                 try:
                     self._checks(rt)
@@ -138,28 +143,30 @@ class RetentionDriver:
     # ------------------------------------------------------------------ every replica: disk space back
 
     def _compact_one(self, rt: ModuleRuntime) -> None:
-        """Compact the largest trimmed range due (:func:`pstate.retention.compaction_due`), of any replica of
-        ``rt`` hosted here."""
-        best: tuple[int, Any, str, bytes, bytes, tuple[str, int, str, int], tuple[int, int]] | None = None
+        """Compact the largest trimmed range due (:mod:`pstate.trimmed_ranges`) of any replica of ``rt`` hosted
+        here."""
+        now = time.monotonic()
+        best: tuple[DueRange[tuple[str, int, str, int]], TaskGroupStore, str] | None = None
         for rec in list(rt.hosted.values()):
             if rec.store is None or not rec.store.created:  # (not created yet: empty, and not created for this)
                 continue
             store = rec.store.current()
             reader = store.applied_reader()
             for depot in store.depots:
+                views = {}
                 for task in rt.spec.tasks_of(rec.group):
                     size = partition_size(reader, depot, task)
-                    k = (rt.spec.name, rec.group, depot, task)
-                    done, done_bytes = self._compacted.setdefault(k, (0, 0))
-                    trimmed = read_state(reader, depot, task).start_bytes - done_bytes
-                    if size.start > done and compaction_due(trimmed, size.bytes) and (best is None
-                                                                                    or trimmed > best[0]):
-                        p = check_partition(task)
-                        best = (trimmed, store, depot, p + done.to_bytes(8, "big"), p + size.start.to_bytes(8, "big"),
-                                k, (size.start, trimmed + done_bytes))
+                    views[(rt.spec.name, rec.group, depot, task)] = PartitionView(
+                        size.start, read_state(reader, depot, task).start_bytes, size.bytes)
+                # (the partitions first, then the memtable: pstate.trimmed_ranges.TrimmedRanges.look)
+                entries = store.memtable_entries(depot_cf(depot))
+                for r in self._trimmed.look((rt.spec.name, rec.group, depot), entries, now, views):
+                    if best is None or r.trimmed > best[0].trimmed:
+                        best = (r, store, depot)
         if best is None:
             return
-        _n, store, depot, lo, hi, k, now_done = best
-        store.compact_range(depot_cf(depot), lo, hi)
-        self._compacted[k] = now_done
+        r, store, depot = best
+        task = r.partition[3]
+        store.compact_range(depot_cf(depot), *key_span(task, r.lo, r.hi))
+        self._trimmed.compacted(r)
         self.ranges_compacted += 1

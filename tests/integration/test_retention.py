@@ -80,8 +80,9 @@ def test_a_bytes_bounded_depot_stays_within_its_bound_and_replicas_give_disk_bac
     assert all(s > 0 and n == e - s for s, e, n, _b in sizes.values()), sizes
 
     # every replica's RocksDB live files stay bounded too: trimmed ranges are compacted away once they hold as
-    # many bytes as the partition keeps (pstate.retention.compaction_due), so each of a replica's two *raw
-    # partitions keeps at most about 1.5 x BOUND live plus as much trimmed, whatever the writer wrote
+    # many bytes as the partition keeps (pstate.retention.compaction_due) and their trims were flushed, or
+    # FLUSH_WAIT_S later (pstate.trimmed_ranges), so each of a replica's two *raw partitions keeps at most about
+    # 1.5 x BOUND live plus as much trimmed, whatever the writer wrote
     limit = 2 * 2.5 * BOUND + 1_000_000
 
     def live_files_bounded() -> bool:
