@@ -2,9 +2,10 @@
  *
  * Why C: the numpy decoder makes about 60 passes over a reply's items (gathers at unaligned offsets, a pass per
  * key and value position, a byte index per string column): 600 us of a Spark Python worker's CPU per
- * 8,192-record reply of the benchmark's records. One pass over the bytes does the same in about a quarter of
- * that. It is a plain CPython extension (no Cython, no numba: nothing to install, nothing to import or compile
- * in a new Spark Python worker), built by setup.py where a C compiler is; without it the numpy decoder runs.
+ * 8,192-record reply of the benchmark's records. One pass over the bytes does the same in about a third of
+ * that, the arrays' allocation included (docs/performance.md, issue 28, session 19). It is a plain CPython
+ * extension (no Cython, no numba: nothing to install, nothing to import or compile in a new Spark Python
+ * worker), built by setup.py where a C compiler is; without it the numpy decoder runs.
  *
  * It decodes only what it is sure of, and gives the batch up (returns 1) at anything else: then the numpy
  * decoder runs, which keeps FlatDecoder's semantics exactly whatever the kernel skips. Besides what the numpy
@@ -301,7 +302,12 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "topology.spark._flat",
-                                    "FlatDecoder's one-pass kernel (see _flat.c).", -1, methods};
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "topology.spark._flat",
+    .m_doc = "FlatDecoder's one-pass kernel (see _flat.c).",
+    .m_size = -1,
+    .m_methods = methods,
+};
 
 PyMODINIT_FUNC PyInit__flat(void) { return PyModule_Create(&module); }
