@@ -38,7 +38,8 @@ $(STAMP)/apt:
 
 venv: $(STAMP)/venv
 # requirements.lock pins the exact set the tests run; pyproject.toml declares the ranges a user's install gets.
-$(STAMP)/venv: pyproject.toml requirements.lock
+# The editable install also builds setup.py's C extension in place: again when its source changes.
+$(STAMP)/venv: pyproject.toml requirements.lock setup.py topology/spark/_flat.c
 	@mkdir -p $(STAMP)
 	@command -v python$(PY_VERSION) >/dev/null || { echo "python$(PY_VERSION) is required"; exit 1; }
 	@[ -x $(PY) ] || python$(PY_VERSION) -m venv $(VENV)

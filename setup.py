@@ -3,13 +3,18 @@
 They are never committed (``make proto`` generates them in a checkout), so a
 wheel built from a clean clone must make them itself, or its client could not
 import them. Everything else about the package is declared in pyproject.toml.
+
+One C extension, ``topology.spark._flat`` (the depot source's one-pass msgpack
+decoder, ``topology/spark/_flat.c``): optional, so an install where it does not
+build (no C compiler) still works, with the numpy decoder. An editable install
+(``make``) builds it in place.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_py import build_py
 
 WIRE = Path("conductor") / "wire"
@@ -32,4 +37,7 @@ class BuildPyWithProtos(build_py):
                 raise RuntimeError(f"protoc failed on {proto}; run `make proto` to see its message")
 
 
-setup(cmdclass={"build_py": BuildPyWithProtos})
+FLAT = Extension("topology.spark._flat", ["topology/spark/_flat.c"], optional=True,
+                 extra_compile_args=["-O2", "-std=c99"])
+
+setup(cmdclass={"build_py": BuildPyWithProtos}, ext_modules=[FLAT])

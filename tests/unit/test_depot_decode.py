@@ -1,11 +1,15 @@
 """millrace.depot's vectorized msgpack -> Arrow decoder against the general (msgpack + pyarrow) path.
 
 The fast path must produce exactly the columns the general path would, or
-give the batch up (and then the general path decides, errors included).
+give the batch up (and then the general path decides, errors included). Every
+test runs twice: with FlatDecoder's C kernel (topology/spark/_flat.c) in front
+of the numpy decoder, and with the numpy decoder alone (an install without the
+kernel, and what decides wherever the kernel gives up).
 """
 
 from __future__ import annotations
 
+import importlib
 import math
 import random
 import subprocess
@@ -30,6 +34,7 @@ from pyspark.sql.types import (
 )
 
 from conductor.wire import millrace_pb2 as pb
+from topology.spark import arrow
 from topology.spark.arrow import FlatDecoder, Raw, RowBuilder, unpack_reply
 from topology.spark.errors import MillraceSourceError, ValueSchemaMismatch
 
@@ -40,6 +45,13 @@ SCHEMA = StructType([
     StructField("f", BooleanType()), StructField("a_rather_long_field_name", StringType()),
 ])
 FIELDS = ["s", "i", "j", "h", "b", "d", "f", "a_rather_long_field_name", "extra", "x"]
+
+
+@pytest.fixture(autouse=True, params=["kernel", "numpy"])
+def decoder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param == "numpy":
+        monkeypatch.setattr(arrow, "_flat", None)  # FlatDecoders made from here on have no kernel
+    return str(request.param)
 
 
 def general(rb: RowBuilder, raw: list[bytes]) -> dict[str, pa.Array] | type[Exception]:
@@ -234,3 +246,66 @@ def test_a_workers_first_batch_imports_no_pandas() -> None:
                          cwd=Path(__file__).parents[2])
     before, after = out.stdout.split()
     assert after == before, out.stdout  # (pyspark itself may have imported it: then there is nothing to see)
+
+
+def test_the_kernel_is_built() -> None:
+    """CI must test the kernel: `make` (an editable install) builds it; an install without a C compiler skips it."""
+    assert importlib.import_module("topology.spark._flat"), "topology/spark/_flat.c is not built: run `make`"
+
+
+def ascii_or_not(rng: random.Random, i: int) -> list[bytes]:
+    """A batch of records with strings of every length class; every fourth batch has one non-ASCII string."""
+    recs = [{"s": rng.choice(["u1", "", "x" * 40, "y" * 300]) if i % 2 else f"u{k}", "i": k * 7919 - 10**6,
+             "d": rng.choice([0.5, k, None]), "f": k % 3 == 0, "x": rng.choice(["abc", 1, None])}
+            for k in range(rng.randrange(1, 300))]
+    if i % 4 == 0:
+        recs[rng.randrange(len(recs))][rng.choice(["s", "x"])] = "é"
+    return [msgpack.packb(r, use_single_float=i % 3 == 0) for r in recs]
+
+
+def test_the_kernel_decodes_ascii_records_exactly_as_the_numpy_decoder(decoder: str) -> None:
+    """Where the kernel decodes a batch, the numpy decoder gives the same columns; a non-ASCII string anywhere (a
+    skipped field's too) makes the kernel give the batch up to the numpy decoder."""
+    if decoder == "numpy":
+        return
+    rng = random.Random(11)
+    rb = RowBuilder(SCHEMA, json_value=False)
+    assert rb.flat.kernel is not None
+    decoded = 0
+    for i in range(60):
+        raw = packed(ascii_or_not(rng, i))
+        assert isinstance(raw, pa.BinaryArray)
+        bounds = np.frombuffer(raw.buffers()[1], np.int32, len(raw) + 1)
+        kernel = rb.flat.kernel.decode(raw.buffers()[2], bounds, len(raw), int(bounds[-1]))
+        assert (kernel is None) == (i % 4 == 0), i  # (every fourth batch has a non-ASCII string)
+        rb.flat.kernel, keep = None, rb.flat.kernel
+        numpy_only = rb.flat.decode(raw)
+        rb.flat.kernel = keep
+        assert numpy_only is not None
+        if kernel is not None:
+            decoded += 1
+            for a, b in zip(kernel, numpy_only, strict=True):
+                a.validate(full=True)
+                assert a.equals(b)
+    assert decoded > 20
+
+
+def test_the_kernel_checks_its_buffers(decoder: str) -> None:
+    if decoder == "numpy":
+        return
+    flat = importlib.import_module("topology.spark._flat")
+    assert FlatDecoder([pa.field("s", pa.string())] * 2).kernel is None  # a name twice: the numpy decoder's index
+    assert FlatDecoder([pa.field(f"c{i}", pa.int64()) for i in range(65)]).kernel is None
+    k = FlatDecoder([pa.field("s", pa.string())]).kernel
+    assert k is not None
+    data = msgpack.packb({"s": "ab"})
+    bounds = np.array([0, len(data)], np.int32)
+    args = [data, bounds, k.names, k.name_off, k.kinds, k.lo, k.hi, np.empty(1, np.int64), np.empty(1),
+            np.empty(2, np.int32), np.empty(len(data) + 8, np.uint8), np.empty(1, np.bool_), np.empty(2, np.int64)]
+    assert flat.decode(*args)
+    for i, short in ((10, np.empty(len(data) + 7, np.uint8)), (0, data[:-1]), (2, k.names[:-1]),
+                     (8, np.empty(0))):
+        with pytest.raises(ValueError):
+            flat.decode(*args[:i], short, *args[i + 1:])
+    with pytest.raises(TypeError):  # outputs must be writable
+        flat.decode(*args[:7], bytes(8), *args[8:])

@@ -64,8 +64,9 @@ Why it is shaped this way:
   whole Arrow record batches. With ``valueSchema`` over dict records of scalar fields,
   :class:`FlatDecoder` turns a reply's msgpack straight into Arrow columns
   with numpy, one vectorized step per key/value position instead of a Python
-  dict per record (2-3x less CPU than msgpack + pyarrow); anything it does
-  not handle exactly goes the general way (one msgpack call per reply, then
+  dict per record (2-3x less CPU than msgpack + pyarrow), or, where its C
+  kernel is built (``_flat.c``), in one pass over the bytes (a third of that
+  again); anything it does not handle exactly goes the general way (one msgpack call per reply, then
   pyarrow converts the dicts, or JSON for ``value``).
 * **Spark pays per job.** A batch read is planned in a Python worker Spark
   reuses, so planning keeps one ZooKeeper session, the workers' addresses and
