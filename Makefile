@@ -17,7 +17,8 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 setup: apt venv jars proto
 
 # Debian packages: Java 17 for Spark, ZooKeeper's server jars, nats-server for the JetStream benchmark,
-# promtool (in prometheus) to check the alerting rules, headless chromium for the conductor UI's browser test.
+# promtool (in prometheus) to check the alerting rules, headless chromium for the conductor UI's browser test,
+# a C compiler for the depot decoder's kernel (topology/spark/_flat.c).
 apt: $(STAMP)/apt
 $(STAMP)/apt:
 	@mkdir -p $(STAMP)
@@ -28,6 +29,7 @@ $(STAMP)/apt:
 	command -v nats-server >/dev/null || need="$$need nats-server"; \
 	command -v promtool >/dev/null || need="$$need prometheus"; \
 	command -v chromium >/dev/null || need="$$need chromium"; \
+	command -v cc >/dev/null || need="$$need gcc"; \
 	if [ -n "$$need" ]; then \
 	  echo "installing Debian packages:$$need"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
