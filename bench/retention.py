@@ -51,7 +51,7 @@ from conductor.worker.replica_store import ReplicaStore
 from pstate import TaskGroupStore
 from pstate.depot_batches import key_span
 from pstate.depots import depot_cf
-from pstate.retention import RetentionPolicy, partition_size, read_state
+from pstate.retention import RetentionPolicy
 from pstate.trimmed_ranges import DueRange, PartitionView, TrimmedRanges
 from topology.entries.port import EntryPort
 from topology.entries.requests import DepotAppend, RetentionCheck
@@ -159,11 +159,9 @@ def _run(entries: int, retention: bool) -> dict[str, float]:
                 cpu.append(time.thread_time() - c_drain)
                 # the bench's own bookkeeping (peak bytes, what to compact) is the retention driver's work on its
                 # own thread in the worker, not the writer's: it stays outside the timed drains
-                reader = store.applied_reader()
-                size = partition_size(reader, DEPOT, 0)
-                peak = max(peak, size.bytes)
+                view = PartitionView.read(store.applied_reader(), DEPOT, 0)
+                peak = max(peak, view.live_bytes)
                 if compactor is not None:
-                    view = PartitionView(size.start, read_state(reader, DEPOT, 0).start_bytes, size.bytes)
                     in_memtable = store.memtable_entries(depot_cf(DEPOT))  # (after the partition: TrimmedRanges.look)
                     for r in trimmed.look(DEPOT, in_memtable, time.monotonic(), {0: view}):
                         try:

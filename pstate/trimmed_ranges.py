@@ -24,7 +24,9 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from pstate.retention import compaction_due
+from pstate.depots import read_partition_info
+from pstate.engine import Reader
+from pstate.retention import compaction_due, live_bytes, read_state
 
 K = TypeVar("K", bound=Hashable)
 
@@ -41,6 +43,12 @@ class PartitionView:
     start_bytes: int
     #: bytes the partition keeps (``pstate.retention.live_bytes``)
     live_bytes: int
+
+    @classmethod
+    def read(cls, reader: Reader, depot: str, partition: int) -> PartitionView:
+        """The partition as ``reader`` (applied state) holds it: its meta and retention state, each read once."""
+        info, state = read_partition_info(reader, depot, partition), read_state(reader, depot, partition)
+        return cls(info.start, state.start_bytes, live_bytes(info, state))
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from conductor.worker.runtime import LocalModules, ModuleRuntime
 from pstate import TaskGroupStore
 from pstate.depot_batches import key_span
 from pstate.depots import depot_cf
-from pstate.retention import RetentionPolicy, partition_size, read_state
+from pstate.retention import RetentionPolicy, partition_size
 from pstate.trimmed_ranges import DueRange, PartitionView, TrimmedRanges
 from replog.messages import Ack
 from topology.entries.requests import RetentionCheck
@@ -155,9 +155,7 @@ class RetentionDriver:
             for depot in store.depots:
                 views = {}
                 for task in rt.spec.tasks_of(rec.group):
-                    size = partition_size(reader, depot, task)
-                    views[(rt.spec.name, rec.group, depot, task)] = PartitionView(
-                        size.start, read_state(reader, depot, task).start_bytes, size.bytes)
+                    views[(rt.spec.name, rec.group, depot, task)] = PartitionView.read(reader, depot, task)
                 # (the partitions first, then the memtable: pstate.trimmed_ranges.TrimmedRanges.look)
                 entries = store.memtable_entries(depot_cf(depot))
                 for r in self._trimmed.look((rt.spec.name, rec.group, depot), entries, now, views):

@@ -8,7 +8,7 @@ from typing import Any
 
 from pstate.depot_batches import key_span
 from pstate.depots import depot_cf
-from pstate.retention import MIN_COMPACTION_BYTES, partition_size, read_state, trim
+from pstate.retention import MIN_COMPACTION_BYTES, trim
 from pstate.store import TaskGroupStore
 from pstate.trimmed_ranges import FLUSH_WAIT_S, PartitionView, TrimmedRanges
 from tests.unit.depot_store import Applier, D
@@ -89,10 +89,7 @@ def _fill(run: Applier, n: int) -> None:
 
 
 def _look(t: TrimmedRanges[int], store: TaskGroupStore, now: float) -> list[Any]:
-    reader = store.applied_reader()
-    size = partition_size(reader, D, 0)
-    v = {0: PartitionView(size.start, read_state(reader, D, 0).start_bytes, size.bytes)}
-    return t.look(D, store.memtable_entries(depot_cf(D)), now, v)
+    return t.look(D, store.memtable_entries(depot_cf(D)), now, {0: PartitionView.read(store.applied_reader(), D, 0)})
 
 
 def test_on_rocksdb_a_settled_range_compacts_without_flushing_the_memtable(tmp_path: Any) -> None:
